@@ -1,0 +1,74 @@
+// RunConfig: everything a run needs, read from a TOML file and `--section.key` flags (CLI11).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "strata/model.h"
+
+namespace strata {
+
+struct RunConfig {
+  std::string config_path;  // the TOML file given with --config ("" if none)
+
+  struct Data {
+    std::string path = "data/fashion-mnist.h5";
+  } data;
+  struct ModelCfg {
+    std::string type = "mlp";  // mlp | cnn | custom
+    std::vector<int> hidden = {256, 128};
+    std::string activation = "relu";  // relu | gelu
+    std::vector<int> channels = {32, 64};  // cnn: one conv(k, pad k/2)+act+maxpool2 each
+    int kernel = 3;
+    float dropout = 0.0f;  // after each hidden linear activation
+    std::vector<std::string> layers;  // custom: the layer spec (see model.h)
+  } model;
+  struct Train {
+    int64_t epochs = 1;
+    int64_t batch_size = 64;  // GLOBAL batch, split over data-parallel ranks
+    std::string optimizer = "sgd";  // sgd | adamw
+    double lr = 0.05;
+    double momentum = 0.9;
+    bool nesterov = false;
+    double weight_decay = 0.0;
+    double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+    std::string lr_schedule = "constant";  // constant | cosine
+    int64_t warmup_steps = 0;
+    double min_lr = 0.0;
+    double grad_clip = 0.0;  // max global gradient norm; 0 = off
+    uint64_t seed = 0;
+    int64_t log_every = 50;
+    int64_t max_steps = 0;  // stop after this many steps (0 = run all epochs)
+  } train;
+  struct DataParallel {
+    double bucket_mb = 4.0;  // gradient allreduce bucket size
+    bool overlap = true;     // start bucket allreduces during backward
+  } dp;
+  struct Output {
+    std::string dir = "runs/default";
+    std::string params = "";   // final parameters file; default <dir>/model.h5
+    std::string metrics = "";  // JSON lines; default <dir>/metrics.jsonl (--metrics overrides)
+  } output;
+
+  // Run-level flags (not in the file).
+  int threads = 1;             // --threads; default SLURM_CPUS_PER_TASK, else 1
+  std::string device = "auto";
+  bool progress = true;
+
+  std::string params_path() const;
+  std::string metrics_path() const;
+  ModelSpec model_spec(int classes) const;  // expands mlp/cnn into layer specs
+  std::string to_toml() const;               // the effective config, for provenance
+};
+
+// Registers the [section] options of RunConfig on a subcommand as `--section.key`.
+void add_config_options(CLI::App& sub, RunConfig& cfg);
+// Makes `--config FILE` on `app` read TOML sections into `sub`'s `--section.key` options
+// (a flag on the command line beats the file; an unknown key is an error naming it).
+void enable_toml_config(CLI::App& app, CLI::App& sub, RunConfig& cfg);
+// Cross-key checks CLI11 validators cannot express; throws UserError naming the key.
+void validate(const RunConfig& cfg);
+
+}  // namespace strata

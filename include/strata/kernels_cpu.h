@@ -1,0 +1,93 @@
+// The fp32 CPU kernels: the reference every other backend is checked against.
+// Plain functions over raw row-major pointers, forward and backward of an op side by side
+// (kernels/cpu/<family>.cpp). Activations are NCHW. "B" is the local batch.
+// Backward functions OVERWRITE their gradient outputs (no accumulation); a null gradient
+// pointer means "not needed" (e.g. dinp of the first layer).
+#pragma once
+#include <cstdint>
+
+namespace strata::cpu {
+
+// ---- BLAS (kernels/cpu/gemm.cpp) -------------------------------------------------------
+// Loads OpenBLAS at run time with kernels chosen for this CPU (see gemm.cpp for why) and sets
+// its thread count. Safe to call more than once; the first call wins the kernel choice.
+void blas_init(int threads);
+const char* blas_corename();  // e.g. "SkylakeX"
+// C(M,N) = alpha * op(A) * op(B) + beta * C, row-major; op(A) is (M,K), op(B) is (K,N).
+void sgemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
+           const float* B, int ldb, float beta, float* C, int ldc);
+
+// ---- Linear (kernels/cpu/linear.cpp) ---------------------------------------------------
+// out (B,O) = inp (B,I) @ weight(O,I)^T + bias(O). bias may be null.
+void linear_forward(float* out, const float* inp, const float* weight, const float* bias, int B,
+                    int I, int O);
+// dinp (B,I) = dout @ weight; dweight (O,I) = dout^T @ inp; dbias (O) = sum_b dout.
+void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                     const float* inp, const float* weight, int B, int I, int O);
+
+// ---- Conv2d (kernels/cpu/conv.cpp) -----------------------------------------------------
+struct Conv2dShape {
+  int B, C, H, W;      // input
+  int OC, KH, KW;      // weight is (OC, C, KH, KW)
+  int stride, pad;     // same in both spatial dims
+  int OH() const { return (H + 2 * pad - KH) / stride + 1; }
+  int OW() const { return (W + 2 * pad - KW) / stride + 1; }
+};
+// Scratch (floats) the conv kernels need for a shape; caller owns the buffer.
+int64_t conv2d_scratch_size(const Conv2dShape& s);
+// out (B,OC,OH,OW) = conv(inp (B,C,H,W), weight) + bias(OC). bias may be null.
+void conv2d_forward(float* out, const float* inp, const float* weight, const float* bias,
+                    const Conv2dShape& s, float* scratch);
+void conv2d_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                     const float* inp, const float* weight, const Conv2dShape& s, float* scratch);
+
+// ---- MaxPool2d (kernels/cpu/pool.cpp) --------------------------------------------------
+// Window k, stride st, no padding; out (B,C,OH,OW) with OH=(H-k)/st+1. argmax (same size as out)
+// records the flat index within the (H,W) plane of each max, for backward.
+void maxpool2d_forward(float* out, int32_t* argmax, const float* inp, int B, int C, int H, int W,
+                       int k, int st);
+void maxpool2d_backward(float* dinp, const float* dout, const int32_t* argmax, int B, int C,
+                        int H, int W, int k, int st);
+
+// ---- Activations (kernels/cpu/activation.cpp); n elements ------------------------------
+void relu_forward(float* out, const float* inp, int64_t n);
+void relu_backward(float* dinp, const float* dout, const float* out, int64_t n);  // uses out
+// Exact GELU, x * Phi(x) (PyTorch's default approximate='none').
+void gelu_forward(float* out, const float* inp, int64_t n);
+void gelu_backward(float* dinp, const float* dout, const float* inp, int64_t n);
+// out += bias over rows: x (rows, cols), bias (cols).
+void add_bias_rows(float* x, const float* bias, int rows, int cols);
+
+// ---- Dropout (kernels/cpu/dropout.cpp) -------------------------------------------------
+// Inverted dropout. The keep decision of element j of global sample g is a pure function of
+// (seed, step, g, j): the same mask whatever the number of ranks. Sample b of this batch is
+// global sample first_sample + b. mask (B*per_sample) holds 0 or 1/(1-p).
+void dropout_forward(float* out, float* mask, const float* inp, int B, int64_t per_sample,
+                     float p, uint64_t seed, uint64_t step, int64_t first_sample);
+void dropout_backward(float* dinp, const float* dout, const float* mask, int64_t n);
+
+// ---- Softmax cross-entropy (kernels/cpu/softmax_xent.cpp) ------------------------------
+// logits (B,C), labels (B). Returns the SUM over the batch of -log p[label] (double for a
+// rank-count-independent total); probs (B,C) is written for backward.
+double softmax_xent_forward(float* probs, const float* logits, const int32_t* labels, int B,
+                            int C);
+// dlogits = (probs - onehot(label)) * scale; scale = 1/global_batch makes an allreduce-sum of
+// rank gradients equal the mean gradient.
+void softmax_xent_backward(float* dlogits, const float* probs, const int32_t* labels, int B,
+                           int C, float scale);
+// Number of rows whose argmax equals the label.
+int64_t count_correct(const float* logits, const int32_t* labels, int B, int C);
+
+// ---- Optimizers (kernels/cpu/optimizer.cpp); n parameters ------------------------------
+// PyTorch SGD semantics: g += wd*p; buf = momentum*buf + g (buf = g on the first step);
+// p -= lr * (nesterov ? g + momentum*buf : buf).
+void sgd_update(float* param, const float* grad, float* momentum_buf, int64_t n, float lr,
+                float momentum, float weight_decay, bool nesterov, bool first_step);
+// PyTorch AdamW: p *= 1 - lr*wd; m,v moments; bias-corrected with step t (1-based).
+void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n, float lr,
+                  float beta1, float beta2, float eps, float weight_decay, int64_t t);
+// Sum of squares in double (for global-norm clipping), and in-place scaling.
+double sum_squares(const float* x, int64_t n);
+void scale_inplace(float* x, int64_t n, float s);
+
+}  // namespace strata::cpu

@@ -1,0 +1,58 @@
+// Layers: thin, stateless-between-steps wrappers that call the backend's ops.
+// The model keeps every layer's input and output; a layer keeps only what backward needs
+// beyond them (argmax, dropout mask, conv scratch).
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "strata/backend.h"
+#include "strata/rng.h"
+#include "strata/tensor.h"
+
+namespace strata {
+
+// A parameter's value and gradient live in the model's flat buffers.
+struct Param {
+  std::string name;  // global name, e.g. "fc1.weight"
+  Shape shape;
+  int64_t fan_in = 1;  // for initialisation
+  float* value = nullptr;
+  float* grad = nullptr;
+  int64_t offset = 0;  // into the flat buffers
+};
+
+// Per-step facts some layers need (dropout keys its mask on them).
+struct StepInfo {
+  bool training = true;
+  uint64_t seed = 0;
+  uint64_t step = 0;
+  int64_t first_sample = 0;  // this rank's first position within the global batch
+};
+
+class Layer {
+ public:
+  virtual ~Layer() = default;
+  std::string name;               // "fc1", "conv2", "relu3"
+  std::vector<Param> params;      // filled by the constructor (shapes); bound by the model
+  virtual std::string describe() const = 0;  // "Linear(784 -> 256)"
+  // Shape of one sample's output given one sample's input shape (without the batch dim).
+  virtual Shape output_shape(const Shape& in) const = 0;
+  // x: (B, in...), y: (B, out...) already sized by the model.
+  virtual void forward(const Backend& be, const Tensor& x, Tensor& y, const StepInfo& s) = 0;
+  // dx may be null (first layer). Writes param grads (overwrites).
+  virtual void backward(const Backend& be, const Tensor& x, const Tensor& y, const Tensor& dy,
+                        Tensor* dx) = 0;
+  // Model FLOPs of forward for one sample (for reports); backward is about twice this.
+  virtual double flops_per_sample(const Shape& in) const { return 0; }
+};
+
+std::unique_ptr<Layer> make_linear(int in, int out);
+std::unique_ptr<Layer> make_conv2d(int in_ch, int out_ch, int kernel, int stride, int pad);
+std::unique_ptr<Layer> make_maxpool2d(int kernel, int stride);
+std::unique_ptr<Layer> make_relu();
+std::unique_ptr<Layer> make_gelu();
+std::unique_ptr<Layer> make_flatten();
+std::unique_ptr<Layer> make_dropout(float p, int index);  // index decorrelates masks
+
+}  // namespace strata

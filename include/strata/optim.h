@@ -1,0 +1,43 @@
+// Optimizers over the model's flat parameter buffer, the learning-rate schedule and
+// global-norm gradient clipping.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "strata/backend.h"
+#include "strata/tensor.h"
+
+namespace strata {
+
+struct OptimConfig {
+  std::string kind = "sgd";  // sgd | adamw
+  double lr = 0.05, momentum = 0.9, weight_decay = 0.0;
+  bool nesterov = false;
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+  std::string schedule = "constant";  // constant | cosine
+  int64_t warmup_steps = 0;
+  double min_lr = 0.0;
+  int64_t total_steps = 1;  // for cosine decay
+  double grad_clip = 0.0;   // 0 = off
+};
+
+// lr at 0-based step: linear warmup from lr/warmup to lr, then constant or cosine to min_lr.
+double lr_at(const OptimConfig& c, int64_t step);
+
+class Optimizer {
+ public:
+  Optimizer(OptimConfig c, int64_t num_params);
+  // Clips (if configured) and applies one update. Returns the global gradient norm before
+  // clipping. `step` is 0-based.
+  double step(const Backend& be, Tensor& params, Tensor& grads, int64_t step);
+  // State tensors by name, for checkpoints: "momentum" (sgd) or "exp_avg", "exp_avg_sq" (adamw).
+  Tensor& state(int i) { return i == 0 ? s0_ : s1_; }
+  int64_t steps_taken() const { return t_; }
+
+ private:
+  OptimConfig c_;
+  Tensor s0_, s1_;
+  int64_t t_ = 0;
+};
+
+}  // namespace strata

@@ -1,0 +1,28 @@
+// The training loop every rank runs, and evaluation.
+#pragma once
+#include <functional>
+#include <string>
+
+#include "strata/comm.h"
+#include "strata/config.h"
+#include "strata/data.h"
+
+namespace strata {
+
+// Trains as configured; returns an exit code (kExitOk, kExitDiverged). Throws UserError for
+// bad input, after every rank agreed on it (no rank is left waiting in a collective).
+int run_train(const RunConfig& cfg, Comm& comm);
+
+struct EvalResult {
+  double accuracy = 0, loss = 0;
+  int64_t samples = 0;
+};
+// Evaluates on a split, each rank on its share; results are summed over ranks.
+EvalResult evaluate(Model& model, const Backend& be, const DatasetInfo& info,
+                    const std::string& split, Comm& comm, int64_t batch = 1000);
+
+// Runs fn on every rank; if it throws UserError on any rank, the lowest such rank prints its
+// message and every rank throws the same exit code (so no rank hangs in a later collective).
+void collectively(Comm& comm, const std::function<void()>& fn);
+
+}  // namespace strata

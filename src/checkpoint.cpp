@@ -1,0 +1,217 @@
+#include "strata/checkpoint.h"
+
+#include <fcntl.h>
+#include <hdf5.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+
+#include "strata/error.h"
+
+namespace strata {
+namespace {
+
+// Every HDF5 call is checked: a negative id/status becomes an error naming the call.
+#define H5_CHECK(call)                                                                    \
+  ([&] {                                                                                  \
+    auto r_ = (call);                                                                     \
+    if (r_ < 0)                                                                           \
+      throw std::runtime_error(fmt::format("{}:{}: {} failed", __FILE__, __LINE__, #call)); \
+    return r_;                                                                            \
+  }())
+
+struct H5Id {  // closes an HDF5 object id of any kind at scope exit
+  hid_t id = -1;
+  explicit H5Id(hid_t i) : id(i) {}
+  ~H5Id() {
+    if (id >= 0) H5Oclose(id) < 0 ? (void)0 : (void)0;
+  }
+  operator hid_t() const { return id; }
+};
+
+void write_str_attr(hid_t obj, const char* name, const std::string& v) {
+  hid_t t = H5_CHECK(H5Tcopy(H5T_C_S1));
+  H5_CHECK(H5Tset_size(t, std::max<size_t>(1, v.size())));
+  hid_t s = H5_CHECK(H5Screate(H5S_SCALAR));
+  hid_t a = H5_CHECK(H5Acreate2(obj, name, t, s, H5P_DEFAULT, H5P_DEFAULT));
+  H5_CHECK(H5Awrite(a, t, v.empty() ? "" : v.data()));
+  H5Aclose(a); H5Sclose(s); H5Tclose(t);
+}
+
+void write_i64_attr(hid_t obj, const char* name, const std::vector<int64_t>& v) {
+  hsize_t n = v.size();
+  hid_t s = H5_CHECK(H5Screate_simple(1, &n, nullptr));
+  hid_t a = H5_CHECK(H5Acreate2(obj, name, H5T_STD_I64LE, s, H5P_DEFAULT, H5P_DEFAULT));
+  H5_CHECK(H5Awrite(a, H5T_NATIVE_INT64, v.data()));
+  H5Aclose(a); H5Sclose(s);
+}
+
+bool read_str_attr(hid_t obj, const char* name, std::string* out) {
+  if (H5Aexists(obj, name) <= 0) return false;
+  hid_t a = H5_CHECK(H5Aopen(obj, name, H5P_DEFAULT));
+  hid_t t = H5_CHECK(H5Aget_type(a));
+  if (H5Tget_class(t) != H5T_STRING) { H5Tclose(t); H5Aclose(a); return false; }
+  size_t n = H5Tget_size(t);
+  std::string v(n, '\0');
+  hid_t mt = H5_CHECK(H5Tcopy(H5T_C_S1));
+  H5_CHECK(H5Tset_size(mt, n + 1));
+  std::vector<char> buf(n + 1, 0);
+  H5_CHECK(H5Aread(a, mt, buf.data()));
+  H5Tclose(mt); H5Tclose(t); H5Aclose(a);
+  *out = std::string(buf.data());
+  return true;
+}
+
+bool read_i64_attr(hid_t obj, const char* name, std::vector<int64_t>* out) {
+  if (H5Aexists(obj, name) <= 0) return false;
+  hid_t a = H5_CHECK(H5Aopen(obj, name, H5P_DEFAULT));
+  hid_t s = H5_CHECK(H5Aget_space(a));
+  hssize_t n = H5Sget_simple_extent_npoints(s);
+  out->assign(size_t(std::max<hssize_t>(n, 0)), 0);
+  herr_t rc = H5Aread(a, H5T_NATIVE_INT64, out->data());
+  H5Sclose(s); H5Aclose(a);
+  return rc >= 0;
+}
+
+std::string join_lines(const ModelSpec& s) {
+  std::string o;
+  for (auto& l : s) o += l + "\n";
+  return o;
+}
+
+void fsync_path(const std::string& p) {
+  int fd = ::open(p.c_str(), O_RDONLY);
+  if (fd >= 0) { ::fsync(fd); ::close(fd); }
+}
+
+std::string dir_of(const std::string& p) {
+  auto s = p.rfind('/');
+  return s == std::string::npos ? "." : (s == 0 ? "/" : p.substr(0, s));
+}
+
+}  // namespace
+
+void save_parameters(const std::string& path, Model& model, const ParamFileMeta& meta) {
+  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+  const std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
+  hid_t f = H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+  if (f < 0)
+    throw UserError(kExitBadInput, fmt::format("{}: cannot create the parameter file (is {} a "
+                                               "writable directory?)", path, dir_of(path)));
+  try {
+    write_str_attr(f, "format", "strata-parameters");
+    write_i64_attr(f, "format_version", {1});
+    write_str_attr(f, "strata_version", STRATA_VERSION);
+    write_str_attr(f, "git_commit", STRATA_GIT_COMMIT);
+    write_str_attr(f, "model_layers", join_lines(model.spec()));
+    write_i64_attr(f, "input_shape", model.input_shape());
+    write_i64_attr(f, "classes", {model.classes()});
+    write_i64_attr(f, "step", {meta.step});
+    write_str_attr(f, "config", meta.config_toml);
+    write_str_attr(f, "dataset_sha256", meta.dataset_sha256);
+    hid_t root = H5_CHECK(H5Gcreate2(f, "params", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
+    for (auto& layer : model.layers()) {
+      if (layer->params.empty()) continue;
+      hid_t g = H5_CHECK(H5Gcreate2(root, layer->name.c_str(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
+      for (auto& p : layer->params) {
+        std::vector<hsize_t> dims(p.shape.begin(), p.shape.end());
+        hid_t s = H5_CHECK(H5Screate_simple(int(dims.size()), dims.data(), nullptr));
+        std::string leaf = p.name.substr(p.name.rfind('.') + 1);
+        hid_t d = H5_CHECK(H5Dcreate2(g, leaf.c_str(), H5T_IEEE_F32LE, s, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
+        H5_CHECK(H5Dwrite(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, p.value));
+        H5Dclose(d); H5Sclose(s);
+      }
+      H5Gclose(g);
+    }
+    H5Gclose(root);
+    H5_CHECK(H5Fflush(f, H5F_SCOPE_GLOBAL));
+    H5_CHECK(H5Fclose(f));
+  } catch (...) {
+    H5Fclose(f);
+    std::remove(tmp.c_str());
+    throw;
+  }
+  fsync_path(tmp);
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    throw UserError(kExitBadInput, fmt::format("{}: cannot rename {} into place: {}", path, tmp,
+                                               std::strerror(errno)));
+  }
+  fsync_path(dir_of(path));
+}
+
+LoadedParams load_parameters(const std::string& path) {
+  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+  if (::access(path.c_str(), R_OK) != 0)
+    fail_input("{}: cannot open parameter file ({})", path, std::strerror(errno));
+  if (H5Fis_hdf5(path.c_str()) <= 0) fail_input("{}: not an HDF5 file", path);
+  hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  if (f < 0) fail_input("{}: cannot open as HDF5", path);
+  LoadedParams out;
+  try {
+    std::string fmt_name, layers;
+    if (!read_str_attr(f, "format", &fmt_name) || fmt_name != "strata-parameters")
+      fail_input("{}: not a strata parameter file (root attribute 'format' is missing)", path);
+    std::vector<int64_t> shape, classes;
+    if (!read_str_attr(f, "model_layers", &layers) || !read_i64_attr(f, "input_shape", &shape) ||
+        !read_i64_attr(f, "classes", &classes) || classes.size() != 1)
+      fail_input("{}: missing model description attributes (model_layers, input_shape, classes)", path);
+    read_str_attr(f, "config", &out.config_toml);
+    for (size_t a = 0, b; a < layers.size(); a = b + 1) {
+      b = layers.find('\n', a);
+      if (b == std::string::npos) b = layers.size();
+      if (b > a) out.spec.push_back(layers.substr(a, b - a));
+    }
+    out.input_shape = shape;
+    out.classes = int(classes[0]);
+    Model m(out.spec, out.input_shape, out.classes);  // validates the spec, names the params
+    for (auto* p : m.params()) {
+      std::string ds = "/params/" + p->name;
+      std::replace(ds.begin() + 8, ds.end(), '.', '/');
+      if (H5Lexists(f, ds.c_str(), H5P_DEFAULT) <= 0 ||
+          H5Lexists(f, ds.substr(0, ds.rfind('/')).c_str(), H5P_DEFAULT) <= 0)
+        fail_input("{}: missing dataset {}", path, ds);
+      hid_t d = H5_CHECK(H5Dopen2(f, ds.c_str(), H5P_DEFAULT));
+      hid_t s = H5_CHECK(H5Dget_space(d));
+      int nd = H5Sget_simple_extent_ndims(s);
+      std::vector<hsize_t> dims(std::max(nd, 0));
+      H5Sget_simple_extent_dims(s, dims.data(), nullptr);
+      Shape got(dims.begin(), dims.end());
+      H5Sclose(s);
+      if (got != p->shape) {
+        H5Dclose(d);
+        fail_input("{}: {} has shape {}; the model needs {}", path, ds, shape_str(got), shape_str(p->shape));
+      }
+      std::vector<float> v(size_t(numel(got)));
+      herr_t rc = H5Dread(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data());
+      H5Dclose(d);
+      if (rc < 0) fail_input("{}: cannot read {}", path, ds);
+      out.tensors[p->name] = std::move(v);
+      out.shapes[p->name] = got;
+    }
+  } catch (...) {
+    H5Fclose(f);
+    throw;
+  }
+  H5Fclose(f);
+  return out;
+}
+
+void copy_parameters_into(Model& model, const LoadedParams& p, const std::string& path) {
+  for (auto* q : model.params()) {
+    auto it = p.tensors.find(q->name);
+    if (it == p.tensors.end()) fail_input("{}: has no parameter {}", path, q->name);
+    if (int64_t(it->second.size()) != numel(q->shape))
+      fail_input("{}: {} has {} values; the model needs {}", path, q->name, it->second.size(), numel(q->shape));
+    std::copy(it->second.begin(), it->second.end(), q->value);
+  }
+}
+
+Model model_from_parameters(const LoadedParams& p) {
+  Model m(p.spec, p.input_shape, p.classes);
+  copy_parameters_into(m, p, "parameters");
+  return m;
+}
+
+}  // namespace strata

@@ -1,0 +1,164 @@
+#include "strata/config.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "strata/error.h"
+
+namespace strata {
+namespace {
+
+// CLI11 2.1 maps TOML sections to subcommands. We want `[train] epochs = 2` to set the option
+// `--train.epochs` of the subcommand being run, exactly as the flag would: drop the section
+// markers ("++"/"--"), rename each item to "section.key" and route it to that subcommand.
+class SectionToFlagConfig : public CLI::ConfigTOML {
+ public:
+  explicit SectionToFlagConfig(std::string sub) : sub_(std::move(sub)) {}
+  std::vector<CLI::ConfigItem> from_config(std::istream& in) const override {
+    std::vector<CLI::ConfigItem> out;
+    for (auto& item : CLI::ConfigTOML::from_config(in)) {
+      if (item.name == "++" || item.name == "--") continue;
+      std::string name = item.name;
+      for (auto it = item.parents.rbegin(); it != item.parents.rend(); ++it) name = *it + "." + name;
+      item.name = name;
+      item.parents = {sub_};
+      out.push_back(std::move(item));
+    }
+    return out;
+  }
+
+ private:
+  std::string sub_;
+};
+
+std::string toml_list(const std::vector<int>& v) { return fmt::format("[{}]", fmt::join(v, ", ")); }
+std::string toml_list(const std::vector<std::string>& v) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); ++i) s += fmt::format("{}\"{}\"", i ? ", " : "", v[i]);
+  return s + "]";
+}
+
+}  // namespace
+
+void add_config_options(CLI::App& sub, RunConfig& c) {
+  auto nonneg = CLI::NonNegativeNumber;
+  auto pos = CLI::PositiveNumber;
+  sub.add_option("--data.path", c.data.path, "HDF5 dataset (see README: Data format)")
+      ->capture_default_str();
+
+  sub.add_option("--model.type", c.model.type, "mlp | cnn | custom")
+      ->check(CLI::IsMember({"mlp", "cnn", "custom"}))->capture_default_str();
+  sub.add_option("--model.hidden", c.model.hidden, "hidden linear widths")
+      ->check(pos)->capture_default_str();
+  sub.add_option("--model.activation", c.model.activation, "relu | gelu")
+      ->check(CLI::IsMember({"relu", "gelu"}))->capture_default_str();
+  sub.add_option("--model.channels", c.model.channels, "cnn: conv output channels")
+      ->check(pos)->capture_default_str();
+  sub.add_option("--model.kernel", c.model.kernel, "cnn: conv kernel size (odd)")
+      ->check(CLI::Range(1, 15))->capture_default_str();
+  sub.add_option("--model.dropout", c.model.dropout, "dropout after hidden activations")
+      ->check(CLI::Range(0.0, 0.99))->capture_default_str();
+  sub.add_option("--model.layers", c.model.layers, "custom: layer specs (README: Models)");
+
+  sub.add_option("--train.epochs", c.train.epochs)->check(CLI::Range(int64_t(1), int64_t(1) << 40))->capture_default_str();
+  sub.add_option("--train.batch_size", c.train.batch_size, "GLOBAL batch over all ranks")
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 30))->capture_default_str();
+  sub.add_option("--train.optimizer", c.train.optimizer, "sgd | adamw")
+      ->check(CLI::IsMember({"sgd", "adamw"}))->capture_default_str();
+  sub.add_option("--train.lr", c.train.lr)->check(pos)->capture_default_str();
+  sub.add_option("--train.momentum", c.train.momentum)->check(CLI::Range(0.0, 0.9999))->capture_default_str();
+  sub.add_option("--train.nesterov", c.train.nesterov)->capture_default_str();
+  sub.add_option("--train.weight_decay", c.train.weight_decay)->check(nonneg)->capture_default_str();
+  sub.add_option("--train.beta1", c.train.beta1)->check(CLI::Range(0.0, 0.9999))->capture_default_str();
+  sub.add_option("--train.beta2", c.train.beta2)->check(CLI::Range(0.0, 0.99999))->capture_default_str();
+  sub.add_option("--train.eps", c.train.eps)->check(pos)->capture_default_str();
+  sub.add_option("--train.lr_schedule", c.train.lr_schedule, "constant | cosine")
+      ->check(CLI::IsMember({"constant", "cosine"}))->capture_default_str();
+  sub.add_option("--train.warmup_steps", c.train.warmup_steps)->check(nonneg)->capture_default_str();
+  sub.add_option("--train.min_lr", c.train.min_lr)->check(nonneg)->capture_default_str();
+  sub.add_option("--train.grad_clip", c.train.grad_clip, "max global grad norm, 0 = off")
+      ->check(nonneg)->capture_default_str();
+  sub.add_option("--train.seed", c.train.seed)->capture_default_str();
+  sub.add_option("--train.log_every", c.train.log_every, "steps between metrics lines")
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 40))->capture_default_str();
+  sub.add_option("--train.max_steps", c.train.max_steps, "stop after N steps (0 = all epochs)")
+      ->check(nonneg)->capture_default_str();
+
+  sub.add_option("--dp.bucket_mb", c.dp.bucket_mb, "gradient allreduce bucket size (MiB)")
+      ->check(CLI::Range(0.001, 4096.0))->capture_default_str();
+  sub.add_option("--dp.overlap", c.dp.overlap, "overlap allreduce with backward")->capture_default_str();
+
+  sub.add_option("--output.dir", c.output.dir)->capture_default_str();
+  sub.add_option("--output.params", c.output.params, "final parameters (default DIR/model.h5)");
+  sub.add_option("--output.metrics", c.output.metrics, "JSON lines (default DIR/metrics.jsonl)");
+}
+
+void enable_toml_config(CLI::App& app, CLI::App& sub, RunConfig& cfg) {
+  app.config_formatter(std::make_shared<SectionToFlagConfig>(sub.get_name()));
+  app.set_config("--config", "", "TOML config file; --section.key flags override it")
+      ->check(CLI::ExistingFile);
+  app.allow_config_extras(CLI::config_extras_mode::error);
+  sub.fallthrough();
+}
+
+void validate(const RunConfig& c) {
+  if (c.model.type == "custom" && c.model.layers.empty())
+    fail_input("model.layers: model.type = \"custom\" needs a list of layers");
+  if (c.model.type == "cnn" && c.model.kernel % 2 == 0)
+    fail_input("model.kernel: {} is even; use an odd size so padding keeps the shape", c.model.kernel);
+  if (c.train.min_lr > c.train.lr)
+    fail_input("train.min_lr: {} is larger than train.lr = {}", c.train.min_lr, c.train.lr);
+  if (c.threads < 1) fail_input("--threads: {} must be at least 1", c.threads);
+}
+
+std::string RunConfig::params_path() const {
+  return output.params.empty() ? output.dir + "/model.h5" : output.params;
+}
+std::string RunConfig::metrics_path() const {
+  return output.metrics.empty() ? output.dir + "/metrics.jsonl" : output.metrics;
+}
+
+ModelSpec RunConfig::model_spec(int classes) const {
+  if (model.type == "custom") return model.layers;
+  ModelSpec s;
+  auto hidden_stack = [&] {
+    for (int h : model.hidden) {
+      s.push_back(fmt::format("linear {}", h));
+      s.push_back(model.activation);
+      if (model.dropout > 0) s.push_back(fmt::format("dropout {}", model.dropout));
+    }
+    s.push_back(fmt::format("linear {}", classes));
+  };
+  if (model.type == "cnn")
+    for (int ch : model.channels) {
+      s.push_back(fmt::format("conv {} {} 1 {}", ch, model.kernel, model.kernel / 2));
+      s.push_back(model.activation);
+      s.push_back("maxpool 2");
+    }
+  s.push_back("flatten");
+  hidden_stack();
+  return s;
+}
+
+std::string RunConfig::to_toml() const {
+  std::string t;
+  t += fmt::format("[data]\npath = \"{}\"\n\n", data.path);
+  t += fmt::format("[model]\ntype = \"{}\"\nhidden = {}\nactivation = \"{}\"\nchannels = {}\n"
+                   "kernel = {}\ndropout = {}\n",
+                   model.type, toml_list(model.hidden), model.activation,
+                   toml_list(model.channels), model.kernel, model.dropout);
+  if (!model.layers.empty()) t += fmt::format("layers = {}\n", toml_list(model.layers));
+  t += fmt::format(
+      "\n[train]\nepochs = {}\nbatch_size = {}\noptimizer = \"{}\"\nlr = {}\nmomentum = {}\n"
+      "nesterov = {}\nweight_decay = {}\nbeta1 = {}\nbeta2 = {}\neps = {}\nlr_schedule = \"{}\"\n"
+      "warmup_steps = {}\nmin_lr = {}\ngrad_clip = {}\nseed = {}\nlog_every = {}\nmax_steps = {}\n",
+      train.epochs, train.batch_size, train.optimizer, train.lr, train.momentum, train.nesterov,
+      train.weight_decay, train.beta1, train.beta2, train.eps, train.lr_schedule,
+      train.warmup_steps, train.min_lr, train.grad_clip, train.seed, train.log_every,
+      train.max_steps);
+  t += fmt::format("\n[dp]\nbucket_mb = {}\noverlap = {}\n", dp.bucket_mb, dp.overlap);
+  t += fmt::format("\n[output]\ndir = \"{}\"\n", output.dir);
+  return t;
+}
+
+}  // namespace strata

@@ -1,0 +1,585 @@
+// Datasets in HDF5 and the per-rank batch loader (see data.h).
+#include "strata/data.h"
+
+#include <hdf5.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <filesystem>
+#include <limits>
+#include <memory>
+#include <numeric>
+#include <optional>
+#include <stdexcept>
+#include <string_view>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "strata/error.h"
+#include "strata/rng.h"
+
+namespace strata {
+
+std::mutex& hdf5_mutex() {
+  static std::mutex m;
+  return m;
+}
+
+namespace {
+
+// ---------------------------------------------------------------- HDF5 plumbing
+
+// HDF5 prints its error stack to stderr by default; we report errors ourselves.
+void h5_quiet() { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); }
+
+// The innermost (most specific) message on HDF5's error stack, "" if there is none.
+std::string h5_error_detail() {
+  std::string detail;
+  auto visit = [](unsigned, const H5E_error2_t* e, void* out) -> herr_t {
+    if (e->desc && *e->desc) *static_cast<std::string*>(out) = e->desc;
+    return 0;
+  };
+  H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, visit, &detail);
+  return detail;
+}
+
+// Every HDF5 call goes through H5_CHECK: a negative return becomes an error naming the call and
+// the source line. Failures a user can cause are checked before the call and reported with
+// fail_input, so reaching this means a damaged file, an I/O error or a bug.
+template <typename T>
+T h5_check(T ret, const char* call, const char* src, int line) {
+  if (ret >= 0) return ret;
+  std::string_view name(call);
+  name = name.substr(0, name.find('('));
+  std::string detail = h5_error_detail();
+  throw std::runtime_error(fmt::format("HDF5 call {} failed ({}:{}){}{}", name,
+                                       std::filesystem::path(src).filename().string(), line,
+                                       detail.empty() ? "" : ": ", detail));
+}
+#define H5_CHECK(call) h5_check((call), #call, __FILE__, __LINE__)
+
+// Prefixes internal errors with the data file, so every message names it. UserErrors already do.
+template <typename F>
+auto with_file_context(const std::string& path, F&& f) {
+  try {
+    return f();
+  } catch (const UserError&) {
+    throw;
+  } catch (const std::runtime_error& e) {
+    throw std::runtime_error(path + ": " + e.what());
+  }
+}
+
+// Owns an HDF5 identifier (file, dataset, dataspace, ...) and closes it once.
+class H5Id {
+ public:
+  using Closer = herr_t (*)(hid_t);
+  H5Id() = default;
+  H5Id(hid_t id, Closer close) : id_(id), close_(close) {}
+  H5Id(H5Id&& o) noexcept : id_(std::exchange(o.id_, -1)), close_(o.close_) {}
+  H5Id& operator=(H5Id&& o) noexcept {
+    if (this != &o) {
+      reset();
+      id_ = std::exchange(o.id_, -1);
+      close_ = o.close_;
+    }
+    return *this;
+  }
+  ~H5Id() { reset(); }
+  void reset() {
+    if (id_ >= 0) close_(id_);
+    id_ = -1;
+  }
+  hid_t get() const { return id_; }
+
+ private:
+  hid_t id_ = -1;
+  Closer close_ = nullptr;
+};
+
+std::string dtype_name(hid_t t) {
+  size_t bits = 8 * H5Tget_size(t);
+  switch (H5Tget_class(t)) {
+    case H5T_INTEGER: return fmt::format("{}int{}", H5Tget_sign(t) == H5T_SGN_NONE ? "u" : "", bits);
+    case H5T_FLOAT: return fmt::format("float{}", bits);
+    case H5T_STRING: return "string";
+    case H5T_COMPOUND: return "compound";
+    case H5T_ENUM: return "enum";
+    case H5T_ARRAY: return "array";
+    case H5T_VLEN: return "vlen";
+    case H5T_OPAQUE: return "opaque";
+    case H5T_BITFIELD: return "bitfield";
+    case H5T_REFERENCE: return "reference";
+    default: return "unknown";
+  }
+}
+
+bool is_u8(hid_t t) {
+  return H5Tget_class(t) == H5T_INTEGER && H5Tget_size(t) == 1 && H5Tget_sign(t) == H5T_SGN_NONE;
+}
+bool is_f32(hid_t t) { return H5Tget_class(t) == H5T_FLOAT && H5Tget_size(t) == 4; }
+
+std::string dims_str(const std::vector<hsize_t>& d) {
+  return shape_str(Shape(d.begin(), d.end()));
+}
+
+// Reading a few random rows from a contiguous dataset: HDF5's default 64 KiB sieve buffer would
+// read 64 KiB per row; a small one makes each row cost about its own size.
+H5Id small_sieve_fapl() {
+  H5Id fapl(H5_CHECK(H5Pcreate(H5P_FILE_ACCESS)), H5Pclose);
+  H5_CHECK(H5Pset_sieve_buf_size(fapl.get(), 4096));
+  return fapl;
+}
+
+H5Id open_h5(const std::string& path) {
+  // Check readability first, so a missing file reports the OS reason rather than HDF5's.
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) fail_input("{}: is a directory, not an HDF5 file", path);
+  if (FILE* f = std::fopen(path.c_str(), "rb"))
+    std::fclose(f);
+  else
+    fail_input("{}: cannot open ({})", path, std::strerror(errno));
+  if (H5Fis_hdf5(path.c_str()) <= 0) fail_input("{}: not an HDF5 file", path);
+  H5Id fapl = small_sieve_fapl();
+  hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.get());
+  if (f < 0) fail_input("{}: cannot open as HDF5 ({})", path, h5_error_detail());
+  return H5Id(f, H5Fclose);
+}
+
+// H5Lexists needs every parent to exist (and be a group), so walk the path one link at a time.
+bool link_exists(hid_t file, const std::string& name) {
+  std::string sofar;
+  size_t pos = 1;
+  while (pos <= name.size()) {
+    size_t end = std::min(name.find('/', pos), name.size());
+    if (!sofar.empty()) {
+      H5Id parent(H5_CHECK(H5Oopen(file, sofar.c_str(), H5P_DEFAULT)), H5Oclose);
+      if (H5Iget_type(parent.get()) != H5I_GROUP) return false;
+    }
+    sofar = name.substr(0, end);
+    if (H5_CHECK(H5Lexists(file, sofar.c_str(), H5P_DEFAULT)) <= 0) return false;
+    pos = end + 1;
+  }
+  return true;
+}
+
+struct Dataset {
+  std::string name;  // "/train/images"
+  H5Id id, type;
+  std::vector<hsize_t> dims;
+};
+
+Dataset open_ds(const std::string& path, hid_t file, const std::string& name) {
+  if (!link_exists(file, name)) fail_input("{}: missing dataset {}", path, name);
+  Dataset ds;
+  ds.name = name;
+  ds.id = H5Id(H5_CHECK(H5Oopen(file, name.c_str(), H5P_DEFAULT)), H5Oclose);
+  if (H5Iget_type(ds.id.get()) != H5I_DATASET) fail_input("{}: {} is not a dataset", path, name);
+  ds.type = H5Id(H5_CHECK(H5Dget_type(ds.id.get())), H5Tclose);
+  H5Id space(H5_CHECK(H5Dget_space(ds.id.get())), H5Sclose);
+  int nd = H5_CHECK(H5Sget_simple_extent_ndims(space.get()));
+  ds.dims.resize(nd);
+  H5_CHECK(H5Sget_simple_extent_dims(space.get(), ds.dims.data(), nullptr));
+  return ds;
+}
+
+// Reads the whole (small) label dataset as int64; HDF5 converts from the stored integer type.
+std::vector<int64_t> read_labels(const Dataset& ds) {
+  std::vector<int64_t> v(ds.dims[0]);
+  if (!v.empty())
+    H5_CHECK(H5Dread(ds.id.get(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data()));
+  return v;
+}
+
+// One split, validated: its images dataset stays open (the Loader reads rows from it).
+struct Split {
+  SplitInfo info;
+  Dataset images;
+  std::vector<int64_t> labels;
+};
+
+Split read_split(const std::string& path, hid_t file, const std::string& name) {
+  Split s;
+  s.info.name = name;
+  s.images = open_ds(path, file, "/" + name + "/images");
+  Dataset labels = open_ds(path, file, "/" + name + "/labels");
+  const Dataset& im = s.images;
+  hid_t it = im.type.get(), lt = labels.type.get();
+  if (!is_u8(it) && !is_f32(it))
+    fail_input("{}: {} has dtype {}; expected uint8 or float32", path, im.name, dtype_name(it));
+  if (im.dims.size() != 3 && im.dims.size() != 4)
+    fail_input("{}: {} has shape {}; expected (N, H, W) or (N, C, H, W)", path, im.name,
+               dims_str(im.dims));
+  if (H5Tget_class(lt) != H5T_INTEGER)
+    fail_input("{}: {} has dtype {}; expected an integer type (uint8, int32 or int64)", path,
+               labels.name, dtype_name(lt));
+  if (labels.dims.size() != 1)
+    fail_input("{}: {} has shape {}; expected (N,)", path, labels.name, dims_str(labels.dims));
+  if (labels.dims[0] != im.dims[0])
+    fail_input("{}: {} has {} rows but {} has {}", path, labels.name, labels.dims[0], im.name,
+               im.dims[0]);
+  if (im.dims[0] == 0) fail_input("{}: {} has no rows", path, im.name);
+  if (std::count(im.dims.begin(), im.dims.end(), hsize_t(0)))
+    fail_input("{}: {} has shape {}; a sample must not be empty", path, im.name, dims_str(im.dims));
+  s.info.n = int64_t(im.dims[0]);
+  s.info.sample_shape.assign(im.dims.begin() + 1, im.dims.end());
+  if (s.info.sample_shape.size() == 2) s.info.sample_shape.insert(s.info.sample_shape.begin(), 1);
+  s.info.images_u8 = is_u8(it);
+  s.labels = read_labels(labels);
+  return s;
+}
+
+void check_labels(const std::string& path, const std::string& split,
+                  const std::vector<int64_t>& labels, int64_t classes) {
+  for (size_t i = 0; i < labels.size(); ++i)
+    if (labels[i] < 0 || labels[i] >= classes)
+      fail_input("{}: /{}/labels[{}] = {} is out of range [0, {})", path, split, i, labels[i],
+                 classes);
+}
+
+// A scalar attribute on the root group, checked for its type class; nullopt if absent.
+std::optional<H5Id> open_root_attr(const std::string& path, hid_t file, const char* name,
+                                   H5T_class_t want, const char* want_name) {
+  if (H5_CHECK(H5Aexists(file, name)) <= 0) return std::nullopt;
+  H5Id attr(H5_CHECK(H5Aopen(file, name, H5P_DEFAULT)), H5Aclose);
+  H5Id type(H5_CHECK(H5Aget_type(attr.get())), H5Tclose);
+  H5Id space(H5_CHECK(H5Aget_space(attr.get())), H5Sclose);
+  if (H5Tget_class(type.get()) != want)
+    fail_input("{}: root attribute {} has dtype {}; expected {}", path, name,
+               dtype_name(type.get()), want_name);
+  if (H5_CHECK(H5Sget_simple_extent_npoints(space.get())) != 1)
+    fail_input("{}: root attribute {} must hold a single value", path, name);
+  return attr;
+}
+
+std::optional<int64_t> read_int_attr(const std::string& path, hid_t file, const char* name) {
+  auto attr = open_root_attr(path, file, name, H5T_INTEGER, "an integer");
+  if (!attr) return std::nullopt;
+  int64_t v = 0;
+  H5_CHECK(H5Aread(attr->get(), H5T_NATIVE_INT64, &v));
+  return v;
+}
+
+// Accepts both fixed-length strings and variable-length ones (what h5py writes for a str).
+std::optional<std::string> read_string_attr(const std::string& path, hid_t file,
+                                            const char* name) {
+  auto attr = open_root_attr(path, file, name, H5T_STRING, "a string");
+  if (!attr) return std::nullopt;
+  H5Id ftype(H5_CHECK(H5Aget_type(attr->get())), H5Tclose);
+  H5Id mtype(H5_CHECK(H5Tcopy(H5T_C_S1)), H5Tclose);
+  H5_CHECK(H5Tset_cset(mtype.get(), H5_CHECK(H5Tget_cset(ftype.get()))));
+  if (H5_CHECK(H5Tis_variable_str(ftype.get())) > 0) {
+    H5_CHECK(H5Tset_size(mtype.get(), H5T_VARIABLE));
+    char* p = nullptr;
+    H5_CHECK(H5Aread(attr->get(), mtype.get(), &p));
+    std::string s = p ? p : "";
+    H5free_memory(p);
+    return s;
+  }
+  size_t size = H5Tget_size(ftype.get());
+  std::string buf(size, '\0');
+  H5_CHECK(H5Tset_size(mtype.get(), size));
+  H5_CHECK(H5Tset_strpad(mtype.get(), H5T_STR_NULLPAD));
+  H5_CHECK(H5Aread(attr->get(), mtype.get(), buf.data()));
+  return buf.substr(0, buf.find('\0'));
+}
+
+DatasetInfo inspect_file(const std::string& path) {
+  H5Id file = open_h5(path);
+  DatasetInfo info;
+  info.path = path;
+  Split train = read_split(path, file.get(), "train");
+  info.train = train.info;
+  Split test;
+  info.has_test = link_exists(file.get(), "/test");
+  if (info.has_test) {
+    test = read_split(path, file.get(), "test");
+    info.test = test.info;
+    if (test.info.sample_shape != train.info.sample_shape)
+      fail_input("{}: /test/images has sample shape {} but /train/images has {}", path,
+                 shape_str(test.info.sample_shape), shape_str(train.info.sample_shape));
+  }
+  if (auto classes = read_int_attr(path, file.get(), "classes")) {
+    if (*classes < 1 || *classes > std::numeric_limits<int32_t>::max())
+      fail_input("{}: root attribute classes = {}; expected a positive class count", path,
+                 *classes);
+    info.classes = int(*classes);
+  } else {
+    int64_t top = *std::max_element(train.labels.begin(), train.labels.end());
+    info.classes = int(std::clamp<int64_t>(top + 1, 0, std::numeric_limits<int32_t>::max()));
+  }
+  check_labels(path, "train", train.labels, info.classes);
+  if (info.has_test) check_labels(path, "test", test.labels, info.classes);
+  if (auto sha = read_string_attr(path, file.get(), "source_sha256")) info.source_sha256 = *sha;
+  return info;
+}
+
+}  // namespace
+
+DatasetInfo open_dataset(const std::string& path) {
+  std::lock_guard lock(hdf5_mutex());
+  h5_quiet();
+  return with_file_context(path, [&] { return inspect_file(path); });
+}
+
+std::vector<int64_t> epoch_order(int64_t n, uint64_t seed, int64_t epoch) {
+  std::vector<int64_t> order(size_t(std::max<int64_t>(n, 0)));
+  std::iota(order.begin(), order.end(), int64_t(0));
+  Rng rng(hash_combine(seed, uint64_t(epoch)));
+  for (int64_t i = n - 1; i > 0; --i) std::swap(order[i], order[rng.below(uint64_t(i) + 1)]);
+  return order;
+}
+
+// ---------------------------------------------------------------- Loader
+
+// Threading: the consumer owns slots[front]; the reader thread fills slots[front ^ 1] with the
+// batch requested by (req_epoch, req_index). Each request has a generation number; the reader
+// publishes done_gen when it finishes one, so a seek() while a read is in flight just bumps the
+// generation and the stale result is discarded.
+struct Loader::Impl {
+  // Fixed after construction.
+  std::string path, split;
+  int64_t n = 0, global_batch = 0, batches = 0;
+  int rank = 0, ranks = 1;
+  bool shuffle = false;
+  uint64_t seed = 0;
+  Shape sample_shape;
+  int64_t sample_elems = 0;
+  bool u8 = true;
+  std::vector<int32_t> labels;
+  H5Id file, images, file_space;  // used under hdf5_mutex(), by the reader thread only
+
+  // Reader-thread scratch.
+  int64_t order_epoch = -1;
+  std::vector<int64_t> order, ids;
+  std::vector<std::pair<int64_t, int64_t>> sorted;  // (row in file, position in batch)
+  std::vector<unsigned char> staging;
+
+  // Shared, under m.
+  std::mutex m;
+  std::condition_variable cv;
+  Batch slots[2];
+  int front = 0;
+  int64_t req_epoch = 0, req_index = 0;
+  uint64_t req_gen = 1, done_gen = 0;
+  std::exception_ptr error;
+  bool stop = false;
+  std::thread reader;
+
+  struct Slice {
+    int64_t begin, count, first;  // positions in the epoch order; offset within the batch
+  };
+  Slice slice(int64_t index) const {
+    int64_t start = index * global_batch;
+    int64_t g = shuffle ? global_batch : std::min(global_batch, n - start);
+    int64_t lo = rank * g / ranks, hi = (rank + 1) * g / ranks;
+    return {start + lo, hi - lo, lo};
+  }
+
+  void open(const DatasetInfo& info, const SplitInfo& want) {
+    file = open_h5(path);
+    Split s = read_split(path, file.get(), split);
+    if (s.info.n != want.n || s.info.sample_shape != want.sample_shape ||
+        s.info.images_u8 != want.images_u8)
+      fail_input("{}: /{} changed since it was opened", path, split);
+    check_labels(path, split, s.labels, info.classes);
+    labels.assign(s.labels.begin(), s.labels.end());
+    images = std::move(s.images.id);
+    file_space = H5Id(H5_CHECK(H5Dget_space(images.get())), H5Sclose);
+  }
+
+  void close() {
+    std::lock_guard lock(hdf5_mutex());
+    file_space.reset();
+    images.reset();
+    file.reset();
+  }
+
+  // Selects the given rows (sorted, distinct) as a union of hyperslabs, one per run of
+  // consecutive rows, so HDF5 reads each run with one request.
+  void select_rows() {
+    int nd = H5_CHECK(H5Sget_simple_extent_ndims(file_space.get()));
+    std::vector<hsize_t> start(nd, 0), count(nd);
+    H5_CHECK(H5Sget_simple_extent_dims(file_space.get(), count.data(), nullptr));
+    H5S_seloper_t op = H5S_SELECT_SET;
+    for (size_t a = 0; a < sorted.size();) {
+      size_t b = a + 1;
+      while (b < sorted.size() && sorted[b].first == sorted[b - 1].first + 1) ++b;
+      start[0] = hsize_t(sorted[a].first);
+      count[0] = hsize_t(b - a);
+      H5_CHECK(H5Sselect_hyperslab(file_space.get(), op, start.data(), nullptr, count.data(),
+                                   nullptr));
+      op = H5S_SELECT_OR;
+      a = b;
+    }
+  }
+
+  // Reads rows ids[0..count) of the images into out (batch order), scaling uint8 by 1/255.
+  void read_rows(float* out) {
+    int64_t count = int64_t(ids.size());
+    if (count == 0) return;
+    sorted.resize(count);
+    for (int64_t k = 0; k < count; ++k) sorted[k] = {ids[k], k};
+    std::sort(sorted.begin(), sorted.end());
+    size_t row_bytes = size_t(sample_elems) * (u8 ? 1 : sizeof(float));
+    staging.resize(row_bytes * count);
+    {
+      std::lock_guard lock(hdf5_mutex());
+      select_rows();
+      hsize_t total = hsize_t(count * sample_elems);
+      H5Id mem(H5_CHECK(H5Screate_simple(1, &total, nullptr)), H5Sclose);
+      H5_CHECK(H5Dread(images.get(), u8 ? H5T_NATIVE_UINT8 : H5T_NATIVE_FLOAT, mem.get(),
+                       file_space.get(), H5P_DEFAULT, staging.data()));
+    }
+    // staging holds the rows in file order; put each where the batch wants it.
+    for (int64_t j = 0; j < count; ++j) {
+      const unsigned char* src = staging.data() + j * row_bytes;
+      float* dst = out + sorted[j].second * sample_elems;
+      if (u8)
+        for (int64_t p = 0; p < sample_elems; ++p) dst[p] = float(src[p]) / 255.0f;
+      else
+        std::memcpy(dst, src, row_bytes);
+    }
+  }
+
+  void fill(Batch& b, int64_t epoch, int64_t index) {
+    Slice s = slice(index);
+    ids.resize(s.count);
+    if (shuffle) {
+      if (order_epoch != epoch) {
+        order = epoch_order(n, seed, epoch);
+        order_epoch = epoch;
+      }
+      std::copy_n(order.begin() + s.begin, s.count, ids.begin());
+    } else {
+      std::iota(ids.begin(), ids.end(), s.begin);
+    }
+    b.epoch = epoch;
+    b.index = index;
+    b.first_sample = s.first;
+    Shape shape{s.count};
+    shape.insert(shape.end(), sample_shape.begin(), sample_shape.end());
+    b.x.resize(shape);
+    b.y.resize(s.count);
+    for (int64_t k = 0; k < s.count; ++k) b.y[k] = labels[ids[k]];
+    with_file_context(path, [&] { read_rows(b.x.data()); });
+  }
+
+  void run() {
+    std::unique_lock lk(m);
+    for (;;) {
+      cv.wait(lk, [&] { return stop || done_gen != req_gen; });
+      if (stop) return;
+      uint64_t gen = req_gen;
+      int64_t epoch = req_epoch, index = req_index;
+      Batch& dst = slots[front ^ 1];
+      lk.unlock();
+      std::exception_ptr err;
+      try {
+        fill(dst, epoch, index);
+      } catch (...) {
+        err = std::current_exception();
+      }
+      lk.lock();
+      done_gen = gen;
+      error = gen == req_gen ? err : nullptr;
+      cv.notify_all();
+    }
+  }
+};
+
+Loader::Loader(const DatasetInfo& info, const std::string& split, int64_t global_batch, int rank,
+               int ranks, bool shuffle, uint64_t seed)
+    : impl_(nullptr) {
+  STRATA_CHECK(ranks >= 1 && rank >= 0 && rank < ranks, "rank {} of {}", rank, ranks);
+  const SplitInfo* s = split == "train"                  ? &info.train
+                       : split == "test" && info.has_test ? &info.test
+                                                          : nullptr;
+  if (!s) fail_input("{}: has no /{} split", info.path, split);
+  if (global_batch < ranks)
+    fail_input("global batch {} is smaller than the {} ranks; every rank needs a sample",
+               global_batch, ranks);
+  if (shuffle && global_batch > s->n)
+    fail_input("{}: global batch {} exceeds the {} samples of /{}", info.path, global_batch,
+               s->n, split);
+  auto p = std::make_unique<Impl>();
+  p->path = info.path;
+  p->split = split;
+  p->n = s->n;
+  p->global_batch = global_batch;
+  p->batches = shuffle ? s->n / global_batch : (s->n + global_batch - 1) / global_batch;
+  p->rank = rank;
+  p->ranks = ranks;
+  p->shuffle = shuffle;
+  p->seed = seed;
+  p->sample_shape = s->sample_shape;
+  p->sample_elems = numel(s->sample_shape);
+  p->u8 = s->images_u8;
+  try {
+    {
+      // Opened here, before the reader starts; from then on only the reader uses these ids.
+      std::lock_guard lock(hdf5_mutex());
+      h5_quiet();
+      with_file_context(info.path, [&] { p->open(info, *s); });
+    }
+    Impl* impl = p.get();
+    p->reader = std::thread([impl] { impl->run(); });
+  } catch (...) {
+    p->close();
+    throw;
+  }
+  impl_ = p.release();
+}
+
+Loader::~Loader() {
+  {
+    std::lock_guard lk(impl_->m);
+    impl_->stop = true;
+  }
+  impl_->cv.notify_all();
+  impl_->reader.join();
+  impl_->close();
+  delete impl_;
+}
+
+int64_t Loader::batches_per_epoch() const { return impl_->batches; }
+
+void Loader::seek(int64_t epoch, int64_t batch) {
+  Impl& m = *impl_;
+  if (epoch < 0 || batch < 0 || batch >= m.batches)
+    fail_input("{}: cannot seek to batch {} of epoch {}: /{} has {} batches per epoch at global "
+               "batch {}",
+               m.path, batch, epoch, m.split, m.batches, m.global_batch);
+  std::lock_guard lk(m.m);
+  m.req_epoch = epoch;
+  m.req_index = batch;
+  ++m.req_gen;
+  m.error = nullptr;
+  m.cv.notify_all();
+}
+
+const Loader::Batch& Loader::next() {
+  Impl& m = *impl_;
+  std::unique_lock lk(m.m);
+  m.cv.wait(lk, [&] { return m.done_gen == m.req_gen; });
+  if (m.error) {
+    // Ask for the same batch again, so a later call retries rather than skipping it.
+    std::exception_ptr err = std::exchange(m.error, nullptr);
+    ++m.req_gen;
+    m.cv.notify_all();
+    std::rethrow_exception(err);
+  }
+  m.front ^= 1;
+  bool last = m.req_index + 1 == m.batches;
+  m.req_epoch += last ? 1 : 0;
+  m.req_index = last ? 0 : m.req_index + 1;
+  ++m.req_gen;
+  m.cv.notify_all();
+  return m.slots[m.front];
+}
+
+}  // namespace strata

@@ -1,0 +1,44 @@
+#include "strata/data_parallel.h"
+
+#include <chrono>
+
+namespace strata {
+
+GradientAllreducer::GradientAllreducer(Comm& comm, const Model& model, float* grads,
+                                       double bucket_bytes, bool overlap)
+    : comm_(comm), grads_(grads), overlap_(overlap) {
+  // Parameter boundaries in flat-buffer order (reverse layer order).
+  std::vector<int64_t> ends;
+  for (auto* p : model.params()) ends.push_back(p->offset + numel(p->shape));
+  std::sort(ends.begin(), ends.end());
+  bounds_ = {0};
+  const int64_t cap = std::max<int64_t>(1, int64_t(bucket_bytes / sizeof(float)));
+  for (int64_t e : ends)
+    if (e - bounds_.back() >= cap) bounds_.push_back(e);
+  if (!ends.empty() && bounds_.back() != ends.back()) bounds_.push_back(ends.back());
+  handles_.assign(bounds_.size(), -1);
+}
+
+void GradientAllreducer::start(size_t b) {
+  handles_[b] = comm_.start_allreduce_sum(grads_ + bounds_[b], bounds_[b + 1] - bounds_[b]);
+  stats_.buckets++;
+  stats_.bytes += (bounds_[b + 1] - bounds_[b]) * int64_t(sizeof(float));
+}
+
+void GradientAllreducer::on_grads_ready(int64_t ready) {
+  if (!overlap_ || comm_.size() == 1) return;
+  while (next_ + 1 < bounds_.size() && bounds_[next_ + 1] <= ready) start(next_++);
+  for (size_t b = 0; b < next_; ++b) comm_.test(handles_[b]);  // drive progress
+}
+
+void GradientAllreducer::finish() {
+  if (comm_.size() > 1) {
+    auto t0 = std::chrono::steady_clock::now();
+    while (next_ + 1 < bounds_.size()) start(next_++);
+    for (size_t b = 0; b < next_; ++b) comm_.wait(handles_[b]);
+    stats_.exposed_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  next_ = 0;
+}
+
+}  // namespace strata

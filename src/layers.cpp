@@ -1,0 +1,194 @@
+#include "strata/layers.h"
+
+#include <fmt/format.h>
+
+#include "strata/error.h"
+
+namespace strata {
+namespace {
+
+int batch_of(const Tensor& t) { return int(t.dim(0)); }
+
+class Linear final : public Layer {
+ public:
+  Linear(int in, int out) : in_(in), out_(out) {
+    params = {{.name = "weight", .shape = {out, in}, .fan_in = in},
+              {.name = "bias", .shape = {out}, .fan_in = in}};
+  }
+  std::string describe() const override { return fmt::format("Linear({} -> {})", in_, out_); }
+  Shape output_shape(const Shape& in) const override {
+    if (in.size() != 1 || in[0] != in_)
+      fail_input("model: {} expects {} input features per sample, got shape {}", describe(), in_,
+                 shape_str(in));
+    return {out_};
+  }
+  // y (B,O) = x (B,I) W^T + b
+  void forward(const Backend& be, const Tensor& x, Tensor& y, const StepInfo&) override {
+    be.linear_forward(y.data(), x.data(), params[0].value, params[1].value, batch_of(x), in_, out_);
+  }
+  void backward(const Backend& be, const Tensor& x, const Tensor&, const Tensor& dy,
+                Tensor* dx) override {
+    be.linear_backward(dx ? dx->data() : nullptr, params[0].grad, params[1].grad, dy.data(),
+                       x.data(), params[0].value, batch_of(x), in_, out_);
+  }
+  double flops_per_sample(const Shape&) const override { return 2.0 * in_ * out_; }
+
+ private:
+  int in_, out_;
+};
+
+class Conv2d final : public Layer {
+ public:
+  Conv2d(int c, int oc, int k, int stride, int pad) : c_(c), oc_(oc), k_(k), stride_(stride), pad_(pad) {
+    params = {{.name = "weight", .shape = {oc, c, k, k}, .fan_in = c * k * k},
+              {.name = "bias", .shape = {oc}, .fan_in = c * k * k}};
+  }
+  std::string describe() const override {
+    return fmt::format("Conv2d({} -> {}, {}x{}, stride {}, pad {})", c_, oc_, k_, k_, stride_, pad_);
+  }
+  Shape output_shape(const Shape& in) const override {
+    if (in.size() != 3 || in[0] != c_)
+      fail_input("model: {} expects input (C={}, H, W) per sample, got shape {}", describe(), c_,
+                 shape_str(in));
+    auto s = conv_shape(1, in);
+    if (s.OH() <= 0 || s.OW() <= 0)
+      fail_input("model: {} does not fit a {}x{} input", describe(), in[1], in[2]);
+    return {oc_, s.OH(), s.OW()};
+  }
+  void forward(const Backend& be, const Tensor& x, Tensor& y, const StepInfo&) override {
+    auto s = conv_shape(batch_of(x), {x.dim(1), x.dim(2), x.dim(3)});
+    scratch_.resize({be.conv2d_scratch_size(s)});
+    be.conv2d_forward(y.data(), x.data(), params[0].value, params[1].value, s, scratch_.data());
+  }
+  void backward(const Backend& be, const Tensor& x, const Tensor&, const Tensor& dy,
+                Tensor* dx) override {
+    auto s = conv_shape(batch_of(x), {x.dim(1), x.dim(2), x.dim(3)});
+    scratch_.resize({be.conv2d_scratch_size(s)});
+    be.conv2d_backward(dx ? dx->data() : nullptr, params[0].grad, params[1].grad, dy.data(),
+                       x.data(), params[0].value, s, scratch_.data());
+  }
+  double flops_per_sample(const Shape& in) const override {
+    auto s = conv_shape(1, in);
+    return 2.0 * oc_ * s.OH() * s.OW() * c_ * k_ * k_;
+  }
+
+ private:
+  cpu::Conv2dShape conv_shape(int b, const Shape& in) const {
+    return {.B = b, .C = int(in[0]), .H = int(in[1]), .W = int(in[2]), .OC = oc_, .KH = k_,
+            .KW = k_, .stride = stride_, .pad = pad_};
+  }
+  int c_, oc_, k_, stride_, pad_;
+  Tensor scratch_;
+};
+
+class MaxPool2d final : public Layer {
+ public:
+  MaxPool2d(int k, int st) : k_(k), st_(st) {}
+  std::string describe() const override { return fmt::format("MaxPool2d({}, stride {})", k_, st_); }
+  Shape output_shape(const Shape& in) const override {
+    if (in.size() != 3 || in[1] < k_ || in[2] < k_)
+      fail_input("model: {} needs a (C, H, W) input of at least {}x{}, got {}", describe(), k_, k_,
+                 shape_str(in));
+    return {in[0], (in[1] - k_) / st_ + 1, (in[2] - k_) / st_ + 1};
+  }
+  void forward(const Backend& be, const Tensor& x, Tensor& y, const StepInfo&) override {
+    argmax_.resize(size_t(y.size()));
+    be.maxpool2d_forward(y.data(), argmax_.data(), x.data(), batch_of(x), int(x.dim(1)),
+                         int(x.dim(2)), int(x.dim(3)), k_, st_);
+  }
+  void backward(const Backend& be, const Tensor& x, const Tensor&, const Tensor& dy,
+                Tensor* dx) override {
+    if (!dx) return;
+    be.maxpool2d_backward(dx->data(), dy.data(), argmax_.data(), batch_of(x), int(x.dim(1)),
+                          int(x.dim(2)), int(x.dim(3)), k_, st_);
+  }
+
+ private:
+  int k_, st_;
+  std::vector<int32_t> argmax_;
+};
+
+class Relu final : public Layer {
+ public:
+  std::string describe() const override { return "ReLU"; }
+  Shape output_shape(const Shape& in) const override { return in; }
+  void forward(const Backend& be, const Tensor& x, Tensor& y, const StepInfo&) override {
+    be.relu_forward(y.data(), x.data(), x.size());
+  }
+  void backward(const Backend& be, const Tensor&, const Tensor& y, const Tensor& dy,
+                Tensor* dx) override {
+    if (dx) be.relu_backward(dx->data(), dy.data(), y.data(), y.size());
+  }
+};
+
+class Gelu final : public Layer {
+ public:
+  std::string describe() const override { return "GELU"; }
+  Shape output_shape(const Shape& in) const override { return in; }
+  void forward(const Backend& be, const Tensor& x, Tensor& y, const StepInfo&) override {
+    be.gelu_forward(y.data(), x.data(), x.size());
+  }
+  void backward(const Backend& be, const Tensor& x, const Tensor&, const Tensor& dy,
+                Tensor* dx) override {
+    if (dx) be.gelu_backward(dx->data(), dy.data(), x.data(), x.size());
+  }
+};
+
+// Flatten copies: the model gives every layer its own output buffer. The copy is tiny next
+// to the GEMMs around it and keeps buffer ownership simple.
+class Flatten final : public Layer {
+ public:
+  std::string describe() const override { return "Flatten"; }
+  Shape output_shape(const Shape& in) const override { return {numel(in)}; }
+  void forward(const Backend&, const Tensor& x, Tensor& y, const StepInfo&) override {
+    std::copy(x.data(), x.data() + x.size(), y.data());
+  }
+  void backward(const Backend&, const Tensor&, const Tensor&, const Tensor& dy, Tensor* dx) override {
+    if (dx) std::copy(dy.data(), dy.data() + dy.size(), dx->data());
+  }
+};
+
+class Dropout final : public Layer {
+ public:
+  Dropout(float p, int index) : p_(p), index_(index) {}
+  std::string describe() const override { return fmt::format("Dropout(p={})", p_); }
+  Shape output_shape(const Shape& in) const override { return in; }
+  void forward(const Backend& be, const Tensor& x, Tensor& y, const StepInfo& s) override {
+    if (!s.training || p_ == 0.0f) {
+      std::copy(x.data(), x.data() + x.size(), y.data());
+      active_ = false;
+      return;
+    }
+    active_ = true;
+    mask_.resize(x.shape);
+    int b = batch_of(x);
+    be.dropout_forward(y.data(), mask_.data(), x.data(), b, b ? x.size() / b : 0, p_,
+                       hash_combine(s.seed, uint64_t(index_) + 0xD50D), s.step, s.first_sample);
+  }
+  void backward(const Backend& be, const Tensor&, const Tensor&, const Tensor& dy,
+                Tensor* dx) override {
+    if (!dx) return;
+    if (!active_) std::copy(dy.data(), dy.data() + dy.size(), dx->data());
+    else be.dropout_backward(dx->data(), dy.data(), mask_.data(), dy.size());
+  }
+
+ private:
+  float p_;
+  int index_;
+  bool active_ = false;
+  Tensor mask_;
+};
+
+}  // namespace
+
+std::unique_ptr<Layer> make_linear(int in, int out) { return std::make_unique<Linear>(in, out); }
+std::unique_ptr<Layer> make_conv2d(int c, int oc, int k, int stride, int pad) {
+  return std::make_unique<Conv2d>(c, oc, k, stride, pad);
+}
+std::unique_ptr<Layer> make_maxpool2d(int k, int st) { return std::make_unique<MaxPool2d>(k, st); }
+std::unique_ptr<Layer> make_relu() { return std::make_unique<Relu>(); }
+std::unique_ptr<Layer> make_gelu() { return std::make_unique<Gelu>(); }
+std::unique_ptr<Layer> make_flatten() { return std::make_unique<Flatten>(); }
+std::unique_ptr<Layer> make_dropout(float p, int index) { return std::make_unique<Dropout>(p, index); }
+
+}  // namespace strata

@@ -1,0 +1,148 @@
+// strata: the command line. Subcommands: prepare, train, eval.
+#include <cstdlib>
+#include <iostream>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include "strata/checkpoint.h"
+#include "strata/comm.h"
+#include "strata/config.h"
+#include "strata/error.h"
+#include "strata/prepare.h"
+#include "strata/trainer.h"
+
+using namespace strata;
+
+namespace {
+
+int default_threads() {
+  if (const char* s = std::getenv("SLURM_CPUS_PER_TASK")) {
+    int n = std::atoi(s);
+    if (n > 0) return n;
+  }
+  return 1;
+}
+
+int run_eval(const std::string& checkpoint, const std::string& data, bool json, int threads,
+             const std::string& device, Comm& comm) {
+  std::string note;
+  const Backend* be = nullptr;
+  LoadedParams lp;
+  DatasetInfo info;
+  std::unique_ptr<Model> model;
+  collectively(comm, [&] {
+    be = &select_backend(device, threads, &note);
+    lp = load_parameters(checkpoint);
+    info = open_dataset(data);
+    if (!info.has_test) fail_input("{}: has no /test split to evaluate", data);
+    if (info.test.sample_shape != lp.input_shape || info.classes != lp.classes)
+      fail_input("{}: samples {} with {} classes do not fit the model in {} ({} with {} classes)",
+                 data, shape_str(info.test.sample_shape), info.classes, checkpoint,
+                 shape_str(lp.input_shape), lp.classes);
+    model = std::make_unique<Model>(lp.spec, lp.input_shape, lp.classes);
+    copy_parameters_into(*model, lp, checkpoint);
+  });
+  EvalResult r = evaluate(*model, *be, info, "test", comm);
+  if (comm.rank() == 0) {
+    if (json)
+      fmt::print("{{\"accuracy\": {}, \"loss\": {}, \"samples\": {}}}\n", r.accuracy, r.loss, r.samples);
+    else
+      fmt::print("test accuracy {:.4f}, test loss {:.4f} over {} samples\n", r.accuracy, r.loss, r.samples);
+  }
+  return kExitOk;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  mpi_init(&argc, &argv);
+  auto comm = make_world_comm();
+  const bool lead = comm->rank() == 0;
+
+  CLI::App app{"strata: a Slurm-native MPI training runtime"};
+  app.set_version_flag("--version", fmt::format("strata {} ({})", STRATA_VERSION, STRATA_GIT_COMMIT));
+  app.require_subcommand(1);
+
+  RunConfig cfg;
+  cfg.threads = default_threads();
+  auto* train = app.add_subcommand("train", "train a model (rank 0 prints progress)");
+  add_config_options(*train, cfg);
+  train->add_option("--threads", cfg.threads, "math threads per rank (default SLURM_CPUS_PER_TASK, else 1)")
+      ->check(CLI::Range(1, 1024));
+  train->add_option("--device", cfg.device, "auto | cpu | cuda")->capture_default_str();
+  train->add_option("--metrics", cfg.output.metrics, "JSON-lines metrics file (default DIR/metrics.jsonl)");
+  bool quiet = false;
+  train->add_flag("--quiet", quiet, "no progress line");
+  enable_toml_config(app, *train, cfg);
+
+  auto* prepare = app.add_subcommand("prepare", "convert a dataset to strata's HDF5 layout");
+  prepare->require_subcommand(1);
+  auto* fmnist = prepare->add_subcommand("fashion-mnist", "the IDX files of Debian's dataset-fashion-mnist");
+  std::string out_path, source_dir = "/usr/share/datasets/fashion-mnist";
+  fmnist->add_option("--out", out_path, "output HDF5 file")->required();
+  fmnist->add_option("--source", source_dir, "directory with the four IDX .gz files")->capture_default_str();
+
+  auto* eval = app.add_subcommand("eval", "evaluate a parameter file on a dataset's test split");
+  std::string ckpt, eval_data;
+  bool json = false;
+  int eval_threads = default_threads();
+  std::string eval_device = "auto";
+  eval->add_option("--checkpoint", ckpt, "parameter file written by train")->required();
+  eval->add_option("--data", eval_data, "HDF5 dataset with a /test split")->required();
+  eval->add_flag("--json", json, "print {\"accuracy\": ..., \"loss\": ...}");
+  eval->add_option("--threads", eval_threads)->check(CLI::Range(1, 1024));
+  eval->add_option("--device", eval_device)->capture_default_str();
+
+  int code = kExitOk;
+  try {
+    try {
+      app.parse(argc, argv);
+    } catch (const CLI::CallForHelp& e) {
+      if (lead) app.exit(e);
+      mpi_finalize();
+      return 0;
+    } catch (const CLI::CallForAllHelp& e) {
+      if (lead) app.exit(e);
+      mpi_finalize();
+      return 0;
+    } catch (const CLI::CallForVersion& e) {
+      if (lead) app.exit(e);
+      mpi_finalize();
+      return 0;
+    } catch (const CLI::ParseError& e) {
+      std::string where = app.get_option("--config")->count()
+                              ? fmt::format(" (config {})", app.get_option("--config")->as<std::string>())
+                              : "";
+      // Every rank parsed the same arguments: rank 0 alone reports.
+      if (!lead) throw AgreedFailure(kExitBadInput, "");
+      throw UserError(kExitBadInput, fmt::format("{}{}", e.what(), where));
+    }
+    if (*train) {
+      cfg.progress = !quiet;
+      if (app.get_option("--config")->count()) cfg.config_path = app.get_option("--config")->as<std::string>();
+      code = run_train(cfg, *comm);
+    } else if (*fmnist) {
+      if (lead) {
+        prepare_fashion_mnist(source_dir, out_path);
+        fmt::print("wrote {}\n", out_path);
+      }
+      comm->barrier();
+    } else if (*eval) {
+      code = run_eval(ckpt, eval_data, json, eval_threads, eval_device, *comm);
+    }
+  } catch (const AgreedFailure& e) {
+    code = e.code;
+  } catch (const UserError& e) {
+    // Errors found by all ranks alike are printed once; others name the rank.
+    fmt::print(stderr, "strata: error: {}{}\n", comm->size() > 1 ? fmt::format("rank {} ({}): ", comm->rank(), comm->host()) : "", e.what());
+    code = e.code;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "strata: internal error on rank {} ({}): {}\n", comm->rank(), comm->host(), e.what());
+    std::fflush(stderr);
+    mpi_abort(kExitInternal);
+  }
+  std::fflush(stdout);
+  mpi_finalize();
+  return code;
+}

@@ -1,0 +1,40 @@
+#include "strata/optim.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numbers>
+
+namespace strata {
+
+double lr_at(const OptimConfig& c, int64_t step) {
+  if (c.warmup_steps > 0 && step < c.warmup_steps) return c.lr * double(step + 1) / c.warmup_steps;
+  if (c.schedule == "cosine") {
+    int64_t span = std::max<int64_t>(1, c.total_steps - c.warmup_steps);
+    double t = std::clamp(double(step - c.warmup_steps) / span, 0.0, 1.0);
+    return c.min_lr + 0.5 * (c.lr - c.min_lr) * (1.0 + std::cos(std::numbers::pi * t));
+  }
+  return c.lr;
+}
+
+Optimizer::Optimizer(OptimConfig c, int64_t n) : c_(std::move(c)) {
+  s0_ = Tensor({n});
+  if (c_.kind == "adamw") s1_ = Tensor({n});
+}
+
+double Optimizer::step(const Backend& be, Tensor& params, Tensor& grads, int64_t step) {
+  const int64_t n = params.size();
+  double norm = std::sqrt(be.sum_squares(grads.data(), n));
+  if (c_.grad_clip > 0 && norm > c_.grad_clip)
+    be.scale_inplace(grads.data(), n, float(c_.grad_clip / (norm + 1e-6)));
+  const float lr = float(lr_at(c_, step));
+  if (c_.kind == "adamw")
+    be.adamw_update(params.data(), grads.data(), s0_.data(), s1_.data(), n, lr, float(c_.beta1),
+                    float(c_.beta2), float(c_.eps), float(c_.weight_decay), t_ + 1);
+  else
+    be.sgd_update(params.data(), grads.data(), s0_.data(), n, lr, float(c_.momentum),
+                  float(c_.weight_decay), c_.nesterov, t_ == 0);
+  ++t_;
+  return norm;
+}
+
+}  // namespace strata

@@ -1,0 +1,220 @@
+#include "strata/trainer.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <climits>
+#include <cmath>
+#include <filesystem>
+
+#include <fmt/format.h>
+
+#include "strata/checkpoint.h"
+#include "strata/data_parallel.h"
+#include "strata/error.h"
+#include "strata/metrics.h"
+#include "strata/optim.h"
+
+namespace strata {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+void ensure_output_dir(const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) fail_input("output.dir {}: cannot create ({})", dir, ec.message());
+  if (::access(dir.c_str(), W_OK) != 0) fail_input("output.dir {}: not writable", dir);
+}
+
+}  // namespace
+
+void collectively(Comm& comm, const std::function<void()>& fn) {
+  int64_t code = 0;
+  std::string msg;
+  try {
+    fn();
+  } catch (const UserError& e) {
+    code = e.code;
+    msg = e.what();
+  }
+  int64_t v[2] = {code ? comm.rank() : INT_MAX, code ? -code : 0};  // lowest failing rank, code
+  comm.allreduce_min(v, 2);
+  if (v[0] == INT_MAX) return;
+  if (comm.rank() == v[0]) throw UserError(int(code), msg);
+  throw AgreedFailure(int(-v[1]), "");
+}
+
+EvalResult evaluate(Model& model, const Backend& be, const DatasetInfo& info,
+                    const std::string& split, Comm& comm, int64_t batch) {
+  batch = std::max<int64_t>(batch, comm.size());
+  Loader loader(info, split, batch, comm.rank(), comm.size(), /*shuffle=*/false, 0);
+  double sums[2] = {0, 0};  // loss, correct
+  Tensor probs;
+  StepInfo s{.training = false};
+  for (int64_t i = 0, n = loader.batches_per_epoch(); i < n; ++i) {
+    const auto& b = loader.next();
+    const int bs = int(b.y.size());
+    if (bs == 0) continue;
+    const Tensor& logits = model.forward(be, b.x, s);
+    probs.resize(logits.shape);
+    sums[0] += be.softmax_xent_forward(probs.data(), logits.data(), b.y.data(), bs, model.classes());
+    sums[1] += double(be.count_correct(logits.data(), b.y.data(), bs, model.classes()));
+  }
+  comm.allreduce_sum(sums, 2);
+  const SplitInfo& si = split == "test" ? info.test : info.train;
+  return {.accuracy = sums[1] / double(si.n), .loss = sums[0] / double(si.n), .samples = si.n};
+}
+
+int run_train(const RunConfig& cfg, Comm& comm) {
+  const bool lead = comm.rank() == 0;
+  const int ranks = comm.size();
+  std::string device_note;
+  const Backend* bep = nullptr;
+  DatasetInfo info;
+  collectively(comm, [&] {
+    validate(cfg);
+    bep = &select_backend(cfg.device, cfg.threads, &device_note);
+    if (cfg.train.batch_size % ranks != 0)
+      fail_input("train.batch_size = {} is not divisible by the {} data-parallel ranks",
+                 cfg.train.batch_size, ranks);
+    info = open_dataset(cfg.data.path);
+    if (cfg.train.batch_size > info.train.n)
+      fail_input("train.batch_size = {} is larger than the {} training samples in {}",
+                 cfg.train.batch_size, info.train.n, cfg.data.path);
+  });
+  const Backend& be = *bep;
+  const int64_t G = cfg.train.batch_size;
+
+  std::unique_ptr<Model> model;
+  collectively(comm, [&] {
+    model = std::make_unique<Model>(cfg.model_spec(info.classes), info.train.sample_shape, info.classes);
+    if (lead) {
+      ensure_output_dir(cfg.output.dir);
+      ensure_output_dir(std::filesystem::path(cfg.params_path()).parent_path().string().empty()
+                            ? "." : std::filesystem::path(cfg.params_path()).parent_path().string());
+    }
+  });
+  model->init(cfg.train.seed);
+
+  std::unique_ptr<MetricsWriter> metrics;
+  collectively(comm, [&] {
+    if (lead) metrics = std::make_unique<MetricsWriter>(cfg.metrics_path());
+  });
+
+  auto loader = std::make_unique<Loader>(info, "train", G, comm.rank(), ranks, true, cfg.train.seed);
+  const int64_t per_epoch = loader->batches_per_epoch();
+  int64_t total = per_epoch * cfg.train.epochs;
+  if (cfg.train.max_steps > 0) total = std::min(total, cfg.train.max_steps);
+
+  OptimConfig oc{.kind = cfg.train.optimizer, .lr = cfg.train.lr, .momentum = cfg.train.momentum,
+                 .weight_decay = cfg.train.weight_decay, .nesterov = cfg.train.nesterov,
+                 .beta1 = cfg.train.beta1, .beta2 = cfg.train.beta2, .eps = cfg.train.eps,
+                 .schedule = cfg.train.lr_schedule, .warmup_steps = cfg.train.warmup_steps,
+                 .min_lr = cfg.train.min_lr, .total_steps = total, .grad_clip = cfg.train.grad_clip};
+  Optimizer opt(oc, model->num_params());
+  GradientAllreducer reducer(comm, *model, model->grads().data(), cfg.dp.bucket_mb * 1048576.0,
+                             cfg.dp.overlap);
+
+  if (lead) {
+    fmt::print("strata {} ({}): {} rank{}, device {}\n", STRATA_VERSION, STRATA_GIT_COMMIT, ranks,
+               ranks == 1 ? "" : "s", device_note);
+    fmt::print("data {}: {} train samples{}, {} classes, sample shape {}\n", cfg.data.path,
+               info.train.n, info.has_test ? fmt::format(", {} test", info.test.n) : "",
+               info.classes, shape_str(info.train.sample_shape));
+    fmt::print("model:\n{}\n", model->summary());
+    fmt::print("training {} steps ({} epoch{} of {} steps), global batch {} ({} per rank), {} "
+               "allreduce bucket{}\n", total, cfg.train.epochs, cfg.train.epochs == 1 ? "" : "s",
+               per_epoch, G, G / ranks, reducer.num_buckets(), reducer.num_buckets() == 1 ? "" : "s");
+    std::fflush(stdout);
+  }
+
+  ProgressLine progress(lead && cfg.progress);
+  Tensor probs, dlogits;
+  const auto t_start = Clock::now();
+  auto t_log = t_start;
+  int64_t samples_since_log = 0;
+  double exposed_total = 0;
+  for (int64_t step = 0; step < total; ++step) {
+    const auto& batch = loader->next();
+    const int b = int(batch.y.size());
+    StepInfo si{.training = true, .seed = cfg.train.seed, .step = uint64_t(step),
+                .first_sample = batch.first_sample};
+    const Tensor& logits = model->forward(be, batch.x, si);
+    probs.resize(logits.shape);
+    dlogits.resize(logits.shape);
+    double loss = be.softmax_xent_forward(probs.data(), logits.data(), batch.y.data(), b, info.classes);
+    be.softmax_xent_backward(dlogits.data(), probs.data(), batch.y.data(), b, info.classes,
+                             1.0f / float(G));
+    model->backward(be, dlogits, [&](int64_t ready) { reducer.on_grads_ready(ready); });
+    reducer.finish();
+    comm.allreduce_sum(&loss, 1);
+    loss /= double(G);
+    if (!std::isfinite(loss)) {
+      progress.finish();
+      if (lead) {
+        if (metrics)
+          metrics->write({{"event", json_string("diverged")}, {"step", fmt::format("{}", step)},
+                          {"loss", json_number(loss)}});
+        fmt::print(stderr, "strata: error: step {}: loss is {} (training diverged; lower "
+                   "train.lr or set train.grad_clip); no parameters were written\n", step,
+                   std::isnan(loss) ? "NaN" : "Inf");
+      }
+      return kExitDiverged;
+    }
+    opt.step(be, model->values(), model->grads(), step);
+    samples_since_log += G;
+
+    const bool last = step + 1 == total;
+    if ((step + 1) % cfg.train.log_every == 0 || last) {
+      const double dt = since(t_log), elapsed = since(t_start);
+      const double sps = samples_since_log / std::max(dt, 1e-9);
+      const double eta = elapsed / double(step + 1) * double(total - step - 1);
+      const int64_t epoch = step / per_epoch;
+      exposed_total += reducer.stats().exposed_s;
+      if (metrics)
+        metrics->write({{"step", fmt::format("{}", step + 1)},
+                        {"epoch", json_number(double(step + 1) / double(per_epoch))},
+                        {"loss", json_number(loss)},
+                        {"lr", json_number(lr_at(oc, step))},
+                        {"samples_per_s", json_number(sps)},
+                        {"time_s", json_number(elapsed)}});
+      progress.update(fmt::format("epoch {}/{}  step {}/{}  loss {:.4f}  {:.0f} samples/s  ETA {}",
+                                  epoch + 1, cfg.train.epochs, step + 1, total, loss, sps,
+                                  format_duration(eta)),
+                      /*force_newline=*/last || !isatty(STDOUT_FILENO));
+      reducer.reset_stats();
+      t_log = Clock::now();
+      samples_since_log = 0;
+    }
+  }
+  const double train_s = since(t_start);
+  progress.finish();
+  loader.reset();  // the loader thread owns HDF5 while alive
+
+  EvalResult ev;
+  if (info.has_test) ev = evaluate(*model, be, info, "test", comm);
+  if (lead) {
+    save_parameters(cfg.params_path(), *model,
+                    {.config_toml = cfg.to_toml(), .dataset_sha256 = info.source_sha256, .step = total});
+    std::vector<MetricsWriter::Field> done = {
+        {"event", json_string("done")}, {"step", fmt::format("{}", total)},
+        {"train_time_s", json_number(train_s)},
+        {"samples_per_s", json_number(double(total) * G / std::max(train_s, 1e-9))},
+        {"allreduce_exposed_s", json_number(exposed_total)}, {"ranks", fmt::format("{}", ranks)}};
+    if (info.has_test) {
+      done.push_back({"test_accuracy", json_number(ev.accuracy)});
+      done.push_back({"test_loss", json_number(ev.loss)});
+    }
+    if (metrics) metrics->write(done);
+    fmt::print("done: {} steps in {}, {:.0f} samples/s", total, format_duration(train_s),
+               double(total) * G / std::max(train_s, 1e-9));
+    if (info.has_test) fmt::print(", test accuracy {:.4f}, test loss {:.4f}", ev.accuracy, ev.loss);
+    fmt::print("\nparameters written to {}\n", cfg.params_path());
+  }
+  return kExitOk;
+}
+
+}  // namespace strata
