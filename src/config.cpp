@@ -1,5 +1,8 @@
 #include "strata/config.h"
 
+#include <cmath>
+#include <cstdlib>
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -38,54 +41,78 @@ std::string toml_list(const std::vector<std::string>& v) {
   return s + "]";
 }
 
+// Validators with messages a user can act on ("must be > 0, got -1").
+CLI::Validator number_in(double lo, double hi, bool integer, bool open_lo = false) {
+  std::string what = integer ? "an integer" : "a number";
+  std::string range = open_lo ? fmt::format("> {}", lo)
+                      : hi == INFINITY ? fmt::format(">= {}", lo)
+                                       : fmt::format("in [{}, {}]", lo, hi);
+  return CLI::Validator(
+      [=](std::string& v) -> std::string {
+        char* end = nullptr;
+        double x = std::strtod(v.c_str(), &end);
+        if (v.empty() || *end != '\0' || (integer && x != std::floor(x)))
+          return fmt::format("expected {} {}, got '{}'", what, range, v);
+        if (x < lo || x > hi || (open_lo && x <= lo))
+          return fmt::format("must be {}, got {}", range, v);
+        return "";
+      },
+      fmt::format("{} {}", integer ? "INT" : "NUMBER", range));
+}
+const auto kPositive = number_in(0, INFINITY, false, true);
+const auto kNonNegative = number_in(0, INFINITY, false);
+const auto kCount = number_in(1, INFINITY, true);       // 1, 2, ...
+const auto kCountOrZero = number_in(0, INFINITY, true); // 0, 1, ...
+const auto kFraction = number_in(0, 0.9999, false);     // [0, 1)
+
 }  // namespace
 
 void add_config_options(CLI::App& sub, RunConfig& c) {
-  auto nonneg = CLI::NonNegativeNumber;
-  auto pos = CLI::PositiveNumber;
+  auto nonneg = kNonNegative;
+  auto pos = kPositive;
   sub.add_option("--data.path", c.data.path, "HDF5 dataset (see README: Data format)")
       ->capture_default_str();
 
   sub.add_option("--model.type", c.model.type, "mlp | cnn | custom")
       ->check(CLI::IsMember({"mlp", "cnn", "custom"}))->capture_default_str();
   sub.add_option("--model.hidden", c.model.hidden, "hidden linear widths")
-      ->check(pos)->capture_default_str();
+      ->check(kCount)->capture_default_str();
   sub.add_option("--model.activation", c.model.activation, "relu | gelu")
       ->check(CLI::IsMember({"relu", "gelu"}))->capture_default_str();
   sub.add_option("--model.channels", c.model.channels, "cnn: conv output channels")
-      ->check(pos)->capture_default_str();
+      ->check(kCount)->capture_default_str();
   sub.add_option("--model.kernel", c.model.kernel, "cnn: conv kernel size (odd)")
-      ->check(CLI::Range(1, 15))->capture_default_str();
+      ->check(number_in(1, 15, true))->capture_default_str();
   sub.add_option("--model.dropout", c.model.dropout, "dropout after hidden activations")
-      ->check(CLI::Range(0.0, 0.99))->capture_default_str();
+      ->check(number_in(0, 0.99, false))->capture_default_str();
   sub.add_option("--model.layers", c.model.layers, "custom: layer specs (README: Models)");
 
-  sub.add_option("--train.epochs", c.train.epochs)->check(CLI::Range(int64_t(1), int64_t(1) << 40))->capture_default_str();
+  sub.add_option("--train.epochs", c.train.epochs)->check(kCount)->capture_default_str();
   sub.add_option("--train.batch_size", c.train.batch_size, "GLOBAL batch over all ranks")
-      ->check(CLI::Range(int64_t(1), int64_t(1) << 30))->capture_default_str();
+      ->check(kCount)->capture_default_str();
   sub.add_option("--train.optimizer", c.train.optimizer, "sgd | adamw")
       ->check(CLI::IsMember({"sgd", "adamw"}))->capture_default_str();
   sub.add_option("--train.lr", c.train.lr)->check(pos)->capture_default_str();
-  sub.add_option("--train.momentum", c.train.momentum)->check(CLI::Range(0.0, 0.9999))->capture_default_str();
+  sub.add_option("--train.momentum", c.train.momentum)->check(kFraction)->capture_default_str();
   sub.add_option("--train.nesterov", c.train.nesterov)->capture_default_str();
   sub.add_option("--train.weight_decay", c.train.weight_decay)->check(nonneg)->capture_default_str();
-  sub.add_option("--train.beta1", c.train.beta1)->check(CLI::Range(0.0, 0.9999))->capture_default_str();
-  sub.add_option("--train.beta2", c.train.beta2)->check(CLI::Range(0.0, 0.99999))->capture_default_str();
+  sub.add_option("--train.beta1", c.train.beta1)->check(kFraction)->capture_default_str();
+  sub.add_option("--train.beta2", c.train.beta2)->check(number_in(0, 0.99999, false))->capture_default_str();
   sub.add_option("--train.eps", c.train.eps)->check(pos)->capture_default_str();
   sub.add_option("--train.lr_schedule", c.train.lr_schedule, "constant | cosine")
       ->check(CLI::IsMember({"constant", "cosine"}))->capture_default_str();
-  sub.add_option("--train.warmup_steps", c.train.warmup_steps)->check(nonneg)->capture_default_str();
+  sub.add_option("--train.warmup_steps", c.train.warmup_steps)->check(kCountOrZero)->capture_default_str();
   sub.add_option("--train.min_lr", c.train.min_lr)->check(nonneg)->capture_default_str();
   sub.add_option("--train.grad_clip", c.train.grad_clip, "max global grad norm, 0 = off")
       ->check(nonneg)->capture_default_str();
-  sub.add_option("--train.seed", c.train.seed)->capture_default_str();
+  sub.add_option("--train.seed", c.train.seed)->check(kCountOrZero)->capture_default_str();
   sub.add_option("--train.log_every", c.train.log_every, "steps between metrics lines")
-      ->check(CLI::Range(int64_t(1), int64_t(1) << 40))->capture_default_str();
+      ->check(kCount)->capture_default_str();
   sub.add_option("--train.max_steps", c.train.max_steps, "stop after N steps (0 = all epochs)")
-      ->check(nonneg)->capture_default_str();
+      ->check(kCountOrZero)->capture_default_str();
 
   sub.add_option("--dp.bucket_mb", c.dp.bucket_mb, "gradient allreduce bucket size (MiB)")
-      ->check(CLI::Range(0.001, 4096.0))->capture_default_str();
+      ->check(number_in(0.001, 4096, false))->capture_default_str();
   sub.add_option("--dp.overlap", c.dp.overlap, "overlap allreduce with backward")->capture_default_str();
 
   sub.add_option("--output.dir", c.output.dir)->capture_default_str();

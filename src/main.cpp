@@ -53,6 +53,26 @@ int run_eval(const std::string& checkpoint, const std::string& data, bool json, 
   return kExitOk;
 }
 
+// CLI11's messages name the option; say whether the value came from a flag or the file, and
+// name the key the way the user wrote it.
+std::string describe_parse_error(const std::string& msg, int argc, char** argv,
+                                 const std::string& config) {
+  const std::string ini = "INI was not able to parse ";
+  if (msg.rfind(ini, 0) == 0) {
+    std::string key = msg.substr(ini.size());
+    if (auto dot = key.find('.'); dot != std::string::npos && key.rfind("train.", 0) == 0)
+      key = key.substr(dot + 1);  // drop the subcommand the items were routed to
+    return fmt::format("config {}: unknown key '{}'", config, key);
+  }
+  if (msg.rfind("--", 0) == 0) {
+    std::string flag = msg.substr(0, msg.find(':'));
+    for (int i = 1; i < argc; ++i)
+      if (std::string(argv[i]).rfind(flag, 0) == 0) return fmt::format("flag {}", msg);
+    if (!config.empty()) return fmt::format("config {}: key {}", config, msg.substr(2));
+  }
+  return msg;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -72,8 +92,11 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 1024));
   train->add_option("--device", cfg.device, "auto | cpu | cuda")->capture_default_str();
   train->add_option("--metrics", cfg.output.metrics, "JSON-lines metrics file (default DIR/metrics.jsonl)");
-  bool quiet = false;
-  train->add_flag("--quiet", quiet, "no progress line");
+  std::string progress = "auto";
+  train->add_option("--progress", progress,
+                    "auto (in place on a terminal, plain lines otherwise) | inplace | lines | off")
+      ->check(CLI::IsMember({"auto", "inplace", "lines", "off"}))->capture_default_str();
+  train->add_flag_callback("--quiet", [&] { progress = "off"; }, "same as --progress off");
   enable_toml_config(app, *train, cfg);
 
   auto* prepare = app.add_subcommand("prepare", "convert a dataset to strata's HDF5 layout");
@@ -110,16 +133,15 @@ int main(int argc, char** argv) {
       if (lead) app.exit(e);
       mpi_finalize();
       return 0;
-    } catch (const CLI::ParseError& e) {
-      std::string where = app.get_option("--config")->count()
-                              ? fmt::format(" (config {})", app.get_option("--config")->as<std::string>())
-                              : "";
+    } catch (const CLI::Error& e) {
+      const auto& given = app.get_option("--config")->results();
+      std::string config = given.empty() ? "" : given.front();
       // Every rank parsed the same arguments: rank 0 alone reports.
       if (!lead) throw AgreedFailure(kExitBadInput, "");
-      throw UserError(kExitBadInput, fmt::format("{}{}", e.what(), where));
+      throw UserError(kExitBadInput, describe_parse_error(e.what(), argc, argv, config));
     }
     if (*train) {
-      cfg.progress = !quiet;
+      cfg.progress = progress;
       if (app.get_option("--config")->count()) cfg.config_path = app.get_option("--config")->as<std::string>();
       code = run_train(cfg, *comm);
     } else if (*fmnist) {

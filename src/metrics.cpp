@@ -4,6 +4,7 @@
 
 #include <cerrno>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 
 #include <fmt/format.h>
@@ -47,7 +48,11 @@ std::string json_string(const std::string& s) {
   return o + "\"";
 }
 
-ProgressLine::ProgressLine(bool enabled) : enabled_(enabled), tty_(isatty(STDOUT_FILENO)) {}
+ProgressLine::ProgressLine(const std::string& mode) : enabled_(mode != "off") {
+  const bool launched = std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMIX_RANK") ||
+                        std::getenv("SLURM_STEP_ID");
+  tty_ = mode == "inplace" || (mode == "auto" && isatty(STDOUT_FILENO) && !launched);
+}
 
 void ProgressLine::update(const std::string& text, bool force_newline) {
   if (!enabled_) return;

@@ -131,7 +131,7 @@ int run_train(const RunConfig& cfg, Comm& comm) {
     std::fflush(stdout);
   }
 
-  ProgressLine progress(lead && cfg.progress);
+  ProgressLine progress(lead ? cfg.progress : "off");
   Tensor probs, dlogits;
   const auto t_start = Clock::now();
   auto t_log = t_start;
@@ -184,7 +184,7 @@ int run_train(const RunConfig& cfg, Comm& comm) {
       progress.update(fmt::format("epoch {}/{}  step {}/{}  loss {:.4f}  {:.0f} samples/s  ETA {}",
                                   epoch + 1, cfg.train.epochs, step + 1, total, loss, sps,
                                   format_duration(eta)),
-                      /*force_newline=*/last || !isatty(STDOUT_FILENO));
+                      /*force_newline=*/last || !progress.in_place());
       reducer.reset_stats();
       t_log = Clock::now();
       samples_since_log = 0;

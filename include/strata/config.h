@@ -55,7 +55,7 @@ struct RunConfig {
   // Run-level flags (not in the file).
   int threads = 1;             // --threads; default SLURM_CPUS_PER_TASK, else 1
   std::string device = "auto";
-  bool progress = true;
+  std::string progress = "auto";  // auto | inplace | lines | off
 
   std::string params_path() const;
   std::string metrics_path() const;

@@ -28,9 +28,12 @@ std::string json_number(double v);  // NaN/Inf become null (JSON has no NaN)
 std::string json_string(const std::string& s);
 
 // Updates one line in place on a terminal; prints plain lines when output goes to a file.
+// mode: "auto" | "inplace" | "lines" | "off". Under mpirun/srun stdout is often a pty that
+// ends in a log file, so "auto" prints plain lines whenever a launcher started the rank.
 class ProgressLine {
  public:
-  explicit ProgressLine(bool enabled);
+  explicit ProgressLine(const std::string& mode);
+  bool in_place() const { return tty_; }
   void update(const std::string& text, bool force_newline);
   void finish();  // ends an in-place line
 

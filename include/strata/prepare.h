@@ -10,9 +10,10 @@ namespace strata {
 //   /train/labels, /test/labels  uint8 (N,)
 //   root attributes: classes = 10, source, created_by ("strata <version>"), created_at (UTC,
 //   ISO 8601), sha256_<file> for each source file, and source_sha256: the SHA-256 of the text
-//   `sha256sum` prints for the four files in the order above, i.e. the digest printed by
-//     cd SOURCE_DIR && sha256sum train-images-idx3-ubyte.gz train-labels-idx1-ubyte.gz \
-//       t10k-images-idx3-ubyte.gz t10k-labels-idx1-ubyte.gz | sha256sum
+//   `sha256sum` prints for the four files in the order above ("<hex>  <name>\n" each), i.e.
+//   the digest printed by (in SOURCE_DIR, on one line)
+//     sha256sum train-images-idx3-ubyte.gz train-labels-idx1-ubyte.gz
+//               t10k-images-idx3-ubyte.gz t10k-labels-idx1-ubyte.gz | sha256sum
 // Everything is read and checked before writing; the file is written to "<out>.tmp.<pid>" and
 // renamed over out_path, so out_path never holds a partial file. Throws UserError naming the
 // file at fault (missing, truncated, bad IDX header, inconsistent counts, no output directory).

@@ -1,0 +1,40 @@
+"""Helpers for tests that launch strata under mpirun and read what it wrote."""
+import json
+import os
+import subprocess
+import sys
+
+import h5py
+import numpy as np
+
+MPI_ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               OMPI_MCA_rmaps_base_oversubscribe="1")
+
+
+def run_strata(strata, ranks, args, timeout=600):
+    """Runs `strata train ARGS` on `ranks` ranks; fails the test on a non-zero exit."""
+    cmd = ["mpirun", "-n", str(ranks), "--oversubscribe", "--bind-to", "none", strata] + args
+    p = subprocess.run(cmd, env=MPI_ENV, capture_output=True, text=True, timeout=timeout)
+    if p.returncode != 0:
+        sys.exit(f"FAIL: {' '.join(cmd)} exited {p.returncode}\n{p.stdout[-2000:]}\n{p.stderr[-4000:]}")
+    return p
+
+
+def metrics(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def losses(path):
+    return np.array([m["loss"] for m in metrics(path) if "event" not in m], dtype=np.float64)
+
+
+def parameters(path):
+    """All parameter arrays of a strata parameter file, by global name."""
+    out = {}
+    with h5py.File(path, "r") as f:
+        def visit(name, obj):
+            if isinstance(obj, h5py.Dataset):
+                out[name] = obj[()]
+        f["params"].visititems(visit)
+    return out
