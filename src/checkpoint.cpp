@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "strata/data.h"
 #include "strata/error.h"
 
 namespace strata {
@@ -20,15 +21,6 @@ namespace {
       throw std::runtime_error(fmt::format("{}:{}: {} failed", __FILE__, __LINE__, #call)); \
     return r_;                                                                            \
   }())
-
-struct H5Id {  // closes an HDF5 object id of any kind at scope exit
-  hid_t id = -1;
-  explicit H5Id(hid_t i) : id(i) {}
-  ~H5Id() {
-    if (id >= 0) H5Oclose(id) < 0 ? (void)0 : (void)0;
-  }
-  operator hid_t() const { return id; }
-};
 
 void write_str_attr(hid_t obj, const char* name, const std::string& v) {
   hid_t t = H5_CHECK(H5Tcopy(H5T_C_S1));
@@ -93,6 +85,7 @@ std::string dir_of(const std::string& p) {
 }  // namespace
 
 void save_parameters(const std::string& path, Model& model, const ParamFileMeta& meta) {
+  std::lock_guard lock(hdf5_mutex());  // this HDF5 build is not thread-safe
   H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
   const std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
   hid_t f = H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
@@ -142,6 +135,7 @@ void save_parameters(const std::string& path, Model& model, const ParamFileMeta&
 }
 
 LoadedParams load_parameters(const std::string& path) {
+  std::lock_guard lock(hdf5_mutex());
   H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
   if (::access(path.c_str(), R_OK) != 0)
     fail_input("{}: cannot open parameter file ({})", path, std::strerror(errno));

@@ -67,7 +67,8 @@ class Loader {
     std::vector<int32_t> y;       // (b)
     int64_t epoch = 0, index = 0; // which global batch this is
     int64_t first_sample = 0;     // position of this rank's first sample within the global
-                                  // batch, r*G/R (dropout keys its masks on it)
+                                  // batch, r*g/R for a batch of g samples (g = G except in a
+                                  // partial evaluation batch); dropout keys its masks on it
   };
   // Returns the next batch (advancing across epoch boundaries). The reference stays valid until
   // the next call.
