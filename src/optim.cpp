@@ -23,9 +23,11 @@ Optimizer::Optimizer(OptimConfig c, int64_t n) : c_(std::move(c)) {
 
 double Optimizer::step(const Backend& be, Tensor& params, Tensor& grads, int64_t step) {
   const int64_t n = params.size();
-  double norm = std::sqrt(be.sum_squares(grads.data(), n));
-  if (c_.grad_clip > 0 && norm > c_.grad_clip)
-    be.scale_inplace(grads.data(), n, float(c_.grad_clip / (norm + 1e-6)));
+  double norm = -1;  // a pass over every gradient: only when clipping needs it
+  if (c_.grad_clip > 0) {
+    norm = std::sqrt(be.sum_squares(grads.data(), n));
+    if (norm > c_.grad_clip) be.scale_inplace(grads.data(), n, float(c_.grad_clip / (norm + 1e-6)));
+  }
   const float lr = float(lr_at(c_, step));
   if (c_.kind == "adamw")
     be.adamw_update(params.data(), grads.data(), s0_.data(), s1_.data(), n, lr, float(c_.beta1),

@@ -28,7 +28,7 @@ class Optimizer {
  public:
   Optimizer(OptimConfig c, int64_t num_params);
   // Clips (if configured) and applies one update. Returns the global gradient norm before
-  // clipping. `step` is 0-based.
+  // clipping, or -1 when clipping is off (the norm is not computed then). `step` is 0-based.
   double step(const Backend& be, Tensor& params, Tensor& grads, int64_t step);
   // State tensors by name, for checkpoints: "momentum" (sgd) or "exp_avg", "exp_avg_sq" (adamw).
   Tensor& state(int i) { return i == 0 ? s0_ : s1_; }
