@@ -9,62 +9,10 @@
 
 #include "strata/data.h"
 #include "strata/error.h"
+#include "hdf5_util.h"
 
 namespace strata {
 namespace {
-
-// Every HDF5 call is checked: a negative id/status becomes an error naming the call.
-#define H5_CHECK(call)                                                                    \
-  ([&] {                                                                                  \
-    auto r_ = (call);                                                                     \
-    if (r_ < 0)                                                                           \
-      throw std::runtime_error(fmt::format("{}:{}: {} failed", __FILE__, __LINE__, #call)); \
-    return r_;                                                                            \
-  }())
-
-void write_str_attr(hid_t obj, const char* name, const std::string& v) {
-  hid_t t = H5_CHECK(H5Tcopy(H5T_C_S1));
-  H5_CHECK(H5Tset_size(t, std::max<size_t>(1, v.size())));
-  hid_t s = H5_CHECK(H5Screate(H5S_SCALAR));
-  hid_t a = H5_CHECK(H5Acreate2(obj, name, t, s, H5P_DEFAULT, H5P_DEFAULT));
-  H5_CHECK(H5Awrite(a, t, v.empty() ? "" : v.data()));
-  H5Aclose(a); H5Sclose(s); H5Tclose(t);
-}
-
-void write_i64_attr(hid_t obj, const char* name, const std::vector<int64_t>& v) {
-  hsize_t n = v.size();
-  hid_t s = H5_CHECK(H5Screate_simple(1, &n, nullptr));
-  hid_t a = H5_CHECK(H5Acreate2(obj, name, H5T_STD_I64LE, s, H5P_DEFAULT, H5P_DEFAULT));
-  H5_CHECK(H5Awrite(a, H5T_NATIVE_INT64, v.data()));
-  H5Aclose(a); H5Sclose(s);
-}
-
-bool read_str_attr(hid_t obj, const char* name, std::string* out) {
-  if (H5Aexists(obj, name) <= 0) return false;
-  hid_t a = H5_CHECK(H5Aopen(obj, name, H5P_DEFAULT));
-  hid_t t = H5_CHECK(H5Aget_type(a));
-  if (H5Tget_class(t) != H5T_STRING) { H5Tclose(t); H5Aclose(a); return false; }
-  size_t n = H5Tget_size(t);
-  std::string v(n, '\0');
-  hid_t mt = H5_CHECK(H5Tcopy(H5T_C_S1));
-  H5_CHECK(H5Tset_size(mt, n + 1));
-  std::vector<char> buf(n + 1, 0);
-  H5_CHECK(H5Aread(a, mt, buf.data()));
-  H5Tclose(mt); H5Tclose(t); H5Aclose(a);
-  *out = std::string(buf.data());
-  return true;
-}
-
-bool read_i64_attr(hid_t obj, const char* name, std::vector<int64_t>* out) {
-  if (H5Aexists(obj, name) <= 0) return false;
-  hid_t a = H5_CHECK(H5Aopen(obj, name, H5P_DEFAULT));
-  hid_t s = H5_CHECK(H5Aget_space(a));
-  hssize_t n = H5Sget_simple_extent_npoints(s);
-  out->assign(size_t(std::max<hssize_t>(n, 0)), 0);
-  herr_t rc = H5Aread(a, H5T_NATIVE_INT64, out->data());
-  H5Sclose(s); H5Aclose(a);
-  return rc >= 0;
-}
 
 std::string join_lines(const ModelSpec& s) {
   std::string o;
@@ -86,7 +34,7 @@ std::string dir_of(const std::string& p) {
 
 void save_parameters(const std::string& path, Model& model, const ParamFileMeta& meta) {
   std::lock_guard lock(hdf5_mutex());  // this HDF5 build is not thread-safe
-  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+  h5_quiet();
   const std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
   hid_t f = H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
   if (f < 0)
@@ -94,13 +42,13 @@ void save_parameters(const std::string& path, Model& model, const ParamFileMeta&
                                                "writable directory?)", path, dir_of(path)));
   try {
     write_str_attr(f, "format", "strata-parameters");
-    write_i64_attr(f, "format_version", {1});
+    write_int_attr(f, "format_version", int64_t(1));
     write_str_attr(f, "strata_version", STRATA_VERSION);
     write_str_attr(f, "git_commit", STRATA_GIT_COMMIT);
     write_str_attr(f, "model_layers", join_lines(model.spec()));
-    write_i64_attr(f, "input_shape", model.input_shape());
-    write_i64_attr(f, "classes", {model.classes()});
-    write_i64_attr(f, "step", {meta.step});
+    write_int_attr(f, "input_shape", model.input_shape());
+    write_int_attr(f, "classes", int64_t(model.classes()));
+    write_int_attr(f, "step", meta.step);
     write_str_attr(f, "config", meta.config_toml);
     write_str_attr(f, "dataset_sha256", meta.dataset_sha256);
     hid_t root = H5_CHECK(H5Gcreate2(f, "params", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
@@ -136,7 +84,7 @@ void save_parameters(const std::string& path, Model& model, const ParamFileMeta&
 
 LoadedParams load_parameters(const std::string& path) {
   std::lock_guard lock(hdf5_mutex());
-  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+  h5_quiet();
   if (::access(path.c_str(), R_OK) != 0)
     fail_input("{}: cannot open parameter file ({})", path, std::strerror(errno));
   if (H5Fis_hdf5(path.c_str()) <= 0) fail_input("{}: not an HDF5 file", path);
@@ -148,8 +96,8 @@ LoadedParams load_parameters(const std::string& path) {
     if (!read_str_attr(f, "format", &fmt_name) || fmt_name != "strata-parameters")
       fail_input("{}: not a strata parameter file (root attribute 'format' is missing)", path);
     std::vector<int64_t> shape, classes;
-    if (!read_str_attr(f, "model_layers", &layers) || !read_i64_attr(f, "input_shape", &shape) ||
-        !read_i64_attr(f, "classes", &classes) || classes.size() != 1)
+    if (!read_str_attr(f, "model_layers", &layers) || !read_int_attr(f, "input_shape", &shape) ||
+        !read_int_attr(f, "classes", &classes) || classes.size() != 1)
       fail_input("{}: missing model description attributes (model_layers, input_shape, classes)", path);
     read_str_attr(f, "config", &out.config_toml);
     for (size_t a = 0, b; a < layers.size(); a = b + 1) {

@@ -21,6 +21,7 @@
 
 #include "strata/error.h"
 #include "strata/rng.h"
+#include "hdf5_util.h"
 
 namespace strata {
 
@@ -33,35 +34,6 @@ namespace {
 
 // ---------------------------------------------------------------- HDF5 plumbing
 
-// HDF5 prints its error stack to stderr by default; we report errors ourselves.
-void h5_quiet() { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); }
-
-// The innermost (most specific) message on HDF5's error stack, "" if there is none.
-std::string h5_error_detail() {
-  std::string detail;
-  auto visit = [](unsigned, const H5E_error2_t* e, void* out) -> herr_t {
-    if (e->desc && *e->desc) *static_cast<std::string*>(out) = e->desc;
-    return 0;
-  };
-  H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, visit, &detail);
-  return detail;
-}
-
-// Every HDF5 call goes through H5_CHECK: a negative return becomes an error naming the call and
-// the source line. Failures a user can cause are checked before the call and reported with
-// fail_input, so reaching this means a damaged file, an I/O error or a bug.
-template <typename T>
-T h5_check(T ret, const char* call, const char* src, int line) {
-  if (ret >= 0) return ret;
-  std::string_view name(call);
-  name = name.substr(0, name.find('('));
-  std::string detail = h5_error_detail();
-  throw std::runtime_error(fmt::format("HDF5 call {} failed ({}:{}){}{}", name,
-                                       std::filesystem::path(src).filename().string(), line,
-                                       detail.empty() ? "" : ": ", detail));
-}
-#define H5_CHECK(call) h5_check((call), #call, __FILE__, __LINE__)
-
 // Prefixes internal errors with the data file, so every message names it. UserErrors already do.
 template <typename F>
 auto with_file_context(const std::string& path, F&& f) {
@@ -73,33 +45,6 @@ auto with_file_context(const std::string& path, F&& f) {
     throw std::runtime_error(path + ": " + e.what());
   }
 }
-
-// Owns an HDF5 identifier (file, dataset, dataspace, ...) and closes it once.
-class H5Id {
- public:
-  using Closer = herr_t (*)(hid_t);
-  H5Id() = default;
-  H5Id(hid_t id, Closer close) : id_(id), close_(close) {}
-  H5Id(H5Id&& o) noexcept : id_(std::exchange(o.id_, -1)), close_(o.close_) {}
-  H5Id& operator=(H5Id&& o) noexcept {
-    if (this != &o) {
-      reset();
-      id_ = std::exchange(o.id_, -1);
-      close_ = o.close_;
-    }
-    return *this;
-  }
-  ~H5Id() { reset(); }
-  void reset() {
-    if (id_ >= 0) close_(id_);
-    id_ = -1;
-  }
-  hid_t get() const { return id_; }
-
- private:
-  hid_t id_ = -1;
-  Closer close_ = nullptr;
-};
 
 std::string dtype_name(hid_t t) {
   size_t bits = 8 * H5Tget_size(t);

@@ -25,6 +25,7 @@
 
 #include "strata/data.h"
 #include "strata/error.h"
+#include "hdf5_util.h"
 
 #ifndef STRATA_VERSION
 #define STRATA_VERSION "unknown"
@@ -145,82 +146,27 @@ Split read_split(const std::string& dir, const char* images_file, const char* la
 
 // ---------------------------------------------------------------- HDF5 writing
 
-std::string h5_error_detail() {
-  std::string detail;
-  auto visit = [](unsigned, const H5E_error2_t* e, void* out) -> herr_t {
-    if (e->desc && *e->desc) *static_cast<std::string*>(out) = e->desc;
-    return 0;
-  };
-  H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, visit, &detail);
-  return detail;
-}
-
-// A negative HDF5 return becomes an error naming the call and source line (as in data.cpp).
-template <typename T>
-T h5_check(T ret, const char* call, const char* src, int line) {
-  if (ret >= 0) return ret;
-  std::string_view name(call);
-  name = name.substr(0, name.find('('));
-  std::string detail = h5_error_detail();
-  throw std::runtime_error(fmt::format("HDF5 call {} failed ({}:{}){}{}", name,
-                                       fs::path(src).filename().string(), line,
-                                       detail.empty() ? "" : ": ", detail));
-}
-#define H5_CHECK(call) h5_check((call), #call, __FILE__, __LINE__)
-
-// Closes an HDF5 identifier when it goes out of scope.
-struct H5Id {
-  hid_t id;
-  herr_t (*close)(hid_t);
-  H5Id(hid_t i, herr_t (*c)(hid_t)) : id(i), close(c) {}
-  H5Id(const H5Id&) = delete;
-  H5Id& operator=(const H5Id&) = delete;
-  ~H5Id() {
-    if (id >= 0) close(id);
-  }
-};
-
-void write_int_attr(hid_t obj, const char* name, int64_t value) {
-  H5Id space(H5_CHECK(H5Screate(H5S_SCALAR)), H5Sclose);
-  H5Id attr(H5_CHECK(H5Acreate2(obj, name, H5T_STD_I64LE, space.id, H5P_DEFAULT, H5P_DEFAULT)),
-            H5Aclose);
-  H5_CHECK(H5Awrite(attr.id, H5T_NATIVE_INT64, &value));
-}
-
-// Variable-length UTF-8: what h5py writes for a Python str, and reads back as one.
-void write_str_attr(hid_t obj, const std::string& name, const std::string& value) {
-  H5Id type(H5_CHECK(H5Tcopy(H5T_C_S1)), H5Tclose);
-  H5_CHECK(H5Tset_size(type.id, H5T_VARIABLE));
-  H5_CHECK(H5Tset_cset(type.id, H5T_CSET_UTF8));
-  H5Id space(H5_CHECK(H5Screate(H5S_SCALAR)), H5Sclose);
-  H5Id attr(
-      H5_CHECK(H5Acreate2(obj, name.c_str(), type.id, space.id, H5P_DEFAULT, H5P_DEFAULT)),
-      H5Aclose);
-  const char* p = value.c_str();
-  H5_CHECK(H5Awrite(attr.id, type.id, &p));
-}
-
 // Default dataset creation properties: contiguous layout, so a row is one plain file read.
 void write_u8(hid_t group, const char* name, const Idx& idx, const char* source_file) {
   std::vector<hsize_t> dims(idx.dims.begin(), idx.dims.end());
   H5Id space(H5_CHECK(H5Screate_simple(int(dims.size()), dims.data(), nullptr)), H5Sclose);
-  H5Id ds(H5_CHECK(H5Dcreate2(group, name, H5T_STD_U8LE, space.id, H5P_DEFAULT, H5P_DEFAULT,
+  H5Id ds(H5_CHECK(H5Dcreate2(group, name, H5T_STD_U8LE, space.get(), H5P_DEFAULT, H5P_DEFAULT,
                               H5P_DEFAULT)),
           H5Dclose);
-  H5_CHECK(H5Dwrite(ds.id, H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, idx.data.data()));
-  write_str_attr(ds.id, "source_file", source_file);
+  H5_CHECK(H5Dwrite(ds.get(), H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, idx.data.data()));
+  write_str_attr(ds.get(), "source_file", source_file);
   if (dims.size() == 3) {
-    write_int_attr(ds.id, "channels", 1);
-    write_int_attr(ds.id, "height", int64_t(dims[1]));
-    write_int_attr(ds.id, "width", int64_t(dims[2]));
+    write_int_attr(ds.get(), "channels", 1);
+    write_int_attr(ds.get(), "height", int64_t(dims[1]));
+    write_int_attr(ds.get(), "width", int64_t(dims[2]));
   }
 }
 
 void write_split(hid_t file, const char* name, const Split& s, const char* images_file,
                  const char* labels_file) {
   H5Id group(H5_CHECK(H5Gcreate2(file, name, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT)), H5Gclose);
-  write_u8(group.id, "images", s.images, images_file);
-  write_u8(group.id, "labels", s.labels, labels_file);
+  write_u8(group.get(), "images", s.images, images_file);
+  write_u8(group.get(), "labels", s.labels, labels_file);
 }
 
 std::string utc_now_iso() {
