@@ -11,8 +11,13 @@ void relu_forward(float* out, const float* inp, int64_t n) {
 }
 
 // dout (n), out (n) -> dinp (n). Uses the forward output, so the input need not be kept.
+// dout is loaded unconditionally: with the load inside the ?: GCC keeps a branch (it may not
+// add a load the source does not make), which mispredicts on random signs (~10x slower).
 void relu_backward(float* dinp, const float* dout, const float* out, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) dinp[i] = out[i] > 0.f ? dout[i] : 0.f;
+  for (int64_t i = 0; i < n; ++i) {
+    const float d = dout[i];
+    dinp[i] = out[i] > 0.f ? d : 0.f;
+  }
 }
 
 namespace {

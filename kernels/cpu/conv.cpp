@@ -7,8 +7,9 @@
 //   backward  dweight (OC,CK) += dy (OC, nb*P) @ cols^T
 //             dcols (CK, nb*P) = weight^T @ dy,  then col2im scatters dcols into dinp.
 // y and dy are (OC, nb*P), while NCHW activations of a chunk are (nb, OC, P): a transposing
-// copy converts between them (fused with the bias add / bias gradient). With nb == 1 the two
-// layouts coincide and the gemm reads and writes the activations in place.
+// copy converts between them (fused with the bias add in forward). With nb == 1 the two
+// layouts coincide and the gemms read and write the activations in place. cols is rebuilt in
+// backward rather than kept from forward, so one scratch buffer can serve every layer.
 #include <algorithm>
 #include <cstring>
 
@@ -20,8 +21,14 @@ namespace {
 int64_t ck_of(const Conv2dShape& s) { return int64_t(s.C) * s.KH * s.KW; }
 int64_t p_of(const Conv2dShape& s) { return int64_t(s.OH()) * s.OW(); }
 
-// Samples per chunk.
-int chunk_samples(const Conv2dShape& s) { return std::max(s.B, 1); }
+// Samples per chunk: enough for ~200 gemm columns (nb*P). Per-sample gemms on large images
+// keep cols in L2 and need no layout transposition; small late-layer images batch a few
+// samples so the gemm is not tiny. Measured at batch 64 (one thread, OpenBLAS SkylakeX):
+// im2col of the whole batch at once was 1.3-2x slower (cols of 8-18 MB stream through memory).
+int chunk_samples(const Conv2dShape& s) {
+  const int64_t P = std::max<int64_t>(p_of(s), 1);
+  return int(std::clamp<int64_t>(200 / P, 1, std::max(s.B, 1)));
+}
 
 // Output positions o in [lo, hi) whose input index o*stride + k - pad lies in [0, n): the rest
 // read padding. Computed once per kernel offset so the copy loops have no bounds checks.
@@ -38,60 +45,103 @@ Range valid_range(int k, int pad, int stride, int n, int out_n) {
   return {lo, hi};
 }
 
+// Zeroes columns [0, rw.lo) and [rw.hi, OW) of rows rh of x (OH, OW): the few (pad-wide)
+// columns that read padding. Column by column, so no short memset per row.
+void zero_columns(float* x, Range rh, Range rw, int OW) {
+  auto zero_column = [&](int ow) {
+    for (int oh = rh.lo; oh < rh.hi; ++oh) x[int64_t(oh) * OW + ow] = 0.f;
+  };
+  for (int ow = 0; ow < rw.lo; ++ow) zero_column(ow);
+  for (int ow = rw.hi; ow < OW; ++ow) zero_column(ow);
+}
+
+// One cols row for one sample: dst (OH*OW) is the input plane src (H,W) read at
+// (oh*stride + kh - pad, ow*stride + kw - pad), zero where that falls in the padding.
+void im2col_plane(float* dst, const float* src, int kh, int kw, Range rh, Range rw,
+                  const Conv2dShape& s) {
+  const int OW = s.OW(), st = s.stride;
+  std::fill(dst, dst + int64_t(rh.lo) * OW, 0.f);
+  std::fill(dst + int64_t(rh.hi) * OW, dst + p_of(s), 0.f);
+  if (st == 1 && OW == s.W) {
+    // "Same" convolution: input and output rows have equal length, so all valid rows are one
+    // contiguous shifted copy of the plane (one long copy instead of a short one per row);
+    // afterwards the columns that wrapped around into the neighbouring row are zeroed.
+    const int64_t off = int64_t(kh - s.pad) * s.W + (kw - s.pad);
+    const int64_t d_lo = int64_t(rh.lo) * OW, d_hi = int64_t(rh.hi) * OW;
+    // Clip to the plane: only wrapped (padding) columns at its first/last element fall outside.
+    const int64_t lo = std::max(d_lo, -off);
+    const int64_t hi = std::max(lo, std::min(d_hi, int64_t(s.H) * s.W - off));
+    std::fill(dst + d_lo, dst + lo, 0.f);
+    std::copy(src + lo + off, src + hi + off, dst + lo);
+    std::fill(dst + hi, dst + d_hi, 0.f);
+    zero_columns(dst, rh, rw, OW);
+    return;
+  }
+  for (int oh = rh.lo; oh < rh.hi; ++oh) {
+    float* row = dst + int64_t(oh) * OW;
+    // in[ow*st] is input column ow*st + kw - pad of input row oh*st + kh - pad.
+    const float* in = src + int64_t(oh * st + kh - s.pad) * s.W + (kw - s.pad);
+    std::fill(row, row + rw.lo, 0.f);
+    if (st == 1)
+      std::copy(in + rw.lo, in + rw.hi, row + rw.lo);
+    else
+      for (int ow = rw.lo; ow < rw.hi; ++ow) row[ow] = in[ow * st];
+    std::fill(row + rw.hi, row + OW, 0.f);
+  }
+}
+
+// The adjoint of im2col_plane: dinp plane (H,W) += the entries of one dcols row that
+// im2col_plane copied from it. dcols is scratch: its padding entries may be zeroed.
+void col2im_plane(float* dinp, float* dcols, int kh, int kw, Range rh, Range rw,
+                  const Conv2dShape& s) {
+  const int OW = s.OW(), st = s.stride;
+  if (st == 1 && OW == s.W) {
+    // As in im2col_plane: zero the wrapped columns, then one contiguous shifted add.
+    zero_columns(dcols, rh, rw, OW);
+    const int64_t off = int64_t(kh - s.pad) * s.W + (kw - s.pad);
+    const int64_t lo = std::max(int64_t(rh.lo) * OW, -off);
+    const int64_t hi = std::min(int64_t(rh.hi) * OW, int64_t(s.H) * s.W - off);
+    float* out = dinp + off;
+    for (int64_t d = lo; d < hi; ++d) out[d] += dcols[d];
+    return;
+  }
+  for (int oh = rh.lo; oh < rh.hi; ++oh) {
+    const float* row = dcols + int64_t(oh) * OW;
+    float* out = dinp + int64_t(oh * st + kh - s.pad) * s.W + (kw - s.pad);
+    if (st == 1)
+      for (int ow = rw.lo; ow < rw.hi; ++ow) out[ow] += row[ow];
+    else
+      for (int ow = rw.lo; ow < rw.hi; ++ow) out[ow * st] += row[ow];
+  }
+}
+
 // cols (CK, nb*P) from inp (nb, C, H, W).
 void im2col(float* cols, const float* inp, int nb, const Conv2dShape& s) {
-  const int OH = s.OH(), OW = s.OW(), st = s.stride;
   const int64_t P = p_of(s), ld = nb * P, plane = int64_t(s.H) * s.W;
   for (int c = 0; c < s.C; ++c)
     for (int kh = 0; kh < s.KH; ++kh) {
-      const Range rh = valid_range(kh, s.pad, st, s.H, OH);
+      const Range rh = valid_range(kh, s.pad, s.stride, s.H, s.OH());
       for (int kw = 0; kw < s.KW; ++kw) {
-        const Range rw = valid_range(kw, s.pad, st, s.W, OW);
+        const Range rw = valid_range(kw, s.pad, s.stride, s.W, s.OW());
         float* row = cols + ((int64_t(c) * s.KH + kh) * s.KW + kw) * ld;
-        for (int b = 0; b < nb; ++b) {
-          float* dst_b = row + b * P;
-          const float* src_plane = inp + (int64_t(b) * s.C + c) * plane;
-          std::fill(dst_b, dst_b + int64_t(rh.lo) * OW, 0.f);
-          for (int oh = rh.lo; oh < rh.hi; ++oh) {
-            float* dst = dst_b + int64_t(oh) * OW;
-            // src[ow*st] is input column ow*st + kw - pad of input row oh*st + kh - pad.
-            const float* src = src_plane + int64_t(oh * st + kh - s.pad) * s.W + (kw - s.pad);
-            std::fill(dst, dst + rw.lo, 0.f);
-            if (st == 1)
-              std::memcpy(dst + rw.lo, src + rw.lo, sizeof(float) * (rw.hi - rw.lo));
-            else
-              for (int ow = rw.lo; ow < rw.hi; ++ow) dst[ow] = src[ow * st];
-            std::fill(dst + rw.hi, dst + OW, 0.f);
-          }
-          std::fill(dst_b + int64_t(rh.hi) * OW, dst_b + P, 0.f);
-        }
+        for (int b = 0; b < nb; ++b)
+          im2col_plane(row + b * P, inp + (int64_t(b) * s.C + c) * plane, kh, kw, rh, rw, s);
       }
     }
 }
 
-// dinp (nb, C, H, W) = sum of the dcols (CK, nb*P) entries that im2col copied from each input
-// element. Overwrites dinp.
-void col2im(float* dinp, const float* dcols, int nb, const Conv2dShape& s) {
-  const int OH = s.OH(), OW = s.OW(), st = s.stride;
+// dinp (nb, C, H, W) = col2im(dcols (CK, nb*P)), overwriting dinp.
+void col2im(float* dinp, float* dcols, int nb, const Conv2dShape& s) {
   const int64_t P = p_of(s), ld = nb * P, plane = int64_t(s.H) * s.W;
   std::fill(dinp, dinp + nb * s.C * plane, 0.f);
   for (int c = 0; c < s.C; ++c)
     for (int kh = 0; kh < s.KH; ++kh) {
-      const Range rh = valid_range(kh, s.pad, st, s.H, OH);
+      const Range rh = valid_range(kh, s.pad, s.stride, s.H, s.OH());
       for (int kw = 0; kw < s.KW; ++kw) {
-        const Range rw = valid_range(kw, s.pad, st, s.W, OW);
-        const float* row = dcols + ((int64_t(c) * s.KH + kh) * s.KW + kw) * ld;
-        for (int b = 0; b < nb; ++b) {
-          float* dst_plane = dinp + (int64_t(b) * s.C + c) * plane;
-          for (int oh = rh.lo; oh < rh.hi; ++oh) {
-            const float* src = row + b * P + int64_t(oh) * OW;
-            float* dst = dst_plane + int64_t(oh * st + kh - s.pad) * s.W + (kw - s.pad);
-            if (st == 1)
-              for (int ow = rw.lo; ow < rw.hi; ++ow) dst[ow] += src[ow];
-            else
-              for (int ow = rw.lo; ow < rw.hi; ++ow) dst[ow * st] += src[ow];
-          }
-        }
+        const Range rw = valid_range(kw, s.pad, s.stride, s.W, s.OW());
+        float* row = dcols + ((int64_t(c) * s.KH + kh) * s.KW + kw) * ld;
+        for (int b = 0; b < nb; ++b)
+          col2im_plane(dinp + (int64_t(b) * s.C + c) * plane, row + b * P, kh, kw, rh, rw, s);
       }
     }
 }
@@ -178,7 +228,6 @@ void conv2d_backward(float* dinp, float* dweight, float* dbias, const float* dou
         for (int oc = 0; oc < s.OC; ++oc)
           dbias[oc] += sum_floats(dout0 + (int64_t(b) * s.OC + oc) * P, P);
     if (dweight) {
-      // cols is not kept from forward (scratch may be shared between layers): recompute.
       im2col(cols, inp + b0 * in_sample, nb, s);
       sgemm(false, true, s.OC, CK, n, 1.f, dy, n, cols, n, b0 == 0 ? 0.f : 1.f, dweight, CK);
     }

@@ -33,7 +33,7 @@ using CorenameFn = char* (*)();
 
 std::once_flag g_load_once;
 std::mutex g_threads_mu;
-std::atomic<SgemmFn> g_sgemm{nullptr};  // set (release) once everything else is
+std::atomic<SgemmFn> g_sgemm{nullptr};  // non-null once loaded (stored last, release)
 SetThreadsFn g_set_threads = nullptr;
 CorenameFn g_corename = nullptr;
 
@@ -54,6 +54,7 @@ void load_openblas(int threads) {
   // A coretype the user set wins: it is the documented way to work around a bad choice.
   if (!std::getenv("OPENBLAS_CORETYPE"))
     if (const char* core = detect_coretype()) setenv("OPENBLAS_CORETYPE", core, 0);
+  // Sizes the thread pool OpenBLAS starts at load (default: one per core, wasted under MPI).
   setenv("OPENBLAS_NUM_THREADS", std::to_string(threads).c_str(), 1);
 
   void* lib = dlopen("libopenblas.so.0", RTLD_NOW | RTLD_LOCAL);
@@ -106,7 +107,7 @@ void sgemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const f
     gemm = g_sgemm.load(std::memory_order_acquire);
   }
   gemm(kRowMajor, trans_a ? kTrans : kNoTrans, trans_b ? kTrans : kNoTrans, M, N, K, alpha, A,
-          lda, B, ldb, beta, C, ldc);
+       lda, B, ldb, beta, C, ldc);
 }
 
 }  // namespace strata::cpu

@@ -1,7 +1,11 @@
 // Optimizer steps with torch.optim's update formulas and operation order: scalars (lr, bias
 // corrections) are computed in double as Python does, the elementwise work in float as
 // PyTorch's fp32 kernels do, so a run can be compared with PyTorch closely.
+#include <algorithm>
 #include <cmath>
+#if defined(__SSE2__)
+#include <immintrin.h>
+#endif
 
 #include "strata/kernels_cpu.h"
 
@@ -29,6 +33,21 @@ void sgd_update(float* param, const float* grad, float* momentum_buf, int64_t n,
   }
 }
 
+namespace {
+
+// x = sqrt(x) elementwise. Without -fno-math-errno GCC cannot vectorise std::sqrt (it keeps a
+// libm call to set errno for negative inputs), which made adamw_update 5.7x slower (2.4 ms vs
+// 0.43 ms for 420k parameters); sqrtps is part of baseline x86-64 (SSE2).
+void sqrt_inplace(float* x, int n) {
+  int i = 0;
+#if defined(__SSE2__)
+  for (; i + 4 <= n; i += 4) _mm_storeu_ps(x + i, _mm_sqrt_ps(_mm_loadu_ps(x + i)));
+#endif
+  for (; i < n; ++i) x[i] = std::sqrt(x[i]);
+}
+
+}  // namespace
+
 // param, grad, m, v (n); t is the 1-based step. torch.optim.AdamW:
 //   p *= 1 - lr*wd;  m = lerp(m, g, 1-b1);  v = b2*v + (1-b2)*g*g;
 //   p -= lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps)
@@ -39,18 +58,27 @@ void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n
   const float one_minus_b2 = float(1.0 - double(beta2));
   const double bias_c1 = 1.0 - std::pow(double(beta1), double(t));
   const double bias_c2 = 1.0 - std::pow(double(beta2), double(t));
-  const float step_size = float(double(lr) / bias_c1);
+  const float neg_step = float(-(double(lr) / bias_c1));
   const float bias_c2_sqrt = float(std::sqrt(bias_c2));
-  for (int64_t i = 0; i < n; ++i) {
-    const float g = grad[i];
-    param[i] *= decay;
-    // torch.lerp's formula: exact at both ends of the weight range.
-    const float mi = w < 0.5f ? m[i] + w * (g - m[i]) : g - (g - m[i]) * (1.f - w);
-    const float vi = v[i] * beta2 + one_minus_b2 * g * g;
-    m[i] = mi;
-    v[i] = vi;
-    const float denom = std::sqrt(vi) / bias_c2_sqrt + eps;
-    param[i] += -step_size * mi / denom;  // addcdiv: p + (value * m) / denom
+  // Blocks of three passes so each pass is a plain vectorisable loop (see sqrt_inplace).
+  constexpr int kBlock = 256;
+  float root[kBlock];
+  for (int64_t i0 = 0; i0 < n; i0 += kBlock) {
+    const int nb = int(std::min<int64_t>(kBlock, n - i0));
+    float *p = param + i0, *mb = m + i0, *vb = v + i0;
+    const float* g = grad + i0;
+    for (int i = 0; i < nb; ++i) {
+      p[i] *= decay;
+      // torch.lerp's formula: exact at both ends of the weight range.
+      mb[i] = w < 0.5f ? mb[i] + w * (g[i] - mb[i]) : g[i] - (g[i] - mb[i]) * (1.f - w);
+      vb[i] = vb[i] * beta2 + one_minus_b2 * g[i] * g[i];
+      root[i] = vb[i];
+    }
+    sqrt_inplace(root, nb);
+    for (int i = 0; i < nb; ++i) {
+      const float denom = root[i] / bias_c2_sqrt + eps;
+      p[i] += neg_step * mb[i] / denom;  // addcdiv: p + (value * m) / denom
+    }
   }
 }
 

@@ -1,0 +1,120 @@
+// GFLOP/s of the CPU kernels on the benchmark models' layers (batch 64, one OpenBLAS thread):
+// the MLP 784-256-128-10 and the CNN's two 3x3 convolutions. Each figure is the best of N runs
+// of thread CPU time, which is robust to other processes on a shared machine.
+//   usage: bench_kernels [runs (default 20)]
+#include <time.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#include "strata/kernels_cpu.h"
+#include "strata/rng.h"
+
+using namespace strata;
+using namespace strata::cpu;
+
+namespace {
+
+int g_runs = 20;
+
+double thread_ms() {
+  timespec t;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return t.tv_sec * 1e3 + t.tv_nsec * 1e-6;
+}
+
+template <class F>
+double best_ms(F f) {
+  f();  // warm-up: page faults, OpenBLAS buffers
+  double best = 1e30;
+  for (int r = 0; r < g_runs; ++r) {
+    const double t0 = thread_ms();
+    f();
+    best = std::min(best, thread_ms() - t0);
+  }
+  return best;
+}
+
+std::vector<float> random_vec(Rng& rng, int64_t n) {
+  std::vector<float> v(n);
+  for (auto& x : v) x = rng.uniform(-1.f, 1.f);
+  return v;
+}
+
+void report(const char* what, double flop, double ms) {
+  std::printf("  %-34s %8.3f ms %7.1f GFLOP/s\n", what, ms, flop / ms * 1e-6);
+}
+
+void bench_sgemm(int n) {
+  Rng rng(1);
+  const auto a = random_vec(rng, int64_t(n) * n), b = random_vec(rng, int64_t(n) * n);
+  std::vector<float> c(int64_t(n) * n);
+  const double ms = best_ms([&] {
+    sgemm(false, false, n, n, n, 1.f, a.data(), n, b.data(), n, 0.f, c.data(), n);
+  });
+  std::printf("sgemm\n");
+  char what[64];
+  std::snprintf(what, sizeof what, "%d x %d x %d", n, n, n);
+  report(what, 2.0 * n * n * n, ms);
+}
+
+void bench_linear(int B, int I, int O) {
+  Rng rng(2);
+  const auto x = random_vec(rng, int64_t(B) * I), w = random_vec(rng, int64_t(O) * I);
+  const auto bias = random_vec(rng, O), dy = random_vec(rng, int64_t(B) * O);
+  std::vector<float> y(int64_t(B) * O), dx(x.size()), dw(w.size()), db(O);
+  const double flop = 2.0 * B * I * O;
+  std::printf("linear %d->%d, batch %d\n", I, O, B);
+  report("forward", flop, best_ms([&] {
+           linear_forward(y.data(), x.data(), w.data(), bias.data(), B, I, O);
+         }));
+  report("backward (dinp, dweight, dbias)", 2 * flop, best_ms([&] {
+           linear_backward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), B, I,
+                           O);
+         }));
+}
+
+void bench_conv(const Conv2dShape& s, bool need_dinp) {
+  Rng rng(3);
+  const int64_t n_in = int64_t(s.B) * s.C * s.H * s.W;
+  const int64_t n_w = int64_t(s.OC) * s.C * s.KH * s.KW;
+  const int64_t n_out = int64_t(s.B) * s.OC * s.OH() * s.OW();
+  const auto x = random_vec(rng, n_in), w = random_vec(rng, n_w), bias = random_vec(rng, s.OC);
+  const auto dy = random_vec(rng, n_out);
+  std::vector<float> y(n_out), dx(n_in), dw(n_w), db(s.OC), scratch(conv2d_scratch_size(s));
+  const double flop = 2.0 * n_out * s.C * s.KH * s.KW;
+  std::printf("conv %d->%d %dx%d, %dx%d kernel, stride %d, pad %d, batch %d (scratch %.2f MB)\n",
+              s.C, s.OC, s.H, s.W, s.KH, s.KW, s.stride, s.pad, s.B,
+              double(scratch.size()) * 4e-6);
+  const double fwd = best_ms([&] {
+    conv2d_forward(y.data(), x.data(), w.data(), bias.data(), s, scratch.data());
+  });
+  const double bwd = best_ms([&] {
+    conv2d_backward(need_dinp ? dx.data() : nullptr, dw.data(), db.data(), dy.data(), x.data(),
+                    w.data(), s, scratch.data());
+  });
+  const double bwd_flop = flop * (need_dinp ? 2 : 1);
+  report("forward", flop, fwd);
+  report(need_dinp ? "backward (dinp, dweight, dbias)" : "backward (dweight, dbias)", bwd_flop,
+         bwd);
+  report("forward + backward", flop + bwd_flop, fwd + bwd);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc > 1) g_runs = std::max(1, std::atoi(argv[1]));
+  blas_init(1);
+  std::printf("OpenBLAS %s kernels, 1 thread, best of %d runs (thread CPU time)\n",
+              blas_corename(), g_runs);
+  bench_sgemm(1024);
+  const int B = 64;
+  bench_linear(B, 784, 256);
+  bench_linear(B, 256, 128);
+  bench_linear(B, 128, 10);
+  bench_conv({B, 1, 28, 28, 32, 3, 3, 1, 1}, false);  // first layer: no dinp
+  bench_conv({B, 32, 14, 14, 64, 3, 3, 1, 1}, true);
+  return 0;
+}
