@@ -134,17 +134,18 @@ class Gelu final : public Layer {
   }
 };
 
-// Flatten copies: the model gives every layer its own output buffer. The copy is tiny next
-// to the GEMMs around it and keeps buffer ownership simple.
+// Flatten: row-major (B, C, H, W) already is (B, C*H*W), so the model aliases the buffers
+// (is_reshape); forward/backward copy only when called on separate buffers.
 class Flatten final : public Layer {
  public:
   std::string describe() const override { return "Flatten"; }
   Shape output_shape(const Shape& in) const override { return {numel(in)}; }
+  bool is_reshape() const override { return true; }
   void forward(const Backend&, const Tensor& x, Tensor& y, const StepInfo&) override {
-    std::copy(x.data(), x.data() + x.size(), y.data());
+    if (y.data() != x.data()) std::copy(x.data(), x.data() + x.size(), y.data());
   }
   void backward(const Backend&, const Tensor&, const Tensor&, const Tensor& dy, Tensor* dx) override {
-    if (dx) std::copy(dy.data(), dy.data() + dy.size(), dx->data());
+    if (dx && dx->data() != dy.data()) std::copy(dy.data(), dy.data() + dy.size(), dx->data());
   }
 };
 

@@ -153,8 +153,12 @@ const Tensor& Model::forward(const Backend& be, const Tensor& x, const StepInfo&
   for (size_t i = 0; i < layers_.size(); ++i) {
     Shape os = shapes_[i + 1];
     os.insert(os.begin(), b);
-    outs_[i].resize(os);
-    layers_[i]->forward(be, *in, outs_[i], s);
+    if (layers_[i]->is_reshape()) {
+      outs_[i] = Tensor::view(const_cast<float*>(in->data()), os);
+    } else {
+      outs_[i].resize(os);
+      layers_[i]->forward(be, *in, outs_[i], s);
+    }
     in = &outs_[i];
   }
   return *in;
@@ -171,10 +175,11 @@ void Model::backward(const Backend& be, const Tensor& dlogits,
     if (i > 0) {
       Shape is = shapes_[i];
       is.insert(is.begin(), b);
-      douts_[i].resize(is);
+      if (layers_[i]->is_reshape()) douts_[i] = Tensor::view(const_cast<float*>(dy->data()), is);
+      else douts_[i].resize(is);
       dx = &douts_[i];
     }
-    layers_[i]->backward(be, x, outs_[i], *dy, dx);
+    if (!layers_[i]->is_reshape()) layers_[i]->backward(be, x, outs_[i], *dy, dx);
     if (on_ready) on_ready(ready_after_[i]);
     dy = dx;
   }

@@ -43,6 +43,9 @@ class Layer {
   // dx may be null (first layer). Writes param grads (overwrites).
   virtual void backward(const Backend& be, const Tensor& x, const Tensor& y, const Tensor& dy,
                         Tensor* dx) = 0;
+  // True for layers that only reshape (Flatten): the model then passes views instead of
+  // calling forward/backward, so no bytes are copied.
+  virtual bool is_reshape() const { return false; }
   // Model FLOPs of forward for one sample (for reports); backward is about twice this.
   virtual double flops_per_sample(const Shape& in) const { return 0; }
 };
