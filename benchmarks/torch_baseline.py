@@ -1,0 +1,218 @@
+#!/usr/bin/python3
+"""PyTorch baseline for strata's training-speed benchmark (benchmarks/bench_train.sh).
+
+Trains the same network as configs/fmnist_{mlp,cnn}.toml with the same optimizer on the same
+HDF5 file strata reads, and prints one JSON line on stdout:
+  {"framework": "pytorch", "model": ..., "steps": ..., "train_time_s": ...,
+   "samples_per_s": ..., "test_accuracy": ..., ...}
+
+Run it with Debian's interpreter (/usr/bin/python3, which has python3-torch and python3-h5py).
+Kernel choice: OpenBLAS picks its kernels when it is loaded, from OPENBLAS_CORETYPE or its own
+CPU detection, which on this VM's generic "Intel Xeon Processor" falls back to the slow
+Prescott kernels. bench_train.sh sets OPENBLAS_CORETYPE=SkylakeX on AVX-512 machines so that
+PyTorch gets the fast kernels, and so does this script before importing torch when the
+variable is unset; the BLAS kernels and BLAS threads actually in use are printed to stderr.
+
+Fairness notes (what differs from strata's loop):
+  * The whole data set is read and converted to float32/255 in memory ONCE, before timing.
+    strata reads and converts each batch from the HDF5 file inside its timed loop (on a
+    loader thread), so this gives PyTorch an advantage: no per-batch I/O or conversion.
+  * The per-batch gather x[idx] (a copy of the shuffled rows) is inside the timed loop, as
+    strata's batch assembly is.
+  * Timing covers only the training loop (forward, loss, backward, optimizer step for every
+    step); model construction, data loading and the test evaluation are outside it.
+"""
+import argparse
+import ctypes
+import json
+import os
+import sys
+import time
+
+
+def _cpu_flags() -> set:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def _threads_arg() -> str:
+    for i, a in enumerate(sys.argv):
+        if a == "--threads" and i + 1 < len(sys.argv):
+            return sys.argv[i + 1]
+        if a.startswith("--threads="):
+            return a.split("=", 1)[1]
+    return "1"
+
+
+# Both must be in the environment before torch loads OpenBLAS (at `import torch`):
+#  * OPENBLAS_CORETYPE: see above (bench_train.sh sets it too; a value already set is kept).
+#  * OPENBLAS_NUM_THREADS: torch.set_num_threads() sets ATen's OpenMP threads but not the
+#    thread pool of Debian's openblas-pthread, which otherwise starts one thread per core.
+#    "One thread" must mean one thread for the BLAS too (strata limits its OpenBLAS the same way).
+if "OPENBLAS_CORETYPE" not in os.environ:
+    _flags = _cpu_flags()
+    if "avx512f" in _flags:
+        os.environ["OPENBLAS_CORETYPE"] = "SkylakeX"
+    elif "avx2" in _flags:
+        os.environ["OPENBLAS_CORETYPE"] = "Haswell"
+os.environ.setdefault("OPENBLAS_NUM_THREADS", _threads_arg())
+os.environ.setdefault("OMP_NUM_THREADS", _threads_arg())
+
+import h5py  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
+
+
+def build_model(kind: str) -> nn.Module:
+    if kind == "mlp":  # 784-256-128-10 ReLU, as configs/fmnist_mlp.toml
+        return nn.Sequential(
+            nn.Flatten(),
+            nn.Linear(784, 256), nn.ReLU(),
+            nn.Linear(256, 128), nn.ReLU(),
+            nn.Linear(128, 10))
+    if kind == "cnn":  # conv3x3(32,p1)-ReLU-pool2-conv3x3(64,p1)-ReLU-pool2-fc128-ReLU-fc10
+        return nn.Sequential(
+            nn.Conv2d(1, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Flatten(),
+            nn.Linear(64 * 7 * 7, 128), nn.ReLU(),
+            nn.Linear(128, 10))
+    raise SystemExit(f"torch_baseline.py: unknown model {kind!r} (mlp | cnn)")
+
+
+def load_split(path: str, split: str):
+    with h5py.File(path, "r") as f:
+        images = f[f"{split}/images"][...]
+        labels = f[f"{split}/labels"][...]
+    # uint8 (N, 28, 28) -> float32 (N, 1, 28, 28) in [0, 1], as strata's loader scales it.
+    x = torch.from_numpy(images.astype(np.float32) / np.float32(255.0))
+    if x.dim() == 3:
+        x = x.unsqueeze(1)
+    y = torch.from_numpy(labels.astype(np.int64))
+    return x.contiguous(), y
+
+
+def openblas() -> tuple:
+    """(kernel name, threads) of the OpenBLAS loaded into this process (('', 0) if none)."""
+    try:
+        with open("/proc/self/maps") as m:
+            libs = {ln.split()[-1] for ln in m if "openblas" in ln.lower() and ".so" in ln}
+        for lib in sorted(libs):
+            dll = ctypes.CDLL(lib)
+            dll.openblas_get_corename.restype = ctypes.c_char_p
+            return dll.openblas_get_corename().decode(), int(dll.openblas_get_num_threads())
+    except (OSError, AttributeError):
+        pass
+    return "", 0
+
+
+def report_backends() -> dict:
+    """Prints the parts of torch's build configuration that decide its CPU speed to stderr."""
+    keep = ("blas", "lapack", "mkl", "mkldnn", "cpu capability", "openmp")
+    cfg = torch.__config__.show().splitlines()
+    lines = [ln.strip() for ln in cfg if any(k in ln.lower() for k in keep) and "CXX_FLAGS" not in ln]
+    for ln in cfg:  # the interesting keys of the long "Build settings" line
+        if "Build settings:" in ln:
+            for kv in ln.split("Build settings:", 1)[1].split(", "):
+                if kv.split("=")[0].strip() in ("BLAS_INFO", "LAPACK_INFO", "USE_MKLDNN",
+                                                "PERF_WITH_AVX512", "USE_OPENMP"):
+                    lines.append(kv.strip())
+    core, blas_threads = openblas()
+    info = {"torch": torch.__version__, "openblas_core": core, "openblas_threads": blas_threads,
+            "mkldnn": torch.backends.mkldnn.is_available(),
+            "threads": torch.get_num_threads()}
+    print("pytorch backends: " + json.dumps(info), file=sys.stderr)
+    for ln in lines:
+        print("  " + ln.lstrip("- "), file=sys.stderr)
+    print("  " + "  ".join(f"{k}={os.environ.get(k, '(unset)')}" for k in (
+        "OPENBLAS_CORETYPE", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "ATEN_CPU_CAPABILITY")),
+        file=sys.stderr)
+    return info
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int = 1000) -> float:
+    model.eval()
+    correct = 0
+    for i in range(0, x.shape[0], batch):
+        correct += int((model(x[i:i + batch]).argmax(1) == y[i:i + batch]).sum())
+    model.train()
+    return correct / x.shape[0]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", choices=("mlp", "cnn"), required=True)
+    ap.add_argument("--data", default="data/fashion-mnist.h5")
+    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--epochs", type=int, default=1)
+    ap.add_argument("--max-steps", type=int, default=0, help="stop after N steps (0 = all epochs)")
+    ap.add_argument("--lr", type=float, default=0.05)
+    ap.add_argument("--momentum", type=float, default=0.9)
+    ap.add_argument("--weight-decay", type=float, default=1e-4)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--quiet-config", action="store_true", help="do not print the backends")
+    a = ap.parse_args()
+
+    torch.set_num_threads(a.threads)
+    torch.manual_seed(a.seed)
+    if not a.quiet_config:
+        report_backends()
+    core, blas_threads = openblas()
+    if core and blas_threads != a.threads:
+        raise SystemExit(f"torch_baseline.py: OpenBLAS runs {blas_threads} threads, not "
+                         f"{a.threads}: OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS')}")
+
+    x_train, y_train = load_split(a.data, "train")
+    x_test, y_test = load_split(a.data, "test")
+    n = x_train.shape[0]
+    per_epoch = n // a.batch_size  # drop_last, as strata
+    total = per_epoch * a.epochs
+    if a.max_steps > 0:
+        total = min(total, a.max_steps)
+
+    model = build_model(a.model)
+    loss_fn = nn.CrossEntropyLoss()  # mean over the batch, as strata's softmax_xent (1/G)
+    opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=a.momentum,
+                          weight_decay=a.weight_decay)
+    gen = torch.Generator().manual_seed(a.seed)
+
+    model.train()
+    step = 0
+    last_loss = float("nan")
+    t0 = time.perf_counter()
+    while step < total:
+        perm = torch.randperm(n, generator=gen)  # shuffled each epoch
+        for b in range(per_epoch):
+            if step >= total:
+                break
+            idx = perm[b * a.batch_size:(b + 1) * a.batch_size]
+            xb, yb = x_train[idx], y_train[idx]
+            opt.zero_grad(set_to_none=True)
+            loss = loss_fn(model(xb), yb)
+            loss.backward()
+            opt.step()
+            step += 1
+        last_loss = float(loss)  # the epoch's last loss, for the JSON line
+    train_s = time.perf_counter() - t0
+
+    acc = evaluate(model, x_test, y_test)
+    print(json.dumps({
+        "framework": "pytorch", "model": a.model, "steps": total, "batch_size": a.batch_size,
+        "threads": a.threads, "train_time_s": train_s,
+        "samples_per_s": total * a.batch_size / train_s, "test_accuracy": acc,
+        "final_loss": last_loss, "openblas_core": core, "openblas_threads": blas_threads,
+        "torch": torch.__version__}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
