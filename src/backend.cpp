@@ -39,7 +39,7 @@ const Backend& select_backend(const std::string& device, int threads, std::strin
     fail_input("--device {}: expected auto, cpu or cuda", device);
   cpu::blas_init(threads);
   if (why)
-    *why = fmt::format("cpu ({} thread{}, OpenBLAS {} kernels)", threads, threads == 1 ? "" : "s",
+    *why = fmt::format("cpu ({} thread{}, {} GEMM kernels)", threads, threads == 1 ? "" : "s",
                        cpu::blas_corename());
   return cpu_backend();
 }

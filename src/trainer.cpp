@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <ctime>
 #include <climits>
 #include <cmath>
 #include <filesystem>
@@ -21,6 +22,11 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+double thread_cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return double(t.tv_sec) + 1e-9 * double(t.tv_nsec);
+}
 
 void ensure_output_dir(const std::string& dir) {
   std::error_code ec;
@@ -136,9 +142,12 @@ int run_train(const RunConfig& cfg, Comm& comm) {
   const auto t_start = Clock::now();
   auto t_log = t_start;
   int64_t samples_since_log = 0;
-  double exposed_total = 0;
+  double exposed_total = 0, loader_wait = 0;
+  const double cpu_start = thread_cpu_seconds();
   for (int64_t step = 0; step < total; ++step) {
+    const auto t_wait = Clock::now();
     const auto& batch = loader->next();
+    loader_wait += since(t_wait);
     const int b = int(batch.y.size());
     StepInfo si{.training = true, .seed = cfg.train.seed, .step = uint64_t(step),
                 .first_sample = batch.first_sample};
@@ -191,6 +200,7 @@ int run_train(const RunConfig& cfg, Comm& comm) {
     }
   }
   const double train_s = since(t_start);
+  const double train_cpu_s = thread_cpu_seconds() - cpu_start;
   progress.finish();
   loader.reset();  // the loader thread owns HDF5 while alive
 
@@ -203,7 +213,12 @@ int run_train(const RunConfig& cfg, Comm& comm) {
         {"event", json_string("done")}, {"step", fmt::format("{}", total)},
         {"train_time_s", json_number(train_s)},
         {"samples_per_s", json_number(double(total) * G / std::max(train_s, 1e-9))},
-        {"allreduce_exposed_s", json_number(exposed_total)}, {"ranks", fmt::format("{}", ranks)}};
+        {"allreduce_exposed_s", json_number(exposed_total)},
+        // Where wall time went on rank 0: waiting for the loader thread, and the CPU time of
+        // the training thread (wall minus this is waiting, or time the VM's CPU was taken).
+        {"loader_wait_s", json_number(loader_wait)},
+        {"train_thread_cpu_s", json_number(train_cpu_s)},
+        {"ranks", fmt::format("{}", ranks)}};
     if (info.has_test) {
       done.push_back({"test_accuracy", json_number(ev.accuracy)});
       done.push_back({"test_loss", json_number(ev.loss)});

@@ -9,10 +9,10 @@
 namespace strata::cpu {
 
 // ---- BLAS (kernels/cpu/gemm.cpp) -------------------------------------------------------
-// Loads OpenBLAS at run time with kernels chosen for this CPU (see gemm.cpp for why) and sets
-// its thread count. Safe to call more than once; the first call wins the kernel choice.
+// GEMMs run on oneDNN's JIT sgemm (see gemm.cpp for why). blas_init sets the math thread
+// count; safe to call more than once.
 void blas_init(int threads);
-const char* blas_corename();  // e.g. "SkylakeX"
+const char* blas_corename();  // the kernels in use, e.g. "oneDNN avx512_core"
 // C(M,N) = alpha * op(A) * op(B) + beta * C, row-major; op(A) is (M,K), op(B) is (K,N).
 void sgemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
            const float* B, int ldb, float beta, float* C, int ldc);

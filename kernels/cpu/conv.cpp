@@ -23,7 +23,7 @@ int64_t p_of(const Conv2dShape& s) { return int64_t(s.OH()) * s.OW(); }
 
 // Samples per chunk: enough for ~200 gemm columns (nb*P). Per-sample gemms on large images
 // keep cols in L2 and need no layout transposition; small late-layer images batch a few
-// samples so the gemm is not tiny. Measured at batch 64 (one thread, OpenBLAS SkylakeX):
+// samples so the gemm is not tiny. Measured at batch 64 (one thread, OpenBLAS SkylakeX, before the switch to oneDNN's sgemm):
 // im2col of the whole batch at once was 1.3-2x slower (cols of 8-18 MB stream through memory).
 int chunk_samples(const Conv2dShape& s) {
   const int64_t P = std::max<int64_t>(p_of(s), 1);

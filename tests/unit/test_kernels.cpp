@@ -154,15 +154,15 @@ bool cpu_has_avx512() {
 
 // ---- BLAS ----------------------------------------------------------------------------------
 
-TEST_CASE("blas loads OpenBLAS with kernels for this CPU", "[kernels][blas]") {
+TEST_CASE("blas uses the widest vector kernels this CPU has", "[kernels][blas]") {
   blas_init(1);
   blas_init(1);  // a second call is harmless
   const std::string name = blas_corename();
-  INFO("OpenBLAS core: " << name);
+  INFO("GEMM kernels: " << name);
   CHECK(!name.empty());
-  // The point of loading OpenBLAS ourselves: on an AVX-512 CPU that reports a generic model
-  // name, OpenBLAS's own detection would pick the slow Prescott kernels.
-  if (cpu_has_avx512()) CHECK(name != "Prescott");
+  // The OpenBLAS trap (FACTS.md): on a VM reporting a generic CPU model, name-based dispatch
+  // falls back to SSE kernels. oneDNN dispatches on cpuid flags; check it sees AVX-512.
+  if (cpu_has_avx512()) CHECK(name.find("avx512") != std::string::npos);
 }
 
 TEST_CASE("sgemm matches a naive triple loop", "[kernels][blas]") {

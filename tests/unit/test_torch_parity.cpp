@@ -10,13 +10,13 @@
 //
 // Errors are scale-free: max|strata - torch| / max|torch| over a tensor, so one tolerance
 // means the same for a logit of 5 and a bias gradient of 1e-3. Both sides are correct fp32
-// computations that differ in summation order only (OpenBLAS sgemm blocking and im2col here,
+// computations that differ in summation order only (GEMM blocking and im2col here,
 // torch's own GEMM and convolution kernels there). A K-term fp32 dot product carries a rounding
 // error of ~sqrt(K) * 6e-8 of the sum of its terms' magnitudes: ~2e-6 for fc1 (K = 784), ~3e-6
 // for conv2 (K = 288 per position), more for the conv weight gradients, each a sum over
-// 16 x 784 positions with cancellation between them. Measured (run with OPENBLAS_CORETYPE =
-// SkylakeX, Haswell, Sandybridge and Prescott: four different kernel sets and summation
-// orders): logits and loss <= 5e-7, gradients <= 2e-6 (conv1), the 20 losses <= 1.4e-6
+// 16 x 784 positions with cancellation between them. Measured (when strata's GEMMs were
+// OpenBLAS, with OPENBLAS_CORETYPE = SkylakeX, Haswell, Sandybridge and Prescott: four kernel
+// sets and summation orders; still passing with oneDNN's sgemm): logits and loss <= 5e-7, gradients <= 2e-6 (conv1), the 20 losses <= 1.4e-6
 // relative, final SGD parameters <= 5e-7, final AdamW parameters NMSE <= 6e-13. Each tolerance
 // is ~10x the largest of those, leaving room for other CPUs and torch builds, while a real bug
 // (a wrong index, a missing bias, a transposed weight, a padding off by one, a mis-scaled
