@@ -12,9 +12,13 @@ GradientAllreducer::GradientAllreducer(Comm& comm, const Model& model, float* gr
   for (auto* p : model.params()) ends.push_back(p->offset + numel(p->shape));
   std::sort(ends.begin(), ends.end());
   bounds_ = {0};
+  // As in PyTorch DDP, the first bucket is small (1/8 of the others): it closes as soon as the
+  // last layers' gradients exist, so its allreduce overlaps the rest of backward instead of
+  // waiting for a full bucket.
   const int64_t cap = std::max<int64_t>(1, int64_t(bucket_bytes / sizeof(float)));
   for (int64_t e : ends)
-    if (e - bounds_.back() >= cap) bounds_.push_back(e);
+    if (e - bounds_.back() >= (bounds_.size() == 1 ? std::max<int64_t>(1, cap / 8) : cap))
+      bounds_.push_back(e);
   if (!ends.empty() && bounds_.back() != ends.back()) bounds_.push_back(ends.back());
   handles_.assign(bounds_.size(), -1);
 }
@@ -27,8 +31,11 @@ void GradientAllreducer::start(size_t b) {
 
 void GradientAllreducer::on_grads_ready(int64_t ready) {
   if (!overlap_ || comm_.size() == 1) return;
+  auto t0 = std::chrono::steady_clock::now();
   while (next_ + 1 < bounds_.size() && bounds_[next_ + 1] <= ready) start(next_++);
   for (size_t b = 0; b < next_; ++b) comm_.test(handles_[b]);  // drive progress
+  // Starting and testing also costs the training thread time: count it as exposed.
+  stats_.exposed_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 void GradientAllreducer::finish() {

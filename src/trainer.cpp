@@ -131,9 +131,12 @@ int run_train(const RunConfig& cfg, Comm& comm) {
                info.train.n, info.has_test ? fmt::format(", {} test", info.test.n) : "",
                info.classes, shape_str(info.train.sample_shape));
     fmt::print("model:\n{}\n", model->summary());
-    fmt::print("training {} steps ({} epoch{} of {} steps), global batch {} ({} per rank), {} "
-               "allreduce bucket{}\n", total, cfg.train.epochs, cfg.train.epochs == 1 ? "" : "s",
-               per_epoch, G, G / ranks, reducer.num_buckets(), reducer.num_buckets() == 1 ? "" : "s");
+    const std::string span =
+        total < per_epoch * cfg.train.epochs
+            ? fmt::format("train.max_steps; an epoch is {} steps", per_epoch)
+            : fmt::format("{} epoch{} of {} steps", cfg.train.epochs, cfg.train.epochs == 1 ? "" : "s", per_epoch);
+    fmt::print("training {} steps ({}), global batch {} ({} per rank), {} allreduce bucket{}\n",
+               total, span, G, G / ranks, reducer.num_buckets(), reducer.num_buckets() == 1 ? "" : "s");
     std::fflush(stdout);
   }
 

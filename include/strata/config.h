@@ -43,7 +43,7 @@ struct RunConfig {
     int64_t max_steps = 0;  // stop after this many steps (0 = run all epochs)
   } train;
   struct DataParallel {
-    double bucket_mb = 4.0;  // gradient allreduce bucket size
+    double bucket_mb = 1.0;  // gradient allreduce bucket size (the first is 1/8 of it)
     bool overlap = true;     // start bucket allreduces during backward
   } dp;
   struct Output {

@@ -16,7 +16,8 @@
 namespace strata {
 
 struct AllreduceStats {
-  double exposed_s = 0;  // time spent waiting for buckets after backward ended
+  double exposed_s = 0;  // training-thread time in allreduce calls: starting and testing
+                         // buckets during backward, and waiting for them after it
   int64_t buckets = 0;
   int64_t bytes = 0;
 };
