@@ -1,4 +1,4 @@
-// GFLOP/s of the CPU kernels on the benchmark models' layers (batch 64, one OpenBLAS thread):
+// GFLOP/s of the CPU kernels on the benchmark models' layers (batch 64, one thread):
 // the MLP 784-256-128-10 and the CNN's two 3x3 convolutions. Each figure is the best of N runs
 // of thread CPU time, which is robust to other processes on a shared machine.
 //   usage: bench_kernels [runs (default 20)]
