@@ -1,5 +1,7 @@
 #include "strata/layers.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "strata/error.h"
@@ -71,12 +73,12 @@ class Conv2d final : public Layer {
     auto s = conv_shape(1, in);
     return 2.0 * oc_ * s.OH() * s.OW() * c_ * k_ * k_;
   }
-
- private:
   cpu::Conv2dShape conv_shape(int b, const Shape& in) const {
     return {.B = b, .C = int(in[0]), .H = int(in[1]), .W = int(in[2]), .OC = oc_, .KH = k_,
             .KW = k_, .stride = stride_, .pad = pad_};
   }
+
+ private:
   int c_, oc_, k_, stride_, pad_;
   Tensor scratch_;
 };
@@ -102,9 +104,9 @@ class MaxPool2d final : public Layer {
     be.maxpool2d_backward(dx->data(), dy.data(), argmax_.data(), batch_of(x), int(x.dim(1)),
                           int(x.dim(2)), int(x.dim(3)), k_, st_);
   }
+  int k_, st_;
 
  private:
-  int k_, st_;
   std::vector<int32_t> argmax_;
 };
 
@@ -180,7 +182,101 @@ class Dropout final : public Layer {
   Tensor mask_;
 };
 
+// Conv2d followed by MaxPool2d, run a few samples at a time: each chunk's convolution output
+// is pooled while it is still in cache (about 256 KiB per chunk) and never stored whole.
+// Unfused, the pooling pass re-read a 6 MB conv1 output per batch from memory: 13% (forward)
+// and 5% (backward) of a CNN step. Values are those of the two layers; the weight gradient is
+// summed chunk by chunk (a different, still fixed, summation order).
+class ConvPool final : public Layer {
+ public:
+  ConvPool(std::unique_ptr<Conv2d> conv, int k, int st) : conv_(std::move(conv)), k_(k), st_(st) {
+    params = std::move(conv_->params);
+  }
+  std::string describe() const override {
+    return fmt::format("{} + MaxPool2d({}, stride {})", conv_->describe(), k_, st_);
+  }
+  Shape output_shape(const Shape& in) const override {
+    Shape c = conv_->output_shape(in);
+    if (c[1] < k_ || c[2] < k_)
+      fail_input("model: MaxPool2d({}) needs at least {}x{}, gets {}", k_, k_, k_, shape_str(c));
+    return {c[0], (c[1] - k_) / st_ + 1, (c[2] - k_) / st_ + 1};
+  }
+  double flops_per_sample(const Shape& in) const override { return conv_->flops_per_sample(in); }
+
+  // x (B,C,H,W) -> y (B,OC,PH,PW)
+  void forward(const Backend& be, const Tensor& x, Tensor& y, const StepInfo&) override {
+    const Geometry g = geometry(be, x);
+    argmax_.resize(size_t(y.size()));
+    for (int b0 = 0; b0 < g.B; b0 += g.nb) {
+      const int nb = std::min(g.nb, g.B - b0);
+      auto s = g.conv;
+      s.B = nb;
+      be.conv2d_forward(conv_out_.data(), x.data() + int64_t(b0) * g.in, params[0].value,
+                        params[1].value, s, scratch_.data());
+      be.maxpool2d_forward(y.data() + int64_t(b0) * g.out, argmax_.data() + int64_t(b0) * g.out,
+                           conv_out_.data(), nb, s.OC, s.OH(), s.OW(), k_, st_);
+    }
+  }
+  void backward(const Backend& be, const Tensor& x, const Tensor&, const Tensor& dy,
+                Tensor* dx) override {
+    const Geometry g = geometry(be, x);
+    const int64_t nw = numel(params[0].shape), nbias = numel(params[1].shape);
+    dw_.resize({nw + nbias});
+    for (int b0 = 0; b0 < g.B; b0 += g.nb) {
+      const int nb = std::min(g.nb, g.B - b0);
+      auto s = g.conv;
+      s.B = nb;
+      be.maxpool2d_backward(conv_out_.data(), dy.data() + int64_t(b0) * g.out,
+                            argmax_.data() + int64_t(b0) * g.out, nb, s.OC, s.OH(), s.OW(), k_, st_);
+      float* gw = b0 == 0 ? params[0].grad : dw_.data();  // first chunk writes, others add
+      float* gb = b0 == 0 ? params[1].grad : dw_.data() + nw;
+      be.conv2d_backward(dx ? dx->data() + int64_t(b0) * g.in : nullptr, gw, gb, conv_out_.data(),
+                         x.data() + int64_t(b0) * g.in, params[0].value, s, scratch_.data());
+      if (b0 > 0) {
+        for (int64_t i = 0; i < nw; ++i) params[0].grad[i] += dw_[i];
+        for (int64_t i = 0; i < nbias; ++i) params[1].grad[i] += dw_[nw + i];
+      }
+    }
+  }
+
+ private:
+  struct Geometry {
+    cpu::Conv2dShape conv;
+    int B, nb;
+    int64_t in, out;  // floats per sample of x and y
+  };
+  Geometry geometry(const Backend& be, const Tensor& x) {
+    Geometry g;
+    g.B = batch_of(x);
+    g.conv = conv_->conv_shape(g.B, {x.dim(1), x.dim(2), x.dim(3)});
+    const int64_t conv_per_sample = int64_t(g.conv.OC) * g.conv.OH() * g.conv.OW();
+    g.nb = int(std::clamp<int64_t>((256 << 10) / (4 * conv_per_sample), 1, std::max(g.B, 1)));
+    g.in = x.size() / std::max(g.B, 1);
+    g.out = int64_t(g.conv.OC) * ((g.conv.OH() - k_) / st_ + 1) * ((g.conv.OW() - k_) / st_ + 1);
+    auto chunk = g.conv;
+    chunk.B = g.nb;
+    conv_out_.resize({g.nb * conv_per_sample});
+    scratch_.resize({std::max<int64_t>(1, be.conv2d_scratch_size(chunk))});
+    return g;
+  }
+  std::unique_ptr<Conv2d> conv_;
+  int k_, st_;
+  Tensor conv_out_, scratch_, dw_;
+  std::vector<int32_t> argmax_;
+};
+
 }  // namespace
+
+std::unique_ptr<Layer> fuse_conv_pool(std::unique_ptr<Layer>& conv, std::unique_ptr<Layer>& pool) {
+  auto* c = dynamic_cast<Conv2d*>(conv.get());
+  auto* p = dynamic_cast<MaxPool2d*>(pool.get());
+  if (!c || !p) return nullptr;
+  const std::string name = c->name;  // the fused layer keeps the conv's name and parameters
+  std::unique_ptr<Conv2d> owned(static_cast<Conv2d*>(conv.release()));
+  auto fused = std::make_unique<ConvPool>(std::move(owned), p->k_, p->st_);
+  fused->name = name;
+  return fused;
+}
 
 std::unique_ptr<Layer> make_linear(int in, int out) { return std::make_unique<Linear>(in, out); }
 std::unique_ptr<Layer> make_conv2d(int c, int oc, int k, int stride, int pad) {

@@ -96,6 +96,12 @@ Model::Model(const ModelSpec& spec, Shape input_shape, int classes)
     auto layer = parse_layer(spec[at], shape, int(at));
     std::string kind = short_kind(spec[at]);
     layer->name = fmt::format("{}{}", kind, ++counts[kind]);
+    if (!layers_.empty())
+      if (auto fused = fuse_conv_pool(layers_.back(), layer)) {
+        shape = fused->output_shape(shapes_.back());
+        layers_.back() = std::move(fused);
+        continue;
+      }
     shapes_.push_back(shape);
     shape = layer->output_shape(shape);
     layers_.push_back(std::move(layer));

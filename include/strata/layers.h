@@ -57,5 +57,9 @@ std::unique_ptr<Layer> make_relu();
 std::unique_ptr<Layer> make_gelu();
 std::unique_ptr<Layer> make_flatten();
 std::unique_ptr<Layer> make_dropout(float p, int index);  // index decorrelates masks
+// Conv2d immediately followed by MaxPool2d as one layer that pools each chunk of samples while
+// its convolution output is in cache. Takes both (the conv's name and parameters are kept);
+// returns null, leaving them untouched, if they are not a Conv2d and a MaxPool2d.
+std::unique_ptr<Layer> fuse_conv_pool(std::unique_ptr<Layer>& conv, std::unique_ptr<Layer>& pool);
 
 }  // namespace strata

@@ -1,6 +1,9 @@
 // Max pooling without padding. Forward records where each max came from, so backward never
 // re-reads the input.
 #include <algorithm>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #include "strata/kernels_cpu.h"
 
@@ -16,19 +19,64 @@ inline void take_max(float& best, int32_t& best_i, float v, int32_t idx) {
   best_i = take ? idx : best_i;
 }
 
-// 2x2 windows, stride 2 (the common case): one output at a time; GCC vectorises the row loop.
+#if defined(__SSE2__)
+// Lanes where mask is set take a, the others b.
+inline __m128 select(__m128 mask, __m128 a, __m128 b) {
+  return _mm_or_ps(_mm_and_ps(mask, a), _mm_andnot_ps(mask, b));
+}
+inline __m128i select(__m128i mask, __m128i a, __m128i b) {
+  return _mm_or_si128(_mm_and_si128(mask, a), _mm_andnot_si128(mask, b));
+}
+// take_max's rule for 4 lanes: v replaces best if strictly greater, or NaN.
+inline __m128 takes(__m128 v, __m128 best) {
+  return _mm_or_ps(_mm_cmpgt_ps(v, best), _mm_cmpunord_ps(v, v));
+}
+#endif
+
+// 2x2 windows, stride 2 (the common case). Four windows at a time with SSE2: GCC does not
+// vectorise the strided window scan itself, and the scalar scan was 13% of a CNN step.
+// Pairs are compared (a,b), (c,d), then the winners: the same result and tie rule as the
+// sequential take_max scan below (a later element wins only if strictly greater, or NaN).
 void maxpool_plane_2x2(float* y, int32_t* am, const float* x, int W, int OH, int OW) {
-  for (int oh = 0; oh < OH; ++oh)
-    for (int ow = 0; ow < OW; ++ow) {
+  for (int oh = 0; oh < OH; ++oh) {
+    const float* r0 = x + 2 * oh * W;
+    const float* r1 = r0 + W;
+    float* yr = y + oh * OW;
+    int32_t* ar = am + oh * OW;
+    const int32_t base = 2 * oh * W;
+    int ow = 0;
+#if defined(__SSE2__)
+    const __m128i lane2 = _mm_setr_epi32(0, 2, 4, 6), one = _mm_set1_epi32(1);
+    const __m128i row1 = _mm_set1_epi32(W);
+    for (; ow + 4 <= OW; ow += 4) {
+      const __m128 p0 = _mm_loadu_ps(r0 + 2 * ow), p1 = _mm_loadu_ps(r0 + 2 * ow + 4);
+      const __m128 q0 = _mm_loadu_ps(r1 + 2 * ow), q1 = _mm_loadu_ps(r1 + 2 * ow + 4);
+      const __m128 a = _mm_shuffle_ps(p0, p1, _MM_SHUFFLE(2, 0, 2, 0));  // even columns
+      const __m128 b = _mm_shuffle_ps(p0, p1, _MM_SHUFFLE(3, 1, 3, 1));  // odd columns
+      const __m128 c = _mm_shuffle_ps(q0, q1, _MM_SHUFFLE(2, 0, 2, 0));
+      const __m128 d = _mm_shuffle_ps(q0, q1, _MM_SHUFFLE(3, 1, 3, 1));
+      const __m128 tb = takes(b, a), td = takes(d, c);
+      const __m128 m1 = select(tb, b, a), m2 = select(td, d, c);
+      const __m128 t2 = takes(m2, m1);
+      _mm_storeu_ps(yr + ow, select(t2, m2, m1));
+      const __m128i ib = _mm_and_si128(_mm_castps_si128(tb), one);
+      const __m128i id = _mm_add_epi32(row1, _mm_and_si128(_mm_castps_si128(td), one));
+      const __m128i off = select(_mm_castps_si128(t2), id, ib);
+      const __m128i col = _mm_add_epi32(_mm_set1_epi32(base + 2 * ow), lane2);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(ar + ow), _mm_add_epi32(col, off));
+    }
+#endif
+    for (; ow < OW; ++ow) {
       const int i = 2 * oh * W + 2 * ow;
       float best = x[i];
       int32_t best_i = i;
       take_max(best, best_i, x[i + 1], i + 1);
       take_max(best, best_i, x[i + W], i + W);
       take_max(best, best_i, x[i + W + 1], i + W + 1);
-      y[oh * OW + ow] = best;
-      am[oh * OW + ow] = best_i;
+      yr[ow] = best;
+      ar[ow] = best_i;
     }
+  }
 }
 
 // Any window: window offsets in the outer loops, the output row in the inner one, with the

@@ -337,8 +337,8 @@ TEST_CASE("maxpool2d forward and backward", "[kernels][pool]") {
   };
   // 2x2/2 (the specialised path, with an uncovered row and column on 5x7), overlapping 3x3/2,
   // and tiled 3x3/3 with uncovered rows and columns.
-  for (Case c : {Case{2, 3, 6, 6, 2, 2}, Case{2, 2, 5, 7, 2, 2}, Case{1, 2, 7, 6, 3, 2},
-                 Case{2, 2, 7, 8, 3, 3}}) {
+  for (Case c : {Case{2, 3, 6, 6, 2, 2}, Case{2, 2, 5, 7, 2, 2}, Case{2, 2, 8, 21, 2, 2},
+                 Case{1, 2, 7, 6, 3, 2}, Case{2, 2, 7, 8, 3, 3}}) {
     INFO("maxpool " << c.H << "x" << c.W << " k=" << c.k << " st=" << c.st);
     const int OH = (c.H - c.k) / c.st + 1, OW = (c.W - c.k) / c.st + 1;
     const int64_t n_in = int64_t(c.B) * c.C * c.H * c.W, n_out = int64_t(c.B) * c.C * OH * OW;
@@ -368,6 +368,36 @@ TEST_CASE("maxpool2d forward and backward", "[kernels][pool]") {
     Vec dx = nan_vec(n_in);
     maxpool2d_backward(dx.data(), r.data(), am.data(), c.B, c.C, c.H, c.W, c.k, c.st);
     check_grad("maxpool dinp", x, dx, loss, rng);
+  }
+}
+
+// The 2x2/2 path compares four windows at a time in SIMD lanes, pairwise; it must give the
+// value and argmax of the sequential window scan, including its tie rule (first max wins) and
+// NaN rule (a NaN wins), on rows long enough for the vector loop and its scalar tail.
+TEST_CASE("maxpool2d 2x2 matches a sequential scan with ties and NaN", "[kernels][pool]") {
+  Rng rng(11);
+  const int H = 6, W = 22, OH = 3, OW = 11;
+  for (int trial = 0; trial < 20; ++trial) {
+    Vec x(H * W);
+    for (auto& v : x) {  // few distinct values: many ties; some NaN
+      const uint64_t r = rng.below(10);
+      v = r == 9 && trial % 2 ? kNaN : float(r % 3);
+    }
+    Vec out(OH * OW);
+    std::vector<int32_t> am(OH * OW);
+    maxpool2d_forward(out.data(), am.data(), x.data(), 1, 1, H, W, 2, 2);
+    for (int oh = 0; oh < OH; ++oh)
+      for (int ow = 0; ow < OW; ++ow) {
+        int best_i = 2 * oh * W + 2 * ow;
+        for (int o : {1, W, W + 1}) {
+          const int i = 2 * oh * W + 2 * ow + o;
+          if (x[i] > x[best_i] || x[i] != x[i]) best_i = i;
+        }
+        INFO("trial " << trial << " window (" << oh << ", " << ow << ")");
+        CHECK(am[oh * OW + ow] == best_i);
+        const float got = out[oh * OW + ow], want = x[best_i];
+        CHECK((got == want || (got != got && want != want)));
+      }
   }
 }
 
