@@ -28,15 +28,24 @@ double Optimizer::step(const Backend& be, Tensor& params, Tensor& grads, int64_t
     norm = std::sqrt(be.sum_squares(grads.data(), n));
     if (norm > c_.grad_clip) be.scale_inplace(grads.data(), n, float(c_.grad_clip / (norm + 1e-6)));
   }
+  apply(be, params, grads, 0, n, step);
+  end_step();
+  return norm;
+}
+
+void Optimizer::apply(const Backend& be, Tensor& params, Tensor& grads, int64_t begin,
+                      int64_t end, int64_t step) {
+  if (end <= begin) return;
+  const int64_t n = end - begin;
+  float* p = params.data() + begin;
+  const float* g = grads.data() + begin;
   const float lr = float(lr_at(c_, step));
   if (c_.kind == "adamw")
-    be.adamw_update(params.data(), grads.data(), s0_.data(), s1_.data(), n, lr, float(c_.beta1),
+    be.adamw_update(p, g, s0_.data() + begin, s1_.data() + begin, n, lr, float(c_.beta1),
                     float(c_.beta2), float(c_.eps), float(c_.weight_decay), t_ + 1);
   else
-    be.sgd_update(params.data(), grads.data(), s0_.data(), n, lr, float(c_.momentum),
-                  float(c_.weight_decay), c_.nesterov, t_ == 0);
-  ++t_;
-  return norm;
+    be.sgd_update(p, g, s0_.data() + begin, n, lr, float(c_.momentum), float(c_.weight_decay),
+                  c_.nesterov, t_ == 0);
 }
 
 }  // namespace strata

@@ -141,6 +141,7 @@ int run_train(const RunConfig& cfg, Comm& comm) {
   }
 
   ProgressLine progress(lead ? cfg.progress : "off");
+  const bool update_in_backward = ranks == 1 && opt.can_update_in_backward();
   Tensor probs, dlogits;
   const auto t_start = Clock::now();
   auto t_log = t_start;
@@ -160,8 +161,7 @@ int run_train(const RunConfig& cfg, Comm& comm) {
     double loss = be.softmax_xent_forward(probs.data(), logits.data(), batch.y.data(), b, info.classes);
     be.softmax_xent_backward(dlogits.data(), probs.data(), batch.y.data(), b, info.classes,
                              1.0f / float(G));
-    model->backward(be, dlogits, [&](int64_t ready) { reducer.on_grads_ready(ready); });
-    reducer.finish();
+    // The loss is agreed on before backward, so a diverged step changes no parameter.
     comm.allreduce_sum(&loss, 1);
     loss /= double(G);
     if (!std::isfinite(loss)) {
@@ -176,7 +176,22 @@ int run_train(const RunConfig& cfg, Comm& comm) {
       }
       return kExitDiverged;
     }
-    opt.step(be, model->values(), model->grads(), step);
+    if (update_in_backward) {
+      // One rank, no clipping: update each layer's parameters as soon as backward has
+      // produced their gradients, while those are still in cache (the layer's own backward
+      // is done with its weights; earlier layers do not read them). Same arithmetic as one
+      // update at the end.
+      int64_t updated = 0;
+      model->backward(be, dlogits, [&](int64_t ready) {
+        opt.apply(be, model->values(), model->grads(), updated, ready, step);
+        updated = ready;
+      });
+      opt.end_step();
+    } else {
+      model->backward(be, dlogits, [&](int64_t ready) { reducer.on_grads_ready(ready); });
+      reducer.finish();
+      opt.step(be, model->values(), model->grads(), step);
+    }
     samples_since_log += G;
 
     const bool last = step + 1 == total;

@@ -30,6 +30,13 @@ class Optimizer {
   // Clips (if configured) and applies one update. Returns the global gradient norm before
   // clipping, or -1 when clipping is off (the norm is not computed then). `step` is 0-based.
   double step(const Backend& be, Tensor& params, Tensor& grads, int64_t step);
+  // The same update in pieces: apply() to ranges [begin, end) of the flat buffers as their
+  // gradients become final, then end_step() once. Only without clipping, which needs the
+  // global norm first.
+  bool can_update_in_backward() const { return c_.grad_clip <= 0; }
+  void apply(const Backend& be, Tensor& params, Tensor& grads, int64_t begin, int64_t end,
+             int64_t step);
+  void end_step() { ++t_; }
   // State tensors by name, for checkpoints: "momentum" (sgd) or "exp_avg", "exp_avg_sq" (adamw).
   Tensor& state(int i) { return i == 0 ? s0_ : s1_; }
   int64_t steps_taken() const { return t_; }

@@ -24,9 +24,10 @@ namespace strata::cpu {
 void blas_init(int threads) {
   static std::mutex mu;
   std::lock_guard lock(mu);
-  // oneDNN tags every primitive for Intel VTune by default (__itt_pt_write: ~2% of an MLP step
-  // in perf); a user who profiles with VTune can set the variable back.
-  setenv("DNNL_ITT_TASK_LEVEL", "0", /*overwrite=*/0);
+  // oneDNN marks its JIT code for profilers by default (__itt_pt_write: 2.5% of an MLP step
+  // in perf). Off unless the user asks for it with ONEDNN_JIT_PROFILE / DNNL_JIT_PROFILE.
+  if (!std::getenv("ONEDNN_JIT_PROFILE") && !std::getenv("DNNL_JIT_PROFILE"))
+    dnnl_set_jit_profiling_flags(DNNL_JIT_PROFILE_NONE);
   // Without this OpenMP starts one thread per core in every rank: oversubscribed under MPI.
   omp_set_num_threads(threads < 1 ? 1 : threads);
 }

@@ -15,8 +15,6 @@ namespace strata::cpu {
 //   g = grad + wd*p;  buf = first ? g : momentum*buf + g;
 //   p -= lr * (nesterov ? g + momentum*buf : buf)
 // With momentum == 0 the buffer is neither read nor written (it may be null).
-// Memory-bound over five streams: wider vectors where the CPU has them (chosen at load time).
-__attribute__((target_clones("avx512f", "avx2", "default")))
 void sgd_update(float* param, const float* grad, float* momentum_buf, int64_t n, float lr,
                 float momentum, float weight_decay, bool nesterov, bool first_step) {
   const float neg_lr = -lr;
