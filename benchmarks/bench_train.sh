@@ -210,11 +210,11 @@ print_scaling() {
   local model hidden saved vs1
   echo
   echo "hidden share of the allreduce = 1 - exposed_on / exposed_off"
-  echo "  exposed_on:  rank 0's time waiting for gradient buckets after backward, overlap on"
+  echo "  exposed_on:  rank 0's training-thread time in allreduce calls (starting and testing"
+  echo "               buckets during backward, waiting for them after it), overlap on"
   echo "  exposed_off: the same with --dp.overlap false, i.e. the whole blocking allreduce"
   echo "cross-check from wall time: saved share = (train_time_off - train_time_on) / exposed_off"
-  echo "  (exposed_on leaves out time spent starting and testing buckets inside backward; the"
-  echo "   saved share does not, but carries the run-to-run noise of the whole epoch)"
+  echo "  (the saved share carries the run-to-run noise of the whole epoch)"
   printf '%-6s %14s %15s %10s %12s %13s %7s %7s\n' model "overlap on s/s" "overlap off s/s" \
     "vs 1 rank" "exposed on s" "exposed off s" hidden saved
   for model in $MODELS; do

@@ -10,7 +10,6 @@
 #include <oneapi/dnnl/dnnl.h>
 #include <omp.h>
 
-#include <cstdlib>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -24,10 +23,6 @@ namespace strata::cpu {
 void blas_init(int threads) {
   static std::mutex mu;
   std::lock_guard lock(mu);
-  // oneDNN marks its JIT code for profilers by default (__itt_pt_write: 2.5% of an MLP step
-  // in perf). Off unless the user asks for it with ONEDNN_JIT_PROFILE / DNNL_JIT_PROFILE.
-  if (!std::getenv("ONEDNN_JIT_PROFILE") && !std::getenv("DNNL_JIT_PROFILE"))
-    dnnl_set_jit_profiling_flags(DNNL_JIT_PROFILE_NONE);
   // Without this OpenMP starts one thread per core in every rank: oversubscribed under MPI.
   omp_set_num_threads(threads < 1 ? 1 : threads);
 }
