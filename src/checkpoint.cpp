@@ -150,10 +150,5 @@ void copy_parameters_into(Model& model, const LoadedParams& p, const std::string
   }
 }
 
-Model model_from_parameters(const LoadedParams& p) {
-  Model m(p.spec, p.input_shape, p.classes);
-  copy_parameters_into(m, p, "parameters");
-  return m;
-}
 
 }  // namespace strata

@@ -143,7 +143,8 @@ std::string Model::summary() const {
     s += fmt::format("  {:<8} {:<40} -> {:<16} {:>10}\n", layers_[i]->name, layers_[i]->describe(),
                      shape_str(shapes_[i + 1]), n ? fmt::format("{} params", n) : "");
   }
-  return s + fmt::format("  total {} parameters", values_.size());
+  return s + fmt::format("  total {} parameters, {:.2f} MFLOP per sample forward", values_.size(),
+                         flops_per_sample() * 1e-6);
 }
 
 double Model::flops_per_sample() const {

@@ -30,8 +30,7 @@ struct LoadedParams {
 };
 // Throws UserError naming the file for a missing/unreadable file or a wrong layout.
 LoadedParams load_parameters(const std::string& path);
-// Builds the model the file describes and copies its parameters in (shapes checked).
-Model model_from_parameters(const LoadedParams& p);
+// Copies the file's parameters into a model built from its spec (sizes checked).
 void copy_parameters_into(Model& model, const LoadedParams& p, const std::string& path);
 
 }  // namespace strata

@@ -37,9 +37,6 @@ class Optimizer {
   void apply(const Backend& be, Tensor& params, Tensor& grads, int64_t begin, int64_t end,
              int64_t step);
   void end_step() { ++t_; }
-  // State tensors by name, for checkpoints: "momentum" (sgd) or "exp_avg", "exp_avg_sq" (adamw).
-  Tensor& state(int i) { return i == 0 ? s0_ : s1_; }
-  int64_t steps_taken() const { return t_; }
 
  private:
   OptimConfig c_;
