@@ -28,11 +28,14 @@ double thread_cpu_seconds() {
   return double(t.tv_sec) + 1e-9 * double(t.tv_nsec);
 }
 
-void ensure_output_dir(const std::string& dir) {
+// Creates the directory a file will be written into; an error names the file.
+void ensure_parent_dir(const std::string& file) {
+  std::string dir = std::filesystem::path(file).parent_path().string();
+  if (dir.empty()) dir = ".";
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
-  if (ec) fail_input("output.dir {}: cannot create ({})", dir, ec.message());
-  if (::access(dir.c_str(), W_OK) != 0) fail_input("output.dir {}: not writable", dir);
+  if (ec) fail_input("{}: cannot create directory {} ({})", file, dir, ec.message());
+  if (::access(dir.c_str(), W_OK) != 0) fail_input("{}: directory {} is not writable", file, dir);
 }
 
 }  // namespace
@@ -98,9 +101,8 @@ int run_train(const RunConfig& cfg, Comm& comm) {
   collectively(comm, [&] {
     model = std::make_unique<Model>(cfg.model_spec(info.classes), info.train.sample_shape, info.classes);
     if (lead) {
-      ensure_output_dir(cfg.output.dir);
-      ensure_output_dir(std::filesystem::path(cfg.params_path()).parent_path().string().empty()
-                            ? "." : std::filesystem::path(cfg.params_path()).parent_path().string());
+      ensure_parent_dir(cfg.params_path());
+      ensure_parent_dir(cfg.metrics_path());
     }
   });
   model->init(cfg.train.seed);
