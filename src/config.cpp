@@ -115,6 +115,21 @@ void add_config_options(CLI::App& sub, RunConfig& c) {
       ->check(number_in(0.001, 4096, false))->capture_default_str();
   sub.add_option("--dp.overlap", c.dp.overlap, "overlap allreduce with backward")->capture_default_str();
 
+  sub.add_option("--checkpoint.dir", c.checkpoint.dir, "checkpoint directory (default DIR/checkpoints)");
+  sub.add_option("--checkpoint.every_steps", c.checkpoint.every_steps, "steps between checkpoints (0 = off)")
+      ->check(kCountOrZero)->capture_default_str();
+  sub.add_option("--checkpoint.every_seconds", c.checkpoint.every_seconds, "seconds between checkpoints (0 = off)")
+      ->check(nonneg)->capture_default_str();
+  sub.add_option("--checkpoint.keep_last", c.checkpoint.keep_last, "newest checkpoints kept")
+      ->check(kCount)->capture_default_str();
+  sub.add_option("--checkpoint.keep_every", c.checkpoint.keep_every, "keep every M-th checkpoint for good (0 = none)")
+      ->check(kCountOrZero)->capture_default_str();
+  sub.add_option("--checkpoint.final", c.checkpoint.final, "write a checkpoint when training ends")
+      ->capture_default_str();
+
+  sub.add_option("--watchdog.timeout_s", c.watchdog.timeout_s, "abort naming a rank stuck this long (0 = off)")
+      ->check(nonneg)->capture_default_str();
+
   sub.add_option("--output.dir", c.output.dir)->capture_default_str();
   sub.add_option("--output.params", c.output.params, "final parameters (default DIR/model.h5)");
   sub.add_option("--output.metrics", c.output.metrics, "JSON lines (default DIR/metrics.jsonl)");
@@ -140,6 +155,9 @@ void validate(const RunConfig& c) {
 
 std::string RunConfig::params_path() const {
   return output.params.empty() ? output.dir + "/model.h5" : output.params;
+}
+std::string RunConfig::checkpoint_dir() const {
+  return checkpoint.dir.empty() ? output.dir + "/checkpoints" : checkpoint.dir;
 }
 std::string RunConfig::metrics_path() const {
   return output.metrics.empty() ? output.dir + "/metrics.jsonl" : output.metrics;
@@ -184,6 +202,11 @@ std::string RunConfig::to_toml() const {
       train.warmup_steps, train.min_lr, train.grad_clip, train.seed, train.log_every,
       train.max_steps);
   t += fmt::format("\n[dp]\nbucket_mb = {}\noverlap = {}\n", dp.bucket_mb, dp.overlap);
+  t += fmt::format("\n[checkpoint]\ndir = \"{}\"\nevery_steps = {}\nevery_seconds = {}\n"
+                   "keep_last = {}\nkeep_every = {}\nfinal = {}\n",
+                   checkpoint.dir, checkpoint.every_steps, checkpoint.every_seconds,
+                   checkpoint.keep_last, checkpoint.keep_every, checkpoint.final);
+  t += fmt::format("\n[watchdog]\ntimeout_s = {}\n", watchdog.timeout_s);
   t += fmt::format("\n[output]\ndir = \"{}\"\n", output.dir);
   return t;
 }

@@ -96,6 +96,9 @@ int main(int argc, char** argv) {
   train->add_option("--progress", progress,
                     "auto (in place on a terminal, plain lines otherwise) | inplace | lines | off")
       ->check(CLI::IsMember({"auto", "inplace", "lines", "off"}))->capture_default_str();
+  train->add_option("--resume", cfg.resume,
+                    "never | auto (newest checkpoint that verifies, if any) | PATH.h5")
+      ->capture_default_str();
   train->add_flag_callback("--quiet", [&] { progress = "off"; }, "same as --progress off");
   enable_toml_config(app, *train, cfg);
 

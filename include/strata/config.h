@@ -46,6 +46,18 @@ struct RunConfig {
     double bucket_mb = 1.0;  // gradient allreduce bucket size (the first is 1/8 of it)
     bool overlap = true;     // start bucket allreduces during backward
   } dp;
+  struct Checkpoint {
+    std::string dir = "";       // default <output.dir>/checkpoints
+    int64_t every_steps = 0;    // 0 = off
+    double every_seconds = 0;   // 0 = off
+    int64_t keep_last = 3;      // newest K kept; older ones deleted (unless kept by keep_every)
+    int64_t keep_every = 0;     // every M-th checkpoint (by sequence number) is never deleted
+    bool final = true;          // write one when training finishes
+  } checkpoint;
+  struct Watchdog {
+    double timeout_s = 300;     // a rank without progress this long is named and the job
+                                // aborted; 0 = off
+  } watchdog;
   struct Output {
     std::string dir = "runs/default";
     std::string params = "";   // final parameters file; default <dir>/model.h5
@@ -56,6 +68,9 @@ struct RunConfig {
   int threads = 1;             // --threads; default SLURM_CPUS_PER_TASK, else 1
   std::string device = "auto";
   std::string progress = "auto";  // auto | inplace | lines | off
+  std::string resume = "never";   // never | auto | PATH.h5 (--resume)
+
+  std::string checkpoint_dir() const;
 
   std::string params_path() const;
   std::string metrics_path() const;

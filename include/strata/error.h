@@ -13,6 +13,8 @@ enum ExitCode : int {
   kExitInternal = 1,    // a bug or an unexpected system failure
   kExitBadInput = 2,    // config, flags, data or files the user supplied are wrong
   kExitDiverged = 3,    // loss became NaN/Inf; nothing already written was replaced
+  kExitBadCheckpoint = 4,  // checkpoints exist but none verifies, or they do not fit the run
+  kExitHung = 5,        // the watchdog found a rank that stopped making progress
   kExitResumable = 75,  // stopped early on purpose (signal/time limit); requeue (EX_TEMPFAIL)
 };
 
