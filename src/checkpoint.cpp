@@ -2,8 +2,11 @@
 
 #include <fcntl.h>
 #include <hdf5.h>
+#include <sys/stat.h>
 #include <unistd.h>
+#include <zlib.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 
@@ -14,15 +17,47 @@
 namespace strata {
 namespace {
 
-std::string join_lines(const ModelSpec& s) {
+constexpr const char* kCheckpointFormat = "strata-checkpoint";
+constexpr const char* kParamsFormat = "strata-parameters";
+
+[[noreturn]] void fail_checkpoint(const std::string& msg) {
+  throw UserError(kExitBadCheckpoint, msg);
+}
+
+std::string join(const std::vector<std::string>& v, char sep) {
   std::string o;
-  for (auto& l : s) o += l + "\n";
+  for (size_t i = 0; i < v.size(); ++i) o += (i ? std::string(1, sep) : "") + v[i];
   return o;
+}
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  for (size_t a = 0, b; a < s.size(); a = b + 1) {
+    b = s.find(sep, a);
+    if (b == std::string::npos) b = s.size();
+    if (b > a) out.push_back(s.substr(a, b - a));
+  }
+  return out;
+}
+
+uint32_t crc32_of(const float* p, int64_t n) {
+  // zlib's crc32 takes at most UINT_MAX bytes per call on some builds: feed it in slices.
+  uLong crc = crc32(0L, Z_NULL, 0);
+  auto* b = reinterpret_cast<const Bytef*>(p);
+  for (int64_t left = n * 4; left > 0;) {
+    uInt chunk = uInt(std::min<int64_t>(left, int64_t(1) << 30));
+    crc = crc32(crc, b, chunk);
+    b += chunk;
+    left -= chunk;
+  }
+  return uint32_t(crc);
 }
 
 void fsync_path(const std::string& p) {
   int fd = ::open(p.c_str(), O_RDONLY);
-  if (fd >= 0) { ::fsync(fd); ::close(fd); }
+  if (fd >= 0) {
+    ::fsync(fd);
+    ::close(fd);
+  }
 }
 
 std::string dir_of(const std::string& p) {
@@ -30,125 +65,264 @@ std::string dir_of(const std::string& p) {
   return s == std::string::npos ? "." : (s == 0 ? "/" : p.substr(0, s));
 }
 
-}  // namespace
+int64_t int_attr(hid_t f, const char* name, const std::string& path, bool required = true) {
+  std::vector<int64_t> v;
+  if (!read_int_attr(f, name, &v) || v.size() != 1) {
+    if (!required) return 0;
+    fail_checkpoint(fmt::format("{}: root attribute '{}' is missing", path, name));
+  }
+  return v[0];
+}
 
-void save_parameters(const std::string& path, Model& model, const ParamFileMeta& meta) {
+// Writes `tensors` and the attributes `write_attrs` puts on the root into a new HDF5 file,
+// atomically: temporary name, fsync, rename, fsync of the directory. Returns the file's size.
+template <typename AttrFn>
+int64_t write_atomically(const std::string& path, const std::vector<NamedTensor>& tensors,
+                         AttrFn write_attrs) {
   std::lock_guard lock(hdf5_mutex());  // this HDF5 build is not thread-safe
   h5_quiet();
   const std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
-  hid_t f = H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+  // Object headers with checksums (file format of HDF5 1.8+), so damaged metadata is detected
+  // by the library as well as damaged tensors by our CRCs.
+  H5Id fapl(H5_CHECK(H5Pcreate(H5P_FILE_ACCESS)), H5Pclose);
+  H5_CHECK(H5Pset_libver_bounds(fapl.get(), H5F_LIBVER_V18, H5F_LIBVER_LATEST));
+  hid_t f = H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get());
   if (f < 0)
-    throw UserError(kExitBadInput, fmt::format("{}: cannot create the parameter file (is {} a "
-                                               "writable directory?)", path, dir_of(path)));
+    throw UserError(kExitBadInput, fmt::format("{}: cannot create the file (is {} a writable "
+                                               "directory?)", path, dir_of(path)));
   try {
-    write_str_attr(f, "format", "strata-parameters");
-    write_int_attr(f, "format_version", int64_t(1));
-    write_str_attr(f, "strata_version", STRATA_VERSION);
-    write_str_attr(f, "git_commit", STRATA_GIT_COMMIT);
-    write_str_attr(f, "model_layers", join_lines(model.spec()));
-    write_int_attr(f, "input_shape", model.input_shape());
-    write_int_attr(f, "classes", int64_t(model.classes()));
+    write_attrs(f);
+    H5Id lcpl(H5_CHECK(H5Pcreate(H5P_LINK_CREATE)), H5Pclose);
+    H5_CHECK(H5Pset_create_intermediate_group(lcpl.get(), 1));
+    for (const auto& t : tensors) {
+      std::vector<hsize_t> dims(t.shape.begin(), t.shape.end());
+      H5Id space(H5_CHECK(H5Screate_simple(int(dims.size()), dims.data(), nullptr)), H5Sclose);
+      H5Id d(H5_CHECK(H5Dcreate2(f, t.path.c_str(), H5T_IEEE_F32LE, space.get(), lcpl.get(),
+                                 H5P_DEFAULT, H5P_DEFAULT)),
+             H5Dclose);
+      H5_CHECK(H5Dwrite(d.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, t.data));
+      write_int_attr(d.get(), "crc32", int64_t(crc32_of(t.data, numel(t.shape))));
+    }
+    H5_CHECK(H5Fclose(f));
+  } catch (const std::exception& e) {
+    H5Fclose(f);
+    std::remove(tmp.c_str());
+    throw UserError(kExitBadInput, fmt::format("{}: writing failed, previous file left as it "
+                                               "was: {}", path, e.what()));
+  }
+  // fsync before rename: after a crash the new name never points at unwritten blocks.
+  int fd = ::open(tmp.c_str(), O_RDONLY);
+  struct stat sb{};
+  const bool synced = fd >= 0 && ::fsync(fd) == 0 && ::fstat(fd, &sb) == 0;
+  const int err = errno;
+  if (fd >= 0) ::close(fd);
+  if (!synced) {
+    std::remove(tmp.c_str());
+    throw UserError(kExitBadInput, fmt::format("{}: cannot flush to disk ({}); previous file "
+                                               "left as it was", path, std::strerror(err)));
+  }
+  drop_world_write(tmp);
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int e = errno;
+    std::remove(tmp.c_str());
+    throw UserError(kExitBadInput, fmt::format("{}: cannot rename {} into place: {}", path, tmp,
+                                               std::strerror(e)));
+  }
+  fsync_path(dir_of(path));
+  return int64_t(sb.st_size);
+}
+
+void write_model_attrs(hid_t f, const Model& model, const char* format) {
+  write_str_attr(f, "format", format);
+  write_int_attr(f, "format_version", int64_t(1));
+  write_str_attr(f, "strata_version", STRATA_VERSION);
+  write_str_attr(f, "git_commit", STRATA_GIT_COMMIT);
+  std::string layers;
+  for (auto& l : model.spec()) layers += l + "\n";
+  write_str_attr(f, "model_layers", layers);
+  write_int_attr(f, "input_shape", model.input_shape());
+  write_int_attr(f, "classes", int64_t(model.classes()));
+}
+
+// Every dataset in the file, by absolute path.
+std::vector<std::string> list_datasets(hid_t f) {
+  std::vector<std::string> out;
+  auto visit = [](hid_t, const char* name, const H5O_info_t* info, void* data) -> herr_t {
+    if (info->type == H5O_TYPE_DATASET)
+      static_cast<std::vector<std::string>*>(data)->push_back(std::string("/") + name);
+    return 0;
+  };
+  H5_CHECK(H5Ovisit(f, H5_INDEX_NAME, H5_ITER_NATIVE, visit, &out));
+  return out;
+}
+
+}  // namespace
+
+void drop_world_write(const std::string& path) {
+  struct stat sb{};
+  if (::stat(path.c_str(), &sb) == 0 && (sb.st_mode & S_IWOTH))
+    ::chmod(path.c_str(), sb.st_mode & ~S_IWOTH & 07777);
+}
+
+std::string param_path(const std::string& global_name) {
+  std::string p = "/params/" + global_name;
+  std::replace(p.begin() + 8, p.end(), '.', '/');
+  return p;
+}
+
+std::vector<NamedTensor> model_tensors(const Model& model) {
+  std::vector<NamedTensor> out;
+  for (const Param* p : model.params()) out.push_back({param_path(p->name), p->shape, p->value});
+  return out;
+}
+
+int64_t write_checkpoint(const std::string& path, const Model& model,
+                         const std::vector<NamedTensor>& tensors, const TrainState& st,
+                         const Provenance& prov) {
+  return write_atomically(path, tensors, [&](hid_t f) {
+    write_model_attrs(f, model, kCheckpointFormat);
+    write_int_attr(f, "step", st.step);
+    write_int_attr(f, "epoch", st.epoch);
+    write_int_attr(f, "batch_in_epoch", st.batch);
+    write_int_attr(f, "sequence", st.sequence);
+    write_int_attr(f, "global_batch", st.global_batch);
+    write_int_attr(f, "seed", int64_t(st.seed));
+    // All of strata's randomness is a pure function of these counters, so the seed and the
+    // position above are the complete RNG state.
+    write_str_attr(f, "rng", "counter-based: init(seed, tensor name), shuffle(seed, epoch), "
+                             "dropout(seed, step, sample position); no hidden state");
+    write_str_attr(f, "optimizer", st.optimizer);
+    write_int_attr(f, "optimizer_steps", st.optimizer_steps);
+    write_str_attr(f, "config", prov.config_toml);
+    write_str_attr(f, "dataset_path", prov.dataset_path);
+    write_str_attr(f, "dataset_sha256", prov.dataset_sha256);
+    write_int_attr(f, "grid", std::vector<int64_t>{prov.grid_ranks, prov.grid_data_parallel,
+                                                   prov.grid_stages});
+    write_str_attr(f, "slurm_job_id", prov.slurm_job_id);
+    write_int_attr(f, "slurm_restart_count", prov.slurm_restart_count);
+    write_str_attr(f, "hosts", join(prov.hosts, ','));
+    write_str_attr(f, "created_utc", prov.created_utc);
+  });
+}
+
+void save_parameters(const std::string& path, const Model& model, const ParamFileMeta& meta) {
+  write_atomically(path, model_tensors(model), [&](hid_t f) {
+    write_model_attrs(f, model, kParamsFormat);
     write_int_attr(f, "step", meta.step);
     write_str_attr(f, "config", meta.config_toml);
     write_str_attr(f, "dataset_sha256", meta.dataset_sha256);
-    hid_t root = H5_CHECK(H5Gcreate2(f, "params", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
-    for (auto& layer : model.layers()) {
-      if (layer->params.empty()) continue;
-      hid_t g = H5_CHECK(H5Gcreate2(root, layer->name.c_str(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
-      for (auto& p : layer->params) {
-        std::vector<hsize_t> dims(p.shape.begin(), p.shape.end());
-        hid_t s = H5_CHECK(H5Screate_simple(int(dims.size()), dims.data(), nullptr));
-        std::string leaf = p.name.substr(p.name.rfind('.') + 1);
-        hid_t d = H5_CHECK(H5Dcreate2(g, leaf.c_str(), H5T_IEEE_F32LE, s, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
-        H5_CHECK(H5Dwrite(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, p.value));
-        H5Dclose(d); H5Sclose(s);
-      }
-      H5Gclose(g);
-    }
-    H5Gclose(root);
-    H5_CHECK(H5Fflush(f, H5F_SCOPE_GLOBAL));
-    H5_CHECK(H5Fclose(f));
-  } catch (...) {
-    H5Fclose(f);
-    std::remove(tmp.c_str());
-    throw;
-  }
-  fsync_path(tmp);
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    throw UserError(kExitBadInput, fmt::format("{}: cannot rename {} into place: {}", path, tmp,
-                                               std::strerror(errno)));
-  }
-  fsync_path(dir_of(path));
+  });
 }
 
-LoadedParams load_parameters(const std::string& path) {
+LoadedCheckpoint read_checkpoint(const std::string& path, bool tolerate_mismatch) {
   std::lock_guard lock(hdf5_mutex());
   h5_quiet();
   if (::access(path.c_str(), R_OK) != 0)
-    fail_input("{}: cannot open parameter file ({})", path, std::strerror(errno));
-  if (H5Fis_hdf5(path.c_str()) <= 0) fail_input("{}: not an HDF5 file", path);
-  hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
-  if (f < 0) fail_input("{}: cannot open as HDF5", path);
-  LoadedParams out;
+    fail_checkpoint(fmt::format("{}: cannot open ({})", path, std::strerror(errno)));
+  if (H5Fis_hdf5(path.c_str()) <= 0)
+    fail_checkpoint(fmt::format("{}: not an HDF5 file (truncated or overwritten?)", path));
+  H5Id f(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+  if (f.get() < 0)
+    fail_checkpoint(fmt::format("{}: damaged or truncated HDF5 file ({})", path, h5_error_detail()));
+  LoadedCheckpoint out;
   try {
-    std::string fmt_name, layers;
-    if (!read_str_attr(f, "format", &fmt_name) || fmt_name != "strata-parameters")
-      fail_input("{}: not a strata parameter file (root attribute 'format' is missing)", path);
-    std::vector<int64_t> shape, classes;
-    if (!read_str_attr(f, "model_layers", &layers) || !read_int_attr(f, "input_shape", &shape) ||
-        !read_int_attr(f, "classes", &classes) || classes.size() != 1)
-      fail_input("{}: missing model description attributes (model_layers, input_shape, classes)", path);
-    read_str_attr(f, "config", &out.config_toml);
-    for (size_t a = 0, b; a < layers.size(); a = b + 1) {
-      b = layers.find('\n', a);
-      if (b == std::string::npos) b = layers.size();
-      if (b > a) out.spec.push_back(layers.substr(a, b - a));
-    }
+    std::string layers;
+    if (!read_str_attr(f.get(), "format", &out.format) ||
+        (out.format != kCheckpointFormat && out.format != kParamsFormat))
+      fail_checkpoint(fmt::format("{}: not a strata checkpoint or parameter file (root attribute "
+                                  "'format' is missing)", path));
+    std::vector<int64_t> shape;
+    if (!read_str_attr(f.get(), "model_layers", &layers) ||
+        !read_int_attr(f.get(), "input_shape", &shape))
+      fail_checkpoint(fmt::format("{}: missing model description attributes (model_layers, "
+                                  "input_shape)", path));
+    out.spec = split(layers, '\n');
     out.input_shape = shape;
-    out.classes = int(classes[0]);
-    Model m(out.spec, out.input_shape, out.classes);  // validates the spec, names the params
-    for (auto* p : m.params()) {
-      std::string ds = "/params/" + p->name;
-      std::replace(ds.begin() + 8, ds.end(), '.', '/');
-      if (H5Lexists(f, ds.c_str(), H5P_DEFAULT) <= 0 ||
-          H5Lexists(f, ds.substr(0, ds.rfind('/')).c_str(), H5P_DEFAULT) <= 0)
-        fail_input("{}: missing dataset {}", path, ds);
-      hid_t d = H5_CHECK(H5Dopen2(f, ds.c_str(), H5P_DEFAULT));
-      hid_t s = H5_CHECK(H5Dget_space(d));
-      int nd = H5Sget_simple_extent_ndims(s);
-      std::vector<hsize_t> dims(std::max(nd, 0));
-      H5Sget_simple_extent_dims(s, dims.data(), nullptr);
-      Shape got(dims.begin(), dims.end());
-      H5Sclose(s);
-      if (got != p->shape) {
-        H5Dclose(d);
-        fail_input("{}: {} has shape {}; the model needs {}", path, ds, shape_str(got), shape_str(p->shape));
+    out.classes = int(int_attr(f.get(), "classes", path));
+    out.state.step = int_attr(f.get(), "step", path);
+    read_str_attr(f.get(), "config", &out.prov.config_toml);
+    read_str_attr(f.get(), "dataset_sha256", &out.prov.dataset_sha256);
+    if (out.format == kCheckpointFormat) {
+      TrainState& s = out.state;
+      s.epoch = int_attr(f.get(), "epoch", path);
+      s.batch = int_attr(f.get(), "batch_in_epoch", path);
+      s.sequence = int_attr(f.get(), "sequence", path);
+      s.global_batch = int_attr(f.get(), "global_batch", path);
+      s.seed = uint64_t(int_attr(f.get(), "seed", path));
+      s.optimizer_steps = int_attr(f.get(), "optimizer_steps", path);
+      read_str_attr(f.get(), "optimizer", &s.optimizer);
+      Provenance& p = out.prov;
+      read_str_attr(f.get(), "dataset_path", &p.dataset_path);
+      read_str_attr(f.get(), "slurm_job_id", &p.slurm_job_id);
+      read_str_attr(f.get(), "created_utc", &p.created_utc);
+      std::string hosts;
+      read_str_attr(f.get(), "hosts", &hosts);
+      p.hosts = split(hosts, ',');
+      p.slurm_restart_count = int_attr(f.get(), "slurm_restart_count", path, false);
+      std::vector<int64_t> grid;
+      if (read_int_attr(f.get(), "grid", &grid) && grid.size() == 3) {
+        p.grid_ranks = grid[0];
+        p.grid_data_parallel = grid[1];
+        p.grid_stages = grid[2];
       }
-      std::vector<float> v(size_t(numel(got)));
-      herr_t rc = H5Dread(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data());
-      H5Dclose(d);
-      if (rc < 0) fail_input("{}: cannot read {}", path, ds);
-      out.tensors[p->name] = std::move(v);
-      out.shapes[p->name] = got;
     }
-  } catch (...) {
-    H5Fclose(f);
+    for (const std::string& ds : list_datasets(f.get())) {
+      H5Id d(H5Dopen2(f.get(), ds.c_str(), H5P_DEFAULT), H5Dclose);
+      if (d.get() < 0) fail_checkpoint(fmt::format("{}: cannot open dataset {}", path, ds));
+      H5Id space(H5_CHECK(H5Dget_space(d.get())), H5Sclose);
+      const int nd = H5Sget_simple_extent_ndims(space.get());
+      std::vector<hsize_t> dims(size_t(std::max(nd, 0)));
+      H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
+      Shape got(dims.begin(), dims.end());
+      std::vector<float> v(size_t(numel(got)));
+      if (H5Dread(d.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data()) < 0)
+        fail_checkpoint(fmt::format("{}: cannot read {} (truncated or damaged: {})", path, ds,
+                                    h5_error_detail()));
+      std::vector<int64_t> stored;
+      std::string status = "none";
+      if (read_int_attr(d.get(), "crc32", &stored) && stored.size() == 1) {
+        const uint32_t crc = crc32_of(v.data(), int64_t(v.size()));
+        if (uint32_t(stored[0]) == crc) {
+          status = "ok";
+        } else {
+          status = fmt::format("MISMATCH (stored crc32 {:08x}, computed {:08x})",
+                               uint32_t(stored[0]), crc);
+          out.verified = false;
+          if (!tolerate_mismatch)
+            fail_checkpoint(fmt::format("{}: tensor {} fails its checksum (stored crc32 {:08x}, "
+                                        "computed {:08x})", path, ds, uint32_t(stored[0]), crc));
+        }
+      }
+      out.checksum[ds] = status;
+      out.shapes[ds] = got;
+      out.tensors[ds] = std::move(v);
+    }
+  } catch (const UserError&) {
     throw;
+  } catch (const std::exception& e) {
+    fail_checkpoint(fmt::format("{}: damaged file: {}", path, e.what()));
   }
-  H5Fclose(f);
   return out;
+}
+
+LoadedParams load_parameters(const std::string& path) {
+  try {
+    return read_checkpoint(path);
+  } catch (const UserError& e) {
+    throw UserError(kExitBadInput, e.what());  // for `eval`, a bad file is bad input
+  }
 }
 
 void copy_parameters_into(Model& model, const LoadedParams& p, const std::string& path) {
   for (auto* q : model.params()) {
-    auto it = p.tensors.find(q->name);
-    if (it == p.tensors.end()) fail_input("{}: has no parameter {}", path, q->name);
-    if (int64_t(it->second.size()) != numel(q->shape))
-      fail_input("{}: {} has {} values; the model needs {}", path, q->name, it->second.size(), numel(q->shape));
+    const std::string ds = param_path(q->name);
+    auto it = p.tensors.find(ds);
+    if (it == p.tensors.end()) fail_input("{}: missing dataset {}", path, ds);
+    if (p.shapes.at(ds) != q->shape)
+      fail_input("{}: {} has shape {}; the model needs {}", path, ds, shape_str(p.shapes.at(ds)),
+                 shape_str(q->shape));
     std::copy(it->second.begin(), it->second.end(), q->value);
   }
 }
-
 
 }  // namespace strata

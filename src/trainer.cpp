@@ -8,10 +8,13 @@
 #include <climits>
 #include <cmath>
 #include <filesystem>
+#include <optional>
 
 #include <fmt/format.h>
 
 #include "strata/checkpoint.h"
+#include "strata/checkpointer.h"
+#include "strata/job.h"
 #include "strata/data_parallel.h"
 #include "strata/error.h"
 #include "strata/metrics.h"
@@ -36,6 +39,27 @@ void ensure_parent_dir(const std::string& file) {
   std::filesystem::create_directories(dir, ec);
   if (ec) fail_input("{}: cannot create directory {} ({})", file, dir, ec.message());
   if (::access(dir.c_str(), W_OK) != 0) fail_input("{}: directory {} is not writable", file, dir);
+}
+
+// Host names of all ranks, in rank order (for provenance and messages naming a rank).
+std::vector<std::string> gather_hosts(Comm& comm) {
+  std::vector<std::string> hosts(size_t(comm.size()));
+  for (int r = 0; r < comm.size(); ++r) {
+    char buf[256] = {0};
+    if (r == comm.rank()) std::snprintf(buf, sizeof buf, "%s", comm.host().c_str());
+    comm.broadcast(buf, sizeof buf, r);
+    hosts[size_t(r)] = buf;
+  }
+  return hosts;
+}
+
+std::string clock_time(double unix_s) {
+  std::time_t t = std::time_t(unix_s);
+  std::tm tm{};
+  localtime_r(&t, &tm);
+  char buf[16];
+  std::strftime(buf, sizeof buf, "%H:%M:%S", &tm);
+  return buf;
 }
 
 }  // namespace
@@ -123,9 +147,66 @@ int run_train(const RunConfig& cfg, Comm& comm) {
                  .schedule = cfg.train.lr_schedule, .warmup_steps = cfg.train.warmup_steps,
                  .min_lr = cfg.train.min_lr, .total_steps = total, .grad_clip = cfg.train.grad_clip};
   Optimizer opt(oc, model->num_params());
+
+  // Checkpoints: the directory is checked before any training, so a bad one fails now rather
+  // than hours later; then the run continues from the newest checkpoint that verifies.
+  install_stop_handlers();
+  Checkpointer ckpt(cfg, comm);
+  const int64_t ckpt_bytes = model->num_params() * 4 * int64_t(1 + opt.state().size()) + (1 << 16);
+  ckpt.preflight(ckpt_bytes);
+  int64_t start_step = 0;
+  if (auto st = ckpt.resume(*model, opt, cfg, info.source_sha256)) {
+    start_step = std::min(st->step, total);
+    if (start_step < total) loader->seek(st->epoch, st->batch);
+    if (metrics)
+      metrics->write({{"event", json_string("resumed")}, {"step", fmt::format("{}", st->step)},
+                      {"slurm_restart_count", fmt::format("{}", slurm_restart_count())}});
+  }
+  Provenance prov{.config_toml = cfg.to_toml(), .dataset_path = cfg.data.path,
+                  .dataset_sha256 = info.source_sha256, .grid_ranks = ranks,
+                  .grid_data_parallel = ranks, .grid_stages = 1, .slurm_job_id = slurm_job_id(),
+                  .slurm_restart_count = slurm_restart_count(), .hosts = gather_hosts(comm), .created_utc = ""};
+  // Rank 0 watches the clock: the job's end time (Slurm) and the time-based checkpoint period.
+  std::optional<double> end_time;
+  if (lead) {
+    std::string why_not;
+    end_time = job_end_time(&why_not);
+    if (!why_not.empty())
+      fmt::print(stderr, "strata: warning: the job's time limit is unknown ({}); relying on "
+                 "the scheduler's signals\n", why_not);
+  }
+  double ckpt_write_s = double(ckpt_bytes) / 50e6;  // until measured: a slow disk's 50 MB/s
+  double step_s = 0, ckpt_total_s = 0;
+  auto last_ckpt_time = Clock::now();
+  int64_t last_ckpt_step = start_step;
+  auto save_checkpoint = [&](int64_t steps_done) {
+    prov.created_utc = utc_now_iso();
+    TrainState st{.step = steps_done, .epoch = steps_done / per_epoch,
+                  .batch = steps_done % per_epoch, .global_batch = G, .seed = cfg.train.seed,
+                  .optimizer = cfg.train.optimizer, .optimizer_steps = opt.steps_taken()};
+    auto r = ckpt.save(*model, opt, st, prov);
+    if (r.ok) {
+      ckpt_write_s = r.seconds;
+      ckpt_total_s += r.seconds;
+      last_ckpt_time = Clock::now();
+      last_ckpt_step = steps_done;
+      if (metrics)
+        metrics->write({{"event", json_string("checkpoint")}, {"step", fmt::format("{}", steps_done)},
+                        {"path", json_string(r.path)}, {"bytes", fmt::format("{}", r.bytes)},
+                        {"write_s", json_number(r.seconds)},
+                        {"mb_per_s", json_number(double(r.bytes) / 1e6 / std::max(r.seconds, 1e-9))}});
+    }
+    if (lead && !r.error.empty())
+      fmt::print(stderr, "strata: {}: checkpoint at step {}: {}\n", r.ok ? "warning" : "error",
+                 steps_done, r.error);
+    return r.ok;
+  };
   GradientAllreducer reducer(comm, *model, model->grads().data(), cfg.dp.bucket_mb * 1048576.0,
                              cfg.dp.overlap);
 
+  if (lead && end_time)
+    fmt::print("job ends at {}; strata stops with a checkpoint before then (margin measured from "
+               "its checkpoint writes)\n", clock_time(*end_time));
   if (lead) {
     fmt::print("strata {} ({}): {} rank{}, device {}\n", STRATA_VERSION, STRATA_GIT_COMMIT, ranks,
                ranks == 1 ? "" : "s", device_note);
@@ -150,7 +231,8 @@ int run_train(const RunConfig& cfg, Comm& comm) {
   int64_t samples_since_log = 0;
   double exposed_total = 0, loader_wait = 0;
   const double cpu_start = thread_cpu_seconds();
-  for (int64_t step = 0; step < total; ++step) {
+  for (int64_t step = start_step; step < total; ++step) {
+    const auto t_step = Clock::now();
     const auto t_wait = Clock::now();
     const auto& batch = loader->next();
     loader_wait += since(t_wait);
@@ -163,9 +245,19 @@ int run_train(const RunConfig& cfg, Comm& comm) {
     double loss = be.softmax_xent_forward(probs.data(), logits.data(), batch.y.data(), b, info.classes);
     be.softmax_xent_backward(dlogits.data(), probs.data(), batch.y.data(), b, info.classes,
                              1.0f / float(G));
-    // The loss is agreed on before backward, so a diverged step changes no parameter.
-    comm.allreduce_sum(&loss, 1);
-    loss /= double(G);
+    // One allreduce agrees on the loss (before backward, so a diverged step changes no
+    // parameter) and on whether to checkpoint and/or stop after this step: any rank that got a
+    // stop signal, rank 0 for the time limit and the checkpoint period.
+    double agree[4] = {loss, stop_signal() ? 1.0 : 0.0, 0.0, 0.0};
+    if (lead) {
+      const double margin = 10 + 2 * ckpt_write_s + 3 * step_s;
+      agree[2] = end_time && unix_now() + margin >= *end_time ? 1.0 : 0.0;
+      agree[3] = cfg.checkpoint.every_seconds > 0 &&
+                 since(last_ckpt_time) >= cfg.checkpoint.every_seconds ? 1.0 : 0.0;
+    }
+    comm.allreduce_sum(agree, 4);
+    loss = agree[0] / double(G);
+    const bool stop_now = agree[1] > 0 || agree[2] > 0;
     if (!std::isfinite(loss)) {
       progress.finish();
       if (lead) {
@@ -195,6 +287,35 @@ int run_train(const RunConfig& cfg, Comm& comm) {
       opt.step(be, model->values(), model->grads(), step);
     }
     samples_since_log += G;
+    const int64_t done_steps = step + 1;
+    step_s = step_s == 0 ? since(t_step) : 0.8 * step_s + 0.2 * since(t_step);
+
+    if (stop_now) {
+      progress.finish();
+      const std::string why =
+          agree[1] > 0 ? fmt::format("a stop signal ({})", stop_signal() ? signal_name(stop_signal()) : "on another rank")
+                       : std::string("the job's time limit is near");
+      const bool ok = save_checkpoint(done_steps);
+      if (lead) {
+        if (metrics)
+          metrics->write({{"event", json_string("stopped")}, {"step", fmt::format("{}", done_steps)},
+                          {"checkpoint_written", ok ? "true" : "false"}});
+        if (ok)
+          fmt::print("stopped after step {} on {}: checkpoint written; exit {} (resumable)\n",
+                     done_steps, why, int(kExitResumable));
+      }
+      if (!ok) {
+        if (lead)
+          fmt::print(stderr, "strata: error: stopped after step {} on {} but the checkpoint "
+                     "could not be written; the previous one is intact\n", done_steps, why);
+        return kExitInternal;
+      }
+      return kExitResumable;
+    }
+    if (done_steps < total &&
+        ((cfg.checkpoint.every_steps > 0 && done_steps % cfg.checkpoint.every_steps == 0) ||
+         agree[3] > 0))
+      save_checkpoint(done_steps);
 
     const bool last = step + 1 == total;
     if ((step + 1) % cfg.train.log_every == 0 || last) {
@@ -219,7 +340,9 @@ int run_train(const RunConfig& cfg, Comm& comm) {
       samples_since_log = 0;
     }
   }
+  if (ckpt.periodic() && cfg.checkpoint.final && last_ckpt_step < total) save_checkpoint(total);
   const double train_s = since(t_start);
+  const int64_t steps_run = total - start_step;
   const double train_cpu_s = thread_cpu_seconds() - cpu_start;
   progress.finish();
   loader.reset();  // the loader thread owns HDF5 while alive
@@ -232,7 +355,8 @@ int run_train(const RunConfig& cfg, Comm& comm) {
     std::vector<MetricsWriter::Field> done = {
         {"event", json_string("done")}, {"step", fmt::format("{}", total)},
         {"train_time_s", json_number(train_s)},
-        {"samples_per_s", json_number(double(total) * G / std::max(train_s, 1e-9))},
+        {"samples_per_s", json_number(double(steps_run) * G / std::max(train_s, 1e-9))},
+        {"checkpoint_write_s", json_number(ckpt_total_s)},
         {"allreduce_exposed_s", json_number(exposed_total)},
         // Where wall time went on rank 0: waiting for the loader thread, and the CPU time of
         // the training thread (wall minus this is waiting, or time the VM's CPU was taken).
@@ -244,8 +368,8 @@ int run_train(const RunConfig& cfg, Comm& comm) {
       done.push_back({"test_loss", json_number(ev.loss)});
     }
     if (metrics) metrics->write(done);
-    fmt::print("done: {} steps in {}, {:.0f} samples/s", total, format_duration(train_s),
-               double(total) * G / std::max(train_s, 1e-9));
+    fmt::print("done: {} steps in {}, {:.0f} samples/s", steps_run, format_duration(train_s),
+               double(steps_run) * G / std::max(train_s, 1e-9));
     if (info.has_test) fmt::print(", test accuracy {:.4f}, test loss {:.4f}", ev.accuracy, ev.loss);
     fmt::print("\nparameters written to {}\n", cfg.params_path());
   }

@@ -1,6 +1,8 @@
-// Parameter files: the trained parameters by global name, readable by h5py (README: "Parameter
-// file layout"). Full resumable checkpoints build on this layout.
+// HDF5 files strata writes: parameter files (the trained model) and checkpoints (everything a
+// run needs to continue bit for bit). Both keep tensors by global name and global shape, so any
+// grid reads them, and both are readable by h5py (README: "Checkpoint and parameter files").
 #pragma once
+#include <cstdint>
 #include <map>
 #include <string>
 #include <vector>
@@ -9,28 +11,79 @@
 
 namespace strata {
 
-struct ParamFileMeta {
-  std::string config_toml;  // the effective config of the run that wrote it
-  std::string dataset_sha256;
-  int64_t step = 0;
+// Where a run stands and where it came from; root attributes of a checkpoint.
+struct TrainState {
+  int64_t step = 0;        // optimizer steps completed
+  int64_t epoch = 0;       // position of the NEXT batch in the data order:
+  int64_t batch = 0;       //   batch `batch` of epoch `epoch`
+  int64_t sequence = 0;    // 1 for a lineage's first checkpoint, +1 for each after it
+  int64_t global_batch = 0;
+  uint64_t seed = 0;
+  std::string optimizer;   // sgd | adamw
+  int64_t optimizer_steps = 0;
 };
 
-// Writes every parameter as /params/<layer>/<name> (float32, its global shape), the model
-// spec, input shape and class count as root attributes. Written to a temporary name, fsynced
-// and renamed, so a crash never leaves a partial file under `path`.
-void save_parameters(const std::string& path, Model& model, const ParamFileMeta& meta);
+struct Provenance {
+  std::string config_toml;  // the effective config of the run that wrote it
+  std::string dataset_path, dataset_sha256;
+  int64_t grid_ranks = 1, grid_data_parallel = 1, grid_stages = 1;
+  std::string slurm_job_id;  // "" outside Slurm
+  int64_t slurm_restart_count = 0;
+  std::vector<std::string> hosts;  // host of each rank
+  std::string created_utc;         // ISO 8601
+};
 
-struct LoadedParams {
+// A tensor to write: global name ("fc1.weight"), its HDF5 path, shape and data.
+struct NamedTensor {
+  std::string path;  // "/params/fc1/weight", "/optimizer/momentum/fc1/weight"
+  Shape shape;
+  const float* data = nullptr;
+};
+
+// Writes a checkpoint: every tensor (with a CRC-32 attribute), the train state and provenance.
+// Written under a temporary name in the same directory, fsynced and renamed, so `path` is
+// either the previous file or the complete new one. Returns the bytes written.
+int64_t write_checkpoint(const std::string& path, const Model& model,
+                         const std::vector<NamedTensor>& tensors, const TrainState& st,
+                         const Provenance& prov);
+
+struct LoadedCheckpoint {
+  std::string format;  // "strata-checkpoint" or "strata-parameters"
   ModelSpec spec;
   Shape input_shape;
   int classes = 0;
-  std::map<std::string, std::vector<float>> tensors;  // by global name "fc1.weight"
+  TrainState state;
+  Provenance prov;
+  std::map<std::string, std::vector<float>> tensors;  // by HDF5 path
   std::map<std::string, Shape> shapes;
-  std::string config_toml;
+  std::map<std::string, std::string> checksum;  // by HDF5 path: "ok", "MISMATCH ...", "none"
+  bool verified = true;  // every tensor that has a checksum matches it
 };
-// Throws UserError naming the file for a missing/unreadable file or a wrong layout.
+
+// Reads a checkpoint or parameter file and checks every tensor's CRC-32. A file that is missing,
+// truncated or not HDF5, or whose layout is wrong, throws UserError(kExitBadCheckpoint) naming
+// it; a checksum mismatch throws too unless `tolerate_mismatch` (for `strata inspect`).
+LoadedCheckpoint read_checkpoint(const std::string& path, bool tolerate_mismatch = false);
+
+// The tensors of a model and its optimizer state under their checkpoint paths.
+std::vector<NamedTensor> model_tensors(const Model& model);
+std::string param_path(const std::string& global_name);  // "fc1.weight" -> "/params/fc1/weight"
+
+// Parameter files: /params/... with checksums and the model description; no optimizer state.
+struct ParamFileMeta {
+  std::string config_toml;
+  std::string dataset_sha256;
+  int64_t step = 0;
+};
+void save_parameters(const std::string& path, const Model& model, const ParamFileMeta& meta);
+
+// The model-defining part of either kind of file (for `strata eval`).
+using LoadedParams = LoadedCheckpoint;
 LoadedParams load_parameters(const std::string& path);
-// Copies the file's parameters into a model built from its spec (sizes checked).
+// Copies the file's parameters into a model with the same spec (sizes checked).
 void copy_parameters_into(Model& model, const LoadedParams& p, const std::string& path);
+
+// Creates `path` readable per the user's umask but never world-writable.
+void drop_world_write(const std::string& path);
 
 }  // namespace strata

@@ -3,6 +3,8 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "strata/backend.h"
 #include "strata/tensor.h"
@@ -37,6 +39,15 @@ class Optimizer {
   void apply(const Backend& be, Tensor& params, Tensor& grads, int64_t begin, int64_t end,
              int64_t step);
   void end_step() { ++t_; }
+
+  // State for checkpoints: named buffers, each parallel to the flat parameter buffer
+  // (momentum for SGD; exp_avg and exp_avg_sq for AdamW), and the count of steps taken.
+  std::vector<std::pair<std::string, Tensor*>> state() {
+    if (c_.kind == "adamw") return {{"exp_avg", &s0_}, {"exp_avg_sq", &s1_}};
+    return {{"momentum", &s0_}};
+  }
+  int64_t steps_taken() const { return t_; }
+  void set_steps_taken(int64_t t) { t_ = t; }
 
  private:
   OptimConfig c_;

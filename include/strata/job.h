@@ -1,0 +1,27 @@
+// What strata learns from the job around it: stop requests (signals), the Slurm job's end time,
+// its id and restart count.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace strata {
+
+// SIGUSR1 (Slurm's --signal warning, forwarded by slurm/train.sbatch) and SIGTERM (scancel,
+// pre-emption, the time limit) only set a flag; the training loop agrees on a stop step over
+// all ranks, writes a checkpoint and exits with kExitResumable.
+void install_stop_handlers();
+int stop_signal();  // the first stop signal received, 0 if none
+const char* signal_name(int sig);
+
+// Unix time at which the scheduler will end this job: $STRATA_JOB_END_TIME if set, else the
+// Slurm job's EndTime from `squeue` when $SLURM_JOB_ID is set; nullopt if unknown/unlimited.
+// `why_not` receives a one-line reason when it is unknown inside a Slurm job.
+std::optional<double> job_end_time(std::string* why_not);
+
+std::string slurm_job_id();  // "" outside Slurm
+int64_t slurm_restart_count();
+std::string utc_now_iso();   // 2026-11-22T04:58:00Z
+double unix_now();
+
+}  // namespace strata

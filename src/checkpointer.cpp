@@ -1,0 +1,310 @@
+#include "strata/checkpointer.h"
+
+#include <fcntl.h>
+#include <hdf5.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+
+#include <fmt/format.h>
+
+#include "strata/data.h"
+#include "strata/error.h"
+#include "strata/trainer.h"
+#include "hdf5_util.h"
+
+namespace strata {
+namespace fs = std::filesystem;
+namespace {
+
+const std::regex kCheckpointName(R"(ckpt-(\d+)\.h5)");
+std::string checkpoint_name(int64_t step) { return fmt::format("ckpt-{:09d}.h5", step); }
+
+void fsync_dir(const std::string& d) {
+  int fd = ::open(d.c_str(), O_RDONLY | O_DIRECTORY);
+  if (fd >= 0) {
+    ::fsync(fd);
+    ::close(fd);
+  }
+}
+
+// Broadcasts a float buffer from rank 0 in pieces MPI's int counts can hold.
+void broadcast_floats(Comm& comm, float* p, int64_t n) {
+  for (int64_t at = 0; at < n;) {
+    const int64_t len = std::min<int64_t>(n - at, int64_t(1) << 28);
+    comm.broadcast(p + at, len * int64_t(sizeof(float)), 0);
+    at += len;
+  }
+}
+
+// The `sequence` attribute of a checkpoint file; nullopt if it cannot be read.
+std::optional<int64_t> read_sequence(const std::string& path) {
+  std::lock_guard lock(hdf5_mutex());
+  h5_quiet();
+  H5Id f(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+  if (f.get() < 0) return std::nullopt;
+  std::vector<int64_t> v;
+  if (!read_int_attr(f.get(), "sequence", &v) || v.size() != 1) return std::nullopt;
+  return v[0];
+}
+
+}  // namespace
+
+Checkpointer::Checkpointer(const RunConfig& cfg, Comm& comm)
+    : comm_(comm),
+      dir_(cfg.checkpoint_dir()),
+      every_steps_(cfg.checkpoint.every_steps),
+      every_seconds_(cfg.checkpoint.every_seconds),
+      keep_last_(cfg.checkpoint.keep_last),
+      keep_every_(cfg.checkpoint.keep_every) {}
+
+void Checkpointer::preflight(int64_t bytes) {
+  collectively(comm_, [&] {
+    if (comm_.rank() != 0) return;
+    std::error_code ec;
+    if (fs::exists(dir_, ec) && !fs::is_directory(dir_, ec))
+      fail_input("checkpoint.dir {}: exists and is not a directory", dir_);
+    if (!fs::exists(dir_, ec)) {
+      fs::create_directories(dir_, ec);
+      if (ec) fail_input("checkpoint.dir {}: cannot create it ({})", dir_, ec.message());
+      drop_world_write(dir_);
+    }
+    if (::access(dir_.c_str(), W_OK | X_OK) != 0)
+      fail_input("checkpoint.dir {}: not writable ({})", dir_, std::strerror(errno));
+    struct statvfs sv{};
+    if (::statvfs(dir_.c_str(), &sv) == 0) {
+      const double free_b = double(sv.f_bavail) * double(sv.f_frsize);
+      if (free_b < double(bytes) * 1.05 + 1e6)
+        fail_input("checkpoint.dir {}: {:.1f} MB free, a checkpoint needs {:.1f} MB", dir_,
+                   free_b / 1e6, double(bytes) / 1e6);
+    }
+    // Temporary files of writes a crash interrupted are never part of a checkpoint.
+    for (const auto& e : fs::directory_iterator(dir_, ec)) {
+      const std::string n = e.path().filename().string();
+      if (n.find(".tmp.") != std::string::npos && (n.starts_with("ckpt-") || n.starts_with("latest"))) {
+        fs::remove(e.path(), ec);
+        fmt::print("removed {} (left by an interrupted checkpoint write)\n", e.path().string());
+      }
+    }
+  });
+}
+
+std::vector<Checkpointer::Entry> Checkpointer::list() const {
+  std::vector<Entry> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir_, ec)) {
+    const std::string n = e.path().filename().string();
+    std::smatch m;
+    if (std::regex_match(n, m, kCheckpointName)) out.push_back({std::stoll(m[1].str()), n});
+  }
+  std::sort(out.begin(), out.end(), [](const Entry& a, const Entry& b) { return a.step > b.step; });
+  return out;
+}
+
+std::optional<int64_t> Checkpointer::pointer_step(std::string* name) const {
+  std::ifstream in(dir_ + "/latest");
+  std::string line;
+  if (!in || !std::getline(in, line)) return std::nullopt;
+  std::smatch m;
+  if (!std::regex_match(line, m, kCheckpointName)) return std::nullopt;
+  *name = line;
+  return std::stoll(m[1].str());
+}
+
+void Checkpointer::write_pointer(const std::string& name) const {
+  const std::string tmp = fmt::format("{}/latest.tmp.{}", dir_, ::getpid());
+  const std::string path = dir_ + "/latest";
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0666);
+  if (fd < 0) fail_input("{}: cannot write ({})", tmp, std::strerror(errno));
+  const std::string line = name + "\n";
+  const bool ok = ::write(fd, line.data(), line.size()) == ssize_t(line.size()) && ::fsync(fd) == 0;
+  const int err = errno;
+  ::close(fd);
+  if (!ok) {
+    ::unlink(tmp.c_str());
+    fail_input("{}: cannot write ({})", tmp, std::strerror(err));
+  }
+  drop_world_write(tmp);
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int e = errno;
+    ::unlink(tmp.c_str());
+    fail_input("{}: cannot replace ({})", path, std::strerror(e));
+  }
+  fsync_dir(dir_);
+}
+
+void Checkpointer::apply_retention(int64_t newest_step) const {
+  int64_t kept = 0;
+  for (const Entry& e : list()) {
+    if (e.step > newest_step) continue;  // not ours to judge (an abandoned, newer lineage)
+    if (kept < keep_last_) {
+      ++kept;
+      continue;
+    }
+    const std::string path = dir_ + "/" + e.name;
+    if (keep_every_ > 0) {
+      auto seq = read_sequence(path);
+      if (!seq || *seq % keep_every_ == 0) continue;  // kept for good (or unreadable: leave it)
+    }
+    std::error_code ec;
+    fs::remove(path, ec);
+  }
+}
+
+void check_resumable(const LoadedCheckpoint& ck, const std::string& path, const Model& model,
+                     const RunConfig& cfg, const std::string& dataset_sha256) {
+  auto bad = [&](const std::string& what) {
+    throw UserError(kExitBadCheckpoint, fmt::format("{}: cannot continue this run from it: {}", path, what));
+  };
+  if (ck.format != "strata-checkpoint")
+    bad("it is a parameter file, not a checkpoint (no optimizer state or data position)");
+  if (ck.spec != model.spec()) bad("it holds a different model (model_layers differ)");
+  if (ck.input_shape != model.input_shape() || ck.classes != model.classes())
+    bad("it was trained on samples of another shape or class count");
+  if (ck.state.global_batch != cfg.train.batch_size)
+    bad(fmt::format("it was written with train.batch_size = {}, this run has {} (the data "
+                    "position would not match)", ck.state.global_batch, cfg.train.batch_size));
+  if (ck.state.seed != cfg.train.seed)
+    bad(fmt::format("it was written with train.seed = {}, this run has {}", ck.state.seed, cfg.train.seed));
+  if (ck.state.optimizer != cfg.train.optimizer)
+    bad(fmt::format("it holds {} state, this run uses train.optimizer = {}", ck.state.optimizer,
+                    cfg.train.optimizer));
+  if (!ck.prov.dataset_sha256.empty() && !dataset_sha256.empty() &&
+      ck.prov.dataset_sha256 != dataset_sha256)
+    bad(fmt::format("it was trained on another dataset (sha256 {} vs {} of {})",
+                    ck.prov.dataset_sha256.substr(0, 12), dataset_sha256.substr(0, 12), cfg.data.path));
+}
+
+std::optional<TrainState> Checkpointer::resume(Model& model, Optimizer& opt, const RunConfig& cfg,
+                                               const std::string& dataset_sha256) {
+  if (cfg.resume == "never") return std::nullopt;
+  int64_t found = 0;  // rank 0: 1 if a checkpoint was loaded
+  TrainState st;
+  std::string from;
+  collectively(comm_, [&] {
+    if (comm_.rank() != 0) return;
+    std::vector<std::string> candidates;
+    if (cfg.resume != "auto") {
+      candidates.push_back(cfg.resume);
+    } else {
+      std::string pointed;
+      auto limit = pointer_step(&pointed);
+      for (const Entry& e : list()) {
+        if (limit && e.step > *limit) {
+          fmt::print("ignoring {}/{}: newer than the latest complete checkpoint ({})\n", dir_, e.name, pointed);
+          continue;
+        }
+        candidates.push_back(dir_ + "/" + e.name);
+      }
+      if (candidates.empty()) {
+        fmt::print("no checkpoint in {}; starting at step 0\n", dir_);
+        return;
+      }
+    }
+    std::string failures;
+    for (const std::string& path : candidates) {
+      LoadedCheckpoint ck;
+      try {
+        ck = read_checkpoint(path);
+      } catch (const UserError& e) {
+        if (cfg.resume != "auto") throw;
+        fmt::print(stderr, "strata: warning: skipping damaged checkpoint: {}\n", e.what());
+        std::error_code ec;
+        fs::rename(path, path + ".corrupt", ec);  // kept for inspection, never loaded again
+        failures += fmt::format("\n  {}", e.what());
+        continue;
+      }
+      check_resumable(ck, path, model, cfg, dataset_sha256);
+      for (Param* p : model.params()) {
+        const auto& v = ck.tensors.at(param_path(p->name));
+        std::copy(v.begin(), v.end(), p->value);
+      }
+      for (auto& [name, t] : opt.state()) {
+        for (Param* p : model.params()) {
+          const std::string ds = "/optimizer/" + name + param_path(p->name).substr(7);
+          auto it = ck.tensors.find(ds);
+          if (it == ck.tensors.end() || int64_t(it->second.size()) != numel(p->shape))
+            throw UserError(kExitBadCheckpoint, fmt::format("{}: optimizer state {} is missing or has the wrong size", path, ds));
+          std::copy(it->second.begin(), it->second.end(), t->data() + p->offset);
+        }
+      }
+      st = ck.state;
+      from = path;
+      found = 1;
+      return;
+    }
+    throw UserError(kExitBadCheckpoint,
+                    fmt::format("checkpoint.dir {}: none of the {} checkpoints verifies; not "
+                                "starting over from step 0 (move them away to do so){}",
+                                dir_, candidates.size(), failures));
+  });
+  comm_.broadcast(&found, sizeof found, 0);
+  if (!found) return std::nullopt;
+  int64_t s[8] = {st.step, st.epoch, st.batch, st.sequence, st.global_batch, int64_t(st.seed),
+                  st.optimizer_steps, 0};
+  comm_.broadcast(s, sizeof s, 0);
+  st = TrainState{.step = s[0], .epoch = s[1], .batch = s[2], .sequence = s[3],
+                  .global_batch = s[4], .seed = uint64_t(s[5]), .optimizer = cfg.train.optimizer,
+                  .optimizer_steps = s[6]};
+  broadcast_floats(comm_, model.values().data(), model.values().size());
+  for (auto& [name, t] : opt.state()) broadcast_floats(comm_, t->data(), t->size());
+  opt.set_steps_taken(st.optimizer_steps);
+  sequence_ = st.sequence;
+  if (comm_.rank() == 0)
+    fmt::print("resumed from {} at step {} (epoch {}, batch {} of the epoch)\n", from, st.step,
+               st.epoch + 1, st.batch);
+  return st;
+}
+
+Checkpointer::SaveResult Checkpointer::save(const Model& model, Optimizer& opt, TrainState st,
+                                            const Provenance& prov) {
+  SaveResult r;
+  st.sequence = sequence_ + 1;
+  r.path = dir_ + "/" + checkpoint_name(st.step);
+  if (comm_.rank() == 0) {
+    // Data parallelism: every replica holds the same parameters and optimizer state, so rank 0
+    // writes them all (a gather that costs nothing); other ranks only learn the outcome.
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      std::vector<NamedTensor> tensors = model_tensors(model);
+      for (auto& [name, t] : opt.state())
+        for (const Param* p : model.params())
+          tensors.push_back({"/optimizer/" + name + param_path(p->name).substr(7), p->shape,
+                             t->data() + p->offset});
+      r.bytes = write_checkpoint(r.path, model, tensors, st, prov);
+      r.ok = true;
+    } catch (const UserError& e) {
+      r.error = e.what();
+    }
+    r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  // Every rank agrees before the pointer moves.
+  double v[3] = {r.ok ? 1.0 : 0.0, double(r.bytes), r.seconds};
+  comm_.broadcast(v, sizeof v, 0);
+  r.ok = v[0] != 0;
+  r.bytes = int64_t(v[1]);
+  r.seconds = v[2];
+  if (!r.ok) {
+    if (comm_.rank() != 0) r.error = "rank 0 could not write the checkpoint";
+    return r;
+  }
+  sequence_ = st.sequence;
+  if (comm_.rank() == 0) {
+    try {
+      write_pointer(checkpoint_name(st.step));
+      apply_retention(st.step);
+    } catch (const UserError& e) {
+      r.error = e.what();
+    }
+  }
+  return r;
+}
+
+}  // namespace strata
