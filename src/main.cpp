@@ -1,9 +1,11 @@
 // strata: the command line. Subcommands: prepare, train, eval.
 #include <cstdlib>
+#include <cstring>
 #include <iostream>
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "strata/checkpoint.h"
 #include "strata/comm.h"
@@ -51,6 +53,48 @@ int run_eval(const std::string& checkpoint, const std::string& data, bool json, 
       fmt::print("test accuracy {:.4f}, test loss {:.4f} over {} samples\n", r.accuracy, r.loss, r.samples);
   }
   return kExitOk;
+}
+
+// `strata inspect`: what a checkpoint or parameter file holds; non-zero if it does not verify.
+int run_inspect(const std::string& path) {
+  LoadedCheckpoint ck = read_checkpoint(path, /*tolerate_mismatch=*/true);
+  const TrainState& s = ck.state;
+  const Provenance& p = ck.prov;
+  fmt::print("{}: {}\n", path, ck.format);
+  if (ck.format == "strata-checkpoint") {
+    fmt::print("step {}  (next batch: epoch {}, batch {})  checkpoint #{}  global batch {}  seed {}\n",
+               s.step, s.epoch + 1, s.batch, s.sequence, s.global_batch, s.seed);
+    fmt::print("optimizer {} after {} steps\n", s.optimizer, s.optimizer_steps);
+    fmt::print("written {} by {} rank{} (data parallel {} x stages {}) on {}\n", p.created_utc,
+               p.grid_ranks, p.grid_ranks == 1 ? "" : "s", p.grid_data_parallel, p.grid_stages,
+               fmt::join(p.hosts, ", "));
+    if (!p.slurm_job_id.empty())
+      fmt::print("slurm job {} (restart {})\n", p.slurm_job_id, p.slurm_restart_count);
+    fmt::print("dataset {} sha256 {}\n", p.dataset_path, p.dataset_sha256);
+  } else {
+    fmt::print("step {}\n", s.step);
+  }
+  fmt::print("model: {} -> {} classes: {}\n", shape_str(ck.input_shape), ck.classes, fmt::join(ck.spec, ", "));
+  // The config summary: the keys that define the run.
+  for (const char* key : {"lr =", "lr_schedule", "epochs", "max_steps", "weight_decay", "momentum"})
+    for (size_t a = 0, b; a < p.config_toml.size(); a = b + 1) {
+      b = p.config_toml.find('\n', a);
+      if (b == std::string::npos) b = p.config_toml.size();
+      if (p.config_toml.compare(a, std::strlen(key), key) == 0)
+        fmt::print("  train.{}\n", p.config_toml.substr(a, b - a));
+    }
+  int64_t bytes = 0;
+  int bad = 0;
+  fmt::print("tensors:\n");
+  for (const auto& [name, shape] : ck.shapes) {
+    const std::string& status = ck.checksum.at(name);
+    bytes += numel(shape) * 4;
+    bad += status.starts_with("MISMATCH");
+    fmt::print("  {:<40} {:<14} float32  crc32 {}\n", name, shape_str(shape), status);
+  }
+  fmt::print("{} tensors, {:.2f} MB; {}\n", ck.shapes.size(), double(bytes) / 1e6,
+             bad ? fmt::format("{} FAIL their checksum", bad) : std::string("all checksums verify"));
+  return bad ? kExitBadCheckpoint : kExitOk;
 }
 
 // CLI11's messages name the option; say whether the value came from a flag or the file, and
@@ -120,6 +164,10 @@ int main(int argc, char** argv) {
   eval->add_option("--threads", eval_threads)->check(CLI::Range(1, 1024));
   eval->add_option("--device", eval_device)->capture_default_str();
 
+  auto* inspect = app.add_subcommand("inspect", "print what a checkpoint holds and verify its checksums");
+  std::string inspect_path;
+  inspect->add_option("path", inspect_path, "checkpoint or parameter file (.h5)")->required();
+
   int code = kExitOk;
   try {
     try {
@@ -153,6 +201,8 @@ int main(int argc, char** argv) {
         fmt::print("wrote {}\n", out_path);
       }
       comm->barrier();
+    } else if (*inspect) {
+      if (lead) code = run_inspect(inspect_path);
     } else if (*eval) {
       code = run_eval(ckpt, eval_data, json, eval_threads, eval_device, *comm);
     }

@@ -36,8 +36,11 @@ void ensure_parent_dir(const std::string& file) {
   std::string dir = std::filesystem::path(file).parent_path().string();
   if (dir.empty()) dir = ".";
   std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec) fail_input("{}: cannot create directory {} ({})", file, dir, ec.message());
+  if (!std::filesystem::exists(dir, ec)) {
+    std::filesystem::create_directories(dir, ec);
+    if (ec) fail_input("{}: cannot create directory {} ({})", file, dir, ec.message());
+    drop_world_write(dir);
+  }
   if (::access(dir.c_str(), W_OK) != 0) fail_input("{}: directory {} is not writable", file, dir);
 }
 
@@ -133,7 +136,10 @@ int run_train(const RunConfig& cfg, Comm& comm) {
 
   std::unique_ptr<MetricsWriter> metrics;
   collectively(comm, [&] {
-    if (lead) metrics = std::make_unique<MetricsWriter>(cfg.metrics_path());
+    if (lead) {
+      metrics = std::make_unique<MetricsWriter>(cfg.metrics_path());
+      drop_world_write(cfg.metrics_path());
+    }
   });
 
   auto loader = std::make_unique<Loader>(info, "train", G, comm.rank(), ranks, true, cfg.train.seed);
@@ -177,6 +183,9 @@ int run_train(const RunConfig& cfg, Comm& comm) {
   }
   double ckpt_write_s = double(ckpt_bytes) / 50e6;  // until measured: a slow disk's 50 MB/s
   double step_s = 0, ckpt_total_s = 0;
+  // Time kept free before the job's end: the checkpoint write (twice, for a slower disk at
+  // that moment), a few steps (the stop is agreed one step ahead), and 10 s for the exit.
+  auto stop_margin = [&] { return 10 + 2 * ckpt_write_s + 3 * step_s; };
   auto last_ckpt_time = Clock::now();
   int64_t last_ckpt_step = start_step;
   auto save_checkpoint = [&](int64_t steps_done) {
@@ -250,8 +259,7 @@ int run_train(const RunConfig& cfg, Comm& comm) {
     // stop signal, rank 0 for the time limit and the checkpoint period.
     double agree[4] = {loss, stop_signal() ? 1.0 : 0.0, 0.0, 0.0};
     if (lead) {
-      const double margin = 10 + 2 * ckpt_write_s + 3 * step_s;
-      agree[2] = end_time && unix_now() + margin >= *end_time ? 1.0 : 0.0;
+      agree[2] = end_time && unix_now() + stop_margin() >= *end_time ? 1.0 : 0.0;
       agree[3] = cfg.checkpoint.every_seconds > 0 &&
                  since(last_ckpt_time) >= cfg.checkpoint.every_seconds ? 1.0 : 0.0;
     }
@@ -294,19 +302,20 @@ int run_train(const RunConfig& cfg, Comm& comm) {
       progress.finish();
       const std::string why =
           agree[1] > 0 ? fmt::format("a stop signal ({})", stop_signal() ? signal_name(stop_signal()) : "on another rank")
-                       : std::string("the job's time limit is near");
+                       : fmt::format("the job's time limit (ends {}, margin {:.0f} s)",
+                                     end_time ? clock_time(*end_time) : "?", stop_margin());
       const bool ok = save_checkpoint(done_steps);
       if (lead) {
         if (metrics)
           metrics->write({{"event", json_string("stopped")}, {"step", fmt::format("{}", done_steps)},
                           {"checkpoint_written", ok ? "true" : "false"}});
         if (ok)
-          fmt::print("stopped after step {} on {}: checkpoint written; exit {} (resumable)\n",
+          fmt::print("stopped after step {} for {}: checkpoint written; exit {} (resumable)\n",
                      done_steps, why, int(kExitResumable));
       }
       if (!ok) {
         if (lead)
-          fmt::print(stderr, "strata: error: stopped after step {} on {} but the checkpoint "
+          fmt::print(stderr, "strata: error: stopped after step {} for {} but the checkpoint "
                      "could not be written; the previous one is intact\n", done_steps, why);
         return kExitInternal;
       }

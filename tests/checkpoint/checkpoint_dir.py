@@ -1,0 +1,77 @@
+"""The checkpoint directory is checked before training starts (exit 2, one line naming it): not a
+directory, read-only, too little space for one checkpoint. Files strata writes follow the umask
+but are never world-writable. Usage: checkpoint_dir.py STRATA DATA WORKDIR
+(The read-only and no-space cases mount small tmpfs file systems: they need root, and are
+skipped with exit 77 where mounting is not allowed.)"""
+import os
+import stat
+import subprocess
+import sys
+
+from ckpt_common import fail, fresh
+
+strata, data, work = sys.argv[1], sys.argv[2], fresh(os.path.join(sys.argv[3], "ckpt-dir"))
+common = ["--data.path", data, "--train.max_steps", "20", "--checkpoint.every_steps", "10",
+          "--progress", "off"]
+
+
+def train(args, umask=None):
+    def pre():
+        if umask is not None:
+            os.umask(umask)
+    return subprocess.run([strata, "train"] + common + args, capture_output=True, text=True,
+                          preexec_fn=pre, timeout=300)
+
+
+def expect_error(name, args, *needles):
+    r = train(args)
+    errs = [l for l in r.stderr.splitlines() if l.startswith("strata: error:")]
+    if r.returncode != 2 or len(errs) != 1 or not all(n in errs[0] for n in needles):
+        fail(f"{name}: expected exit 2 and one error line with {needles}, got {r.returncode}:\n{r.stderr}")
+    if "training" in r.stdout and "steps" in r.stdout:
+        fail(f"{name}: training started before the directory was checked:\n{r.stdout}")
+    print(f"{name}: {errs[0]}")
+
+
+# 1. A file where the directory should be.
+f = os.path.join(work, "a-file")
+open(f, "w").close()
+expect_error("not a directory", ["--output.dir", os.path.join(work, "o1"), "--checkpoint.dir", f],
+             f"checkpoint.dir {f}: exists and is not a directory")
+
+# 2. Files follow the umask but are never world-writable, even with umask 000.
+out = os.path.join(work, "umask000")
+r = train(["--output.dir", out], umask=0)
+if r.returncode != 0:
+    fail(f"umask 000 run failed:\n{r.stderr}")
+checked = 0
+for root, dirs, files in os.walk(out):
+    for n in dirs + files:
+        p = os.path.join(root, n)
+        mode = os.stat(p).st_mode
+        checked += 1
+        if mode & stat.S_IWOTH:
+            fail(f"{p} is world-writable ({oct(mode & 0o777)})")
+        if not mode & stat.S_IROTH:
+            fail(f"{p} is not world-readable under umask 000 ({oct(mode & 0o777)})")
+print(f"umask 000: {checked} files and directories, none world-writable")
+
+# 3 and 4 need small file systems of their own.
+skipped = False
+for name, opts, needle in (("read-only", "ro,size=4m", "not writable"),
+                           ("no space", "size=1m", "MB free, a checkpoint needs 1.9 MB")):
+    mnt = os.path.join(work, name.replace(" ", "-"))
+    os.makedirs(mnt)
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", mnt], capture_output=True).returncode:
+        print(f"{name}: SKIPPED (cannot mount a tmpfs here)")
+        skipped = True
+        continue
+    try:
+        # The default MLP's checkpoint (parameters + momentum) is 1.9 MB.
+        expect_error(name, ["--output.dir", os.path.join(work, "o-" + name[:2]), "--checkpoint.dir", mnt],
+                     f"checkpoint.dir {mnt}: ", needle)
+    finally:
+        subprocess.run(["umount", mnt])
+if skipped:
+    sys.exit(77)
+print("PASS")

@@ -1,0 +1,70 @@
+"""Resumable stops: SIGUSR1 (Slurm's warning signal, as forwarded by mpirun/srun) and the job's
+time limit (STRATA_JOB_END_TIME, what strata otherwise reads from squeue) make every rank stop
+at the same step, write a checkpoint and exit 75; --resume auto then ends bitwise identical to
+an uninterrupted run. Usage: stop_resume.py STRATA DATA WORKDIR RANKS"""
+import os
+import signal
+import sys
+import time
+
+from ckpt_common import assert_bitwise, fail, fresh, launch, metrics, run
+
+strata, data, ranks = sys.argv[1], sys.argv[2], int(sys.argv[4])
+work = fresh(os.path.join(sys.argv[3], f"stop-resume-{ranks}"))
+common = ["--data.path", data, "--model.hidden", "128", "--train.max_steps", "3000",
+          "--train.seed", "5", "--checkpoint.every_steps", "500", "--progress", "off"]
+ref = os.path.join(work, "ref")
+t0 = time.time()
+run(strata, ranks, common + ["--output.dir", ref])
+ref_s = time.time() - t0
+
+
+def stopped_then_resumed(name, start, env=None):
+    d = os.path.join(work, name)
+    p = launch(strata, ranks, common + ["--output.dir", d, "--resume", "auto"], env)
+    start(p, d)
+    out, err = p.communicate(timeout=600)
+    if p.returncode != 75:
+        fail(f"{name}: exited {p.returncode}, expected 75 (resumable)\n{out[-1500:]}\n{err[-1500:]}")
+    stops = [m for m in metrics(os.path.join(d, "metrics.jsonl")) if m.get("event") == "stopped"]
+    if len(stops) != 1 or stops[0]["step"] >= 3000:
+        fail(f"{name}: expected one 'stopped' event before the end, got {stops}")
+    step = stops[0]["step"]
+    with open(os.path.join(d, "checkpoints", "latest")) as f:
+        if f.read().strip() != f"ckpt-{step:09d}.h5":
+            fail(f"{name}: the latest pointer does not name the stop checkpoint of step {step}")
+    print(f"{name}: stopped after step {step} with exit 75: {[l for l in out.splitlines() if l.startswith('stopped')]}")
+    out, _ = run(strata, ranks, common + ["--output.dir", d, "--resume", "auto"])
+    if f"at step {step} " not in out:
+        fail(f"{name}: did not resume at step {step}:\n{out[-1500:]}")
+    assert_bitwise(os.path.join(ref, "model.h5"), os.path.join(d, "model.h5"), name)
+    return out
+
+
+def send_usr1(p, d):
+    mpath = os.path.join(d, "metrics.jsonl")
+    while p.poll() is None and not (os.path.exists(mpath) and
+                                    any(m.get("event") == "checkpoint" for m in metrics(mpath))):
+        time.sleep(0.01)
+    p.send_signal(signal.SIGUSR1)  # to mpirun, which forwards it to every rank
+
+
+stopped_then_resumed("sigusr1", send_usr1)
+
+# The time limit: strata stops with a checkpoint a measured margin before the job's end time.
+# strata's margin is 10 s plus twice its checkpoint write time plus three step times: put the
+# end time so that the stop falls in the middle of the run.
+exit_at = []
+end = time.time() + 10 + 0.5 * ref_s
+
+
+def note_exit(p, d):
+    p.wait()
+    exit_at.append(time.time())
+
+
+stopped_then_resumed("time-limit", note_exit, {"STRATA_JOB_END_TIME": f"{end:.3f}"})
+if exit_at[0] >= end:
+    fail(f"time-limit: strata exited {exit_at[0] - end:.1f} s AFTER the job's end time")
+print(f"time-limit: exited {end - exit_at[0]:.1f} s before the job's end time")
+print("PASS")
