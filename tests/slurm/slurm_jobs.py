@@ -1,0 +1,538 @@
+"""Fault tolerance on a real Slurm cluster (slurm/local-cluster.sh: two nodes on this host).
+
+Each scenario submits slurm/train.sbatch for a small run over 2 nodes (1 rank each), interrupts
+it the way a cluster does, lets Slurm and the script requeue it, and checks that it finishes
+with parameters BITWISE identical to an uninterrupted 2-rank run (or, for the failure cases,
+that it stops without requeueing). On any failure the job's log is printed.
+
+    slurm_jobs.py SCENARIO --strata BIN --data FILE --work DIR --sbatch FILE --cluster DIR
+
+SCENARIO: reference | node-failure | preempt-signal | time-limit | no-requeue
+"""
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+import h5py
+
+TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
+            "DEADLINE", "BOOT_FAIL", "PREEMPTED"}
+
+# The run of the requeue tests: ~2 s of steps per rank pair when the machine is idle, long
+# enough to interrupt after its first checkpoint, short enough for the suite.
+STEPS = 3000
+EVERY = 100
+
+
+class Failure(Exception):
+    pass
+
+
+def fail(msg):
+    raise Failure(msg)
+
+
+class Ctx:
+    def __init__(self, a):
+        self.strata = os.path.abspath(a.strata)
+        self.data = os.path.abspath(a.data)
+        self.work = os.path.abspath(a.work)
+        self.sbatch = os.path.abspath(a.sbatch)
+        self.here = os.path.dirname(os.path.abspath(__file__))
+        self.cluster = os.path.abspath(a.cluster)
+        conf = os.path.join(self.cluster, "etc", "slurm.conf")
+        if not os.path.exists(conf):
+            fail(f"no Slurm cluster at {a.cluster} (the fixture 'slurm: cluster up' starts it)")
+        # A clean environment for sbatch: nothing of an enclosing Slurm job leaks in.
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_", "SRUN_", "STRATA_"))}
+        env.update(SLURM_CONF=conf, OMPI_MCA_btl="self,tcp", OMPI_MCA_btl_tcp_if_include="lo",
+                   OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+        self.env = env
+        self.logs = []  # job logs to print on failure
+
+    def sh(self, *cmd, check=True, env=None):
+        p = subprocess.run(list(cmd), env=env or self.env, capture_output=True, text=True)
+        if check and p.returncode != 0:
+            fail(f"{' '.join(cmd)} exited {p.returncode}: {p.stderr.strip() or p.stdout.strip()}")
+        return p
+
+
+def write_config(path, out_dir, steps, data, every=EVERY, extra=""):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(f"""# written by tests/slurm/slurm_jobs.py
+[data]
+path = "{data}"
+[model]
+type = "mlp"
+hidden = [32]
+[train]
+epochs = 1000
+batch_size = 64
+max_steps = {steps}
+lr = 0.05
+seed = 7
+log_every = 500
+[checkpoint]
+every_steps = {every}
+keep_last = 3
+[output]
+dir = "{out_dir}"
+{extra}""")
+
+
+def fresh(path):
+    shutil.rmtree(path, ignore_errors=True)
+    os.makedirs(path)
+    return path
+
+
+def reference(ctx, name, steps):
+    """The uninterrupted 2-rank run (mpirun) of config NAME; returns its parameter file."""
+    d = os.path.join(ctx.work, f"ref-{name}")
+    fresh(d)
+    cfg = os.path.join(d, "config.toml")
+    write_config(cfg, os.path.join(d, "out"), steps, ctx.data)
+    env = {k: v for k, v in ctx.env.items() if not k.startswith("OMPI_MCA_btl")}
+    cmd = ["mpirun", "-n", "2", "--oversubscribe", "--bind-to", "none", ctx.strata, "train",
+           "--config", cfg, "--progress", "off"]
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    if p.returncode != 0:
+        fail(f"reference run {' '.join(cmd)} exited {p.returncode}\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
+    model = os.path.join(d, "out", "model.h5")
+    if not os.path.exists(model):
+        fail(f"reference run wrote no {model}")
+    return model
+
+
+def submit(ctx, name, cfg, ckpt_dir=None, sbatch_args=(), strata_args=(), extra_env=None,
+           strata=None):
+    d = os.path.join(ctx.work, name)
+    log = os.path.join(d, "job.log")
+    env = dict(ctx.env, CONFIG=cfg, STRATA=strata or ctx.strata)
+    if ckpt_dir:
+        env["CKPT_DIR"] = ckpt_dir
+    env.update(extra_env or {})
+    cmd = ["sbatch", "--parsable", f"--job-name=t-{name}", "--nodes=2", "--ntasks-per-node=1",
+           "--cpus-per-task=1", "--time=5", f"--output={log}", f"--chdir={d}", *sbatch_args,
+           ctx.sbatch, *strata_args]
+    p = ctx.sh(*cmd, env=env)
+    job = p.stdout.strip().split(";")[0]
+    if not job.isdigit():
+        fail(f"sbatch printed no job id: {p.stdout!r}")
+    ctx.logs.append((job, log))
+    print(f"submitted job {job} ({name}): {' '.join(cmd[1:])}", flush=True)
+    return job, log
+
+
+def job_info(ctx, job):
+    p = ctx.sh("scontrol", "-o", "show", "job", job, check=False)
+    if p.returncode != 0:
+        return None
+    info = {}
+    for m in re.finditer(r"(\w+)=(\S*)", p.stdout):
+        info.setdefault(m.group(1), m.group(2))
+    return info
+
+
+def steps_left(ctx, job):
+    """Files of the job's earlier steps still in the nodes' spool dirs (their slurmstepd is
+    still cleaning up: a new step with the same id would fail to bind its PMIx socket)."""
+    left = []
+    for node in ("n1", "n2"):
+        d = os.path.join(ctx.cluster, "spool", node)
+        try:
+            names = os.listdir(d)
+        except OSError:
+            continue
+        left += [n for n in names if f"_{job}." in n or f".pmix.{job}." in n]
+    return left
+
+
+def release_if_waiting(ctx, job, info):
+    """A requeued job waits ~120 s before it may start again (time for its old steps to be
+    cleaned up); skip the wait once they are gone."""
+    if info.get("JobState") == "PENDING" and info.get("Reason") == "BeginTime" and \
+            not steps_left(ctx, job):
+        ctx.sh("scontrol", "update", f"jobid={job}", "StartTime=now", check=False)
+
+
+def wait_job(ctx, job, timeout, on_poll=None, release=True):
+    """Polls until the job is finished for good; returns its last scontrol record."""
+    t0 = time.time()
+    last = None
+    while time.time() - t0 < timeout:
+        info = job_info(ctx, job)
+        if info is None:
+            if last is None:
+                fail(f"job {job} is not known to Slurm")
+            return last  # purged after MinJobAge: its last state is final
+        last = info
+        if on_poll:
+            on_poll(info)
+        if release:
+            release_if_waiting(ctx, job, info)
+        if info.get("JobState") in TERMINAL:
+            time.sleep(1.0)  # a requeue passes through states that look final; look again
+            again = job_info(ctx, job)
+            if again is None or again.get("JobState") in TERMINAL:
+                return again or info
+        time.sleep(0.25)
+    ctx.sh("scancel", job, check=False)
+    fail(f"job {job} did not finish within {timeout} s (last state {last and last.get('JobState')})")
+
+
+def latest_step(ckpt_dir):
+    try:
+        with open(os.path.join(ckpt_dir, "latest")) as f:
+            name = f.readline().strip()
+    except OSError:
+        return -1
+    m = re.search(r"\d+", os.path.basename(name))  # ckpt-000000120.h5 -> 120
+    return int(m.group(0)) if m else -1
+
+
+def wait_first_checkpoint(ctx, job, ckpt_dir, timeout=180):
+    """Waits until the running job has written a checkpoint; fails if it ends first."""
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        step = latest_step(ckpt_dir)
+        info = job_info(ctx, job)
+        state = info and info.get("JobState")
+        if step > 0 and state == "RUNNING":
+            print(f"job {job}: checkpoint at step {step} exists, job running", flush=True)
+            return step
+        if info is None or state in TERMINAL:
+            fail(f"job {job} ended ({state}) before it could be interrupted after its first "
+                 f"checkpoint (newest checkpoint step {step}); the run is too short for this machine")
+        time.sleep(0.1)
+    fail(f"job {job}: no checkpoint in {ckpt_dir} after {timeout} s")
+
+
+def read(path):
+    try:
+        with open(path, errors="replace") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def attempts(log):
+    """The script's lines per attempt: {attempt: [lines]}."""
+    out = {}
+    for line in log.splitlines():
+        m = re.match(r"train\.sbatch: \[job \d+ attempt (\d+) ", line)
+        if m:
+            out.setdefault(int(m.group(1)), []).append(line)
+    return out
+
+
+def expect(cond, msg):
+    if not cond:
+        fail(msg)
+
+
+def params(path):
+    out = {}
+    with h5py.File(path, "r") as f:
+        if "params" not in f:
+            fail(f"{path} has no /params group")
+        f["params"].visititems(lambda n, o: out.__setitem__(n, o[()]) if isinstance(o, h5py.Dataset) else None)
+    return out
+
+
+def expect_bitwise(model, ref):
+    expect(os.path.exists(model), f"the job wrote no final parameters {model}")
+    a, b = params(model), params(ref)
+    expect(len(b) >= 4, f"reference {ref} holds only {sorted(b)}")
+    expect(sorted(a) == sorted(b), f"{model} holds {sorted(a)}, the reference {sorted(b)}")
+    for k in sorted(b):
+        if a[k].dtype != b[k].dtype or a[k].shape != b[k].shape or a[k].tobytes() != b[k].tobytes():
+            diff = abs(a[k].astype("float64") - b[k].astype("float64")).max() if a[k].shape == b[k].shape else "shape"
+            fail(f"/params/{k} differs from the uninterrupted run (max |diff| {diff}): {model} vs {ref}")
+    print(f"final parameters bitwise identical to the uninterrupted run ({len(b)} arrays)", flush=True)
+
+
+def expect_completed_after_resume(info, log_path, restarts_min=1):
+    log = read(log_path)
+    expect(info.get("JobState") == "COMPLETED" and info.get("ExitCode") == "0:0",
+           f"job ended {info.get('JobState')} with exit {info.get('ExitCode')}, expected COMPLETED 0:0")
+    restarts = int(info.get("Restarts", "0"))
+    expect(restarts >= restarts_min, f"job was restarted {restarts} times, expected >= {restarts_min}")
+    att = attempts(log)
+    expect(len(att) == restarts + 1, f"the log shows attempts {sorted(att)}, Slurm counts {restarts} restarts")
+    resumed = re.findall(r"resumed from (\S+) at step (\d+)", log)
+    expect(resumed, "no 'resumed from <checkpoint> at step N' line in the log")
+    for path, step in resumed:
+        expect(0 < int(step) < STEPS_OF[0], f"resumed at step {step} (from {path}): not inside the run")
+    # Bitwise equality needs the same rank count in every attempt.
+    for a, lines in att.items():
+        expect(any("(2 nodes, 2 tasks)" in l for l in lines),
+               f"attempt {a} did not run on 2 nodes with 2 tasks: {lines[:1]}")
+    expect(re.search(r"attempt \d+ .*\] done$", log, re.M), "the script did not log 'done'")
+    return log, resumed
+
+
+STEPS_OF = [STEPS]  # the running scenario's max_steps (for the resumed-step check)
+
+
+# ---------------------------------------------------------------------------------------------
+def scenario_reference(ctx):
+    """The uninterrupted run the requeue scenarios compare with (a fixture)."""
+    model = reference(ctx, "short", STEPS)
+    print(f"reference: {model}")
+
+
+def short_reference(ctx):
+    model = os.path.join(ctx.work, "ref-short", "out", "model.h5")
+    if not os.path.exists(model):
+        fail(f"no reference run at {model} (the fixture 'slurm: uninterrupted reference run' makes it)")
+    return model
+
+
+def node_state(ctx, node):
+    return ctx.sh("sinfo", "-h", "-n", node, "-o", "%t", check=False).stdout.strip()
+
+
+def bring_back_n2(ctx, check=True):
+    """ReturnToService=2 may already have brought n2 back when its slurmd re-registered."""
+    t0 = time.time()
+    while time.time() - t0 < 30:
+        state = node_state(ctx, "n2")
+        if state.startswith(("idle", "mix", "alloc")):
+            return
+        if state.startswith(("down", "drain")):
+            ctx.sh("scontrol", "update", "nodename=n2", "state=resume", check=False)
+        time.sleep(0.5)
+    if check:
+        fail(f"n2 did not come back after state=resume (state {node_state(ctx, 'n2')})")
+
+
+def scenario_node_failure(ctx):
+    """n2 goes down mid-run: Slurm kills and requeues the job, which resumes on n1+n2."""
+    ref = short_reference(ctx)
+    d = fresh(os.path.join(ctx.work, "node-failure"))
+    cfg = os.path.join(d, "config.toml")
+    ckpt = os.path.join(d, "ckpt")  # passed as CKPT_DIR (the script adds --checkpoint.dir)
+    write_config(cfg, os.path.join(d, "out"), STEPS, ctx.data)
+    job, log = submit(ctx, "node-failure", cfg, ckpt_dir=ckpt)
+    downed = False
+    try:
+        wait_first_checkpoint(ctx, job, ckpt)
+        ctx.sh("scontrol", "update", "nodename=n2", "state=down", "reason=strata-test")
+        downed = True
+        print("n2 set DOWN", flush=True)
+        # Wait for Slurm's requeue, then bring n2 back so the job again gets 2 nodes.
+        t0 = time.time()
+        while True:
+            info = job_info(ctx, job)
+            expect(info is not None, f"job {job} vanished after n2 went down")
+            if int(info.get("Restarts", "0")) >= 1 and info.get("JobState") == "PENDING":
+                break
+            expect(info.get("JobState") not in TERMINAL,
+                   f"job ended {info.get('JobState')} when n2 went down instead of being requeued")
+            expect(time.time() - t0 < 60, f"job not requeued 60 s after n2 went down ({info.get('JobState')})")
+            time.sleep(0.25)
+        bring_back_n2(ctx)
+        downed = False
+        print(f"job {job} requeued by Slurm; n2 is back", flush=True)
+        info = wait_job(ctx, job, timeout=300)
+    finally:
+        if downed:
+            bring_back_n2(ctx, check=False)
+    expect_completed_after_resume(info, log)
+    expect(int(info.get("Restarts", "0")) == 1, f"expected exactly 1 restart, got {info.get('Restarts')}")
+    expect_bitwise(os.path.join(d, "out", "model.h5"), ref)
+
+
+def scenario_preempt_signal(ctx):
+    """USR1 to the batch shell (pre-emption warning): checkpoint, exit 75, the script requeues."""
+    ref = short_reference(ctx)
+    d = fresh(os.path.join(ctx.work, "preempt-signal"))
+    cfg = os.path.join(d, "config.toml")
+    write_config(cfg, os.path.join(d, "out"), STEPS, ctx.data)
+    ckpt = os.path.join(d, "out", "checkpoints")  # no CKPT_DIR: the script reads it from the config
+    job, log = submit(ctx, "preempt-signal", cfg)
+    wait_first_checkpoint(ctx, job, ckpt)
+    ctx.sh("scancel", "--signal=USR1", "--batch", job)
+    print(f"sent USR1 to job {job}'s batch shell", flush=True)
+    info = wait_job(ctx, job, timeout=300)
+    text, _ = expect_completed_after_resume(info, log)
+    first = "\n".join(attempts(text)[0])
+    expect("got SIGUSR1" in first, "the script did not log receiving SIGUSR1")
+    expect("strata exited with 75" in first, "the first attempt did not end with exit 75")
+    expect("requeueing" in first, "the script did not requeue after exit 75")
+    expect(re.search(r"stopped after step \d+ on a stop signal", text),
+           "strata did not log 'stopped after step N on a stop signal'")
+    expect(int(info.get("Restarts", "0")) == 1, f"expected exactly 1 restart, got {info.get('Restarts')}")
+    expect_bitwise(os.path.join(d, "out", "model.h5"), ref)
+
+
+def scenario_time_limit(ctx):
+    """--time=1: strata reads the job's end time, stops with a checkpoint before it (exit 75)."""
+    # The first attempt runs until strata stops itself ~10 s before the 1-minute limit, however
+    # fast this machine is: max_steps is out of reach. While the requeued job waits, the test
+    # sets max_steps a little beyond the step it stopped at (extending a run is allowed: with
+    # the constant LR schedule max_steps only says when to stop), so the second attempt is
+    # short and the uninterrupted reference costs no more than the job did.
+    d = fresh(os.path.join(ctx.work, "time-limit"))
+    cfg = os.path.join(d, "config.toml")
+    out = os.path.join(d, "out")
+    write_config(cfg, out, 900000, ctx.data, every=5000)
+    # --signal=B:USR1@0: no warning signal from Slurm, so the stop must be strata's own doing.
+    job, log = submit(ctx, "time-limit", cfg, sbatch_args=["--time=1", "--signal=B:USR1@0"])
+    t0 = time.time()
+    while True:
+        info = job_info(ctx, job)
+        expect(info is not None, f"job {job} vanished")
+        state = info.get("JobState")
+        if int(info.get("Restarts", "0")) >= 1 and state == "PENDING":
+            break
+        expect(state not in TERMINAL, f"job ended {state} ({info.get('ExitCode')}) instead of "
+               "stopping itself before its time limit and being requeued")
+        expect(time.time() - t0 < 180, f"job still {state} 180 s after submission")
+        time.sleep(0.5)
+    stop = latest_step(os.path.join(out, "checkpoints"))
+    expect(stop > 0, f"no checkpoint after the first attempt (latest step {stop})")
+    steps = stop + 300
+    STEPS_OF[0] = steps
+    write_config(cfg, out, steps, ctx.data, every=5000)
+    print(f"attempt 0 stopped itself at step {stop} after {time.time() - t0:.0f} s; "
+          f"the run now ends at step {steps}", flush=True)
+    info = wait_job(ctx, job, timeout=300)
+    text, resumed = expect_completed_after_resume(info, log)
+    first = "\n".join(attempts(text)[0])
+    expect("got SIG" not in first, "the first attempt received a signal; the stop was not strata's own")
+    expect("strata exited with 75" in first, "the first attempt did not end with exit 75")
+    expect(re.search(r"stopped after step \d+ on the job's time limit", text),
+           "strata did not log 'stopped after step N on the job's time limit ...'")
+    expect(int(resumed[0][1]) == stop, f"resumed at step {resumed[0][1]}, the first attempt stopped at {stop}")
+    expect(int(info.get("Restarts", "0")) == 1, f"expected exactly 1 restart, got {info.get('Restarts')}")
+    ref = reference(ctx, "time-limit", steps)
+    expect_bitwise(os.path.join(out, "model.h5"), ref)
+
+
+def scenario_no_requeue(ctx):
+    """Jobs that cannot succeed end FAILED instead of requeueing forever."""
+    # (1) bad input: the data file is missing -> exit 2, no requeue.
+    d = fresh(os.path.join(ctx.work, "bad-input"))
+    cfg = os.path.join(d, "config.toml")
+    write_config(cfg, os.path.join(d, "out"), 200, os.path.join(d, "no-such-data.h5"))
+    job, log = submit(ctx, "bad-input", cfg)
+    info = wait_job(ctx, job, timeout=120)
+    text = read(log)
+    expect(info.get("JobState") == "FAILED" and info.get("ExitCode") == "2:0",
+           f"bad input: job ended {info.get('JobState')} {info.get('ExitCode')}, expected FAILED 2:0")
+    expect(info.get("Restarts") == "0", f"bad input: job was restarted {info.get('Restarts')} times")
+    expect("bad input" in text and "not requeueing" in text, "bad input: the script did not say it stops")
+    print("bad input: FAILED with exit 2, not requeued", flush=True)
+
+    # (2) checkpoints exist but none verifies -> exit 4, no requeue.
+    d = fresh(os.path.join(ctx.work, "bad-checkpoint"))
+    cfg = os.path.join(d, "config.toml")
+    ckpt = os.path.join(d, "ckpt")
+    os.makedirs(ckpt)
+    for step in (100, 200):
+        with open(os.path.join(ckpt, f"ckpt-{step:09d}.h5"), "wb") as f:
+            f.write(b"\x89HDF\r\n\x1a\n" + b"\0garbage" * 64)
+    with open(os.path.join(ckpt, "latest"), "w") as f:
+        f.write("ckpt-000000200.h5\n")
+    write_config(cfg, os.path.join(d, "out"), 200, ctx.data)
+    job, log = submit(ctx, "bad-checkpoint", cfg, ckpt_dir=ckpt)
+    info = wait_job(ctx, job, timeout=120)
+    text = read(log)
+    expect(info.get("JobState") == "FAILED" and info.get("ExitCode") == "4:0",
+           f"bad checkpoint: job ended {info.get('JobState')} {info.get('ExitCode')}, expected FAILED 4:0")
+    expect(info.get("Restarts") == "0", f"bad checkpoint: job was restarted {info.get('Restarts')} times")
+    expect("no usable checkpoint" in text and "not requeueing" in text,
+           "bad checkpoint: the script did not say it stops")
+    print("bad checkpoint: FAILED with exit 4, not requeued", flush=True)
+
+    # (3) every attempt stops 'resumably' (75) without a new checkpoint: the script requeues
+    # until the default limit of 3 attempts without progress, then stops.
+    stub = os.path.join(ctx.here, "stub_strata.sh")
+    d = fresh(os.path.join(ctx.work, "no-progress"))
+    cfg = os.path.join(d, "config.toml")
+    write_config(cfg, os.path.join(d, "out"), 200, ctx.data)
+    job, log = submit(ctx, "no-progress", cfg, ckpt_dir=os.path.join(d, "ckpt"), strata=stub,
+                      extra_env={"STUB_EXIT": "75"})
+    info = wait_job(ctx, job, timeout=180)
+    text = read(log)
+    expect(info.get("JobState") == "FAILED" and info.get("ExitCode") == "75:0",
+           f"no progress: job ended {info.get('JobState')} {info.get('ExitCode')}, expected FAILED 75:0")
+    expect(info.get("Restarts") == "2", f"no progress: expected 2 restarts (3 attempts), got {info.get('Restarts')}")
+    expect("not requeueing: 3 attempts in a row made no progress" in text,
+           "no progress: the script did not say it gave up after 3 attempts")
+    print("no progress (exit 75 every time): requeued twice, then FAILED", flush=True)
+
+    # (4) Slurm requeues the job (as after a node failure) while it makes no progress: the
+    # next attempt sees the count and refuses to run.
+    d = fresh(os.path.join(ctx.work, "no-progress-slurm"))
+    cfg = os.path.join(d, "config.toml")
+    write_config(cfg, os.path.join(d, "out"), 200, ctx.data)
+    job, log = submit(ctx, "no-progress-slurm", cfg, ckpt_dir=os.path.join(d, "ckpt"), strata=stub,
+                      extra_env={"STUB_EXIT": "sleep", "STRATA_MAX_NO_PROGRESS": "2"})
+    requeued = set()
+
+    def requeue_running(info):
+        a = int(info.get("Restarts", "0"))
+        if info.get("JobState") == "RUNNING" and a not in requeued and \
+                f"stub attempt {a} running" in read(log):
+            requeued.add(a)
+            ctx.sh("scontrol", "requeue", job, check=False)
+            print(f"requeued job {job} during attempt {a}", flush=True)
+
+    info = wait_job(ctx, job, timeout=180, on_poll=requeue_running)
+    text = read(log)
+    expect(info.get("JobState") == "FAILED" and info.get("ExitCode") == "1:0",
+           f"Slurm requeues without progress: job ended {info.get('JobState')} {info.get('ExitCode')}, "
+           f"expected FAILED 1:0")
+    expect(info.get("Restarts") == "2", f"expected 2 restarts, got {info.get('Restarts')}")
+    expect("giving up: 2 attempts in a row made no progress" in text,
+           "the third attempt did not give up after 2 attempts without progress")
+    expect("stub attempt 2 running" not in text, "the third attempt ran strata anyway")
+    print("no progress (requeued by Slurm): the third attempt gave up without running", flush=True)
+
+
+SCENARIOS = {
+    "reference": scenario_reference,
+    "node-failure": scenario_node_failure,
+    "preempt-signal": scenario_preempt_signal,
+    "time-limit": scenario_time_limit,
+    "no-requeue": scenario_no_requeue,
+}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("scenario", choices=sorted(SCENARIOS))
+    ap.add_argument("--strata", required=True)
+    ap.add_argument("--data", required=True)
+    ap.add_argument("--work", required=True)
+    ap.add_argument("--sbatch", required=True)
+    ap.add_argument("--cluster", required=True)
+    a = ap.parse_args()
+    os.makedirs(a.work, exist_ok=True)
+    t0 = time.time()
+    ctx = None
+    try:
+        ctx = Ctx(a)
+        SCENARIOS[a.scenario](ctx)
+    except (Failure, subprocess.TimeoutExpired, OSError) as e:
+        print(f"FAIL ({a.scenario}): {e}", flush=True)
+        for job, log in (ctx.logs if ctx else []):
+            print(f"\n----- log of job {job}: {log} -----\n{read(log) or '(empty or missing)'}")
+        if ctx:
+            ctld = os.path.join(os.path.abspath(a.cluster), "log", "slurmctld.log")
+            tail = read(ctld).splitlines()[-40:]
+            print(f"\n----- last lines of {ctld} -----\n" + "\n".join(tail))
+        sys.exit(1)
+    print(f"PASS ({a.scenario}) in {time.time() - t0:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
