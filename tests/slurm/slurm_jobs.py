@@ -366,8 +366,8 @@ def scenario_preempt_signal(ctx):
     expect("got SIGUSR1" in first, "the script did not log receiving SIGUSR1")
     expect("strata exited with 75" in first, "the first attempt did not end with exit 75")
     expect("requeueing" in first, "the script did not requeue after exit 75")
-    expect(re.search(r"stopped after step \d+ on a stop signal", text),
-           "strata did not log 'stopped after step N on a stop signal'")
+    expect(re.search(r"^stopped after step \d+ .*SIGUSR1.*exit 75", text, re.M),
+           "strata did not log 'stopped after step N for a stop signal (SIGUSR1) ... exit 75'")
     expect(int(info.get("Restarts", "0")) == 1, f"expected exactly 1 restart, got {info.get('Restarts')}")
     expect_bitwise(os.path.join(d, "out", "model.h5"), ref)
 
@@ -408,8 +408,8 @@ def scenario_time_limit(ctx):
     first = "\n".join(attempts(text)[0])
     expect("got SIG" not in first, "the first attempt received a signal; the stop was not strata's own")
     expect("strata exited with 75" in first, "the first attempt did not end with exit 75")
-    expect(re.search(r"stopped after step \d+ on the job's time limit", text),
-           "strata did not log 'stopped after step N on the job's time limit ...'")
+    expect(re.search(rf"^stopped after step {stop} .*time limit.*exit 75", text, re.M),
+           f"strata did not log 'stopped after step {stop} for the job's time limit ... exit 75'")
     expect(int(resumed[0][1]) == stop, f"resumed at step {resumed[0][1]}, the first attempt stopped at {stop}")
     expect(int(info.get("Restarts", "0")) == 1, f"expected exactly 1 restart, got {info.get('Restarts')}")
     ref = reference(ctx, "time-limit", steps)
@@ -496,6 +496,25 @@ def scenario_no_requeue(ctx):
            "the third attempt did not give up after 2 attempts without progress")
     expect("stub attempt 2 running" not in text, "the third attempt ran strata anyway")
     print("no progress (requeued by Slurm): the third attempt gave up without running", flush=True)
+
+
+    # (5) scancel: strata checkpoints and exits 75 on the TERM, but a cancelled job stays
+    # cancelled (the script must not requeue it).
+    d = fresh(os.path.join(ctx.work, "cancelled"))
+    cfg = os.path.join(d, "config.toml")
+    write_config(cfg, os.path.join(d, "out"), STEPS, ctx.data)
+    job, log = submit(ctx, "cancelled", cfg)
+    wait_first_checkpoint(ctx, job, os.path.join(d, "out", "checkpoints"))
+    ctx.sh("scancel", job)
+    info = wait_job(ctx, job, timeout=120, release=False)
+    time.sleep(3)  # a requeue by the script would show up by now
+    again = job_info(ctx, job) or info
+    text = read(log)
+    expect(again.get("JobState") == "CANCELLED" and again.get("Restarts") == "0",
+           f"scancel: job is {again.get('JobState')} after {again.get('Restarts')} restarts, "
+           "expected CANCELLED without restart")
+    expect("attempt 1" not in text, "scancel: the job ran again")
+    print("scancel: the job stays CANCELLED", flush=True)
 
 
 SCENARIOS = {
