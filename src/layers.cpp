@@ -265,7 +265,59 @@ class ConvPool final : public Layer {
   std::vector<int32_t> argmax_;
 };
 
+// Linear followed by ReLU as one layer. On the CPU backend the bias and the ReLU run in the
+// GEMM's epilogue (no passes of their own over the activations), and backward turns the
+// ReLU's gradient and the bias gradient out of one pass; the values are the two layers'. The
+// ReLU's input is never stored. Other backends get the two ops one after the other.
+class LinearRelu final : public Layer {
+ public:
+  LinearRelu(std::unique_ptr<Linear> lin) : lin_(std::move(lin)) {
+    params = std::move(lin_->params);
+  }
+  std::string describe() const override { return lin_->describe() + " + ReLU"; }
+  Shape output_shape(const Shape& in) const override { return lin_->output_shape(in); }
+  double flops_per_sample(const Shape& in) const override { return lin_->flops_per_sample(in); }
+  void forward(const Backend& be, const Tensor& x, Tensor& y, const StepInfo&) override {
+    const int B = batch_of(x), I = int(x.size() / std::max(B, 1)), O = int(y.size() / std::max(B, 1));
+    if (cpu(be)) {
+      cpu::linear_relu_forward(y.data(), x.data(), params[0].value, params[1].value, B, I, O);
+    } else {
+      be.linear_forward(y.data(), x.data(), params[0].value, params[1].value, B, I, O);
+      be.relu_forward(y.data(), y.data(), y.size());
+    }
+  }
+  void backward(const Backend& be, const Tensor& x, const Tensor& y, const Tensor& dy,
+                Tensor* dx) override {
+    const int B = batch_of(x), I = int(x.size() / std::max(B, 1)), O = int(y.size() / std::max(B, 1));
+    dpre_.resize(y.shape);
+    if (cpu(be)) {
+      cpu::linear_relu_backward(dx ? dx->data() : nullptr, params[0].grad, params[1].grad,
+                                dy.data(), y.data(), x.data(), params[0].value, B, I, O,
+                                dpre_.data());
+    } else {
+      be.relu_backward(dpre_.data(), dy.data(), y.data(), y.size());
+      be.linear_backward(dx ? dx->data() : nullptr, params[0].grad, params[1].grad, dpre_.data(),
+                         x.data(), params[0].value, B, I, O);
+    }
+  }
+
+ private:
+  static bool cpu(const Backend& be) { return &be == &cpu_backend(); }
+  std::unique_ptr<Linear> lin_;
+  Tensor dpre_;
+};
+
 }  // namespace
+
+std::unique_ptr<Layer> fuse_linear_relu(std::unique_ptr<Layer>& linear, std::unique_ptr<Layer>& relu) {
+  auto* l = dynamic_cast<Linear*>(linear.get());
+  if (!l || !dynamic_cast<Relu*>(relu.get())) return nullptr;
+  const std::string name = l->name;  // the fused layer keeps the linear's name and parameters
+  std::unique_ptr<Linear> owned(static_cast<Linear*>(linear.release()));
+  auto fused = std::make_unique<LinearRelu>(std::move(owned));
+  fused->name = name;
+  return fused;
+}
 
 std::unique_ptr<Layer> fuse_conv_pool(std::unique_ptr<Layer>& conv, std::unique_ptr<Layer>& pool) {
   auto* c = dynamic_cast<Conv2d*>(conv.get());

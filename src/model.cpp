@@ -96,6 +96,13 @@ Model::Model(const ModelSpec& spec, Shape input_shape, int classes)
     auto layer = parse_layer(spec[at], shape, int(at));
     std::string kind = short_kind(spec[at]);
     layer->name = fmt::format("{}{}", kind, ++counts[kind]);
+    // "linear, relu" runs as one layer: bias and ReLU in the GEMM's epilogue, and one pass for
+    // the ReLU's and the bias's gradients (same values; the ReLU's input is not stored).
+    if (!layers_.empty())
+      if (auto fused = fuse_linear_relu(layers_.back(), layer)) {  // same shape out
+        layers_.back() = std::move(fused);
+        continue;
+      }
     if (!layers_.empty())
       if (auto fused = fuse_conv_pool(layers_.back(), layer)) {
         shape = fused->output_shape(shapes_.back());

@@ -49,8 +49,12 @@ std::vector<int64_t> epoch_order(int64_t n, uint64_t seed, int64_t epoch);
 // order[i*G, (i+1)*G); rank r of R reads the contiguous part [r*G/R, (r+1)*G/R) of that range.
 // A trailing partial batch is dropped when shuffling (training); for evaluation (shuffle=false)
 // the last batch is partial and split as evenly as possible.
-// A background thread reads the next batch while the current one is in use (double buffering);
-// it is the only thread that touches HDF5 while a Loader is alive.
+// A split whose images fit in STRATA_DATA_CACHE_MB (default 512 MiB per rank) is read whole,
+// once, by the constructor; next() then gathers and converts this rank's rows from memory on
+// the calling thread (and prefetches the next batch's rows), with no thread and no HDF5 call.
+// A larger split (or STRATA_DATA_CACHE_MB=0) is streamed: a background thread reads the next
+// batch from the file while the current one is in use (double buffering); it is the only
+// thread that touches HDF5 while a Loader is alive. Both give the same batches.
 class Loader {
  public:
   Loader(const DatasetInfo& info, const std::string& split, int64_t global_batch, int rank,

@@ -16,6 +16,11 @@ const char* blas_corename();  // the kernels in use, e.g. "oneDNN avx512_core"
 // C(M,N) = alpha * op(A) * op(B) + beta * C, row-major; op(A) is (M,K), op(B) is (K,N).
 void sgemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
            const float* B, int ldb, float beta, float* C, int ldc);
+// C(M,N) = op(A) * op(B) [+ bias(N) on every row] [then ReLU], row-major, through a oneDNN
+// matmul primitive made for this exact shape (cached per thread). Faster than sgemm on the
+// larger linear-layer shapes, and bias and ReLU cost no extra pass. bias may be null.
+void matmul(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda,
+            const float* B, int ldb, float* C, int ldc, const float* bias, bool relu);
 
 // ---- Linear (kernels/cpu/linear.cpp) ---------------------------------------------------
 // out (B,O) = inp (B,I) @ weight(O,I)^T + bias(O). bias may be null.
@@ -24,6 +29,15 @@ void linear_forward(float* out, const float* inp, const float* weight, const flo
 // dinp (B,I) = dout @ weight; dweight (O,I) = dout^T @ inp; dbias (O) = sum_b dout.
 void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                      const float* inp, const float* weight, int B, int I, int O);
+// Linear followed by ReLU as one op: out (B,O) = relu(inp @ weight^T + bias), bias and ReLU
+// applied in the GEMM's epilogue where the shape allows (see linear.cpp).
+void linear_relu_forward(float* out, const float* inp, const float* weight, const float* bias,
+                         int B, int I, int O);
+// dout (B,O) is the gradient at the ReLU's output, out (B,O) that output; dpre (B,O) is
+// scratch that receives the gradient before the ReLU. dinp, dweight, dbias as linear_backward.
+void linear_relu_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                          const float* out, const float* inp, const float* weight, int B, int I,
+                          int O, float* dpre);
 
 // ---- Conv2d (kernels/cpu/conv.cpp) -----------------------------------------------------
 struct Conv2dShape {

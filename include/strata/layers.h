@@ -61,5 +61,9 @@ std::unique_ptr<Layer> make_dropout(float p, int index);  // index decorrelates 
 // its convolution output is in cache. Takes both (the conv's name and parameters are kept);
 // returns null, leaving them untouched, if they are not a Conv2d and a MaxPool2d.
 std::unique_ptr<Layer> fuse_conv_pool(std::unique_ptr<Layer>& conv, std::unique_ptr<Layer>& pool);
+// Linear immediately followed by ReLU as one layer (bias and ReLU in the GEMM's epilogue on
+// the CPU). Same contract as fuse_conv_pool: null, leaving both untouched, if they are not a
+// Linear and a ReLU.
+std::unique_ptr<Layer> fuse_linear_relu(std::unique_ptr<Layer>& linear, std::unique_ptr<Layer>& relu);
 
 }  // namespace strata

@@ -8,11 +8,14 @@
 // report a generic model; strata therefore runs fast with no environment variable to know.
 // oneDNN's CPU runtime in Debian is OpenMP: its thread count is the OpenMP one.
 #include <oneapi/dnnl/dnnl.h>
+#include <oneapi/dnnl/dnnl.hpp>
 #include <omp.h>
 
+#include <map>
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 
 #include <fmt/format.h>
 
@@ -55,6 +58,96 @@ void sgemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const f
   if (st != dnnl_success)
     throw std::runtime_error(fmt::format("dnnl_sgemm({}, {}, M={}, N={}, K={}) failed: status {}",
                                          trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', M, N, K, int(st)));
+}
+
+namespace {
+
+// A oneDNN matmul primitive for one fixed problem (shapes, strides, transposes, epilogue),
+// created on first use and kept: its brgemm kernels are generated for exactly that shape.
+struct Matmul {
+  dnnl::matmul prim;
+  dnnl::memory a, b, c, bias;  // descriptors bound to the caller's pointers at each call
+};
+
+using MatmulKey = std::tuple<bool, bool, int, int, int, int, int, int, bool, bool>;
+
+struct MatmulCache {
+  dnnl::engine eng{dnnl::engine::kind::cpu, 0};
+  dnnl::stream stream{eng};
+  std::map<MatmulKey, Matmul> prims;
+};
+
+// Per thread (a stream belongs to one thread); a training run uses a handful of shapes.
+MatmulCache& matmul_cache() {
+  thread_local MatmulCache cache;
+  return cache;
+}
+
+Matmul& get_matmul(MatmulCache& mc, const MatmulKey& key) {
+  auto it = mc.prims.find(key);
+  if (it != mc.prims.end()) return it->second;
+  if (mc.prims.size() >= 64) mc.prims.clear();  // shapes that keep changing: bound the memory
+  const auto [ta, tb, M, N, K, lda, ldb, ldc, has_bias, relu] = key;
+  using dt = dnnl::memory::data_type;
+  using dims = dnnl::memory::dims;
+  // Row-major op(A) (M,K): element (m,k) at m*lda + k, or at k*lda + m when transposed.
+  dnnl::memory::desc a_md(dims{M, K}, dt::f32, ta ? dims{1, lda} : dims{lda, 1});
+  dnnl::memory::desc b_md(dims{K, N}, dt::f32, tb ? dims{1, ldb} : dims{ldb, 1});
+  dnnl::memory::desc c_md(dims{M, N}, dt::f32, dims{ldc, 1});
+  dnnl::memory::desc bias_md(dims{1, N}, dt::f32, dims{N, 1});
+  dnnl::primitive_attr attr;
+  if (relu) {
+    dnnl::post_ops ops;
+    ops.append_eltwise(1.f, dnnl::algorithm::eltwise_relu, 0.f, 0.f);
+    attr.set_post_ops(ops);
+  }
+  auto desc = has_bias ? dnnl::matmul::desc(a_md, b_md, bias_md, c_md)
+                       : dnnl::matmul::desc(a_md, b_md, c_md);
+  dnnl::matmul::primitive_desc pd(desc, attr, mc.eng);
+  Matmul m;
+  m.prim = dnnl::matmul(pd);
+  m.a = dnnl::memory(a_md, mc.eng, DNNL_MEMORY_NONE);
+  m.b = dnnl::memory(b_md, mc.eng, DNNL_MEMORY_NONE);
+  m.c = dnnl::memory(c_md, mc.eng, DNNL_MEMORY_NONE);
+  if (has_bias) m.bias = dnnl::memory(bias_md, mc.eng, DNNL_MEMORY_NONE);
+  return mc.prims.emplace(key, std::move(m)).first->second;
+}
+
+}  // namespace
+
+void matmul(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda,
+            const float* B, int ldb, float* C, int ldc, const float* bias, bool relu) {
+  if (M <= 0 || N <= 0) return;
+  if (K <= 0) {  // C = bias (or 0), then ReLU
+    for (int i = 0; i < M; ++i)
+      for (int j = 0; j < N; ++j) {
+        const float v = bias ? bias[j] : 0.f;
+        C[int64_t(i) * ldc + j] = relu && v < 0.f ? 0.f : v;
+      }
+    return;
+  }
+  try {
+    MatmulCache& mc = matmul_cache();
+    Matmul& m = get_matmul(mc, {trans_a, trans_b, M, N, K, lda, ldb, ldc, bias != nullptr, relu});
+    m.a.set_data_handle(const_cast<float*>(A));
+    m.b.set_data_handle(const_cast<float*>(B));
+    m.c.set_data_handle(C);
+    dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, m.a.get()},
+                               {DNNL_ARG_WEIGHTS, m.b.get()},
+                               {DNNL_ARG_DST, m.c.get()},
+                               {DNNL_ARG_BIAS, nullptr}};
+    int nargs = 3;
+    if (bias) {
+      m.bias.set_data_handle(const_cast<float*>(bias));
+      args[nargs++].memory = m.bias.get();
+    }
+    dnnl_status_t st = dnnl_primitive_execute(m.prim.get(), mc.stream.get(), nargs, args);
+    if (st != dnnl_success) throw dnnl::error(st, "dnnl_primitive_execute");
+  } catch (const dnnl::error& e) {
+    throw std::runtime_error(fmt::format("oneDNN matmul({}, {}, M={}, N={}, K={}) failed: {} "
+                                         "(status {})", trans_a ? 'T' : 'N', trans_b ? 'T' : 'N',
+                                         M, N, K, e.what(), int(e.status)));
+  }
 }
 
 }  // namespace strata::cpu

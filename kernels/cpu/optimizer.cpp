@@ -3,7 +3,7 @@
 // PyTorch's fp32 kernels do, so a run can be compared with PyTorch closely.
 #include <algorithm>
 #include <cmath>
-#if defined(__SSE2__)
+#if defined(__x86_64__) || defined(__SSE2__)
 #include <immintrin.h>
 #endif
 
@@ -15,9 +15,57 @@ namespace strata::cpu {
 //   g = grad + wd*p;  buf = first ? g : momentum*buf + g;
 //   p -= lr * (nesterov ? g + momentum*buf : buf)
 // With momentum == 0 the buffer is neither read nor written (it may be null).
+namespace {
+
+#if defined(__x86_64__)
+// The momentum case (the common one), 16 floats at a time: the same operations in the same
+// order as the scalar loop below, so the results are bitwise those of the scalar loop whatever
+// the alignment of a range. Mul and add must never be fused: AVX-512F has FMA instructions, and
+// GCC's default -ffp-contract=fast fused some of them (body and tail then rounded differently,
+// so updating per layer in backward differed from one update after it); hence fp-contract=off.
+// SSE2 code did 4 per iteration and was about 11% of an MLP training step.
+__attribute__((target("avx512f"), optimize("fp-contract=off"))) void sgd_momentum_avx512(float* param, const float* grad,
+                                                            float* buf, int64_t n, float neg_lr,
+                                                            float momentum, float wd,
+                                                            bool nesterov, bool first_step) {
+  const __m512 vlr = _mm512_set1_ps(neg_lr), vm = _mm512_set1_ps(momentum),
+               vwd = _mm512_set1_ps(wd);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 p = _mm512_loadu_ps(param + i);
+    const __m512 g = _mm512_add_ps(_mm512_loadu_ps(grad + i), _mm512_mul_ps(vwd, p));
+    const __m512 b =
+        first_step ? g : _mm512_add_ps(_mm512_mul_ps(_mm512_loadu_ps(buf + i), vm), g);
+    _mm512_storeu_ps(buf + i, b);
+    const __m512 step = nesterov ? _mm512_add_ps(g, _mm512_mul_ps(vm, b)) : b;
+    _mm512_storeu_ps(param + i, _mm512_add_ps(p, _mm512_mul_ps(vlr, step)));
+  }
+  for (; i < n; ++i) {
+    const float g = grad[i] + wd * param[i];
+    const float b = first_step ? g : buf[i] * momentum + g;
+    buf[i] = b;
+    param[i] += neg_lr * (nesterov ? g + momentum * b : b);
+  }
+}
+
+bool have_avx512f() {
+  static const bool yes = __builtin_cpu_supports("avx512f");
+  return yes;
+}
+#endif
+
+}  // namespace
+
 void sgd_update(float* param, const float* grad, float* momentum_buf, int64_t n, float lr,
                 float momentum, float weight_decay, bool nesterov, bool first_step) {
   const float neg_lr = -lr;
+#if defined(__x86_64__)
+  if (momentum != 0.f && momentum_buf && have_avx512f()) {
+    sgd_momentum_avx512(param, grad, momentum_buf, n, neg_lr, momentum, weight_decay, nesterov,
+                        first_step);
+    return;
+  }
+#endif
   if (momentum == 0.f || !momentum_buf) {
     for (int64_t i = 0; i < n; ++i) {
       const float g = grad[i] + weight_decay * param[i];
