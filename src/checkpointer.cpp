@@ -263,47 +263,91 @@ std::optional<TrainState> Checkpointer::resume(Model& model, Optimizer& opt, con
   return st;
 }
 
+Checkpointer::~Checkpointer() { finish(); }
+
+std::optional<Checkpointer::SaveResult> Checkpointer::finish() {
+  if (!writer_.joinable()) return std::nullopt;
+  writer_.join();
+  writer_done_ = false;
+  writer_result_.stall_s = writer_stall_s_;
+  return writer_result_;
+}
+
+std::optional<Checkpointer::SaveResult> Checkpointer::poll() {
+  if (!writer_done_.load(std::memory_order_acquire)) return std::nullopt;
+  return finish();
+}
+
 Checkpointer::SaveResult Checkpointer::save(const Model& model, Optimizer& opt, TrainState st,
-                                            const Provenance& prov) {
+                                            const Provenance& prov, bool wait) {
+  using Clock = std::chrono::steady_clock;
+  const auto t_enter = Clock::now();
   SaveResult r;
-  st.sequence = sequence_ + 1;
+  st.sequence = ++sequence_;
+  r.step = st.step;
   r.path = dir_ + "/" + checkpoint_name(st.step);
   if (comm_.rank() == 0) {
     // Data parallelism: every replica holds the same parameters and optimizer state, so rank 0
     // writes them all (a gather that costs nothing); other ranks only learn the outcome.
-    const auto t0 = std::chrono::steady_clock::now();
-    try {
-      std::vector<NamedTensor> tensors = model_tensors(model);
-      for (auto& [name, t] : opt.state())
-        for (const Param* p : model.params())
-          tensors.push_back({"/optimizer/" + name + param_path(p->name).substr(7), p->shape,
-                             t->data() + p->offset});
-      r.bytes = write_checkpoint(r.path, model, tensors, st, prov);
-      r.ok = true;
-    } catch (const UserError& e) {
-      r.error = e.what();
+    if (auto prev = finish(); prev && !prev->ok && wait)
+      r.error = prev->error;  // reported by the caller's poll() otherwise
+    std::vector<NamedTensor> tensors = model_tensors(model);
+    for (auto& [name, t] : opt.state())
+      for (const Param* p : model.params())
+        tensors.push_back({"/optimizer/" + name + param_path(p->name).substr(7), p->shape,
+                           t->data() + p->offset});
+    if (!wait) {
+      // Snapshot: one copy of every tensor, then training may change the originals.
+      int64_t total = 0;
+      for (const auto& t : tensors) total += numel(t.shape);
+      if (snapshot_.size() != total) snapshot_ = Tensor({total});
+      float* at = snapshot_.data();
+      for (auto& t : tensors) {
+        std::copy_n(t.data, numel(t.shape), at);
+        t.data = at;
+        at += numel(t.shape);
+      }
     }
-    r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  }
-  // Every rank agrees before the pointer moves.
-  double v[3] = {r.ok ? 1.0 : 0.0, double(r.bytes), r.seconds};
-  comm_.broadcast(v, sizeof v, 0);
-  r.ok = v[0] != 0;
-  r.bytes = int64_t(v[1]);
-  r.seconds = v[2];
-  if (!r.ok) {
-    if (comm_.rank() != 0) r.error = "rank 0 could not write the checkpoint";
-    return r;
-  }
-  sequence_ = st.sequence;
-  if (comm_.rank() == 0) {
-    try {
-      write_pointer(checkpoint_name(st.step));
-      apply_retention(st.step);
-    } catch (const UserError& e) {
-      r.error = e.what();
+    auto write = [this, tensors = std::move(tensors), st, prov, r, &model]() mutable {
+      const auto t0 = Clock::now();
+      try {
+        r.bytes = write_checkpoint(r.path, model, tensors, st, prov);
+        r.ok = true;
+      } catch (const UserError& e) {
+        r.error = e.what();
+      }
+      r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+      if (r.ok) {
+        try {
+          write_pointer(checkpoint_name(st.step));
+          apply_retention(st.step);
+        } catch (const UserError& e) {
+          r.error = e.what();
+        }
+      }
+      return r;
+    };
+    if (wait) {
+      r = write();
+    } else {
+      writer_ = std::thread([this, write]() mutable {
+        writer_result_ = write();
+        writer_done_.store(true, std::memory_order_release);
+      });
+      r.ok = true;  // so far: the outcome comes from poll()
     }
   }
+  if (wait) {
+    // Every rank learns the outcome.
+    double v[3] = {r.ok ? 1.0 : 0.0, double(r.bytes), r.seconds};
+    comm_.broadcast(v, sizeof v, 0);
+    r.ok = v[0] != 0;
+    r.bytes = int64_t(v[1]);
+    r.seconds = v[2];
+    if (!r.ok && comm_.rank() != 0) r.error = "rank 0 could not write the checkpoint";
+  }
+  r.stall_s = std::chrono::duration<double>(Clock::now() - t_enter).count();
+  if (!wait) writer_stall_s_ = r.stall_s;
   return r;
 }
 

@@ -127,6 +127,9 @@ void add_config_options(CLI::App& sub, RunConfig& c) {
   sub.add_option("--checkpoint.final", c.checkpoint.final, "write a checkpoint when training ends")
       ->capture_default_str();
 
+  sub.add_option("--checkpoint.async", c.checkpoint.async,
+                 "write periodic checkpoints in the background (training stalls only for a copy)")
+      ->capture_default_str();
   sub.add_option("--watchdog.timeout_s", c.watchdog.timeout_s, "abort naming a rank stuck this long (0 = off)")
       ->check(nonneg)->capture_default_str();
 
@@ -203,9 +206,9 @@ std::string RunConfig::to_toml() const {
       train.max_steps);
   t += fmt::format("\n[dp]\nbucket_mb = {}\noverlap = {}\n", dp.bucket_mb, dp.overlap);
   t += fmt::format("\n[checkpoint]\ndir = \"{}\"\nevery_steps = {}\nevery_seconds = {}\n"
-                   "keep_last = {}\nkeep_every = {}\nfinal = {}\n",
+                   "keep_last = {}\nkeep_every = {}\nfinal = {}\nasync = {}\n",
                    checkpoint.dir, checkpoint.every_steps, checkpoint.every_seconds,
-                   checkpoint.keep_last, checkpoint.keep_every, checkpoint.final);
+                   checkpoint.keep_last, checkpoint.keep_every, checkpoint.final, checkpoint.async);
   t += fmt::format("\n[watchdog]\ntimeout_s = {}\n", watchdog.timeout_s);
   t += fmt::format("\n[output]\ndir = \"{}\"\n", output.dir);
   return t;

@@ -11,6 +11,7 @@
 #include "strata/comm.h"
 #include "strata/config.h"
 #include "strata/error.h"
+#include "strata/job.h"
 #include "strata/prepare.h"
 #include "strata/trainer.h"
 
@@ -94,6 +95,8 @@ int run_inspect(const std::string& path) {
   }
   fmt::print("{} tensors, {:.2f} MB; {}\n", ck.shapes.size(), double(bytes) / 1e6,
              bad ? fmt::format("{} FAIL their checksum", bad) : std::string("all checksums verify"));
+  fmt::print("read and verified in {:.3f} s ({:.0f} MB/s)\n", ck.read_seconds,
+             double(ck.tensor_bytes) / 1e6 / std::max(ck.read_seconds, 1e-9));
   return bad ? kExitBadCheckpoint : kExitOk;
 }
 
@@ -121,6 +124,9 @@ std::string describe_parse_error(const std::string& msg, int argc, char** argv,
 
 int main(int argc, char** argv) {
   mpi_init(&argc, &argv);
+  // Stop signals only set a flag from the start: a rank srun TERMs while another rank fails
+  // still exits with its own code (the training loop acts on the flag).
+  install_stop_handlers();
   auto comm = make_world_comm();
   const bool lead = comm->rank() == 0;
 

@@ -156,7 +156,6 @@ int run_train(const RunConfig& cfg, Comm& comm) {
 
   // Checkpoints: the directory is checked before any training, so a bad one fails now rather
   // than hours later; then the run continues from the newest checkpoint that verifies.
-  install_stop_handlers();
   Checkpointer ckpt(cfg, comm);
   const int64_t ckpt_bytes = model->num_params() * 4 * int64_t(1 + opt.state().size()) + (1 << 16);
   ckpt.preflight(ckpt_bytes);
@@ -188,26 +187,34 @@ int run_train(const RunConfig& cfg, Comm& comm) {
   auto stop_margin = [&] { return 10 + 2 * ckpt_write_s + 3 * step_s; };
   auto last_ckpt_time = Clock::now();
   int64_t last_ckpt_step = start_step;
-  auto save_checkpoint = [&](int64_t steps_done) {
-    prov.created_utc = utc_now_iso();
-    TrainState st{.step = steps_done, .epoch = steps_done / per_epoch,
-                  .batch = steps_done % per_epoch, .global_batch = G, .seed = cfg.train.seed,
-                  .optimizer = cfg.train.optimizer, .optimizer_steps = opt.steps_taken()};
-    auto r = ckpt.save(*model, opt, st, prov);
+  // Reports a finished write (metrics line, warning on failure); rank 0.
+  auto report_checkpoint = [&](const Checkpointer::SaveResult& r) {
     if (r.ok) {
       ckpt_write_s = r.seconds;
       ckpt_total_s += r.seconds;
-      last_ckpt_time = Clock::now();
-      last_ckpt_step = steps_done;
       if (metrics)
-        metrics->write({{"event", json_string("checkpoint")}, {"step", fmt::format("{}", steps_done)},
+        metrics->write({{"event", json_string("checkpoint")}, {"step", fmt::format("{}", r.step)},
                         {"path", json_string(r.path)}, {"bytes", fmt::format("{}", r.bytes)},
-                        {"write_s", json_number(r.seconds)},
+                        {"write_s", json_number(r.seconds)}, {"stall_s", json_number(r.stall_s)},
                         {"mb_per_s", json_number(double(r.bytes) / 1e6 / std::max(r.seconds, 1e-9))}});
     }
     if (lead && !r.error.empty())
       fmt::print(stderr, "strata: {}: checkpoint at step {}: {}\n", r.ok ? "warning" : "error",
-                 steps_done, r.error);
+                 r.step, r.error);
+  };
+  // wait = false: periodic checkpoints, written in the background when checkpoint.async.
+  auto save_checkpoint = [&](int64_t steps_done, bool wait) {
+    prov.created_utc = utc_now_iso();
+    TrainState st{.step = steps_done, .epoch = steps_done / per_epoch,
+                  .batch = steps_done % per_epoch, .global_batch = G, .seed = cfg.train.seed,
+                  .optimizer = cfg.train.optimizer, .optimizer_steps = opt.steps_taken()};
+    wait = wait || !cfg.checkpoint.async;
+    if (lead && wait)
+      if (auto prev = ckpt.finish()) report_checkpoint(*prev);
+    auto r = ckpt.save(*model, opt, st, prov, wait);
+    last_ckpt_time = Clock::now();
+    last_ckpt_step = steps_done;
+    if (wait) report_checkpoint(r);
     return r.ok;
   };
   GradientAllreducer reducer(comm, *model, model->grads().data(), cfg.dp.bucket_mb * 1048576.0,
@@ -304,7 +311,7 @@ int run_train(const RunConfig& cfg, Comm& comm) {
           agree[1] > 0 ? fmt::format("a stop signal ({})", stop_signal() ? signal_name(stop_signal()) : "on another rank")
                        : fmt::format("the job's time limit (ends {}, margin {:.0f} s)",
                                      end_time ? clock_time(*end_time) : "?", stop_margin());
-      const bool ok = save_checkpoint(done_steps);
+      const bool ok = save_checkpoint(done_steps, /*wait=*/true);
       if (lead) {
         if (metrics)
           metrics->write({{"event", json_string("stopped")}, {"step", fmt::format("{}", done_steps)},
@@ -324,7 +331,9 @@ int run_train(const RunConfig& cfg, Comm& comm) {
     if (done_steps < total &&
         ((cfg.checkpoint.every_steps > 0 && done_steps % cfg.checkpoint.every_steps == 0) ||
          agree[3] > 0))
-      save_checkpoint(done_steps);
+      save_checkpoint(done_steps, /*wait=*/false);
+    if (lead)
+      if (auto r = ckpt.poll()) report_checkpoint(*r);
 
     const bool last = step + 1 == total;
     if ((step + 1) % cfg.train.log_every == 0 || last) {
@@ -349,7 +358,10 @@ int run_train(const RunConfig& cfg, Comm& comm) {
       samples_since_log = 0;
     }
   }
-  if (ckpt.periodic() && cfg.checkpoint.final && last_ckpt_step < total) save_checkpoint(total);
+  if (ckpt.periodic() && cfg.checkpoint.final && last_ckpt_step < total)
+    save_checkpoint(total, /*wait=*/true);
+  if (lead)
+    if (auto r = ckpt.finish()) report_checkpoint(*r);
   const double train_s = since(t_start);
   const int64_t steps_run = total - start_step;
   const double train_cpu_s = thread_cpu_seconds() - cpu_start;

@@ -58,6 +58,8 @@ struct LoadedCheckpoint {
   std::map<std::string, Shape> shapes;
   std::map<std::string, std::string> checksum;  // by HDF5 path: "ok", "MISMATCH ...", "none"
   bool verified = true;  // every tensor that has a checksum matches it
+  int64_t tensor_bytes = 0;
+  double read_seconds = 0;  // opening, reading and verifying every tensor
 };
 
 // Reads a checkpoint or parameter file and checks every tensor's CRC-32. A file that is missing,

@@ -8,7 +8,9 @@
 //   *.corrupt           checkpoints found damaged on resume, renamed (kept for inspection)
 #pragma once
 #include <cstdint>
+#include <atomic>
 #include <optional>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -44,13 +46,25 @@ class Checkpointer {
   struct SaveResult {
     bool ok = false;
     std::string path, error;
-    int64_t bytes = 0;
-    double seconds = 0;  // rank 0's write time (tensors, fsync, rename)
+    int64_t step = 0, bytes = 0;
+    double seconds = 0;  // rank 0's write time (tensors, CRCs, fsync, rename)
+    double stall_s = 0;  // time the training thread spent in save() (the snapshot, if async)
   };
   // Collective. Writes a checkpoint of `model` and `opt` at `st` (sequence filled in), then the
   // `latest` pointer, then applies retention. A failed write leaves every earlier checkpoint
-  // and the pointer as they were; the result says why (the same on every rank).
-  SaveResult save(const Model& model, Optimizer& opt, TrainState st, const Provenance& prov);
+  // and the pointer as they were.
+  //  - wait = true: returns when the file and pointer are on disk, the result the same on
+  //    every rank (stop and final checkpoints).
+  //  - wait = false: rank 0 copies the tensors to a snapshot buffer and writes it on a
+  //    background thread while training goes on; the outcome comes from poll() later. A save
+  //    while one is in flight first waits for it.
+  SaveResult save(const Model& model, Optimizer& opt, TrainState st, const Provenance& prov,
+                  bool wait);
+  // Rank 0: the outcome of a background write that has finished since the last call, if any.
+  std::optional<SaveResult> poll();
+  // Rank 0: waits for a background write in flight; its outcome, if there was one.
+  std::optional<SaveResult> finish();
+  ~Checkpointer();
 
   int64_t last_sequence() const { return sequence_; }
 
@@ -70,6 +84,12 @@ class Checkpointer {
   double every_seconds_;
   int64_t keep_last_, keep_every_;
   int64_t sequence_ = 0;
+  // Background write (rank 0).
+  Tensor snapshot_;
+  std::thread writer_;
+  std::atomic<bool> writer_done_{false};
+  SaveResult writer_result_;
+  double writer_stall_s_ = 0;  // the save() time of the write in flight
 };
 
 // Checks that a checkpoint fits the run about to continue from it; throws

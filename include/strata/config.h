@@ -53,6 +53,7 @@ struct RunConfig {
     int64_t keep_last = 3;      // newest K kept; older ones deleted (unless kept by keep_every)
     int64_t keep_every = 0;     // every M-th checkpoint (by sequence number) is never deleted
     bool final = true;          // write one when training finishes
+    bool async = true;          // periodic ones: snapshot, then write on a background thread
   } checkpoint;
   struct Watchdog {
     double timeout_s = 300;     // a rank without progress this long is named and the job

@@ -11,7 +11,7 @@ from ckpt_common import assert_bitwise, fail, fresh, launch, metrics, run
 
 strata, data, ranks = sys.argv[1], sys.argv[2], int(sys.argv[4])
 work = fresh(os.path.join(sys.argv[3], f"stop-resume-{ranks}"))
-common = ["--data.path", data, "--model.hidden", "128", "--train.max_steps", "3000",
+common = ["--data.path", data, "--model.hidden", "128", "--train.epochs", "7", "--train.max_steps", "6000",
           "--train.seed", "5", "--checkpoint.every_steps", "500", "--progress", "off"]
 ref = os.path.join(work, "ref")
 t0 = time.time()
@@ -27,7 +27,7 @@ def stopped_then_resumed(name, start, env=None):
     if p.returncode != 75:
         fail(f"{name}: exited {p.returncode}, expected 75 (resumable)\n{out[-1500:]}\n{err[-1500:]}")
     stops = [m for m in metrics(os.path.join(d, "metrics.jsonl")) if m.get("event") == "stopped"]
-    if len(stops) != 1 or stops[0]["step"] >= 3000:
+    if len(stops) != 1 or stops[0]["step"] >= 6000:
         fail(f"{name}: expected one 'stopped' event before the end, got {stops}")
     step = stops[0]["step"]
     with open(os.path.join(d, "checkpoints", "latest")) as f:
@@ -52,10 +52,10 @@ def send_usr1(p, d):
 stopped_then_resumed("sigusr1", send_usr1)
 
 # The time limit: strata stops with a checkpoint a measured margin before the job's end time.
-# strata's margin is 10 s plus twice its checkpoint write time plus three step times: put the
-# end time so that the stop falls in the middle of the run.
+# strata's margin is 10 s plus twice its checkpoint write time plus three step times: with the
+# end 12.5 s away the stop falls about 2.5 s after launch, early in a run of 6000 steps.
 exit_at = []
-end = time.time() + 10 + 0.5 * ref_s
+end = time.time() + 12.5
 
 
 def note_exit(p, d):
