@@ -3,11 +3,15 @@
 #include <mpi.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <climits>
 #include <cstring>
+#include <list>
+#include <thread>
 #include <vector>
 
 #include "strata/error.h"
+#include "strata/watchdog.h"
 
 namespace strata {
 
@@ -38,6 +42,98 @@ void chunked(int64_t n, F&& f) {
   for (int64_t off = 0; off < n; off += INT_MAX / 2) f(off, int(std::min<int64_t>(n - off, INT_MAX / 2)));
 }
 
+// Marks the calling thread as blocked in a collective for the watchdog (two relaxed stores).
+class Blocked {
+ public:
+  Blocked(Activity* a, Activity::Op op) : a_(a), op_(op) {
+    if (a_) a_->enter(op_);
+  }
+  ~Blocked() {
+    if (a_) a_->leave(op_);
+  }
+
+ private:
+  Activity* a_;
+  Activity::Op op_;
+};
+
+bool g_mpi_inited = false;
+int g_thread_level = -1;
+
+// The watchdog's heartbeat channel: a duplicate communicator, one receive posted at a time.
+class MpiSideChannel final : public SideChannel {
+ public:
+  MpiSideChannel(MPI_Comm parent, int bytes, bool receive) : bytes_(bytes), rbuf_(size_t(bytes)) {
+    MPI_CHECK(MPI_Comm_dup(parent, &comm_));
+    MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
+    if (receive) post_receive();
+  }
+  ~MpiSideChannel() override {
+    int fin = 0;
+    MPI_Finalized(&fin);
+    if (!fin) MPI_Comm_free(&comm_);
+  }
+  void post(int to, const void* msg) override {
+    reap();
+    int pending = 0;
+    for (auto& s : sends_) pending += s.to == to;
+    if (pending >= kMaxPending) return;
+    sends_.push_back({to, MPI_REQUEST_NULL, std::vector<char>(static_cast<const char*>(msg),
+                                                              static_cast<const char*>(msg) + bytes_)});
+    auto& s = sends_.back();
+    MPI_CHECK(MPI_Isend(s.buf.data(), bytes_, MPI_BYTE, to, kTag, comm_, &s.req));
+  }
+  bool poll(int* from, void* msg) override {
+    reap();  // also drives the sends' progress
+    if (rreq_ == MPI_REQUEST_NULL) return false;
+    int done = 0;
+    MPI_Status st;
+    MPI_CHECK(MPI_Test(&rreq_, &done, &st));
+    if (!done) return false;
+    *from = st.MPI_SOURCE;
+    std::memcpy(msg, rbuf_.data(), size_t(bytes_));
+    post_receive();
+    return true;
+  }
+  void close(double max_wait_s) override {
+    if (rreq_ != MPI_REQUEST_NULL) {
+      MPI_CHECK(MPI_Cancel(&rreq_));
+      MPI_CHECK(MPI_Wait(&rreq_, MPI_STATUS_IGNORE));
+    }
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(max_wait_s);
+    while (reap(), !sends_.empty() && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    for (auto& s : sends_) MPI_Request_free(&s.req);  // the buffers must outlive them: leak
+    for (auto& s : sends_) leaked_.push_back(std::move(s.buf));
+    sends_.clear();
+  }
+
+ private:
+  static constexpr int kTag = 7117;
+  static constexpr int kMaxPending = 4;
+  struct Send {
+    int to;
+    MPI_Request req;
+    std::vector<char> buf;
+  };
+  void post_receive() {
+    MPI_CHECK(MPI_Irecv(rbuf_.data(), bytes_, MPI_BYTE, MPI_ANY_SOURCE, kTag, comm_, &rreq_));
+  }
+  void reap() {
+    for (auto it = sends_.begin(); it != sends_.end();) {
+      int done = 0;
+      MPI_CHECK(MPI_Test(&it->req, &done, MPI_STATUS_IGNORE));
+      it = done ? sends_.erase(it) : std::next(it);
+    }
+  }
+  int bytes_;
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  MPI_Request rreq_ = MPI_REQUEST_NULL;
+  std::vector<char> rbuf_;
+  std::list<Send> sends_;
+  static inline std::vector<std::vector<char>> leaked_;  // buffers of freed, unfinished sends
+};
+
 class MpiComm final : public Comm {
  public:
   explicit MpiComm(MPI_Comm c) : comm_(c) {
@@ -54,11 +150,15 @@ class MpiComm final : public Comm {
   void allreduce_min(int64_t* x, int64_t n) override { reduce(x, n, MPI_INT64_T, MPI_MIN); }
   void allreduce_max(double* x, int64_t n) override { reduce(x, n, MPI_DOUBLE, MPI_MAX); }
   void broadcast(void* buf, int64_t bytes, int root) override {
+    Blocked b(activity_, Activity::kBroadcast);
     chunked(bytes, [&](int64_t off, int cnt) {
       MPI_CHECK(MPI_Bcast(static_cast<char*>(buf) + off, cnt, MPI_BYTE, root, comm_));
     });
   }
-  void barrier() override { MPI_CHECK(MPI_Barrier(comm_)); }
+  void barrier() override {
+    Blocked b(activity_, Activity::kBarrier);
+    MPI_CHECK(MPI_Barrier(comm_));
+  }
 
   int start_allreduce_sum(float* x, int64_t n) override {
     STRATA_CHECK(n < INT_MAX, "bucket of {} floats is too large for one MPI call", n);
@@ -74,12 +174,41 @@ class MpiComm final : public Comm {
     MPI_CHECK(MPI_Test(&reqs_.at(h), &done, MPI_STATUS_IGNORE));
     return done;  // a completed request is reset to MPI_REQUEST_NULL, so test again is true
   }
-  void wait(int h) override { MPI_CHECK(MPI_Wait(&reqs_.at(h), MPI_STATUS_IGNORE)); }
+  void wait(int h) override {
+    Blocked b(activity_, Activity::kWait);
+    MPI_CHECK(MPI_Wait(&reqs_.at(h), MPI_STATUS_IGNORE));
+  }
   std::string host() const override { return hostname(); }
+  std::vector<std::string> all_hosts() override {
+    constexpr int kLen = 256;
+    std::vector<char> mine(kLen, 0), all(size_t(kLen) * size_t(size_));
+    const std::string h = hostname();
+    std::memcpy(mine.data(), h.data(), std::min<size_t>(h.size(), kLen - 1));
+    {
+      Blocked b(activity_, Activity::kAllreduce);
+      MPI_CHECK(MPI_Allgather(mine.data(), kLen, MPI_CHAR, all.data(), kLen, MPI_CHAR, comm_));
+    }
+    std::vector<std::string> out;
+    for (int r = 0; r < size_; ++r) out.emplace_back(all.data() + size_t(r) * kLen);
+    return out;
+  }
+  std::unique_ptr<SideChannel> open_side_channel(int msg_bytes, bool receive,
+                                                 std::string* why_not) override {
+    if (size_ == 1) {
+      *why_not = "one rank";
+      return nullptr;
+    }
+    if (g_thread_level < MPI_THREAD_MULTIPLE) {
+      *why_not = fmt::format("MPI granted thread level {}, not MPI_THREAD_MULTIPLE", mpi_thread_level());
+      return nullptr;
+    }
+    return std::make_unique<MpiSideChannel>(comm_, msg_bytes, receive);
+  }
 
  private:
   template <typename T>
   void reduce(T* x, int64_t n, MPI_Datatype t, MPI_Op op) {
+    Blocked b(activity_, Activity::kAllreduce);
     chunked(n, [&](int64_t off, int cnt) {
       MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, x + off, cnt, t, op, comm_));
     });
@@ -104,9 +233,12 @@ class SingleComm final : public Comm {
   bool test(int) override { return true; }
   void wait(int) override {}
   std::string host() const override { return hostname(); }
+  std::vector<std::string> all_hosts() override { return {hostname()}; }
+  std::unique_ptr<SideChannel> open_side_channel(int, bool, std::string* why_not) override {
+    *why_not = "one rank";
+    return nullptr;
+  }
 };
-
-bool g_mpi_inited = false;
 
 }  // namespace
 
@@ -118,8 +250,19 @@ std::unique_ptr<Comm> make_single_comm() { return std::make_unique<SingleComm>()
 
 void mpi_init(int* argc, char*** argv) {
   int provided = 0;
-  MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided));
+  MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided));
   g_mpi_inited = true;
+  g_thread_level = provided;
+}
+
+std::string mpi_thread_level() {
+  switch (g_thread_level) {
+    case MPI_THREAD_SINGLE: return "MPI_THREAD_SINGLE";
+    case MPI_THREAD_FUNNELED: return "MPI_THREAD_FUNNELED";
+    case MPI_THREAD_SERIALIZED: return "MPI_THREAD_SERIALIZED";
+    case MPI_THREAD_MULTIPLE: return "MPI_THREAD_MULTIPLE";
+    default: return "none";
+  }
 }
 
 void mpi_finalize() {

@@ -4,8 +4,27 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace strata {
+
+struct Activity;  // watchdog.h: where the training thread is
+
+// A side channel for the watchdog thread: fixed-size messages on a DUPLICATE of the
+// communicator (so they never match training traffic), used by that one thread while the
+// training thread runs collectives (needs MPI_THREAD_MULTIPLE). Never blocks.
+class SideChannel {
+ public:
+  virtual ~SideChannel() = default;  // frees the duplicate communicator (call close() first)
+  // Sends one message to `to`. If `to` has not taken the last few, this one is dropped (a
+  // stopped receiver must not make the sender pile up requests).
+  virtual void post(int to, const void* msg) = 0;
+  // One received message, if any: copies it to msg, sets *from, returns true.
+  virtual bool poll(int* from, void* msg) = 0;
+  // Cancels the pending receive and waits up to max_wait_s for sends to complete; sends still
+  // pending then are left to complete in the background (MPI_Request_free).
+  virtual void close(double max_wait_s) = 0;
+};
 
 class Comm {
  public:
@@ -30,15 +49,35 @@ class Comm {
 
   // Host name of this rank (for error messages naming a rank).
   virtual std::string host() const = 0;
+  // Host names of all ranks, indexed by rank. Collective.
+  virtual std::vector<std::string> all_hosts() = 0;
+
+  // Collective: a side channel of msg_bytes-sized messages (receive: this rank takes
+  // messages). nullptr, with the reason in *why_not, where it cannot work: one rank, or MPI
+  // without MPI_THREAD_MULTIPLE. Every rank gets the same answer.
+  virtual std::unique_ptr<SideChannel> open_side_channel(int msg_bytes, bool receive,
+                                                         std::string* why_not) = 0;
+
+  // The watchdog's marks (not owned; nullptr = none): the blocking calls above (allreduce,
+  // broadcast, barrier, wait) record that the calling thread waits for other ranks, with two
+  // relaxed atomic stores each. Set and cleared by Watchdog.
+  void set_activity(Activity* a) { activity_ = a; }
+
+ protected:
+  Activity* activity_ = nullptr;
 };
 
 // MPI_COMM_WORLD-based comm (MPI must be initialised); single-rank comm otherwise.
 std::unique_ptr<Comm> make_world_comm();
 std::unique_ptr<Comm> make_single_comm();
 
-// MPI life cycle: init with thread support FUNNELED; safe when launched without mpirun
-// (MPI singleton). finalize is idempotent.
+// MPI life cycle: init asking for MPI_THREAD_MULTIPLE (the watchdog's heartbeat thread calls
+// MPI while the training thread does); whatever level MPI grants is accepted, and
+// open_side_channel says when it is too low. Safe when launched without mpirun (MPI
+// singleton). finalize is idempotent.
 void mpi_init(int* argc, char*** argv);
+// The thread level MPI granted ("MPI_THREAD_MULTIPLE", ...); "none" before mpi_init.
+std::string mpi_thread_level();
 void mpi_finalize();
 [[noreturn]] void mpi_abort(int code);
 
