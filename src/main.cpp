@@ -1,5 +1,6 @@
 // strata: the command line. Subcommands: prepare, train, eval.
 #include <cstdlib>
+#include <cstdio>
 #include <cstring>
 #include <iostream>
 
@@ -127,6 +128,9 @@ int main(int argc, char** argv) {
   // Stop signals only set a flag from the start: a rank srun TERMs while another rank fails
   // still exits with its own code (the training loop acts on the flag).
   install_stop_handlers();
+  // Line-buffered even into a file or pipe (Slurm logs): a line is in the log when printed,
+  // not lost in a buffer if the job is killed.
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   auto comm = make_world_comm();
   const bool lead = comm->rank() == 0;
 

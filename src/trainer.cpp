@@ -19,6 +19,7 @@
 #include "strata/error.h"
 #include "strata/metrics.h"
 #include "strata/optim.h"
+#include "strata/watchdog.h"
 
 namespace strata {
 namespace {
@@ -167,6 +168,9 @@ int run_train(const RunConfig& cfg, Comm& comm) {
       metrics->write({{"event", json_string("resumed")}, {"step", fmt::format("{}", st->step)},
                       {"slurm_restart_count", fmt::format("{}", slurm_restart_count())}});
   }
+  // Names a rank that stops making progress and aborts the job (watchdog.timeout_s; 0 = off).
+  // Collective; after the resume (reading a checkpoint may take long).
+  Watchdog watchdog(comm, cfg.watchdog.timeout_s);
   Provenance prov{.config_toml = cfg.to_toml(), .dataset_path = cfg.data.path,
                   .dataset_sha256 = info.source_sha256, .grid_ranks = ranks,
                   .grid_data_parallel = ranks, .grid_stages = 1, .slurm_job_id = slurm_job_id(),
@@ -204,6 +208,7 @@ int run_train(const RunConfig& cfg, Comm& comm) {
   };
   // wait = false: periodic checkpoints, written in the background when checkpoint.async.
   auto save_checkpoint = [&](int64_t steps_done, bool wait) {
+    Watchdog::Exempt exempt(watchdog, "writing a checkpoint");
     prov.created_utc = utc_now_iso();
     TrainState st{.step = steps_done, .epoch = steps_done / per_epoch,
                   .batch = steps_done % per_epoch, .global_batch = G, .seed = cfg.train.seed,
@@ -248,6 +253,7 @@ int run_train(const RunConfig& cfg, Comm& comm) {
   double exposed_total = 0, loader_wait = 0;
   const double cpu_start = thread_cpu_seconds();
   for (int64_t step = start_step; step < total; ++step) {
+    watchdog.step_begin(step);
     const auto t_step = Clock::now();
     const auto t_wait = Clock::now();
     const auto& batch = loader->next();
@@ -360,8 +366,11 @@ int run_train(const RunConfig& cfg, Comm& comm) {
   }
   if (ckpt.periodic() && cfg.checkpoint.final && last_ckpt_step < total)
     save_checkpoint(total, /*wait=*/true);
-  if (lead)
+  if (lead) {
+    Watchdog::Exempt exempt(watchdog, "finishing a checkpoint write");
     if (auto r = ckpt.finish()) report_checkpoint(*r);
+  }
+  watchdog.stop();  // collective; the final evaluation and parameter file are not watched
   const double train_s = since(t_start);
   const int64_t steps_run = total - start_step;
   const double train_cpu_s = thread_cpu_seconds() - cpu_start;

@@ -1,6 +1,7 @@
 """Helpers for the checkpoint tests: launching strata, reading what it wrote, comparing runs."""
 import os
 import shutil
+import signal
 import subprocess
 import sys
 
@@ -22,6 +23,34 @@ def launch(strata, ranks, args, env=None):
         cmd = ["mpirun", "-n", str(ranks), "--oversubscribe", "--bind-to", "none"] + cmd
     return subprocess.Popen(cmd, env=dict(MPI_ENV, **(env or {})), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def descendants(pid):
+    """All live descendants of `pid` (mpirun puts its ranks in process groups of their own)."""
+    children = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(d))
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def kill_all(p):
+    """SIGKILL a launched run: every rank and mpirun at once, none gets to clean up."""
+    for pid in descendants(p.pid) + [p.pid]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def run(strata, ranks, args, expect=0, env=None, timeout=600):

@@ -11,7 +11,7 @@ from ckpt_common import assert_bitwise, fail, fresh, launch, metrics, run
 
 strata, data, ranks = sys.argv[1], sys.argv[2], int(sys.argv[4])
 work = fresh(os.path.join(sys.argv[3], f"stop-resume-{ranks}"))
-common = ["--data.path", data, "--model.hidden", "128", "--train.epochs", "7", "--train.max_steps", "6000",
+common = ["--data.path", data, "--model.hidden", "64", "--train.epochs", "7", "--train.max_steps", "6000",
           "--train.seed", "5", "--checkpoint.every_steps", "500", "--progress", "off"]
 ref = os.path.join(work, "ref")
 t0 = time.time()
