@@ -15,11 +15,11 @@ common = ["--data.path", data, "--train.max_steps", "20", "--checkpoint.every_st
           "--progress", "off"]
 
 
-def train(args, umask=None):
+def train(args, umask=None, base=common):
     def pre():
         if umask is not None:
             os.umask(umask)
-    return subprocess.run([strata, "train"] + common + args, capture_output=True, text=True,
+    return subprocess.run([strata, "train"] + base + args, capture_output=True, text=True,
                           preexec_fn=pre, timeout=300)
 
 
@@ -55,6 +55,19 @@ for root, dirs, files in os.walk(out):
         if not mode & stat.S_IROTH:
             fail(f"{p} is not world-readable under umask 000 ({oct(mode & 0o777)})")
 print(f"umask 000: {checked} files and directories, none world-writable")
+
+# Retention: keep_last 2 newest, and every 3rd checkpoint (by sequence number) for good.
+out = os.path.join(work, "retention")
+r = train(["--output.dir", out, "--train.max_steps", "400", "--checkpoint.every_steps", "50",
+           "--checkpoint.keep_last", "2", "--checkpoint.keep_every", "3"],
+          base=["--data.path", data, "--progress", "off"])
+if r.returncode != 0:
+    fail(f"retention run failed:\n{r.stderr}")
+left = sorted(n for n in os.listdir(os.path.join(out, "checkpoints")) if n.startswith("ckpt-"))
+want = [f"ckpt-{s:09d}.h5" for s in (150, 300, 350, 400)]
+if left != want:
+    fail(f"retention: expected {want}, found {left}")
+print(f"retention (keep_last 2, keep_every 3 of 8 checkpoints): {left}")
 
 # 3 and 4 need small file systems of their own.
 skipped = False
