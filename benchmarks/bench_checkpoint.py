@@ -101,6 +101,6 @@ print(f"  write                 {med['write_mb_s']:.0f} MB/s   dd conv=fsync {me
 print(f"  read + CRC verify     {med['read_mb_s']:.0f} MB/s   dd {med['dd_read_mb_s']:.0f} MB/s   "
       f"ratio {med['read_mb_s'] / med['dd_read_mb_s']:.2f}")
 print(f"  training step         {med['step_s']:.3f} s; a step that starts a checkpoint takes "
-      f"{med['stall_s']:.3f} s longer (in save(): {med['snapshot_s']:.3f} s; background write "
-      f"{med['write_s']:.3f} s)")
+      f"{med['stall_s']:.3f} s longer (time in save(): {med['snapshot_s']:.3f} s; the write itself "
+      f"{med['write_s']:.3f} s{'' if a.sync else ', in the background'})")
 shutil.rmtree(a.dir, ignore_errors=True)
