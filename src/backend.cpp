@@ -9,6 +9,8 @@ const Backend& cpu_backend() {
       .name = "cpu",
       .linear_forward = cpu::linear_forward,
       .linear_backward = cpu::linear_backward,
+      .linear_relu_forward = cpu::linear_relu_forward,
+      .linear_relu_backward = cpu::linear_relu_backward,
       .conv2d_scratch_size = cpu::conv2d_scratch_size,
       .conv2d_forward = cpu::conv2d_forward,
       .conv2d_backward = cpu::conv2d_backward,

@@ -268,7 +268,8 @@ class ConvPool final : public Layer {
 // Linear followed by ReLU as one layer. On the CPU backend the bias and the ReLU run in the
 // GEMM's epilogue (no passes of their own over the activations), and backward turns the
 // ReLU's gradient and the bias gradient out of one pass; the values are the two layers'. The
-// ReLU's input is never stored. Other backends get the two ops one after the other.
+// ReLU's input is never stored. A backend without a fused kernel points these entries at a
+// function that runs its two ops one after the other.
 class LinearRelu final : public Layer {
  public:
   LinearRelu(std::unique_ptr<Linear> lin) : lin_(std::move(lin)) {
@@ -279,30 +280,17 @@ class LinearRelu final : public Layer {
   double flops_per_sample(const Shape& in) const override { return lin_->flops_per_sample(in); }
   void forward(const Backend& be, const Tensor& x, Tensor& y, const StepInfo&) override {
     const int B = batch_of(x), I = int(x.size() / std::max(B, 1)), O = int(y.size() / std::max(B, 1));
-    if (cpu(be)) {
-      cpu::linear_relu_forward(y.data(), x.data(), params[0].value, params[1].value, B, I, O);
-    } else {
-      be.linear_forward(y.data(), x.data(), params[0].value, params[1].value, B, I, O);
-      be.relu_forward(y.data(), y.data(), y.size());
-    }
+    be.linear_relu_forward(y.data(), x.data(), params[0].value, params[1].value, B, I, O);
   }
   void backward(const Backend& be, const Tensor& x, const Tensor& y, const Tensor& dy,
                 Tensor* dx) override {
     const int B = batch_of(x), I = int(x.size() / std::max(B, 1)), O = int(y.size() / std::max(B, 1));
     dpre_.resize(y.shape);
-    if (cpu(be)) {
-      cpu::linear_relu_backward(dx ? dx->data() : nullptr, params[0].grad, params[1].grad,
-                                dy.data(), y.data(), x.data(), params[0].value, B, I, O,
-                                dpre_.data());
-    } else {
-      be.relu_backward(dpre_.data(), dy.data(), y.data(), y.size());
-      be.linear_backward(dx ? dx->data() : nullptr, params[0].grad, params[1].grad, dpre_.data(),
-                         x.data(), params[0].value, B, I, O);
-    }
+    be.linear_relu_backward(dx ? dx->data() : nullptr, params[0].grad, params[1].grad, dy.data(),
+                            y.data(), x.data(), params[0].value, B, I, O, dpre_.data());
   }
 
  private:
-  static bool cpu(const Backend& be) { return &be == &cpu_backend(); }
   std::unique_ptr<Linear> lin_;
   Tensor dpre_;
 };

@@ -13,6 +13,8 @@ struct Backend {
   const char* name;
   decltype(&cpu::linear_forward) linear_forward;
   decltype(&cpu::linear_backward) linear_backward;
+  decltype(&cpu::linear_relu_forward) linear_relu_forward;  // linear then ReLU, fused
+  decltype(&cpu::linear_relu_backward) linear_relu_backward;
   decltype(&cpu::conv2d_scratch_size) conv2d_scratch_size;
   decltype(&cpu::conv2d_forward) conv2d_forward;
   decltype(&cpu::conv2d_backward) conv2d_backward;
