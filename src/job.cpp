@@ -96,13 +96,17 @@ double unix_now() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-std::string utc_now_iso() {
-  std::time_t t = std::time(nullptr);
+// strftime of a Unix time, in UTC or the local time zone.
+static std::string format_time(std::time_t t, const char* format, bool utc) {
   std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  if (utc) gmtime_r(&t, &tm);
+  else localtime_r(&t, &tm);
+  char buf[64];
+  std::strftime(buf, sizeof buf, format, &tm);
   return buf;
 }
+
+std::string utc_now_iso() { return format_time(std::time(nullptr), "%Y-%m-%dT%H:%M:%SZ", true); }
+std::string local_clock_time(double unix_s) { return format_time(std::time_t(unix_s), "%H:%M:%S", false); }
 
 }  // namespace strata

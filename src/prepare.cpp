@@ -25,6 +25,7 @@
 
 #include "strata/data.h"
 #include "strata/error.h"
+#include "strata/job.h"
 #include "hdf5_util.h"
 
 #ifndef STRATA_VERSION
@@ -167,15 +168,6 @@ void write_split(hid_t file, const char* name, const Split& s, const char* image
   H5Id group(H5_CHECK(H5Gcreate2(file, name, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT)), H5Gclose);
   write_u8(group.get(), "images", s.images, images_file);
   write_u8(group.get(), "labels", s.labels, labels_file);
-}
-
-std::string utc_now_iso() {
-  std::time_t t = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
 }
 
 struct Provenance {

@@ -57,15 +57,6 @@ std::vector<std::string> gather_hosts(Comm& comm) {
   return hosts;
 }
 
-std::string clock_time(double unix_s) {
-  std::time_t t = std::time_t(unix_s);
-  std::tm tm{};
-  localtime_r(&t, &tm);
-  char buf[16];
-  std::strftime(buf, sizeof buf, "%H:%M:%S", &tm);
-  return buf;
-}
-
 }  // namespace
 
 void collectively(Comm& comm, const std::function<void()>& fn) {
@@ -227,7 +218,7 @@ int run_train(const RunConfig& cfg, Comm& comm) {
 
   if (lead && end_time)
     fmt::print("job ends at {}; strata stops with a checkpoint before then (margin measured from "
-               "its checkpoint writes)\n", clock_time(*end_time));
+               "its checkpoint writes)\n", local_clock_time(*end_time));
   if (lead) {
     fmt::print("strata {} ({}): {} rank{}, device {}\n", STRATA_VERSION, STRATA_GIT_COMMIT, ranks,
                ranks == 1 ? "" : "s", device_note);
@@ -316,7 +307,7 @@ int run_train(const RunConfig& cfg, Comm& comm) {
       const std::string why =
           agree[1] > 0 ? fmt::format("a stop signal ({})", stop_signal() ? signal_name(stop_signal()) : "on another rank")
                        : fmt::format("the job's time limit (ends {}, margin {:.0f} s)",
-                                     end_time ? clock_time(*end_time) : "?", stop_margin());
+                                     end_time ? local_clock_time(*end_time) : "?", stop_margin());
       const bool ok = save_checkpoint(done_steps, /*wait=*/true);
       if (lead) {
         if (metrics)

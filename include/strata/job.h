@@ -22,6 +22,7 @@ std::optional<double> job_end_time(std::string* why_not);
 std::string slurm_job_id();  // "" outside Slurm
 int64_t slurm_restart_count();
 std::string utc_now_iso();   // 2026-11-22T04:58:00Z
+std::string local_clock_time(double unix_s);  // 14:05:00
 double unix_now();
 
 }  // namespace strata
