@@ -158,6 +158,11 @@ compare_model() {
   done
   S_SPS[$model]=$(median "${s_list[@]}")
   T_SPS[$model]=$(median "${t_list[@]}")
+  # Each repeat's two runs sit side by side in time, so their ratio cancels the machine's
+  # drift between repeats; the median of those ratios is the second figure of the table.
+  local pair=()
+  for ((r = 0; r < REPEATS; r++)); do pair+=("$(calc "${s_list[r]} / ${t_list[r]}")"); done
+  P_RATIO[$model]=$(median "${pair[@]}")
 }
 
 # print_comparison: the table of part 1; sets ANY_FAIL when a target is missed.
@@ -165,14 +170,16 @@ print_comparison() {
   local model ratio res label
   echo
   echo "== one rank, one thread, batch $BATCH (median of $REPEATS)"
-  printf '%-6s %16s %17s %7s %7s %7s\n' model "strata samples/s" "pytorch samples/s" ratio target result
+  printf '%-6s %16s %17s %7s %7s %7s %7s\n' model "strata samples/s" "pytorch samples/s" ratio paired target result
   for model in $MODELS; do
     ratio=$(calc "${S_SPS[$model]} / ${T_SPS[$model]}")
-    if [[ $(calc "$ratio >= ${TARGET[$model]}") == True ]]; then res=PASS; else res=FAIL; ANY_FAIL=1; fi
+    # PASS needs both: the ratio of the medians and the median of the per-repeat ratios.
+    if [[ $(calc "min($ratio, ${P_RATIO[$model]}) >= ${TARGET[$model]}") == True ]]; then res=PASS
+    else res=FAIL; ANY_FAIL=1; fi
     label=$model
     if (( $(steps_for "$model") > 0 )); then label="$model*"; fi
-    printf '%-6s %16.0f %17.0f %6.2fx %6.1fx %7s\n' "$label" "${S_SPS[$model]}" "${T_SPS[$model]}" \
-      "$ratio" "${TARGET[$model]}" "$res"
+    printf '%-6s %16.0f %17.0f %6.2fx %6.2fx %6.1fx %7s\n' "$label" "${S_SPS[$model]}" "${T_SPS[$model]}" \
+      "$ratio" "${P_RATIO[$model]}" "${TARGET[$model]}" "$res"
   done
   if (( CNN_STEPS > 0 )) && [[ " $MODELS " == *" cnn "* ]]; then
     echo "* $CNN_STEPS steps, not a full epoch"
@@ -270,7 +277,7 @@ fi
 echo
 
 # ---------------------------------------------------------------------------------------------
-declare -A S_SPS T_SPS SC_ON SC_OFF EX_ON EX_OFF TT_ON TT_OFF
+declare -A S_SPS T_SPS P_RATIO SC_ON SC_OFF EX_ON EX_OFF TT_ON TT_OFF
 ANY_FAIL=0
 
 if [[ $COMPARE == 1 ]]; then
