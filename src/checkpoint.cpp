@@ -15,6 +15,7 @@
 
 #include "strata/data.h"
 #include "strata/error.h"
+#include "strata/files.h"
 #include "hdf5_util.h"
 
 namespace strata {
@@ -53,14 +54,6 @@ uint32_t crc32_of(const float* p, int64_t n) {
     left -= chunk;
   }
   return uint32_t(crc);
-}
-
-void fsync_path(const std::string& p) {
-  int fd = ::open(p.c_str(), O_RDONLY);
-  if (fd >= 0) {
-    ::fsync(fd);
-    ::close(fd);
-  }
 }
 
 std::string dir_of(const std::string& p) {
@@ -176,21 +169,9 @@ int64_t write_atomically(const std::string& path, const std::vector<NamedTensor>
       fail_write(e.what());
     }
   }
-  // fsync before rename: after a crash the new name never points at unwritten blocks.
-  fd = ::open(tmp.c_str(), O_RDONLY);
   struct stat sb{};
-  const bool synced = fd >= 0 && ::fsync(fd) == 0 && ::fstat(fd, &sb) == 0;
-  err = errno;
-  if (fd >= 0) ::close(fd);
-  if (!synced) fail_write(fmt::format("cannot flush to disk ({})", std::strerror(err)));
-  drop_world_write(tmp);
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int e = errno;
-    std::remove(tmp.c_str());
-    throw UserError(kExitBadInput, fmt::format("{}: cannot rename {} into place: {}", path, tmp,
-                                               std::strerror(e)));
-  }
-  fsync_path(dir_of(path));
+  if (::stat(tmp.c_str(), &sb) != 0) fail_write(std::strerror(errno));
+  publish_file(tmp, path);
   return int64_t(sb.st_size);
 }
 
@@ -219,12 +200,6 @@ std::vector<std::string> list_datasets(hid_t f) {
 }
 
 }  // namespace
-
-void drop_world_write(const std::string& path) {
-  struct stat sb{};
-  if (::stat(path.c_str(), &sb) == 0 && (sb.st_mode & S_IWOTH))
-    ::chmod(path.c_str(), sb.st_mode & ~S_IWOTH & 07777);
-}
 
 std::string param_path(const std::string& global_name) {
   std::string p = "/params/" + global_name;

@@ -17,6 +17,7 @@
 
 #include "strata/data.h"
 #include "strata/error.h"
+#include "strata/files.h"
 #include "strata/trainer.h"
 #include "hdf5_util.h"
 
@@ -26,14 +27,6 @@ namespace {
 
 const std::regex kCheckpointName(R"(ckpt-(\d+)\.h5)");
 std::string checkpoint_name(int64_t step) { return fmt::format("ckpt-{:09d}.h5", step); }
-
-void fsync_dir(const std::string& d) {
-  int fd = ::open(d.c_str(), O_RDONLY | O_DIRECTORY);
-  if (fd >= 0) {
-    ::fsync(fd);
-    ::close(fd);
-  }
-}
 
 // Broadcasts a float buffer from rank 0 in pieces MPI's int counts can hold.
 void broadcast_floats(Comm& comm, float* p, int64_t n) {
@@ -124,20 +117,14 @@ void Checkpointer::write_pointer(const std::string& name) const {
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0666);
   if (fd < 0) fail_input("{}: cannot write ({})", tmp, std::strerror(errno));
   const std::string line = name + "\n";
-  const bool ok = ::write(fd, line.data(), line.size()) == ssize_t(line.size()) && ::fsync(fd) == 0;
+  const bool ok = ::write(fd, line.data(), line.size()) == ssize_t(line.size());  // publish_file syncs
   const int err = errno;
   ::close(fd);
   if (!ok) {
     ::unlink(tmp.c_str());
     fail_input("{}: cannot write ({})", tmp, std::strerror(err));
   }
-  drop_world_write(tmp);
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int e = errno;
-    ::unlink(tmp.c_str());
-    fail_input("{}: cannot replace ({})", path, std::strerror(e));
-  }
-  fsync_dir(dir_);
+  publish_file(tmp, path);
 }
 
 void Checkpointer::apply_retention(int64_t newest_step) const {
@@ -289,8 +276,7 @@ Checkpointer::SaveResult Checkpointer::save(const Model& model, Optimizer& opt, 
   if (comm_.rank() == 0) {
     // Data parallelism: every replica holds the same parameters and optimizer state, so rank 0
     // writes them all (a gather that costs nothing); other ranks only learn the outcome.
-    if (auto prev = finish(); prev && !prev->ok && wait)
-      r.error = prev->error;  // reported by the caller's poll() otherwise
+    finish();  // one write at a time (the caller has collected its outcome with finish())
     std::vector<NamedTensor> tensors = model_tensors(model);
     for (auto& [name, t] : opt.state())
       for (const Param* p : model.params())

@@ -25,6 +25,7 @@
 
 #include "strata/data.h"
 #include "strata/error.h"
+#include "strata/files.h"
 #include "strata/job.h"
 #include "hdf5_util.h"
 
@@ -194,14 +195,6 @@ void write_file(const std::string& path, const Split& train, const Split& test,
   H5_CHECK(H5Fflush(f, H5F_SCOPE_GLOBAL));
 }
 
-// Makes the bytes durable before the rename publishes them (best effort for the directory).
-void fsync_path(const std::string& path, bool must) {
-  int fd = ::open(path.c_str(), O_RDONLY);
-  bool ok = fd >= 0 && ::fsync(fd) == 0;
-  if (fd >= 0) ::close(fd);
-  if (!ok && must) fail_input("{}: cannot sync to disk ({})", path, std::strerror(errno));
-}
-
 }  // namespace
 
 std::string sha256_file(const std::string& path) {
@@ -248,14 +241,11 @@ void prepare_fashion_mnist(const std::string& source_dir, const std::string& out
     } catch (const std::runtime_error& e) {
       throw std::runtime_error(tmp + ": " + e.what());  // name the file in HDF5 failures
     }
-    fsync_path(tmp, true);
-    if (std::rename(tmp.c_str(), out_path.c_str()) != 0)
-      fail_input("{}: cannot replace with {} ({})", out_path, tmp, std::strerror(errno));
   } catch (...) {
     std::remove(tmp.c_str());
     throw;
   }
-  fsync_path(dir.string(), false);
+  publish_file(tmp, out_path);
 }
 
 }  // namespace strata

@@ -17,6 +17,7 @@
 #include "strata/job.h"
 #include "strata/data_parallel.h"
 #include "strata/error.h"
+#include "strata/files.h"
 #include "strata/metrics.h"
 #include "strata/optim.h"
 #include "strata/watchdog.h"
@@ -205,7 +206,7 @@ int run_train(const RunConfig& cfg, Comm& comm) {
                   .batch = steps_done % per_epoch, .global_batch = G, .seed = cfg.train.seed,
                   .optimizer = cfg.train.optimizer, .optimizer_steps = opt.steps_taken()};
     wait = wait || !cfg.checkpoint.async;
-    if (lead && wait)
+    if (lead)
       if (auto prev = ckpt.finish()) report_checkpoint(*prev);
     auto r = ckpt.save(*model, opt, st, prov, wait);
     last_ckpt_time = Clock::now();

@@ -85,7 +85,4 @@ LoadedParams load_parameters(const std::string& path);
 // Copies the file's parameters into a model with the same spec (sizes checked).
 void copy_parameters_into(Model& model, const LoadedParams& p, const std::string& path);
 
-// Creates `path` readable per the user's umask but never world-writable.
-void drop_world_write(const std::string& path);
-
 }  // namespace strata

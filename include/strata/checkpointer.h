@@ -56,8 +56,9 @@ class Checkpointer {
   //  - wait = true: returns when the file and pointer are on disk, the result the same on
   //    every rank (stop and final checkpoints).
   //  - wait = false: rank 0 copies the tensors to a snapshot buffer and writes it on a
-  //    background thread while training goes on; the outcome comes from poll() later. A save
-  //    while one is in flight first waits for it.
+  //    background thread while training goes on; the outcome comes from poll() later.
+  // Call finish() first to collect the outcome of a write still in flight (save() waits for it
+  // too, but does not report it).
   SaveResult save(const Model& model, Optimizer& opt, TrainState st, const Provenance& prov,
                   bool wait);
   // Rank 0: the outcome of a background write that has finished since the last call, if any.

@@ -110,14 +110,20 @@ def rank_pid(mpirun_pid, rank):
     return None
 
 
+def run_timed(cmd, timeout, hang=None):
+    """Launches, waits for the end; returns the process, its exit code, output and wall time
+    (start-up included: it bounds the detection time from above)."""
+    t0 = time.monotonic()
+    p = launch(cmd, hang=hang)
+    rc, so, se = finish(p, timeout)
+    return p, rc, so, se, time.monotonic() - t0
+
+
 if case in ("hang-rank1", "hang-rank0", "hang-single"):
     rank = 0 if case != "hang-rank1" else 1
     ranks = {"hang-rank1": 2, "hang-rank0": 2, "hang-single": 0}[case]
     T = 3
-    t0 = time.monotonic()
-    p = launch(command(ranks, T, 1000), hang=f"{rank}:5")
-    rc, so, se = finish(p, 60)
-    elapsed = time.monotonic() - t0  # includes start-up (~1 s): bounds the detection from above
+    p, rc, so, se, elapsed = run_timed(command(ranks, T, 1000), 60, hang=f"{rank}:5")
     expect_named(rc, so, se, rank, "in step 5", r"^busy since the step began, outside any "
                  r"collective; its own watchdog noticed$", T, elapsed, 30)
 
@@ -157,10 +163,7 @@ elif case in ("stop-rank2", "stop-rank0"):
 
 elif case == "deadlock":
     T = 3
-    t0 = time.monotonic()
-    p = launch(command(2, T, 1000), hang="1:5:barrier")
-    rc, so, se = finish(p, 60)
-    elapsed = time.monotonic() - t0
+    p, rc, so, se, elapsed = run_timed(command(2, T, 1000), 60, hang="1:5:barrier")
     lines = watchdog_lines(se)
     if rc != HUNG or len(lines) != 1:
         fail(f"exit code {rc} with {len(lines)} watchdog lines, expected {HUNG} and one", p, so, se)
@@ -174,10 +177,7 @@ elif case == "deadlock":
 
 elif case == "no-false-alarm":
     T = 2
-    t0 = time.monotonic()
-    p = launch(command(2, T, 200), hang="1:30:6:exempt,0:60:1.5")
-    rc, so, se = finish(p, 120)
-    elapsed = time.monotonic() - t0
+    p, rc, so, se, elapsed = run_timed(command(2, T, 200), 120, hang="1:30:6:exempt,0:60:1.5")
     if rc != 0 or watchdog_lines(se):
         fail(f"exit code {rc}, expected 0 with no watchdog line", p, so, se)
     if elapsed < 7.5:

@@ -1,0 +1,16 @@
+// Writing files so that a crash never leaves a half-written one under the final name.
+#pragma once
+#include <string>
+
+namespace strata {
+
+// Publishes a finished temporary file: fsync, never world-writable, rename over `path`, fsync
+// of the directory (best effort). On failure `tmp` is removed, `path` is left as it was, and a
+// UserError(kExitBadInput) names `path`.
+void publish_file(const std::string& tmp, const std::string& path);
+
+// Clears the world-write bit of a file or directory strata created (the umask decides the
+// rest).
+void drop_world_write(const std::string& path);
+
+}  // namespace strata

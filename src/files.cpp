@@ -1,0 +1,44 @@
+#include "strata/files.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+
+#include "strata/error.h"
+
+namespace strata {
+
+void drop_world_write(const std::string& path) {
+  struct stat sb{};
+  if (::stat(path.c_str(), &sb) == 0 && (sb.st_mode & S_IWOTH))
+    ::chmod(path.c_str(), sb.st_mode & ~S_IWOTH & 07777);
+}
+
+void publish_file(const std::string& tmp, const std::string& path) {
+  auto fail = [&](const char* what, int err) {
+    std::remove(tmp.c_str());
+    fail_input("{}: {} {} ({}); the previous file is left as it was", path, what, tmp,
+               std::strerror(err));
+  };
+  // fsync before rename: after a crash the new name never points at unwritten blocks.
+  int fd = ::open(tmp.c_str(), O_RDONLY);
+  const bool synced = fd >= 0 && ::fsync(fd) == 0;
+  const int err = errno;
+  if (fd >= 0) ::close(fd);
+  if (!synced) fail("cannot flush", err);
+  drop_world_write(tmp);
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) fail("cannot rename into place", errno);
+  std::string dir = std::filesystem::path(path).parent_path().string();
+  fd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY);
+  if (fd >= 0) {
+    ::fsync(fd);
+    ::close(fd);
+  }
+}
+
+}  // namespace strata
