@@ -72,7 +72,7 @@ void bench_linear(int B, int I, int O) {
          }));
   report("backward (dinp, dweight, dbias)", 2 * flop, best_ms([&] {
            linear_backward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), B, I,
-                           O);
+                           O, false);
          }));
 }
 
@@ -93,7 +93,7 @@ void bench_conv(const Conv2dShape& s, bool need_dinp) {
   });
   const double bwd = best_ms([&] {
     conv2d_backward(need_dinp ? dx.data() : nullptr, dw.data(), db.data(), dy.data(), x.data(),
-                    w.data(), s, scratch.data());
+                    w.data(), s, scratch.data(), false);
   });
   const double bwd_flop = flop * (need_dinp ? 2 : 1);
   report("forward", flop, fwd);

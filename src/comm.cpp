@@ -136,10 +136,15 @@ class MpiSideChannel final : public SideChannel {
 
 class MpiComm final : public Comm {
  public:
-  explicit MpiComm(MPI_Comm c) : comm_(c) {
+  explicit MpiComm(MPI_Comm c, bool owned = false) : comm_(c), owned_(owned) {
     MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
     MPI_CHECK(MPI_Comm_size(comm_, &size_));
     MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
+  }
+  ~MpiComm() override {
+    int fin = 0;
+    MPI_Finalized(&fin);
+    if (owned_ && !fin) MPI_Comm_free(&comm_);
   }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -164,10 +169,19 @@ class MpiComm final : public Comm {
     STRATA_CHECK(n < INT_MAX, "bucket of {} floats is too large for one MPI call", n);
     MPI_Request req;
     MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, x, int(n), MPI_FLOAT, MPI_SUM, comm_, &req));
-    for (size_t i = 0; i < reqs_.size(); ++i)
-      if (reqs_[i] == MPI_REQUEST_NULL) { reqs_[i] = req; return int(i); }
-    reqs_.push_back(req);
-    return int(reqs_.size() - 1);
+    return keep(req, false);
+  }
+  int start_send(const float* x, int64_t n, int to, int tag) override {
+    STRATA_CHECK(n < INT_MAX, "message of {} floats is too large for one MPI call", n);
+    MPI_Request req;
+    MPI_CHECK(MPI_Isend(x, int(n), MPI_FLOAT, to, tag, comm_, &req));
+    return keep(req, true);
+  }
+  int start_recv(float* x, int64_t n, int from, int tag) override {
+    STRATA_CHECK(n < INT_MAX, "message of {} floats is too large for one MPI call", n);
+    MPI_Request req;
+    MPI_CHECK(MPI_Irecv(x, int(n), MPI_FLOAT, from, tag, comm_, &req));
+    return keep(req, true);
   }
   bool test(int h) override {
     int done = 0;
@@ -176,7 +190,19 @@ class MpiComm final : public Comm {
   }
   void wait(int h) override {
     Blocked b(activity_, Activity::kWait);
-    MPI_CHECK(MPI_Wait(&reqs_.at(h), MPI_STATUS_IGNORE));
+    if (!yielding_.at(h)) {
+      MPI_CHECK(MPI_Wait(&reqs_.at(h), MPI_STATUS_IGNORE));
+      return;
+    }
+    // Spin briefly (a message that is about to arrive costs no sleep), then test with short
+    // sleeps: MPI_Wait busy-polls, which takes a core from a rank that has work.
+    for (int spins = 0; !test(h); ++spins)
+      if (spins > 200) std::this_thread::sleep_for(std::chrono::microseconds(spins > 2000 ? 200 : 20));
+  }
+  std::unique_ptr<Comm> split(int color, int key) override {
+    MPI_Comm sub;
+    MPI_CHECK(MPI_Comm_split(comm_, color, key, &sub));
+    return std::make_unique<MpiComm>(sub, /*owned=*/true);
   }
   std::string host() const override { return hostname(); }
   std::vector<std::string> all_hosts() override {
@@ -213,9 +239,22 @@ class MpiComm final : public Comm {
       MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, x + off, cnt, t, op, comm_));
     });
   }
+  int keep(MPI_Request req, bool yielding) {
+    for (size_t i = 0; i < reqs_.size(); ++i)
+      if (reqs_[i] == MPI_REQUEST_NULL) {
+        reqs_[i] = req;
+        yielding_[i] = yielding;
+        return int(i);
+      }
+    reqs_.push_back(req);
+    yielding_.push_back(yielding);
+    return int(reqs_.size() - 1);
+  }
   MPI_Comm comm_;
+  bool owned_ = false;  // a split: freed with this object
   int rank_ = 0, size_ = 1;
   std::vector<MPI_Request> reqs_;
+  std::vector<bool> yielding_;  // point-to-point: wait() sleeps between tests
 };
 
 class SingleComm final : public Comm {
@@ -230,6 +269,13 @@ class SingleComm final : public Comm {
   void broadcast(void*, int64_t, int) override {}
   void barrier() override {}
   int start_allreduce_sum(float*, int64_t) override { return 0; }
+  int start_send(const float*, int64_t, int to, int) override {
+    throw std::logic_error(fmt::format("send to rank {} on a one-rank communicator", to));
+  }
+  int start_recv(float*, int64_t, int from, int) override {
+    throw std::logic_error(fmt::format("receive from rank {} on a one-rank communicator", from));
+  }
+  std::unique_ptr<Comm> split(int, int) override { return std::make_unique<SingleComm>(); }
   bool test(int) override { return true; }
   void wait(int) override {}
   std::string host() const override { return hostname(); }

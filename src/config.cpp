@@ -115,6 +115,21 @@ void add_config_options(CLI::App& sub, RunConfig& c) {
       ->check(number_in(0.001, 4096, false))->capture_default_str();
   sub.add_option("--dp.overlap", c.dp.overlap, "overlap allreduce with backward")->capture_default_str();
 
+  sub.add_option("--parallel.pipeline_stages", c.parallel.pipeline_stages,
+                 "pipeline stages P (data-parallel width = ranks / P)")
+      ->check(CLI::Range(1, 4096))->capture_default_str();
+  sub.add_option("--parallel.microbatches", c.parallel.microbatches,
+                 "micro-batches per step (0 = auto: largest divisor of the per-replica batch up to 4 P)")
+      ->check(CLI::Range(0, 4096))->capture_default_str();
+  sub.add_option("--parallel.schedule", c.parallel.schedule, "1f1b | gpipe")
+      ->check(CLI::IsMember({"1f1b", "gpipe"}))->capture_default_str();
+  sub.add_option("--parallel.stage_layers", c.parallel.stage_layers,
+                 "layers per stage, as the model summary lists them (default: balanced by cost)")
+      ->check(CLI::Range(0, 1 << 20));
+  sub.add_option("--parallel.placement", c.parallel.placement,
+                 "replicas_in_node (a stage's replicas on consecutive ranks) | pipeline_in_node")
+      ->check(CLI::IsMember({"replicas_in_node", "pipeline_in_node"}))->capture_default_str();
+
   sub.add_option("--checkpoint.dir", c.checkpoint.dir, "checkpoint directory (default DIR/checkpoints)");
   sub.add_option("--checkpoint.every_steps", c.checkpoint.every_steps, "steps between checkpoints (0 = off)")
       ->check(kCountOrZero)->capture_default_str();
@@ -205,6 +220,10 @@ std::string RunConfig::to_toml() const {
       train.warmup_steps, train.min_lr, train.grad_clip, train.seed, train.log_every,
       train.max_steps);
   t += fmt::format("\n[dp]\nbucket_mb = {}\noverlap = {}\n", dp.bucket_mb, dp.overlap);
+  t += fmt::format("\n[parallel]\npipeline_stages = {}\nmicrobatches = {}\nschedule = \"{}\"\n"
+                   "stage_layers = {}\nplacement = \"{}\"\n",
+                   parallel.pipeline_stages, parallel.microbatches, parallel.schedule,
+                   toml_list(parallel.stage_layers), parallel.placement);
   t += fmt::format("\n[checkpoint]\ndir = \"{}\"\nevery_steps = {}\nevery_seconds = {}\n"
                    "keep_last = {}\nkeep_every = {}\nfinal = {}\nasync = {}\n",
                    checkpoint.dir, checkpoint.every_steps, checkpoint.every_seconds,

@@ -29,9 +29,9 @@ class Linear final : public Layer {
     be.linear_forward(y.data(), x.data(), params[0].value, params[1].value, batch_of(x), in_, out_);
   }
   void backward(const Backend& be, const Tensor& x, const Tensor&, const Tensor& dy,
-                Tensor* dx) override {
+                Tensor* dx, bool accumulate) override {
     be.linear_backward(dx ? dx->data() : nullptr, params[0].grad, params[1].grad, dy.data(),
-                       x.data(), params[0].value, batch_of(x), in_, out_);
+                       x.data(), params[0].value, batch_of(x), in_, out_, accumulate);
   }
   double flops_per_sample(const Shape&) const override { return 2.0 * in_ * out_; }
 
@@ -63,11 +63,11 @@ class Conv2d final : public Layer {
     be.conv2d_forward(y.data(), x.data(), params[0].value, params[1].value, s, scratch_.data());
   }
   void backward(const Backend& be, const Tensor& x, const Tensor&, const Tensor& dy,
-                Tensor* dx) override {
+                Tensor* dx, bool accumulate) override {
     auto s = conv_shape(batch_of(x), {x.dim(1), x.dim(2), x.dim(3)});
     scratch_.resize({be.conv2d_scratch_size(s)});
     be.conv2d_backward(dx ? dx->data() : nullptr, params[0].grad, params[1].grad, dy.data(),
-                       x.data(), params[0].value, s, scratch_.data());
+                       x.data(), params[0].value, s, scratch_.data(), accumulate);
   }
   double flops_per_sample(const Shape& in) const override {
     auto s = conv_shape(1, in);
@@ -80,7 +80,7 @@ class Conv2d final : public Layer {
 
  private:
   int c_, oc_, k_, stride_, pad_;
-  Tensor scratch_;
+  Tensor scratch_;  // workspace only: backward redoes the im2col
 };
 
 class MaxPool2d final : public Layer {
@@ -94,20 +94,21 @@ class MaxPool2d final : public Layer {
     return {in[0], (in[1] - k_) / st_ + 1, (in[2] - k_) / st_ + 1};
   }
   void forward(const Backend& be, const Tensor& x, Tensor& y, const StepInfo&) override {
-    argmax_.resize(size_t(y.size()));
-    be.maxpool2d_forward(y.data(), argmax_.data(), x.data(), batch_of(x), int(x.dim(1)),
+    auto& argmax = argmax_[slot_];
+    argmax.resize(size_t(y.size()));
+    be.maxpool2d_forward(y.data(), argmax.data(), x.data(), batch_of(x), int(x.dim(1)),
                          int(x.dim(2)), int(x.dim(3)), k_, st_);
   }
   void backward(const Backend& be, const Tensor& x, const Tensor&, const Tensor& dy,
-                Tensor* dx) override {
+                Tensor* dx, bool) override {
     if (!dx) return;
-    be.maxpool2d_backward(dx->data(), dy.data(), argmax_.data(), batch_of(x), int(x.dim(1)),
+    be.maxpool2d_backward(dx->data(), dy.data(), argmax_[slot_].data(), batch_of(x), int(x.dim(1)),
                           int(x.dim(2)), int(x.dim(3)), k_, st_);
   }
   int k_, st_;
 
  private:
-  std::vector<int32_t> argmax_;
+  PerSlot<std::vector<int32_t>> argmax_;
 };
 
 class Relu final : public Layer {
@@ -118,7 +119,7 @@ class Relu final : public Layer {
     be.relu_forward(y.data(), x.data(), x.size());
   }
   void backward(const Backend& be, const Tensor&, const Tensor& y, const Tensor& dy,
-                Tensor* dx) override {
+                Tensor* dx, bool) override {
     if (dx) be.relu_backward(dx->data(), dy.data(), y.data(), y.size());
   }
 };
@@ -131,7 +132,7 @@ class Gelu final : public Layer {
     be.gelu_forward(y.data(), x.data(), x.size());
   }
   void backward(const Backend& be, const Tensor& x, const Tensor&, const Tensor& dy,
-                Tensor* dx) override {
+                Tensor* dx, bool) override {
     if (dx) be.gelu_backward(dx->data(), dy.data(), x.data(), x.size());
   }
 };
@@ -146,7 +147,8 @@ class Flatten final : public Layer {
   void forward(const Backend&, const Tensor& x, Tensor& y, const StepInfo&) override {
     if (y.data() != x.data()) std::copy(x.data(), x.data() + x.size(), y.data());
   }
-  void backward(const Backend&, const Tensor&, const Tensor&, const Tensor& dy, Tensor* dx) override {
+  void backward(const Backend&, const Tensor&, const Tensor&, const Tensor& dy, Tensor* dx,
+                bool) override {
     if (dx && dx->data() != dy.data()) std::copy(dy.data(), dy.data() + dy.size(), dx->data());
   }
 };
@@ -159,27 +161,28 @@ class Dropout final : public Layer {
   void forward(const Backend& be, const Tensor& x, Tensor& y, const StepInfo& s) override {
     if (!s.training || p_ == 0.0f) {
       std::copy(x.data(), x.data() + x.size(), y.data());
-      active_ = false;
+      active_[slot_] = false;
       return;
     }
-    active_ = true;
-    mask_.resize(x.shape);
+    active_[slot_] = true;
+    Tensor& mask = mask_[slot_];
+    mask.resize(x.shape);
     int b = batch_of(x);
-    be.dropout_forward(y.data(), mask_.data(), x.data(), b, b ? x.size() / b : 0, p_,
+    be.dropout_forward(y.data(), mask.data(), x.data(), b, b ? x.size() / b : 0, p_,
                        hash_combine(s.seed, uint64_t(index_) + 0xD50D), s.step, s.first_sample);
   }
   void backward(const Backend& be, const Tensor&, const Tensor&, const Tensor& dy,
-                Tensor* dx) override {
+                Tensor* dx, bool) override {
     if (!dx) return;
-    if (!active_) std::copy(dy.data(), dy.data() + dy.size(), dx->data());
-    else be.dropout_backward(dx->data(), dy.data(), mask_.data(), dy.size());
+    if (!active_[slot_]) std::copy(dy.data(), dy.data() + dy.size(), dx->data());
+    else be.dropout_backward(dx->data(), dy.data(), mask_[slot_].data(), dy.size());
   }
 
  private:
   float p_;
   int index_;
-  bool active_ = false;
-  Tensor mask_;
+  PerSlot<bool> active_;
+  PerSlot<Tensor> mask_;
 };
 
 // Conv2d followed by MaxPool2d, run a few samples at a time: each chunk's convolution output
@@ -206,19 +209,20 @@ class ConvPool final : public Layer {
   // x (B,C,H,W) -> y (B,OC,PH,PW)
   void forward(const Backend& be, const Tensor& x, Tensor& y, const StepInfo&) override {
     const Geometry g = geometry(be, x);
-    argmax_.resize(size_t(y.size()));
+    auto& argmax = argmax_[slot_];
+    argmax.resize(size_t(y.size()));
     for (int b0 = 0; b0 < g.B; b0 += g.nb) {
       const int nb = std::min(g.nb, g.B - b0);
       auto s = g.conv;
       s.B = nb;
       be.conv2d_forward(conv_out_.data(), x.data() + int64_t(b0) * g.in, params[0].value,
                         params[1].value, s, scratch_.data());
-      be.maxpool2d_forward(y.data() + int64_t(b0) * g.out, argmax_.data() + int64_t(b0) * g.out,
+      be.maxpool2d_forward(y.data() + int64_t(b0) * g.out, argmax.data() + int64_t(b0) * g.out,
                            conv_out_.data(), nb, s.OC, s.OH(), s.OW(), k_, st_);
     }
   }
   void backward(const Backend& be, const Tensor& x, const Tensor&, const Tensor& dy,
-                Tensor* dx) override {
+                Tensor* dx, bool accumulate) override {
     const Geometry g = geometry(be, x);
     const int64_t nw = numel(params[0].shape), nbias = numel(params[1].shape);
     dw_.resize({nw + nbias});
@@ -227,12 +231,14 @@ class ConvPool final : public Layer {
       auto s = g.conv;
       s.B = nb;
       be.maxpool2d_backward(conv_out_.data(), dy.data() + int64_t(b0) * g.out,
-                            argmax_.data() + int64_t(b0) * g.out, nb, s.OC, s.OH(), s.OW(), k_, st_);
-      float* gw = b0 == 0 ? params[0].grad : dw_.data();  // first chunk writes, others add
-      float* gb = b0 == 0 ? params[1].grad : dw_.data() + nw;
+                            argmax_[slot_].data() + int64_t(b0) * g.out, nb, s.OC, s.OH(), s.OW(), k_, st_);
+      // The first chunk writes the gradient (unless accumulating); the others add to it.
+      const bool writes = b0 == 0 && !accumulate;
+      float* gw = writes ? params[0].grad : dw_.data();
+      float* gb = writes ? params[1].grad : dw_.data() + nw;
       be.conv2d_backward(dx ? dx->data() + int64_t(b0) * g.in : nullptr, gw, gb, conv_out_.data(),
-                         x.data() + int64_t(b0) * g.in, params[0].value, s, scratch_.data());
-      if (b0 > 0) {
+                         x.data() + int64_t(b0) * g.in, params[0].value, s, scratch_.data(), false);
+      if (!writes) {
         for (int64_t i = 0; i < nw; ++i) params[0].grad[i] += dw_[i];
         for (int64_t i = 0; i < nbias; ++i) params[1].grad[i] += dw_[nw + i];
       }
@@ -261,8 +267,8 @@ class ConvPool final : public Layer {
   }
   std::unique_ptr<Conv2d> conv_;
   int k_, st_;
-  Tensor conv_out_, scratch_, dw_;
-  std::vector<int32_t> argmax_;
+  Tensor conv_out_, scratch_, dw_;  // workspaces
+  PerSlot<std::vector<int32_t>> argmax_;
 };
 
 // Linear followed by ReLU as one layer. On the CPU backend the bias and the ReLU run in the
@@ -283,16 +289,16 @@ class LinearRelu final : public Layer {
     be.linear_relu_forward(y.data(), x.data(), params[0].value, params[1].value, B, I, O);
   }
   void backward(const Backend& be, const Tensor& x, const Tensor& y, const Tensor& dy,
-                Tensor* dx) override {
+                Tensor* dx, bool accumulate) override {
     const int B = batch_of(x), I = int(x.size() / std::max(B, 1)), O = int(y.size() / std::max(B, 1));
     dpre_.resize(y.shape);
     be.linear_relu_backward(dx ? dx->data() : nullptr, params[0].grad, params[1].grad, dy.data(),
-                            y.data(), x.data(), params[0].value, B, I, O, dpre_.data());
+                            y.data(), x.data(), params[0].value, B, I, O, dpre_.data(), accumulate);
   }
 
  private:
   std::unique_ptr<Linear> lin_;
-  Tensor dpre_;
+  Tensor dpre_;  // workspace
 };
 
 }  // namespace

@@ -153,6 +153,10 @@ int main(int argc, char** argv) {
   train->add_option("--resume", cfg.resume,
                     "never | auto (newest checkpoint that verifies, if any) | PATH.h5")
       ->capture_default_str();
+  train->add_option("--trace", cfg.trace,
+                    "write a Chrome trace (chrome://tracing, ui.perfetto.dev) of a few steps, all ranks, to PATH.json");
+  train->add_option("--trace_steps", cfg.trace_steps, "steps in the trace, from the second step run")
+      ->check(CLI::Range(1, 100000))->capture_default_str();
   train->add_flag_callback("--quiet", [&] { progress = "off"; }, "same as --progress off");
   enable_toml_config(app, *train, cfg);
 

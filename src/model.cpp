@@ -78,11 +78,16 @@ std::string short_kind(const std::string& spec) {
   return k;
 }
 
-}  // namespace
+// The whole model's layers (fused, named) and the per-sample shape entering each, plus the
+// output shape at the end.
+struct Built {
+  std::vector<std::unique_ptr<Layer>> layers;
+  std::vector<Shape> shapes;
+};
 
-Model::Model(const ModelSpec& spec, Shape input_shape, int classes)
-    : spec_(spec), input_shape_(std::move(input_shape)), classes_(classes) {
-  Shape shape = input_shape_;
+Built build_layers(const ModelSpec& spec, const Shape& input_shape, int classes) {
+  Built b;
+  Shape shape = input_shape;
   std::map<std::string, int> counts;
   for (size_t i = 0; i < spec.size(); ++i) {
     // "relu, maxpool" runs as "maxpool, relu": max and ReLU commute exactly (ReLU is monotone,
@@ -98,30 +103,64 @@ Model::Model(const ModelSpec& spec, Shape input_shape, int classes)
     layer->name = fmt::format("{}{}", kind, ++counts[kind]);
     // "linear, relu" runs as one layer: bias and ReLU in the GEMM's epilogue, and one pass for
     // the ReLU's and the bias's gradients (same values; the ReLU's input is not stored).
-    if (!layers_.empty())
-      if (auto fused = fuse_linear_relu(layers_.back(), layer)) {  // same shape out
-        layers_.back() = std::move(fused);
+    if (!b.layers.empty())
+      if (auto fused = fuse_linear_relu(b.layers.back(), layer)) {  // same shape out
+        b.layers.back() = std::move(fused);
         continue;
       }
-    if (!layers_.empty())
-      if (auto fused = fuse_conv_pool(layers_.back(), layer)) {
-        shape = fused->output_shape(shapes_.back());
-        layers_.back() = std::move(fused);
+    if (!b.layers.empty())
+      if (auto fused = fuse_conv_pool(b.layers.back(), layer)) {
+        shape = fused->output_shape(b.shapes.back());
+        b.layers.back() = std::move(fused);
         continue;
       }
-    shapes_.push_back(shape);
+    b.shapes.push_back(shape);
     shape = layer->output_shape(shape);
-    layers_.push_back(std::move(layer));
+    b.layers.push_back(std::move(layer));
   }
-  shapes_.push_back(shape);
+  b.shapes.push_back(shape);
   if (shape.size() != 1 || shape[0] != classes)
     fail_input("model: the last layer gives {} per sample; the data has {} classes (end the "
                "model with \"linear {}\")", shape_str(shape), classes, classes);
+  return b;
+}
+
+int64_t param_count(const Layer& l) {
+  int64_t n = 0;
+  for (auto& p : l.params) n += numel(p.shape);
+  return n;
+}
+
+}  // namespace
+
+std::vector<LayerInfo> Model::describe_layers(const ModelSpec& spec, const Shape& input_shape,
+                                              int classes) {
+  Built b = build_layers(spec, input_shape, classes);
+  std::vector<LayerInfo> out;
+  for (size_t i = 0; i < b.layers.size(); ++i)
+    out.push_back({.name = b.layers[i]->name, .describe = b.layers[i]->describe(),
+                   .in_shape = b.shapes[i], .out_shape = b.shapes[i + 1],
+                   .params = param_count(*b.layers[i]),
+                   .flops = b.layers[i]->flops_per_sample(b.shapes[i])});
+  return out;
+}
+
+Model::Model(const ModelSpec& spec, Shape input_shape, int classes, LayerRange stage)
+    : spec_(spec), input_shape_(std::move(input_shape)), classes_(classes) {
+  Built b = build_layers(spec, input_shape_, classes);
+  total_layers_ = int(b.layers.size());
+  const int last = stage.last < 0 ? total_layers_ : stage.last;
+  STRATA_CHECK(0 <= stage.first && stage.first < last && last <= total_layers_,
+               "layer range [{}, {}) of a {}-layer model", stage.first, last, total_layers_);
+  first_ = stage.first;
+  // Later stages' parameters come first in the whole model's flat layout.
+  for (int i = last; i < total_layers_; ++i) offset_in_whole_ += param_count(*b.layers[size_t(i)]);
+  for (int i = first_; i < last; ++i) layers_.push_back(std::move(b.layers[size_t(i)]));
+  shapes_.assign(b.shapes.begin() + first_, b.shapes.begin() + last + 1);
 
   // Flat layout in reverse layer order: backward finishes gradients front to back.
   int64_t total = 0;
-  for (auto& l : layers_)
-    for (auto& p : l->params) total += numel(p.shape);
+  for (auto& l : layers_) total += param_count(*l);
   values_ = Tensor({total});
   grads_ = Tensor({total});
   int64_t off = 0;
@@ -138,8 +177,24 @@ Model::Model(const ModelSpec& spec, Shape input_shape, int classes)
   }
   for (auto& l : layers_)
     for (auto& p : l->params) params_.push_back(&p);
-  outs_.resize(layers_.size());
-  douts_.resize(layers_.size());
+  set_slot(0);
+}
+
+void Model::set_slot(int k) {
+  while (int(acts_.size()) <= k) {
+    acts_.emplace_back();
+    acts_.back().outs.resize(layers_.size());
+    acts_.back().douts.resize(layers_.size());
+  }
+  slot_ = k;
+  for (auto& l : layers_) l->set_slot(k);
+}
+
+int64_t Model::activation_bytes(int k) const {
+  int64_t n = 0;
+  for (size_t i = 0; i < layers_.size(); ++i)
+    if (!layers_[i]->is_reshape()) n += acts_[size_t(k)].outs[i].size();
+  return n * int64_t(sizeof(float));
 }
 
 std::string Model::summary() const {
@@ -171,55 +226,63 @@ void Model::init(uint64_t seed) {
 }
 
 const Tensor& Model::forward(const Backend& be, const Tensor& x, const StepInfo& s) {
-  input_ = &x;
+  Activations& a = acts_[size_t(slot_)];
+  a.input = &x;
   const int64_t b = x.dim(0);
   const Tensor* in = &x;
   for (size_t i = 0; i < layers_.size(); ++i) {
     Shape os = shapes_[i + 1];
     os.insert(os.begin(), b);
     if (layers_[i]->is_reshape()) {
-      outs_[i] = Tensor::view(const_cast<float*>(in->data()), os);
+      a.outs[i] = Tensor::view(const_cast<float*>(in->data()), os);
     } else {
-      outs_[i].resize(os);
-      layers_[i]->forward(be, *in, outs_[i], s);
+      a.outs[i].resize(os);
+      layers_[i]->forward(be, *in, a.outs[i], s);
     }
-    in = &outs_[i];
+    in = &a.outs[i];
   }
   return *in;
 }
 
-void Model::backward(const Backend& be, const Tensor& dlogits,
-                     const std::function<void(int64_t)>& on_ready) {
-  STRATA_CHECK(input_, "backward before forward");
-  const int64_t b = input_->dim(0);
-  const Tensor* dy = &dlogits;
-  // Below the lowest layer with parameters no gradient is needed: that layer skips its input
-  // gradient (for the MLP, fc1's 64x784 product behind the flatten: a third of backward's
-  // FLOPs) and the layers under it skip backward altogether, as autograd does for data.
-  size_t lowest = layers_.size();
-  for (size_t i = 0; i < layers_.size(); ++i)
-    if (!layers_[i]->params.empty()) {
-      lowest = i;
-      break;
-    }
+const Tensor* Model::backward(const Backend& be, const Tensor& dout,
+                              const std::function<void(int64_t)>& on_ready, bool accumulate) {
+  Activations& a = acts_[size_t(slot_)];
+  STRATA_CHECK(a.input, "backward before forward");
+  const int64_t b = a.input->dim(0);
+  const Tensor* dy = &dout;
+  // The first stage needs no gradient below its lowest layer with parameters: that layer
+  // skips its input gradient (for the MLP, fc1's 64x784 product behind the flatten: a third
+  // of backward's FLOPs) and the layers under it skip backward altogether, as autograd does
+  // for data. Later stages send the gradient at their input to the stage before.
+  const bool input_grad = first_ > 0;
+  size_t lowest = 0;
+  if (!input_grad) {
+    lowest = layers_.size();
+    for (size_t i = 0; i < layers_.size(); ++i)
+      if (!layers_[i]->params.empty()) {
+        lowest = i;
+        break;
+      }
+  }
   for (size_t i = layers_.size(); i-- > 0;) {
     if (i < lowest) {
       if (on_ready) on_ready(ready_after_[i]);
       continue;
     }
-    const Tensor& x = i ? outs_[i - 1] : *input_;
+    const Tensor& x = i ? a.outs[i - 1] : *a.input;
     Tensor* dx = nullptr;
-    if (i > lowest) {
+    if (i > lowest || input_grad) {
       Shape is = shapes_[i];
       is.insert(is.begin(), b);
-      if (layers_[i]->is_reshape()) douts_[i] = Tensor::view(const_cast<float*>(dy->data()), is);
-      else douts_[i].resize(is);
-      dx = &douts_[i];
+      if (layers_[i]->is_reshape()) a.douts[i] = Tensor::view(const_cast<float*>(dy->data()), is);
+      else a.douts[i].resize(is);
+      dx = &a.douts[i];
     }
-    if (!layers_[i]->is_reshape()) layers_[i]->backward(be, x, outs_[i], *dy, dx);
+    if (!layers_[i]->is_reshape()) layers_[i]->backward(be, x, a.outs[i], *dy, dx, accumulate);
     if (on_ready) on_ready(ready_after_[i]);
     dy = dx;
   }
+  return input_grad ? &a.douts[0] : nullptr;
 }
 
 }  // namespace strata

@@ -21,11 +21,14 @@ Optimizer::Optimizer(OptimConfig c, int64_t n) : c_(std::move(c)) {
   if (c_.kind == "adamw") s1_ = Tensor({n});
 }
 
-double Optimizer::step(const Backend& be, Tensor& params, Tensor& grads, int64_t step) {
+double Optimizer::step(const Backend& be, Tensor& params, Tensor& grads, int64_t step,
+                       Comm* norm_over) {
   const int64_t n = params.size();
   double norm = -1;  // a pass over every gradient: only when clipping needs it
   if (c_.grad_clip > 0) {
-    norm = std::sqrt(be.sum_squares(grads.data(), n));
+    double sq = be.sum_squares(grads.data(), n);
+    if (norm_over) norm_over->allreduce_sum(&sq, 1);
+    norm = std::sqrt(sq);
     if (norm > c_.grad_clip) be.scale_inplace(grads.data(), n, float(c_.grad_clip / (norm + 1e-6)));
   }
   apply(be, params, grads, 0, n, step);

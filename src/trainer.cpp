@@ -18,9 +18,13 @@
 #include "strata/data_parallel.h"
 #include "strata/error.h"
 #include "strata/files.h"
+#include "strata/grid.h"
 #include "strata/metrics.h"
 #include "strata/optim.h"
+#include "strata/pipeline.h"
+#include "strata/trace.h"
 #include "strata/watchdog.h"
+#include "strata/whole_model.h"
 
 namespace strata {
 namespace {
@@ -100,32 +104,66 @@ EvalResult evaluate(Model& model, const Backend& be, const DatasetInfo& info,
 int run_train(const RunConfig& cfg, Comm& comm) {
   const bool lead = comm.rank() == 0;
   const int ranks = comm.size();
+  const int P = cfg.parallel.pipeline_stages;
   std::string device_note;
   const Backend* bep = nullptr;
   DatasetInfo info;
+  int D = 1, M = 1;  // data-parallel replicas, micro-batches per step
+  std::vector<LayerInfo> layers;
+  std::vector<LayerRange> ranges;
   collectively(comm, [&] {
     validate(cfg);
     bep = &select_backend(cfg.device, cfg.threads, &device_note);
-    if (cfg.train.batch_size % ranks != 0)
-      fail_input("train.batch_size = {} is not divisible by the {} data-parallel ranks",
-                 cfg.train.batch_size, ranks);
+    if (ranks % P != 0)
+      fail_input("parallel.pipeline_stages = {} does not divide the {} ranks (each of the "
+                 "ranks / P data-parallel replicas runs a whole pipeline)", P, ranks);
+    D = ranks / P;
+    if (cfg.train.batch_size % D != 0)
+      fail_input("train.batch_size = {} is not divisible by the {} data-parallel replicas "
+                 "({} ranks / parallel.pipeline_stages = {})", cfg.train.batch_size, D, ranks, P);
+    const int64_t per_replica = cfg.train.batch_size / D;
+    M = cfg.parallel.microbatches;
+    if (M == 0) {  // auto: enough micro-batches to keep the bubble small, if the batch allows
+      M = 1;
+      for (int m = P == 1 ? 1 : 4 * P; m >= 1; --m)
+        if (per_replica % m == 0) {
+          M = m;
+          break;
+        }
+    } else if (per_replica % M != 0) {
+      fail_input("parallel.microbatches = {} does not divide the per-replica batch of {} "
+                 "(train.batch_size = {} over {} replica{})", M, per_replica,
+                 cfg.train.batch_size, D, D == 1 ? "" : "s");
+    }
     info = open_dataset(cfg.data.path);
     if (cfg.train.batch_size > info.train.n)
       fail_input("train.batch_size = {} is larger than the {} training samples in {}",
                  cfg.train.batch_size, info.train.n, cfg.data.path);
+    layers = Model::describe_layers(cfg.model_spec(info.classes), info.train.sample_shape, info.classes);
+    ranges = partition_layers(layers, P, cfg.parallel.stage_layers);
+    if (lead && !cfg.trace.empty()) ensure_parent_dir(cfg.trace);
   });
   const Backend& be = *bep;
   const int64_t G = cfg.train.batch_size;
+  // Micro-batches without a pipeline are plain gradient accumulation, run by the same engine.
+  const bool pipelined = P > 1 || M > 1;
+  ProcessGrid grid = make_grid(comm, P, cfg.parallel.placement);
 
   std::unique_ptr<Model> model;
   collectively(comm, [&] {
-    model = std::make_unique<Model>(cfg.model_spec(info.classes), info.train.sample_shape, info.classes);
+    model = std::make_unique<Model>(cfg.model_spec(info.classes), info.train.sample_shape,
+                                    info.classes, ranges[size_t(grid.stage)]);
     if (lead) {
       ensure_parent_dir(cfg.params_path());
       ensure_parent_dir(cfg.metrics_path());
     }
   });
   model->init(cfg.train.seed);
+  // With a pipeline, rank 0 also holds the whole model: checkpoints gather into it.
+  auto make_whole = [&] {
+    auto w = std::make_unique<Model>(cfg.model_spec(info.classes), info.train.sample_shape, info.classes);
+    return w;
+  };
 
   std::unique_ptr<MetricsWriter> metrics;
   collectively(comm, [&] {
@@ -135,7 +173,9 @@ int run_train(const RunConfig& cfg, Comm& comm) {
     }
   });
 
-  auto loader = std::make_unique<Loader>(info, "train", G, comm.rank(), ranks, true, cfg.train.seed);
+  // Every stage of a replica reads the replica's share (the first stage uses the samples,
+  // the last the labels), so all stay at the same position in the data order.
+  auto loader = std::make_unique<Loader>(info, "train", G, grid.replica, D, true, cfg.train.seed);
   const int64_t per_epoch = loader->batches_per_epoch();
   int64_t total = per_epoch * cfg.train.epochs;
   if (cfg.train.max_steps > 0) total = std::min(total, cfg.train.max_steps);
@@ -146,14 +186,33 @@ int run_train(const RunConfig& cfg, Comm& comm) {
                  .schedule = cfg.train.lr_schedule, .warmup_steps = cfg.train.warmup_steps,
                  .min_lr = cfg.train.min_lr, .total_steps = total, .grad_clip = cfg.train.grad_clip};
   Optimizer opt(oc, model->num_params());
+  int64_t whole_params = 0;
+  for (const auto& l : layers) whole_params += l.params;
 
   // Checkpoints: the directory is checked before any training, so a bad one fails now rather
   // than hours later; then the run continues from the newest checkpoint that verifies.
   Checkpointer ckpt(cfg, comm);
-  const int64_t ckpt_bytes = model->num_params() * 4 * int64_t(1 + opt.state().size()) + (1 << 16);
+  const int64_t ckpt_bytes = whole_params * 4 * int64_t(1 + opt.state().size()) + (1 << 16);
   ckpt.preflight(ckpt_bytes);
   int64_t start_step = 0;
-  if (auto st = ckpt.resume(*model, opt, cfg, info.source_sha256)) {
+  std::unique_ptr<Model> whole;       // pipeline: rank 0's assembly of every stage
+  std::unique_ptr<Optimizer> whole_opt;
+  std::optional<TrainState> resumed;
+  if (!pipelined) {
+    resumed = ckpt.resume(*model, opt, cfg, info.source_sha256);
+  } else {
+    // Checkpoints hold the whole model by global names, whatever grid wrote them: every rank
+    // loads the whole (for a moment) and keeps its stage's block.
+    whole = make_whole();
+    whole_opt = std::make_unique<Optimizer>(oc, whole->num_params());
+    resumed = ckpt.resume(*whole, *whole_opt, cfg, info.source_sha256);
+    if (resumed) take_stage(*whole, *whole_opt, *model, opt);
+    if (!lead) {
+      whole.reset();
+      whole_opt.reset();
+    }
+  }
+  if (auto& st = resumed) {
     start_step = std::min(st->step, total);
     if (start_step < total) loader->seek(st->epoch, st->batch);
     if (metrics)
@@ -165,7 +224,7 @@ int run_train(const RunConfig& cfg, Comm& comm) {
   Watchdog watchdog(comm, cfg.watchdog.timeout_s);
   Provenance prov{.config_toml = cfg.to_toml(), .dataset_path = cfg.data.path,
                   .dataset_sha256 = info.source_sha256, .grid_ranks = ranks,
-                  .grid_data_parallel = ranks, .grid_stages = 1, .slurm_job_id = slurm_job_id(),
+                  .grid_data_parallel = D, .grid_stages = P, .slurm_job_id = slurm_job_id(),
                   .slurm_restart_count = slurm_restart_count(), .hosts = gather_hosts(comm), .created_utc = ""};
   // Rank 0 watches the clock: the job's end time (Slurm) and the time-based checkpoint period.
   std::optional<double> end_time;
@@ -208,14 +267,20 @@ int run_train(const RunConfig& cfg, Comm& comm) {
     wait = wait || !cfg.checkpoint.async;
     if (lead)
       if (auto prev = ckpt.finish()) report_checkpoint(*prev);
-    auto r = ckpt.save(*model, opt, st, prov, wait);
+    if (pipelined) gather_stages(comm, grid, layers, ranges, *model, opt, whole.get(), whole_opt.get());
+    auto r = pipelined && lead ? ckpt.save(*whole, *whole_opt, st, prov, wait)
+                               : ckpt.save(*model, opt, st, prov, wait);
     last_ckpt_time = Clock::now();
     last_ckpt_step = steps_done;
     if (wait) report_checkpoint(r);
     return r.ok;
   };
-  GradientAllreducer reducer(comm, *model, model->grads().data(), cfg.dp.bucket_mb * 1048576.0,
-                             cfg.dp.overlap);
+  // Data parallelism within a stage: gradients are averaged over the stage's replicas.
+  GradientAllreducer reducer(*grid.stage_comm, *model, model->grads().data(),
+                             cfg.dp.bucket_mb * 1048576.0, cfg.dp.overlap);
+  Tracer tracer = cfg.trace.empty() ? Tracer() : Tracer(start_step + 1, cfg.trace_steps);
+  std::unique_ptr<PipelineStage> pipe;
+  if (pipelined) pipe = std::make_unique<PipelineStage>(*model, *grid.pipe_comm, P, M, cfg.parallel.schedule, tracer);
 
   if (lead && end_time)
     fmt::print("job ends at {}; strata stops with a checkpoint before then (margin measured from "
@@ -226,40 +291,72 @@ int run_train(const RunConfig& cfg, Comm& comm) {
     fmt::print("data {}: {} train samples{}, {} classes, sample shape {}\n", cfg.data.path,
                info.train.n, info.has_test ? fmt::format(", {} test", info.test.n) : "",
                info.classes, shape_str(info.train.sample_shape));
-    fmt::print("model:\n{}\n", model->summary());
+    if (!pipelined) {
+      fmt::print("model:\n{}\n", model->summary());
+    } else {
+      fmt::print("model:\n{}\n", whole->summary());
+      fmt::print("pipeline: {} stage{} x {} data-parallel replica{} ({}), {} micro-batches of {} "
+                 "per step, schedule {}\n{}\n", P, P == 1 ? "" : "s", D, D == 1 ? "" : "s",
+                 cfg.parallel.placement, M, G / D / M, cfg.parallel.schedule,
+                 partition_summary(layers, ranges));
+    }
     const std::string span =
         total < per_epoch * cfg.train.epochs
             ? fmt::format("train.max_steps; an epoch is {} steps", per_epoch)
             : fmt::format("{} epoch{} of {} steps", cfg.train.epochs, cfg.train.epochs == 1 ? "" : "s", per_epoch);
-    fmt::print("training {} steps ({}), global batch {} ({} per rank), {} allreduce bucket{}\n",
-               total, span, G, G / ranks, reducer.num_buckets(), reducer.num_buckets() == 1 ? "" : "s");
+    fmt::print("training {} steps ({}), global batch {} ({} per replica), {} allreduce bucket{}\n",
+               total, span, G, G / D, reducer.num_buckets(), reducer.num_buckets() == 1 ? "" : "s");
     std::fflush(stdout);
   }
 
   ProgressLine progress(lead ? cfg.progress : "off");
-  const bool update_in_backward = ranks == 1 && opt.can_update_in_backward();
+  const bool update_in_backward = ranks == 1 && !pipelined && opt.can_update_in_backward();
   Tensor probs, dlogits;
   const auto t_start = Clock::now();
   auto t_log = t_start;
   int64_t samples_since_log = 0;
   double exposed_total = 0, loader_wait = 0;
   const double cpu_start = thread_cpu_seconds();
+  // Pipeline: time each rank waits for others (receives, sends, the agreement) over the steps
+  // after the first, against their wall time: the measured bubble.
+  double idle_s = 0, idle_wall_s = 0;
+  comm.barrier();  // so that every rank's trace starts at the same moment
+  tracer.set_origin();
   for (int64_t step = start_step; step < total; ++step) {
     watchdog.step_begin(step);
+    tracer.begin_step(step);
     const auto t_step = Clock::now();
     const auto t_wait = Clock::now();
-    const auto& batch = loader->next();
+    const Loader::Batch* batchp;
+    {
+      Tracer::Scope span(tracer, "data", "next batch");
+      batchp = &loader->next();
+    }
+    const auto& batch = *batchp;
     loader_wait += since(t_wait);
     const int b = int(batch.y.size());
     StepInfo si{.training = true, .seed = cfg.train.seed, .step = uint64_t(step),
                 .first_sample = batch.first_sample};
-    const Tensor& logits = model->forward(be, batch.x, si);
-    probs.resize(logits.shape);
-    dlogits.resize(logits.shape);
-    double loss = be.softmax_xent_forward(probs.data(), logits.data(), batch.y.data(), b, info.classes);
-    be.softmax_xent_backward(dlogits.data(), probs.data(), batch.y.data(), b, info.classes,
-                             1.0f / float(G));
-    // One allreduce agrees on the loss (before backward, so a diverged step changes no
+    double loss = 0, pipe_wait0 = 0;
+    if (pipelined) {
+      // Every micro-batch's forward and backward, in schedule order; the data-parallel
+      // allreduce starts during the last backward. Agreement comes after it (the loss exists
+      // only on the last stage, once all micro-batches are through), still before the update.
+      pipe_wait0 = pipe->stats().wait_s;
+      loss = pipe->run(be, batch.x, batch.y.data(), b, si, G,
+                       [&](int64_t ready) { reducer.on_grads_ready(ready); });
+      Tracer::Scope span(tracer, "allreduce", "gradient allreduce (stage replicas)");
+      reducer.finish();
+    } else {
+      Tracer::Scope span(tracer, "compute", "forward");
+      const Tensor& logits = model->forward(be, batch.x, si);
+      probs.resize(logits.shape);
+      dlogits.resize(logits.shape);
+      loss = be.softmax_xent_forward(probs.data(), logits.data(), batch.y.data(), b, info.classes);
+      be.softmax_xent_backward(dlogits.data(), probs.data(), batch.y.data(), b, info.classes,
+                               1.0f / float(G));
+    }
+    // One allreduce agrees on the loss (before the update, so a diverged step changes no
     // parameter) and on whether to checkpoint and/or stop after this step: any rank that got a
     // stop signal, rank 0 for the time limit and the checkpoint period.
     double agree[4] = {loss, stop_signal() ? 1.0 : 0.0, 0.0, 0.0};
@@ -268,7 +365,13 @@ int run_train(const RunConfig& cfg, Comm& comm) {
       agree[3] = cfg.checkpoint.every_seconds > 0 &&
                  since(last_ckpt_time) >= cfg.checkpoint.every_seconds ? 1.0 : 0.0;
     }
+    const auto t_agree = Clock::now();
     comm.allreduce_sum(agree, 4);
+    tracer.span("allreduce", "agree: loss, stop, checkpoint", t_agree, Clock::now());
+    if (pipelined && step > start_step) {
+      idle_s += pipe->stats().wait_s - pipe_wait0 + since(t_agree);
+      idle_wall_s += since(t_step);
+    }
     loss = agree[0] / double(G);
     const bool stop_now = agree[1] > 0 || agree[2] > 0;
     if (!std::isfinite(loss)) {
@@ -283,7 +386,11 @@ int run_train(const RunConfig& cfg, Comm& comm) {
       }
       return kExitDiverged;
     }
-    if (update_in_backward) {
+    if (pipelined) {
+      Tracer::Scope span(tracer, "optimizer", "optimizer step");
+      opt.step(be, model->values(), model->grads(), step, P > 1 ? grid.pipe_comm.get() : nullptr);
+    } else if (update_in_backward) {
+      Tracer::Scope span(tracer, "compute", "backward + optimizer");
       // One rank, no clipping: update each layer's parameters as soon as backward has
       // produced their gradients, while those are still in cache (the layer's own backward
       // is done with its weights; earlier layers do not read them). Same arithmetic as one
@@ -295,8 +402,15 @@ int run_train(const RunConfig& cfg, Comm& comm) {
       });
       opt.end_step();
     } else {
-      model->backward(be, dlogits, [&](int64_t ready) { reducer.on_grads_ready(ready); });
-      reducer.finish();
+      {
+        Tracer::Scope span(tracer, "compute", "backward");
+        model->backward(be, dlogits, [&](int64_t ready) { reducer.on_grads_ready(ready); });
+      }
+      {
+        Tracer::Scope span(tracer, "allreduce", "gradient allreduce");
+        reducer.finish();
+      }
+      Tracer::Scope span(tracer, "optimizer", "optimizer step");
       opt.step(be, model->values(), model->grads(), step);
     }
     samples_since_log += G;
@@ -369,10 +483,29 @@ int run_train(const RunConfig& cfg, Comm& comm) {
   progress.finish();
   loader.reset();  // the loader thread owns HDF5 while alive
 
+  // Pipeline figures, per stage: the most micro-batches alive at once (1f1b: at most P - S;
+  // gpipe: M), their activation bytes, and the measured idle share (mean over replicas).
+  std::vector<double> peak_live(size_t(P), 0.0), peak_mb(size_t(P), 0.0), idle(size_t(P), 0.0);
+  if (pipelined) {
+    peak_live[size_t(grid.stage)] = pipe->stats().peak_live;
+    peak_mb[size_t(grid.stage)] = double(pipe->stats().peak_act_bytes) / 1e6;
+    comm.allreduce_max(peak_live.data(), P);
+    comm.allreduce_max(peak_mb.data(), P);
+    idle[size_t(grid.stage)] = idle_wall_s > 0 ? idle_s / idle_wall_s / D : 0.0;
+    comm.allreduce_sum(idle.data(), P);
+  }
+  tracer.write(comm, cfg.trace, fmt::format("rank {} · {} · {}", comm.rank(), grid.where(), comm.host()));
+
+  Model* final_model = model.get();
+  if (pipelined) {  // every rank evaluates a share of the test set with the whole model
+    if (!whole) whole = make_whole();
+    allgather_stages(comm, grid, layers, ranges, *model, *whole);
+    final_model = whole.get();
+  }
   EvalResult ev;
-  if (info.has_test) ev = evaluate(*model, be, info, "test", comm);
+  if (info.has_test) ev = evaluate(*final_model, be, info, "test", comm);
   if (lead) {
-    save_parameters(cfg.params_path(), *model,
+    save_parameters(cfg.params_path(), *final_model,
                     {.config_toml = cfg.to_toml(), .dataset_sha256 = info.source_sha256, .step = total});
     std::vector<MetricsWriter::Field> done = {
         {"event", json_string("done")}, {"step", fmt::format("{}", total)},
@@ -384,7 +517,27 @@ int run_train(const RunConfig& cfg, Comm& comm) {
         // the training thread (wall minus this is waiting, or time the VM's CPU was taken).
         {"loader_wait_s", json_number(loader_wait)},
         {"train_thread_cpu_s", json_number(train_cpu_s)},
-        {"ranks", fmt::format("{}", ranks)}};
+        {"ranks", fmt::format("{}", ranks)},
+        {"pipeline_stages", fmt::format("{}", P)},
+        {"data_parallel", fmt::format("{}", D)},
+        {"microbatches", fmt::format("{}", M)},
+        {"schedule", json_string(pipelined ? cfg.parallel.schedule : "none")}};
+    if (pipelined) {
+      auto list = [](const std::vector<double>& v, const char* f) {
+        std::string out = "[";
+        for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + fmt::format(fmt::runtime(f), v[i]);
+        return out + "]";
+      };
+      done.push_back({"peak_live_microbatches", list(peak_live, "{:.0f}")});
+      done.push_back({"peak_activation_mb", list(peak_mb, "{:.3f}")});
+      done.push_back({"stage_idle_share", list(idle, "{:.4f}")});
+      done.push_back({"bubble_theory", json_number(double(P - 1) / double(M + P - 1))});
+      fmt::print("pipeline: peak live micro-batches per stage {} (schedule {}: {}), activations "
+                 "at peak {} MB; idle share per stage {} (theory (P-1)/(M+P-1) = {:.3f})\n",
+                 list(peak_live, "{:.0f}"), cfg.parallel.schedule,
+                 cfg.parallel.schedule == "gpipe" ? "M" : "at most P - stage",
+                 list(peak_mb, "{:.2f}"), list(idle, "{:.3f}"), double(P - 1) / double(M + P - 1));
+    }
     if (info.has_test) {
       done.push_back({"test_accuracy", json_number(ev.accuracy)});
       done.push_back({"test_loss", json_number(ev.loss)});

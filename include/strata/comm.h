@@ -44,8 +44,19 @@ class Comm {
   // Non-blocking in-place sum. start_* returns a handle; test() drives progress and reports
   // completion; wait() blocks until done. Handles are small integers owned by the Comm.
   virtual int start_allreduce_sum(float* x, int64_t n) = 0;
+  // Non-blocking point-to-point transfers of n floats (pipeline activations and their
+  // gradients). Messages between two ranks with the same tag arrive in the order sent. The
+  // buffer must stay untouched until the handle completes. Waiting for one of these yields
+  // the CPU after a short spin, so a rank idle in a pipeline bubble does not take a core from
+  // ranks that compute (several ranks may share a node's cores).
+  virtual int start_send(const float* x, int64_t n, int to, int tag) = 0;
+  virtual int start_recv(float* x, int64_t n, int from, int tag) = 0;
   virtual bool test(int handle) = 0;
   virtual void wait(int handle) = 0;
+
+  // Collective: the sub-communicator of the ranks that pass the same color, ordered by key
+  // (the process grid's stage and pipeline groups).
+  virtual std::unique_ptr<Comm> split(int color, int key) = 0;
 
   // Host name of this rank (for error messages naming a rank).
   virtual std::string host() const = 0;

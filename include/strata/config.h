@@ -46,6 +46,14 @@ struct RunConfig {
     double bucket_mb = 1.0;  // gradient allreduce bucket size (the first is 1/8 of it)
     bool overlap = true;     // start bucket allreduces during backward
   } dp;
+  struct Parallel {
+    int pipeline_stages = 1;    // P; data-parallel width D = ranks / P
+    int microbatches = 0;       // M per step; 0 = the largest divisor of the per-replica
+                                // batch up to 4 P (1 without a pipeline)
+    std::string schedule = "1f1b";  // 1f1b | gpipe
+    std::vector<int> stage_layers;  // layers per stage; empty = balanced by estimated cost
+    std::string placement = "replicas_in_node";  // | pipeline_in_node (see grid.h)
+  } parallel;
   struct Checkpoint {
     std::string dir = "";       // default <output.dir>/checkpoints
     int64_t every_steps = 0;    // 0 = off
@@ -70,6 +78,8 @@ struct RunConfig {
   std::string device = "auto";
   std::string progress = "auto";  // auto | inplace | lines | off
   std::string resume = "never";   // never | auto | PATH.h5 (--resume)
+  std::string trace = "";         // Chrome trace JSON of a few steps, merged over ranks (--trace)
+  int64_t trace_steps = 5;        // steps traced, from the second step run (--trace_steps)
 
   std::string checkpoint_dir() const;
 

@@ -1,8 +1,10 @@
 // The fp32 CPU kernels: the reference every other backend is checked against.
 // Plain functions over raw row-major pointers, forward and backward of an op side by side
 // (kernels/cpu/<family>.cpp). Activations are NCHW. "B" is the local batch.
-// Backward functions OVERWRITE their gradient outputs (no accumulation); a null gradient
-// pointer means "not needed" (e.g. dinp of the first layer).
+// Backward functions OVERWRITE their input gradient; parameter gradients are overwritten, or
+// added to when `accumulate` (micro-batches of a pipeline step sum into one gradient in the
+// GEMM itself, beta = 1, with no extra pass). A null gradient pointer means "not needed"
+// (e.g. dinp of the first layer).
 #pragma once
 #include <cstdint>
 
@@ -28,7 +30,7 @@ void linear_forward(float* out, const float* inp, const float* weight, const flo
                     int I, int O);
 // dinp (B,I) = dout @ weight; dweight (O,I) = dout^T @ inp; dbias (O) = sum_b dout.
 void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                     const float* inp, const float* weight, int B, int I, int O);
+                     const float* inp, const float* weight, int B, int I, int O, bool accumulate);
 // Linear followed by ReLU as one op: out (B,O) = relu(inp @ weight^T + bias), bias and ReLU
 // applied in the GEMM's epilogue where the shape allows (see linear.cpp).
 void linear_relu_forward(float* out, const float* inp, const float* weight, const float* bias,
@@ -37,7 +39,7 @@ void linear_relu_forward(float* out, const float* inp, const float* weight, cons
 // scratch that receives the gradient before the ReLU. dinp, dweight, dbias as linear_backward.
 void linear_relu_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                           const float* out, const float* inp, const float* weight, int B, int I,
-                          int O, float* dpre);
+                          int O, float* dpre, bool accumulate);
 
 // ---- Conv2d (kernels/cpu/conv.cpp) -----------------------------------------------------
 struct Conv2dShape {
@@ -53,7 +55,8 @@ int64_t conv2d_scratch_size(const Conv2dShape& s);
 void conv2d_forward(float* out, const float* inp, const float* weight, const float* bias,
                     const Conv2dShape& s, float* scratch);
 void conv2d_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                     const float* inp, const float* weight, const Conv2dShape& s, float* scratch);
+                     const float* inp, const float* weight, const Conv2dShape& s, float* scratch,
+                     bool accumulate);
 
 // ---- MaxPool2d (kernels/cpu/pool.cpp) --------------------------------------------------
 // Window k, stride st, no padding; out (B,C,OH,OW) with OH=(H-k)/st+1. argmax (same size as out)

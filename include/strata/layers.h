@@ -1,7 +1,9 @@
 // Layers: thin, stateless-between-steps wrappers that call the backend's ops.
 // The model keeps every layer's input and output; a layer keeps only what backward needs
-// beyond them (argmax, dropout mask, conv scratch).
+// beyond them (argmax, dropout mask), one copy per activation slot: a pipeline stage has
+// several micro-batches between forward and backward at once, each in its own slot.
 #pragma once
+#include <deque>
 #include <memory>
 #include <string>
 #include <vector>
@@ -40,14 +42,34 @@ class Layer {
   virtual Shape output_shape(const Shape& in) const = 0;
   // x: (B, in...), y: (B, out...) already sized by the model.
   virtual void forward(const Backend& be, const Tensor& x, Tensor& y, const StepInfo& s) = 0;
-  // dx may be null (first layer). Writes param grads (overwrites).
+  // dx may be null (first layer). Writes param grads, or adds to them when `accumulate`.
   virtual void backward(const Backend& be, const Tensor& x, const Tensor& y, const Tensor& dy,
-                        Tensor* dx) = 0;
+                        Tensor* dx, bool accumulate) = 0;
   // True for layers that only reshape (Flatten): the model then passes views instead of
   // calling forward/backward, so no bytes are copied.
   virtual bool is_reshape() const { return false; }
   // Model FLOPs of forward for one sample (for reports); backward is about twice this.
   virtual double flops_per_sample(const Shape& in) const { return 0; }
+  // The activation slot the next forward or backward uses (state kept from forward for
+  // backward lives per slot).
+  void set_slot(int k) { slot_ = k; }
+
+ protected:
+  int slot_ = 0;
+};
+
+// State a layer keeps from forward for backward, one per activation slot. A deque: growing it
+// never moves the states already there.
+template <class T>
+class PerSlot {
+ public:
+  T& operator[](int k) {
+    if (size_t(k) >= v_.size()) v_.resize(size_t(k) + 1);
+    return v_[size_t(k)];
+  }
+
+ private:
+  std::deque<T> v_;
 };
 
 std::unique_ptr<Layer> make_linear(int in, int out);

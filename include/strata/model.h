@@ -1,6 +1,7 @@
 // A model: a stack of layers built from a text spec, with all parameters and gradients in two
 // flat buffers (one allocation, one optimizer call, contiguous allreduce buckets).
 #pragma once
+#include <deque>
 #include <functional>
 #include <memory>
 #include <string>
@@ -14,13 +15,40 @@ namespace strata {
 // "relu", "gelu", "flatten", "dropout P". Input sizes are inferred.
 using ModelSpec = std::vector<std::string>;
 
+// A pipeline stage's share of the model: layers [first, last) of the built layer list (after
+// fusion, as the model summary prints them). last = -1: to the end.
+struct LayerRange {
+  int first = 0, last = -1;
+};
+
+// One built layer of the whole model, for partitioning and reports (no buffers allocated).
+struct LayerInfo {
+  std::string name, describe;
+  Shape in_shape, out_shape;  // per sample
+  int64_t params = 0;
+  double flops = 0;  // forward, per sample
+};
+
 class Model {
  public:
-  // Throws UserError naming the bad layer spec or shape mismatch.
-  Model(const ModelSpec& spec, Shape input_shape, int classes);
+  // The layers `stage` of the model `spec` (all of them by default). Parameter names, shapes
+  // and initial values are those of the whole model, whatever the range. Throws UserError
+  // naming the bad layer spec or shape mismatch.
+  Model(const ModelSpec& spec, Shape input_shape, int classes, LayerRange stage = {});
+  static std::vector<LayerInfo> describe_layers(const ModelSpec& spec, const Shape& input_shape,
+                                                int classes);
 
   const ModelSpec& spec() const { return spec_; }
-  const Shape& input_shape() const { return input_shape_; }
+  const Shape& input_shape() const { return input_shape_; }  // of the whole model
+  // This stage: its layers [first_layer, last_layer) of total_layers, the per-sample shapes
+  // entering and leaving it, and where its parameters sit in the whole model's flat buffers
+  // (stages hold contiguous blocks of them, later stages first).
+  int first_layer() const { return first_; }
+  int last_layer() const { return first_ + int(layers_.size()); }
+  int total_layers() const { return total_layers_; }
+  const Shape& stage_input_shape() const { return shapes_.front(); }
+  const Shape& stage_output_shape() const { return shapes_.back(); }
+  int64_t offset_in_whole() const { return offset_in_whole_; }
   int classes() const { return classes_; }
   std::vector<std::unique_ptr<Layer>>& layers() { return layers_; }
   // Parameters in forward (layer) order.
@@ -35,26 +63,43 @@ class Model {
   // tensor seeded by (seed, name): independent of rank count and layer order.
   void init(uint64_t seed);
 
-  // x: (B, input_shape...). Returns logits (B, classes), valid until the next forward.
+  // Activation slots: each holds one forward's activations (and layer state) until its
+  // backward. A pipeline stage uses one per micro-batch in flight; plain training only slot 0.
+  void set_slot(int k);
+  int slots() const { return int(acts_.size()); }
+  // Bytes of activations slot k holds now (outputs of every layer that owns its buffer).
+  int64_t activation_bytes(int k) const;
+
+  // x: (B, stage input shape...); must stay valid until the slot's backward. Returns this
+  // stage's output (logits (B, classes) on the last), valid until the slot's next forward.
   const Tensor& forward(const Backend& be, const Tensor& x, const StepInfo& s);
-  // Backward from dlogits. Parameters are laid out in reverse layer order, so the gradients
-  // finished so far are always a prefix of grads(); after each layer, on_ready(prefix_len) is
-  // called so data parallelism can start allreducing what is done.
-  void backward(const Backend& be, const Tensor& dlogits,
-                const std::function<void(int64_t)>& on_ready = {});
+  // Backward from the gradient at the stage's output (dlogits on the last stage). Parameters
+  // are laid out in reverse layer order, so the gradients finished so far are always a prefix
+  // of grads(); after each layer, on_ready(prefix_len) is called so data parallelism can start
+  // allreducing what is done. accumulate: add to grads() instead of overwriting (micro-batches
+  // of one step). Returns the gradient at the stage's input for a stage after the first
+  // (valid until the slot's next backward), else nullptr.
+  const Tensor* backward(const Backend& be, const Tensor& dout,
+                         const std::function<void(int64_t)>& on_ready = {}, bool accumulate = false);
 
  private:
   ModelSpec spec_;
   Shape input_shape_;
   int classes_;
-  std::vector<std::unique_ptr<Layer>> layers_;
+  int first_ = 0, total_layers_ = 0;
+  int64_t offset_in_whole_ = 0;
+  std::vector<std::unique_ptr<Layer>> layers_;  // this stage's
   std::vector<Shape> shapes_;  // per-sample shape entering layer i; shapes_.back() = output
   std::vector<Param*> params_;
   std::vector<int64_t> ready_after_;  // grads prefix complete after layer i's backward
   Tensor values_, grads_;
-  const Tensor* input_ = nullptr;
-  std::vector<Tensor> outs_;   // outs_[i]: output of layer i
-  std::vector<Tensor> douts_;  // douts_[i]: gradient w.r.t. input of layer i (unused for i = 0)
+  struct Activations {
+    const Tensor* input = nullptr;
+    std::vector<Tensor> outs;   // outs[i]: output of layer i
+    std::vector<Tensor> douts;  // douts[i]: gradient w.r.t. input of layer i
+  };
+  std::deque<Activations> acts_;  // per slot; a deque so views into a slot stay valid
+  int slot_ = 0;
 };
 
 }  // namespace strata

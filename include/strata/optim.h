@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "strata/backend.h"
+#include "strata/comm.h"
 #include "strata/tensor.h"
 
 namespace strata {
@@ -31,7 +32,10 @@ class Optimizer {
   Optimizer(OptimConfig c, int64_t num_params);
   // Clips (if configured) and applies one update. Returns the global gradient norm before
   // clipping, or -1 when clipping is off (the norm is not computed then). `step` is 0-based.
-  double step(const Backend& be, Tensor& params, Tensor& grads, int64_t step);
+  // norm_over: the ranks holding the other parts of the model (a pipeline's stages), whose
+  // squared norms are summed into the global one.
+  double step(const Backend& be, Tensor& params, Tensor& grads, int64_t step,
+              Comm* norm_over = nullptr);
   // The same update in pieces: apply() to ranges [begin, end) of the flat buffers as their
   // gradients become final, then end_step() once. Only without clipping, which needs the
   // global norm first.

@@ -202,12 +202,13 @@ void conv2d_forward(float* out, const float* inp, const float* weight, const flo
 // dout (B,OC,OH,OW), inp (B,C,H,W), weight (OC,C,KH,KW)
 //   -> dinp (B,C,H,W), dweight (OC,C,KH,KW), dbias (OC)
 void conv2d_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                     const float* inp, const float* weight, const Conv2dShape& s, float* scratch) {
+                     const float* inp, const float* weight, const Conv2dShape& s, float* scratch,
+                     bool accumulate) {
   const int64_t CK = ck_of(s), P = p_of(s), in_sample = int64_t(s.C) * s.H * s.W;
   const int nb_max = chunk_samples(s);
   float* cols = scratch;
-  if (dbias) std::fill(dbias, dbias + s.OC, 0.f);
-  if (dweight && s.B == 0) std::fill(dweight, dweight + s.OC * CK, 0.f);
+  if (dbias && !accumulate) std::fill(dbias, dbias + s.OC, 0.f);
+  if (dweight && s.B == 0 && !accumulate) std::fill(dweight, dweight + s.OC * CK, 0.f);
   for (int b0 = 0; b0 < s.B; b0 += nb_max) {
     const int nb = std::min(nb_max, s.B - b0);
     const int64_t n = nb * P;
@@ -229,7 +230,7 @@ void conv2d_backward(float* dinp, float* dweight, float* dbias, const float* dou
           dbias[oc] += sum_floats(dout0 + (int64_t(b) * s.OC + oc) * P, P);
     if (dweight) {
       im2col(cols, inp + b0 * in_sample, nb, s);
-      sgemm(false, true, s.OC, CK, n, 1.f, dy, n, cols, n, b0 == 0 ? 0.f : 1.f, dweight, CK);
+      sgemm(false, true, s.OC, CK, n, 1.f, dy, n, cols, n, b0 == 0 && !accumulate ? 0.f : 1.f, dweight, CK);
     }
     if (dinp) {
       sgemm(true, false, CK, n, s.OC, 1.f, weight, CK, dy, n, 0.f, cols, n);

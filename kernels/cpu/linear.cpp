@@ -38,9 +38,9 @@ void forward(float* out, const float* inp, const float* weight, const float* bia
 
 // The two products of backward, from the gradient at the layer's output (pre-activation).
 void backward_products(float* dinp, float* dweight, const float* dout, const float* inp,
-                       const float* weight, int B, int I, int O) {
+                       const float* weight, int B, int I, int O, bool accumulate) {
   if (dinp) sgemm(false, false, B, I, O, 1.f, dout, O, weight, I, 0.f, dinp, I);
-  if (dweight) sgemm(true, false, O, I, B, 1.f, dout, O, inp, I, 0.f, dweight, I);
+  if (dweight) sgemm(true, false, O, I, B, 1.f, dout, O, inp, I, accumulate ? 1.f : 0.f, dweight, I);
 }
 
 }  // namespace
@@ -53,11 +53,11 @@ void linear_forward(float* out, const float* inp, const float* weight, const flo
 
 // dout (B,O), inp (B,I), weight (O,I) -> dinp (B,I), dweight (O,I), dbias (O)
 void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                     const float* inp, const float* weight, int B, int I, int O) {
-  backward_products(dinp, dweight, dout, inp, weight, B, I, O);
+                     const float* inp, const float* weight, int B, int I, int O, bool accumulate) {
+  backward_products(dinp, dweight, dout, inp, weight, B, I, O, accumulate);
   if (dbias) {
     // Row by row so the inner loop runs over contiguous memory and vectorises.
-    std::fill(dbias, dbias + O, 0.f);
+    if (!accumulate) std::fill(dbias, dbias + O, 0.f);
     for (int b = 0; b < B; ++b) {
       const float* d = dout + int64_t(b) * O;
       for (int o = 0; o < O; ++o) dbias[o] += d[o];
@@ -74,8 +74,8 @@ void linear_relu_forward(float* out, const float* inp, const float* weight, cons
 // row order, as relu_backward followed by linear_backward), then the two products.
 void linear_relu_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                           const float* out, const float* inp, const float* weight, int B, int I,
-                          int O, float* dpre) {
-  if (dbias) std::fill(dbias, dbias + O, 0.f);
+                          int O, float* dpre, bool accumulate) {
+  if (dbias && !accumulate) std::fill(dbias, dbias + O, 0.f);
   for (int b = 0; b < B; ++b) {
     const float* d = dout + int64_t(b) * O;
     const float* y = out + int64_t(b) * O;
@@ -87,7 +87,7 @@ void linear_relu_backward(float* dinp, float* dweight, float* dbias, const float
     if (dbias)
       for (int o = 0; o < O; ++o) dbias[o] += g[o];
   }
-  backward_products(dinp, dweight, dpre, inp, weight, B, I, O);
+  backward_products(dinp, dweight, dpre, inp, weight, B, I, O, accumulate);
 }
 
 }  // namespace strata::cpu

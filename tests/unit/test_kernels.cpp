@@ -242,15 +242,24 @@ TEST_CASE("linear forward and backward", "[kernels][linear]") {
       return dot(y, r);
     };
     Vec dx = nan_vec(B * I), dw = nan_vec(O * I), db = nan_vec(O);
-    linear_backward(dx.data(), dw.data(), db.data(), r.data(), x.data(), w.data(), B, I, O);
+    linear_backward(dx.data(), dw.data(), db.data(), r.data(), x.data(), w.data(), B, I, O, false);
     check_grad("linear dinp", x, dx, loss, rng);
     check_grad("linear dweight", w, dw, loss, rng);
     if (with_bias) check_grad("linear dbias", bias, db, loss, rng);
 
     // Null gradients are skipped; the others do not change.
     Vec dw2 = nan_vec(O * I);
-    linear_backward(nullptr, dw2.data(), nullptr, r.data(), x.data(), w.data(), B, I, O);
+    linear_backward(nullptr, dw2.data(), nullptr, r.data(), x.data(), w.data(), B, I, O, false);
     CHECK(dw2 == dw);
+
+    // accumulate adds the parameter gradients to what is there (micro-batches of a step).
+    Vec dw3(O * I, 1.f), db3(O, 1.f), dx3 = nan_vec(B * I);
+    linear_backward(dx3.data(), dw3.data(), with_bias ? db3.data() : nullptr, r.data(), x.data(),
+                    w.data(), B, I, O, true);
+    for (int i = 0; i < O * I; ++i) CHECK(dw3[i] == Approx(dw[i] + 1.f).margin(1e-5));
+    if (with_bias)
+      for (int o = 0; o < O; ++o) CHECK(db3[o] == Approx(db[o] + 1.f).margin(1e-5));
+    CHECK(dx3 == dx);
   }
 }
 
@@ -289,7 +298,7 @@ void conv_case(const Conv2dShape& s, uint64_t seed) {
   Vec dx = nan_vec(n_in), dw = nan_vec(n_w), db = nan_vec(s.OC);
   std::fill(scratch.begin(), scratch.end(), kNaN);
   conv2d_backward(dx.data(), dw.data(), db.data(), r.data(), x.data(), w.data(), s,
-                  scratch.data());
+                  scratch.data(), false);
   check_grad("conv dinp", x, dx, loss, rng);
   check_grad("conv dweight", w, dw, loss, rng);
   check_grad("conv dbias", bias, db, loss, rng);
@@ -297,14 +306,21 @@ void conv_case(const Conv2dShape& s, uint64_t seed) {
   // Each gradient alone gives the same values as all together.
   Vec dx2 = nan_vec(n_in), dw2 = nan_vec(n_w), db2 = nan_vec(s.OC);
   std::fill(scratch.begin(), scratch.end(), kNaN);
-  conv2d_backward(nullptr, dw2.data(), nullptr, r.data(), x.data(), w.data(), s, scratch.data());
+  conv2d_backward(nullptr, dw2.data(), nullptr, r.data(), x.data(), w.data(), s, scratch.data(), false);
   std::fill(scratch.begin(), scratch.end(), kNaN);
-  conv2d_backward(dx2.data(), nullptr, nullptr, r.data(), x.data(), w.data(), s, scratch.data());
+  conv2d_backward(dx2.data(), nullptr, nullptr, r.data(), x.data(), w.data(), s, scratch.data(), false);
   std::fill(scratch.begin(), scratch.end(), kNaN);
-  conv2d_backward(nullptr, nullptr, db2.data(), r.data(), x.data(), w.data(), s, scratch.data());
+  conv2d_backward(nullptr, nullptr, db2.data(), r.data(), x.data(), w.data(), s, scratch.data(), false);
   CHECK(dx2 == dx);
   CHECK(dw2 == dw);
   CHECK(db2 == db);
+
+  // accumulate adds the parameter gradients to what is there (micro-batches of a step).
+  Vec dw3(n_w, 1.f), db3(s.OC, 1.f);
+  std::fill(scratch.begin(), scratch.end(), kNaN);
+  conv2d_backward(nullptr, dw3.data(), db3.data(), r.data(), x.data(), w.data(), s, scratch.data(), true);
+  for (int64_t i = 0; i < n_w; ++i) CHECK(dw3[size_t(i)] == Approx(dw[size_t(i)] + 1.f).margin(1e-4));
+  for (int o = 0; o < s.OC; ++o) CHECK(db3[size_t(o)] == Approx(db[size_t(o)] + 1.f).margin(1e-4));
 }
 
 }  // namespace

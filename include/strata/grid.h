@@ -1,0 +1,43 @@
+// The process grid: pipeline stages × data-parallel replicas, built from MPI communicators.
+//
+// Every rank belongs to one stage group (the ranks holding the same layers, one per replica:
+// the gradient allreduce runs over it) and to one pipeline (one rank per stage, in stage
+// order: activations and their gradients pass between neighbours in it).
+//
+// Placement (parallel.placement) chooses which groups get consecutive ranks. Slurm and mpirun
+// fill nodes with consecutive ranks, so consecutive ranks share a node's memory bus:
+//   replicas_in_node (default)  rank = stage * D + replica: a stage's replicas are neighbours,
+//                               so the gradient allreduce (the whole stage's parameters every
+//                               step) stays inside a node, and only activations (a
+//                               micro-batch's boundary tensor) cross nodes. Megatron-LM's
+//                               order, with the pipeline outermost.
+//   pipeline_in_node            rank = replica * P + stage: a pipeline's stages are
+//                               neighbours; the activations stay inside a node.
+// World rank 0 is stage 0 of replica 0 either way.
+#pragma once
+#include <memory>
+#include <string>
+
+#include "strata/comm.h"
+
+namespace strata {
+
+struct ProcessGrid {
+  int stages = 1, replicas = 1;  // P and D
+  int stage = 0, replica = 0;    // this rank's place
+  std::string placement = "replicas_in_node";
+  std::unique_ptr<Comm> stage_comm;  // same stage, every replica (rank = replica)
+  std::unique_ptr<Comm> pipe_comm;   // same replica, every stage (rank = stage)
+
+  bool first_stage() const { return stage == 0; }
+  bool last_stage() const { return stage == stages - 1; }
+  // World rank of (stage, replica) under this placement.
+  int world_rank(int stage, int replica) const;
+  // "stage 1 of 2, replica 0 of 2"
+  std::string where() const;
+};
+
+// Collective over `world`. world.size() must be a multiple of stages (checked by the caller).
+ProcessGrid make_grid(Comm& world, int stages, const std::string& placement);
+
+}  // namespace strata

@@ -1,0 +1,101 @@
+// Pipeline model parallelism: the model's layers split into stages, each mini-batch into
+// micro-batches that flow through them.
+//
+//   partition_layers   which layers each stage holds: balanced by estimated cost, or explicit
+//   pipeline_schedule  the order of one stage's forwards and backwards in a step
+//   PipelineStage      runs one step of that order on this rank: non-blocking sends and
+//                      receives of activations (forward) and their gradients (backward) to
+//                      the neighbour stages, the loss on the last stage, gradients summed
+//                      over micro-batches
+//
+// Schedules (S = stage, P stages, M micro-batches):
+//   gpipe  all M forwards, then all M backwards: M micro-batches' activations alive at once.
+//   1f1b   P-S-1 forwards to fill the pipeline, then one forward and one backward in turn,
+//          then the remaining backwards (PipeDream-Flush, Megatron-LM's default): at most P-S
+//          alive. The same arithmetic as gpipe, in another order: the gradients are summed in
+//          micro-batch order by both, so the two give bitwise-identical parameters.
+// Both leave (P-1)/(M+P-1) of a step idle per stage when stages cost the same (the bubble).
+#pragma once
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "strata/backend.h"
+#include "strata/comm.h"
+#include "strata/model.h"
+#include "strata/trace.h"
+
+namespace strata {
+
+// Layer ranges per stage. explicit_counts empty: contiguous ranges minimising the costliest
+// stage's estimated cost (forward FLOPs x 3 for forward and backward, x 2 for the lowest layer
+// with parameters, which computes no input gradient; a layer without FLOPs costs its output
+// size). Otherwise the counts of layers per stage. Throws UserError naming the config key.
+std::vector<LayerRange> partition_layers(const std::vector<LayerInfo>& layers, int stages,
+                                         const std::vector<int>& explicit_counts);
+double estimated_cost(const LayerInfo& layer, bool lowest_with_params);
+// One line per stage: its layers, parameters and share of the estimated cost.
+std::string partition_summary(const std::vector<LayerInfo>& layers,
+                              const std::vector<LayerRange>& ranges);
+
+struct PipeOp {
+  bool forward;
+  int micro;
+};
+std::vector<PipeOp> pipeline_schedule(const std::string& kind, int stages, int stage, int micros);
+
+struct PipelineStats {
+  int peak_live = 0;            // most micro-batches between forward and backward at once
+  int64_t peak_act_bytes = 0;   // their activations at that moment
+  double wait_s = 0;            // waiting for neighbours (receives, and sends at step end)
+};
+
+class PipelineStage {
+ public:
+  // pipe: the pipeline communicator (rank = stage). micros divides every batch run() gets.
+  PipelineStage(Model& model, Comm& pipe, int stages, int micros, std::string schedule,
+                Tracer& tracer);
+  // One step over this replica's batch (x read on the first stage, labels on the last):
+  // every micro-batch forward and backward in schedule order. Parameter gradients are
+  // overwritten by the first micro-batch and summed over the rest (dlogits scaled by
+  // 1/global_batch, so the sum is the mini-batch mean). on_ready is the model's gradient
+  // callback during the last micro-batch's backward (the data-parallel allreduce starts
+  // then). Returns the sum of the per-sample losses on the last stage, 0 elsewhere.
+  double run(const Backend& be, const Tensor& x, const int32_t* labels, int64_t batch,
+             const StepInfo& si, int64_t global_batch,
+             const std::function<void(int64_t)>& on_ready);
+  const PipelineStats& stats() const { return stats_; }
+  int micros() const { return micros_; }
+  const std::string& schedule() const { return schedule_; }
+
+ private:
+  int alloc_slot();
+  void release_slot(int slot);
+  void post_input_recv(int m, int64_t bm);
+  void progress();  // lets MPI move messages in flight while this rank computes
+  void wait(int& handle, const char* what, int m);
+
+  Model& model_;
+  Comm& pipe_;
+  int stage_, stages_, micros_;
+  std::string schedule_;
+  Tracer* tracer_;
+  std::vector<PipeOp> ops_;
+  bool first_, last_;
+  // Per activation slot: the stage's input (received), the gradient at its output
+  // (received, or dlogits on the last stage), softmax scratch, and sends not yet complete.
+  std::deque<Tensor> in_, dout_, probs_;  // a deque: the model keeps pointers to in_[slot]
+  std::vector<std::vector<int>> sends_;
+  std::vector<int> free_slots_;
+  int slots_ = 0;
+  std::vector<int> slot_of_, recv_in_, recv_grad_;  // per micro-batch; -1 = none or done
+  std::vector<int64_t> slot_bytes_;
+  int64_t live_bytes_ = 0;
+  int next_recv_ = 0;  // index into ops_ of the next forward whose input receive is not posted
+  int live_ = 0;
+  PipelineStats stats_;
+};
+
+}  // namespace strata

@@ -1,0 +1,37 @@
+// The whole model from its pipeline stages, where something needs every layer at once: a
+// checkpoint and the final parameter file (written by rank 0), a resume (read by rank 0), the
+// final evaluation (every rank).
+//
+// Stage s holds layers [first, last) and, in the whole model's flat buffers (reverse layer
+// order), one contiguous block: the parameters of the layers after `last` come before it.
+// Moving a stage is moving that block, and the same block of each optimizer state buffer.
+#pragma once
+#include <vector>
+
+#include "strata/comm.h"
+#include "strata/grid.h"
+#include "strata/model.h"
+#include "strata/optim.h"
+
+namespace strata {
+
+struct StageBlock {
+  int64_t offset = 0, count = 0;  // in the whole model's flat buffers
+};
+StageBlock stage_block(const std::vector<LayerInfo>& layers, LayerRange r);
+
+// Collective over `world`: copies every stage's parameters and optimizer state (from replica
+// 0) into `whole` and `whole_opt` on world rank 0 (which is stage 0 of replica 0). Others may
+// pass null for whole and whole_opt.
+void gather_stages(Comm& world, const ProcessGrid& grid, const std::vector<LayerInfo>& layers,
+                   const std::vector<LayerRange>& ranges, Model& stage, Optimizer& opt,
+                   Model* whole, Optimizer* whole_opt);
+
+// Collective over `world`: every rank gets the whole model's parameters in `whole`.
+void allgather_stages(Comm& world, const ProcessGrid& grid, const std::vector<LayerInfo>& layers,
+                      const std::vector<LayerRange>& ranges, Model& stage, Model& whole);
+
+// This rank's stage block of a whole model and its optimizer state (after a resume).
+void take_stage(Model& whole, Optimizer& whole_opt, Model& stage, Optimizer& opt);
+
+}  // namespace strata

@@ -1,0 +1,304 @@
+#include "strata/pipeline.h"
+
+#include <algorithm>
+#include <limits>
+#include <numeric>
+
+#include <fmt/format.h>
+
+#include "strata/error.h"
+
+namespace strata {
+
+double estimated_cost(const LayerInfo& l, bool lowest_with_params) {
+  if (l.flops > 0) return l.flops * (lowest_with_params ? 2.0 : 3.0);
+  return double(numel(l.out_shape));
+}
+
+std::vector<LayerRange> partition_layers(const std::vector<LayerInfo>& layers, int stages,
+                                         const std::vector<int>& counts) {
+  const int L = int(layers.size());
+  if (stages > L)
+    fail_input("parallel.pipeline_stages = {} but the model has {} layers (as the model summary "
+               "lists them, fused layers once); every stage needs at least one", stages, L);
+  std::vector<LayerRange> out;
+  if (!counts.empty()) {
+    if (int(counts.size()) != stages)
+      fail_input("parallel.stage_layers has {} entries; parallel.pipeline_stages is {}",
+                 counts.size(), stages);
+    int at = 0;
+    for (int s = 0; s < stages; ++s) {
+      if (counts[size_t(s)] <= 0)
+        fail_input("parallel.stage_layers: stage {} gets {} layers; every stage needs at least one",
+                   s, counts[size_t(s)]);
+      out.push_back({at, at + counts[size_t(s)]});
+      at += counts[size_t(s)];
+    }
+    if (at != L)
+      fail_input("parallel.stage_layers covers {} layers; the model has {} (see the model "
+                 "summary: fused layers count once)", at, L);
+    return out;
+  }
+  // Costs, then the contiguous split into `stages` parts whose costliest part is cheapest
+  // (exact, by dynamic programming: L and P are small).
+  int lowest = L;
+  for (int i = 0; i < L; ++i)
+    if (layers[size_t(i)].params > 0) {
+      lowest = i;
+      break;
+    }
+  std::vector<double> prefix(size_t(L) + 1, 0.0);
+  for (int i = 0; i < L; ++i)
+    prefix[size_t(i) + 1] = prefix[size_t(i)] + estimated_cost(layers[size_t(i)], i == lowest);
+  const double inf = std::numeric_limits<double>::infinity();
+  // best[k][j]: for layers [0, j) in k stages, the cheapest costliest stage, then (among
+  // splits within 1% of it: the costs are estimates) the smallest sum of squared stage costs,
+  // so that cheap layers spread over the stages rather than leaving one nearly empty (a
+  // flatten alone); cut[k][j]: where the last stage starts.
+  struct Score {
+    double max, sumsq;
+    bool operator<(const Score& o) const {
+      const double tol = 0.01 * std::min(max, o.max);
+      return max < o.max - tol || (max <= o.max + tol && sumsq < o.sumsq);
+    }
+  };
+  std::vector<std::vector<Score>> best(size_t(stages) + 1,
+                                       std::vector<Score>(size_t(L) + 1, Score{inf, inf}));
+  std::vector<std::vector<int>> cut(size_t(stages) + 1, std::vector<int>(size_t(L) + 1, 0));
+  best[0][0] = {0, 0};
+  for (int k = 1; k <= stages; ++k)
+    for (int j = k; j <= L; ++j)
+      for (int i = k - 1; i < j; ++i) {
+        const Score& prev = best[size_t(k) - 1][size_t(i)];
+        const double seg = prefix[size_t(j)] - prefix[size_t(i)];
+        const Score c{std::max(prev.max, seg), prev.sumsq + seg * seg};
+        if (c < best[size_t(k)][size_t(j)]) {
+          best[size_t(k)][size_t(j)] = c;
+          cut[size_t(k)][size_t(j)] = i;
+        }
+      }
+  out.resize(size_t(stages));
+  for (int k = stages, j = L; k >= 1; --k) {
+    const int i = cut[size_t(k)][size_t(j)];
+    out[size_t(k) - 1] = {i, j};
+    j = i;
+  }
+  return out;
+}
+
+std::vector<PipeOp> pipeline_schedule(const std::string& kind, int stages, int stage, int micros) {
+  std::vector<PipeOp> ops;
+  if (kind == "gpipe") {
+    for (int m = 0; m < micros; ++m) ops.push_back({true, m});
+    for (int m = 0; m < micros; ++m) ops.push_back({false, m});
+    return ops;
+  }
+  STRATA_CHECK(kind == "1f1b", "schedule '{}'", kind);
+  const int warmup = std::min(stages - stage - 1, micros);
+  for (int m = 0; m < warmup; ++m) ops.push_back({true, m});
+  for (int i = 0; i < micros - warmup; ++i) {
+    ops.push_back({true, warmup + i});
+    ops.push_back({false, i});
+  }
+  for (int m = micros - warmup; m < micros; ++m) ops.push_back({false, m});
+  return ops;
+}
+
+namespace {
+// Forward activations and backward gradients of micro-batch m never share a tag.
+int tag_of(int m, bool backward) { return 2 * m + (backward ? 1 : 0); }
+}  // namespace
+
+PipelineStage::PipelineStage(Model& model, Comm& pipe, int stages, int micros,
+                             std::string schedule, Tracer& tracer)
+    : model_(model), pipe_(pipe), stage_(pipe.rank()), stages_(stages), micros_(micros),
+      schedule_(std::move(schedule)), tracer_(&tracer) {
+  STRATA_CHECK(pipe.size() == stages, "pipeline communicator of {} ranks for {} stages", pipe.size(), stages);
+  ops_ = pipeline_schedule(schedule_, stages_, stage_, micros_);
+  first_ = stage_ == 0;
+  last_ = stage_ == stages_ - 1;
+}
+
+int PipelineStage::alloc_slot() {
+  int slot;
+  if (!free_slots_.empty()) {
+    slot = free_slots_.back();
+    free_slots_.pop_back();
+  } else {
+    slot = slots_++;
+    in_.emplace_back();
+    dout_.emplace_back();
+    probs_.emplace_back();
+    sends_.emplace_back();
+    slot_bytes_.push_back(0);
+  }
+  // Sends from this slot's buffers must finish before they are overwritten.
+  for (int& h : sends_[size_t(slot)]) wait(h, "send", -1);
+  sends_[size_t(slot)].clear();
+  return slot;
+}
+
+void PipelineStage::release_slot(int slot) { free_slots_.push_back(slot); }
+
+void PipelineStage::post_input_recv(int m, int64_t bm) {
+  const int slot = alloc_slot();
+  slot_of_[size_t(m)] = slot;
+  Shape s = model_.stage_input_shape();
+  s.insert(s.begin(), bm);
+  in_[size_t(slot)].resize(s);
+  recv_in_[size_t(m)] = pipe_.start_recv(in_[size_t(slot)].data(), in_[size_t(slot)].size(),
+                                         stage_ - 1, tag_of(m, false));
+}
+
+// MPI moves a message only inside MPI calls; testing what is in flight between operations
+// lets a large (rendezvous) send proceed while this rank computes the next micro-batch.
+// A handle that completes is given back to the communicator, so it is forgotten here.
+void PipelineStage::progress() {
+  auto test = [&](int& h) {
+    if (h >= 0 && pipe_.test(h)) h = -1;
+  };
+  for (auto& v : sends_)
+    for (int& h : v) test(h);
+  for (int& h : recv_in_) test(h);
+  for (int& h : recv_grad_) test(h);
+}
+
+void PipelineStage::wait(int& h, const char* what, int m) {
+  if (h < 0) return;
+  const auto t0 = Tracer::Clock::now();
+  pipe_.wait(h);
+  h = -1;
+  const auto t1 = Tracer::Clock::now();
+  stats_.wait_s += std::chrono::duration<double>(t1 - t0).count();
+  if (tracer_) tracer_->span(std::string(what) == "send" ? "send" : "receive",
+                             m >= 0 ? fmt::format("wait {} {}", what, m) : fmt::format("wait {}", what),
+                             t0, t1, m);
+}
+
+double PipelineStage::run(const Backend& be, const Tensor& x, const int32_t* labels,
+                          int64_t batch, const StepInfo& si, int64_t global_batch,
+                          const std::function<void(int64_t)>& on_ready) {
+  STRATA_CHECK(batch % micros_ == 0, "batch {} in {} micro-batches", batch, micros_);
+  const int64_t bm = batch / micros_;
+  const int M = micros_;
+  slot_of_.assign(size_t(M), -1);
+  recv_in_.assign(size_t(M), -1);
+  recv_grad_.assign(size_t(M), -1);
+  size_t next_recv = 0;  // ops_ index of the next forward whose input is not yet asked for
+  auto post_next_recv = [&] {
+    if (first_) return;
+    while (next_recv < ops_.size() && !ops_[next_recv].forward) ++next_recv;
+    if (next_recv < ops_.size()) post_input_recv(ops_[next_recv++].micro, bm);
+  };
+  post_next_recv();
+  double loss = 0;
+  int backwards = 0;
+  const int64_t in_per_sample = numel(model_.stage_input_shape());
+  const int classes = model_.classes();
+  for (const PipeOp& op : ops_) {
+    const int m = op.micro;
+    if (op.forward) {
+      int slot;
+      if (first_) {
+        slot = alloc_slot();
+        slot_of_[size_t(m)] = slot;
+        Shape s = model_.stage_input_shape();
+        s.insert(s.begin(), bm);
+        in_[size_t(slot)] = Tensor::view(const_cast<float*>(x.data()) + m * bm * in_per_sample, s);
+      } else {
+        slot = slot_of_[size_t(m)];
+        STRATA_CHECK(slot >= 0, "micro-batch {} input not requested", m);
+        wait(recv_in_[size_t(m)], "activation", m);
+        post_next_recv();  // one ahead: its data lands while this one computes
+      }
+      StepInfo sm = si;
+      sm.first_sample = si.first_sample + m * bm;
+      model_.set_slot(slot);
+      const Tensor* out;
+      {
+        Tracer::Scope span(*tracer_, "compute", fmt::format("forward {}", m), m);
+        out = &model_.forward(be, in_[size_t(slot)], sm);
+        if (last_) {
+          Tensor& probs = probs_[size_t(slot)];
+          Tensor& dlogits = dout_[size_t(slot)];
+          probs.resize(out->shape);
+          dlogits.resize(out->shape);
+          const int32_t* y = labels + m * bm;
+          loss += be.softmax_xent_forward(probs.data(), out->data(), y, int(bm), classes);
+          be.softmax_xent_backward(dlogits.data(), probs.data(), y, int(bm), classes,
+                                   1.0f / float(global_batch));
+        }
+      }
+      slot_bytes_[size_t(slot)] = model_.activation_bytes(slot) + (first_ ? 0 : in_[size_t(slot)].size() * 4);
+      live_bytes_ += slot_bytes_[size_t(slot)];
+      ++live_;
+      if (live_ > stats_.peak_live) stats_.peak_live = live_;
+      stats_.peak_act_bytes = std::max(stats_.peak_act_bytes, live_bytes_);
+      if (!last_) {
+        Tensor& dy = dout_[size_t(slot)];
+        Shape s = model_.stage_output_shape();
+        s.insert(s.begin(), bm);
+        dy.resize(s);
+        sends_[size_t(slot)].push_back(pipe_.start_send(out->data(), out->size(), stage_ + 1, tag_of(m, false)));
+        recv_grad_[size_t(m)] = pipe_.start_recv(dy.data(), dy.size(), stage_ + 1, tag_of(m, true));
+      }
+    } else {
+      const int slot = slot_of_[size_t(m)];
+      if (!last_) wait(recv_grad_[size_t(m)], "gradient", m);
+      model_.set_slot(slot);
+      const Tensor* dx;
+      {
+        Tracer::Scope span(*tracer_, "compute", fmt::format("backward {}", m), m);
+        const bool final_backward = backwards == M - 1;
+        dx = model_.backward(be, dout_[size_t(slot)], final_backward ? on_ready : nullptr,
+                             /*accumulate=*/backwards > 0);
+      }
+      ++backwards;
+      if (!first_)
+        sends_[size_t(slot)].push_back(pipe_.start_send(dx->data(), dx->size(), stage_ - 1, tag_of(m, true)));
+      --live_;
+      live_bytes_ -= slot_bytes_[size_t(slot)];
+      release_slot(slot);
+    }
+    progress();
+  }
+  for (auto& v : sends_)
+    for (int& h : v) wait(h, "send", -1);
+  return loss;
+}
+
+}  // namespace strata
+
+namespace strata {
+
+std::string partition_summary(const std::vector<LayerInfo>& layers,
+                              const std::vector<LayerRange>& ranges) {
+  int lowest = int(layers.size());
+  for (int i = 0; i < int(layers.size()); ++i)
+    if (layers[size_t(i)].params > 0) {
+      lowest = i;
+      break;
+    }
+  double total = 0;
+  std::vector<double> cost(ranges.size(), 0.0);
+  std::vector<int64_t> params(ranges.size(), 0);
+  for (size_t s = 0; s < ranges.size(); ++s)
+    for (int i = ranges[s].first; i < ranges[s].last; ++i) {
+      cost[s] += estimated_cost(layers[size_t(i)], i == lowest);
+      params[s] += layers[size_t(i)].params;
+    }
+  for (double c : cost) total += c;
+  std::string out;
+  for (size_t s = 0; s < ranges.size(); ++s) {
+    const auto& r = ranges[s];
+    out += fmt::format("  stage {}: {}{} ({} layer{}, {} params, {:.0f}% of the estimated cost)\n",
+                       s, layers[size_t(r.first)].name,
+                       r.last - r.first > 1 ? " .. " + layers[size_t(r.last) - 1].name : "",
+                       r.last - r.first, r.last - r.first == 1 ? "" : "s", params[s],
+                       100.0 * cost[s] / std::max(total, 1e-30));
+  }
+  if (!out.empty()) out.pop_back();
+  return out;
+}
+
+}  // namespace strata

@@ -1,0 +1,78 @@
+#include "strata/whole_model.h"
+
+#include <algorithm>
+
+#include "strata/error.h"
+
+namespace strata {
+namespace {
+
+void send(Comm& c, const float* p, int64_t n, int to) {
+  int h = c.start_send(p, n, to, 0);
+  c.wait(h);
+}
+void recv(Comm& c, float* p, int64_t n, int from) {
+  int h = c.start_recv(p, n, from, 0);
+  c.wait(h);
+}
+
+// The flat buffers a stage moves: parameters, then each optimizer state, in state() order.
+std::vector<float*> buffers(Model& m, Optimizer& opt) {
+  std::vector<float*> b = {m.values().data()};
+  for (auto& [name, t] : opt.state()) b.push_back(t->data());
+  return b;
+}
+
+}  // namespace
+
+StageBlock stage_block(const std::vector<LayerInfo>& layers, LayerRange r) {
+  StageBlock b;
+  for (int i = 0; i < int(layers.size()); ++i) {
+    if (i >= r.last) b.offset += layers[size_t(i)].params;
+    else if (i >= r.first) b.count += layers[size_t(i)].params;
+  }
+  return b;
+}
+
+void gather_stages(Comm& world, const ProcessGrid& grid, const std::vector<LayerInfo>& layers,
+                   const std::vector<LayerRange>& ranges, Model& stage, Optimizer& opt,
+                   Model* whole, Optimizer* whole_opt) {
+  const bool root = world.rank() == 0;
+  if (root) {
+    STRATA_CHECK(whole && whole_opt, "rank 0 gathers into a whole model");
+    whole_opt->set_steps_taken(opt.steps_taken());
+  }
+  if (grid.replica != 0 && !root) return;
+  auto mine = buffers(stage, opt);
+  if (!root) {
+    for (float* p : mine) send(world, p, stage.num_params(), 0);
+    return;
+  }
+  auto dst = buffers(*whole, *whole_opt);
+  for (int s = 0; s < grid.stages; ++s) {
+    const StageBlock b = stage_block(layers, ranges[size_t(s)]);
+    for (size_t k = 0; k < dst.size(); ++k) {
+      if (s == grid.stage) std::copy_n(mine[k], b.count, dst[k] + b.offset);
+      else recv(world, dst[k] + b.offset, b.count, grid.world_rank(s, 0));
+    }
+  }
+}
+
+void allgather_stages(Comm& world, const ProcessGrid& grid, const std::vector<LayerInfo>& layers,
+                      const std::vector<LayerRange>& ranges, Model& stage, Model& whole) {
+  for (int s = 0; s < grid.stages; ++s) {
+    const StageBlock b = stage_block(layers, ranges[size_t(s)]);
+    float* dst = whole.values().data() + b.offset;
+    if (s == grid.stage) std::copy_n(stage.values().data(), b.count, dst);
+    world.broadcast(dst, b.count * int64_t(sizeof(float)), grid.world_rank(s, 0));
+  }
+}
+
+void take_stage(Model& whole, Optimizer& whole_opt, Model& stage, Optimizer& opt) {
+  const int64_t off = stage.offset_in_whole(), n = stage.num_params();
+  auto src = buffers(whole, whole_opt), dst = buffers(stage, opt);
+  for (size_t k = 0; k < src.size(); ++k) std::copy_n(src[k] + off, n, dst[k]);
+  opt.set_steps_taken(whole_opt.steps_taken());
+}
+
+}  // namespace strata
