@@ -117,14 +117,33 @@ PipelineStage::PipelineStage(Model& model, Comm& pipe, int stages, int micros,
   ops_ = pipeline_schedule(schedule_, stages_, stage_, micros_);
   first_ = stage_ == 0;
   last_ = stage_ == stages_ - 1;
+  max_live_ = schedule_ == "gpipe" ? micros_ : std::min(stages_ - stage_, micros_);
 }
 
 int PipelineStage::alloc_slot() {
-  int slot;
-  if (!free_slots_.empty()) {
-    slot = free_slots_.back();
-    free_slots_.pop_back();
-  } else {
+  // A free slot whose sends have completed; else one more slot than the schedule keeps alive
+  // (the neighbour may be computing and not take a message for a while: waiting for it would
+  // add to this stage's idle time); else wait for the oldest free slot's sends.
+  auto sent = [&](int k) {
+    bool done = true;
+    for (int& h : sends_[size_t(k)]) {
+      if (h >= 0 && pipe_.test(h)) h = -1;
+      done = done && h < 0;
+    }
+    return done;
+  };
+  int slot = -1;
+  for (size_t i = 0; i < free_slots_.size(); ++i)
+    if (sent(free_slots_[i])) {
+      slot = free_slots_[i];
+      free_slots_.erase(free_slots_.begin() + long(i));
+      break;
+    }
+  if (slot < 0 && !free_slots_.empty() && slots_ >= max_live_ + 1) {
+    slot = free_slots_.front();
+    free_slots_.erase(free_slots_.begin());
+  }
+  if (slot < 0) {
     slot = slots_++;
     in_.emplace_back();
     dout_.emplace_back();

@@ -95,6 +95,7 @@ class PipelineStage {
   int64_t live_bytes_ = 0;
   int next_recv_ = 0;  // index into ops_ of the next forward whose input receive is not posted
   int live_ = 0;
+  int max_live_ = 1;  // the schedule's bound on live micro-batches (slots: one more)
   PipelineStats stats_;
 };
 
