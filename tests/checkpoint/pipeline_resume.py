@@ -1,7 +1,7 @@
 """Checkpoints across pipeline grids. A checkpoint holds every tensor under its global name
 whatever the number of pipeline stages P that wrote it, so:
- (a) a checkpoint written at step 10 of 20 by P=2 (1f1b, 2 ranks) resumes on P=1 (1 rank), P=4
-     (4 ranks) and P=2 x D=2 (4 ranks): the losses of steps 11-20 follow the uninterrupted P=2
+ (a) a checkpoint written at step 10 of 20 by P=2 (1f1b, 4 micro-batches, 2 ranks) resumes on
+     P=1 (1 rank), P=4 with 8 micro-batches (4 ranks) and P=2 x D=2 with 2 (4 ranks): the losses of steps 11-20 follow the uninterrupted P=2
      run within 1e-5 relative (only the grouping of the gradient sums differs);
  (b) resumed on P=2 again it ends bitwise identical to the uninterrupted run (parameters and
      losses);
@@ -45,9 +45,9 @@ def uninterrupted(tag, ranks, P):
     return d, ck
 
 
-def resume(tag, ranks, P, ckpt):
+def resume(tag, ranks, P, ckpt, M=4):
     d = fresh(os.path.join(work, tag))
-    out, _ = run(strata, ranks, common + grid(P) + ["--output.dir", d, "--resume", ckpt])
+    out, _ = run(strata, ranks, common + grid(P, M) + ["--output.dir", d, "--resume", ckpt])
     if f"at step {STOP}" not in out:
         fail(f"{tag}: did not resume at step {STOP}:\n{out[-1500:]}")
     ev = [m for m in metrics(os.path.join(d, "metrics.jsonl")) if m.get("event") == "resumed"]
@@ -81,9 +81,11 @@ def layout(path):
 worst = 0.0
 # (a) and (b): the P=2 checkpoint.
 ref2, ck2 = uninterrupted("P2", 2, 2)
-for tag, ranks, P, label in (("P2-to-P1", 1, 1, "P=1 (1 rank)"), ("P2-to-P4", 4, 4, "P=4 (4 ranks)"),
-                             ("P2-to-P2xD2", 4, 2, "P=2 x D=2 (4 ranks)")):
-    d = resume(tag, ranks, P, ck2)
+# The [parallel] keys may change on resume, micro-batches included (the written run used M=4).
+for tag, ranks, P, M, label in (("P2-to-P1", 1, 1, 1, "P=1 (1 rank)"),
+                                ("P2-to-P4", 4, 4, 8, "P=4, M=8 (4 ranks)"),
+                                ("P2-to-P2xD2", 4, 2, 2, "P=2 x D=2, M=2 (4 ranks)")):
+    d = resume(tag, ranks, P, ck2, M)
     worst = max(worst, compare_losses(f"(a) P=2 -> {label}", ref2, d, RTOL))
 d = resume("P2-to-P2", 2, 2, ck2)
 compare_losses("(b) P=2 -> P=2 (2 ranks)", ref2, d, 0.0)  # bound 0: identical losses

@@ -8,10 +8,13 @@ global batch 64 in 4 micro-batches:
     steps);
   - the final parameters (model.h5, global names) agree with the reference per tensor within
     1e-4 x max|ref| and within 1e-2 x max|ref - init| (see TOLERANCES below);
+  - the test-set evaluation at the end (through the pipeline) gives the reference's test loss
+    within 1e-5 relative and its accuracy but for at most 2 of the 10 000 samples;
   - the done event reports the grid (pipeline_stages, microbatches, schedule) and the peak
     number of micro-batches whose activations a stage held at once: 1f1b: min(P - s, M) on
     stage s; gpipe: M on every stage;
-and (2, 2) 1f1b run twice gives bitwise-identical parameters and losses, the second time with
+(2, 2) 1f1b with --parallel.placement pipeline_in_node passes the same checks, and (2, 2) 1f1b
+run twice gives bitwise-identical parameters and losses, the second time with
 --trace (which must change nothing; the trace has one row per rank and the forward and backward
 spans of every micro-batch).
 
@@ -49,6 +52,9 @@ SCHEDULES = ("gpipe", "1f1b")
 LOSS_RTOL = 1e-5
 PARAM_TOL_REF = 1e-4
 PARAM_TOL_UPDATE = 1e-2
+# Test accuracy after evaluation through the pipeline: at most 2 of the 10 000 test samples may
+# change their prediction (near-ties of the two top logits under fp32 rounding).
+TEST_ACC_TOL = 2.5e-4
 
 MODELS = {
     # 8 linear layers (7 hidden of 128 + the output), dropout after each hidden one: the masks
@@ -110,51 +116,77 @@ for k in ref:
     check(update[k] > 0, f"reference tensor {k} did not change in training")
 
 runs = {}
+
+
+def check_grid(tag, P, D, schedule, more=()):
+    args = ["--parallel.pipeline_stages", str(P), "--parallel.microbatches", str(M),
+            "--parallel.schedule", schedule] + list(more)
+    got_loss, got, done = train(tag + "-a", P * D, args)
+    print(f"{model}: {tag} ({P * D} ranks{', ' + ' '.join(more) if more else ''}):")
+    if len(got_loss) != STEPS:
+        check(False, f"{tag}: logged {len(got_loss)} losses, expected {STEPS}")
+        return None
+    rel = np.abs(got_loss - ref_loss) / np.abs(ref_loss)
+    print(f"  loss: max relative difference over {STEPS} steps = {np.max(rel):.3e} "
+          f"(step {int(np.argmax(rel)) + 1}; bound {LOSS_RTOL:g})")
+    check(np.max(rel) <= LOSS_RTOL, f"{tag}: loss differs by {np.max(rel):.3e} > {LOSS_RTOL:g}")
+
+    check(got.keys() == ref.keys(), f"{tag}: model.h5 tensors {sorted(got)} != reference {sorted(ref)}")
+    worst_ref, worst_upd, worst_k = 0.0, 0.0, None
+    for k in sorted(ref.keys() & got.keys()):
+        if got[k].shape != ref[k].shape:
+            check(False, f"{tag}: {k} has shape {got[k].shape}, reference {ref[k].shape}")
+            continue
+        d = float(np.max(np.abs(got[k].astype(np.float64) - ref[k])))
+        r_ref, r_upd = d / scale[k], d / update[k]
+        print(f"    {k:14s} max|a-b| {d:.3e} = {r_ref:.2e} x max|ref| = {r_upd:.2e} x max|ref-init|")
+        check(r_ref <= PARAM_TOL_REF, f"{tag}: {k} differs by {r_ref:.3e} x max|ref| > {PARAM_TOL_REF:g}")
+        check(r_upd <= PARAM_TOL_UPDATE,
+              f"{tag}: {k} differs by {r_upd:.3e} x max|ref - init| > {PARAM_TOL_UPDATE:g}")
+        if r_ref >= worst_ref:
+            worst_ref, worst_k = r_ref, k
+        worst_upd = max(worst_upd, r_upd)
+    print(f"  parameters: worst {worst_ref:.2e} x max|ref| ({worst_k}; bound {PARAM_TOL_REF:g}), "
+          f"worst {worst_upd:.2e} x max|ref-init| (bound {PARAM_TOL_UPDATE:g})")
+
+    # The test-set evaluation runs through the pipeline too: the same loss to rounding, and the
+    # same predictions but for samples whose two top logits are within rounding of each other.
+    acc, tl = done.get("test_accuracy"), done.get("test_loss")
+    print(f"  test: accuracy {acc} (reference {ref_done.get('test_accuracy')}), loss {tl} "
+          f"(reference {ref_done.get('test_loss')})")
+    check(acc is not None and abs(acc - ref_done["test_accuracy"]) <= TEST_ACC_TOL,
+          f"{tag}: test accuracy {acc} vs reference {ref_done['test_accuracy']} (bound {TEST_ACC_TOL:g})")
+    check(tl is not None and abs(tl - ref_done["test_loss"]) <= LOSS_RTOL * abs(ref_done["test_loss"]),
+          f"{tag}: test loss {tl} vs reference {ref_done['test_loss']} (bound {LOSS_RTOL:g} relative)")
+
+    check(done.get("pipeline_stages") == P, f"{tag}: done pipeline_stages = {done.get('pipeline_stages')!r}, expected {P}")
+    check(done.get("microbatches") == M, f"{tag}: done microbatches = {done.get('microbatches')!r}, expected {M}")
+    check(done.get("schedule") == schedule, f"{tag}: done schedule = {done.get('schedule')!r}, expected {schedule!r}")
+    peak = done.get("peak_live_microbatches")
+    want = [min(P - s, M) for s in range(P)] if schedule == "1f1b" else [M] * P
+    print(f"  peak_live_microbatches per stage = {peak} (expected {want}); "
+          f"stage_idle_share = {done.get('stage_idle_share')}; samples_per_s = {done.get('samples_per_s')}")
+    check(peak == want, f"{tag}: peak_live_microbatches = {peak!r}, expected {want}")
+    idle = done.get("stage_idle_share")
+    check(isinstance(idle, list) and len(idle) == P and all(0.0 <= float(v) <= 1.0 for v in idle),
+          f"{tag}: stage_idle_share = {idle!r}, expected {P} values in [0, 1]")
+    return got_loss, got
+
+
 for P, D in GRIDS:
     for schedule in SCHEDULES:
-        tag = f"P{P}-D{D}-{schedule}"
-        args = ["--parallel.pipeline_stages", str(P), "--parallel.microbatches", str(M),
-                "--parallel.schedule", schedule]
-        got_loss, got, done = train(tag + "-a", P * D, args)
-        runs[(P, D, schedule)] = (got_loss, got)
-        print(f"{model}: {tag} ({P * D} ranks):")
-        if len(got_loss) != STEPS:
-            check(False, f"{tag}: logged {len(got_loss)} losses, expected {STEPS}")
-            continue
-        rel = np.abs(got_loss - ref_loss) / np.abs(ref_loss)
-        print(f"  loss: max relative difference over {STEPS} steps = {np.max(rel):.3e} "
-              f"(step {int(np.argmax(rel)) + 1}; bound {LOSS_RTOL:g})")
-        check(np.max(rel) <= LOSS_RTOL, f"{tag}: loss differs by {np.max(rel):.3e} > {LOSS_RTOL:g}")
+        runs[(P, D, schedule)] = check_grid(f"P{P}-D{D}-{schedule}", P, D, schedule)
 
-        check(got.keys() == ref.keys(), f"{tag}: model.h5 tensors {sorted(got)} != reference {sorted(ref)}")
-        worst_ref, worst_upd, worst_k = 0.0, 0.0, None
-        for k in sorted(ref.keys() & got.keys()):
-            if got[k].shape != ref[k].shape:
-                check(False, f"{tag}: {k} has shape {got[k].shape}, reference {ref[k].shape}")
-                continue
-            d = float(np.max(np.abs(got[k].astype(np.float64) - ref[k])))
-            r_ref, r_upd = d / scale[k], d / update[k]
-            print(f"    {k:14s} max|a-b| {d:.3e} = {r_ref:.2e} x max|ref| = {r_upd:.2e} x max|ref-init|")
-            check(r_ref <= PARAM_TOL_REF, f"{tag}: {k} differs by {r_ref:.3e} x max|ref| > {PARAM_TOL_REF:g}")
-            check(r_upd <= PARAM_TOL_UPDATE,
-                  f"{tag}: {k} differs by {r_upd:.3e} x max|ref - init| > {PARAM_TOL_UPDATE:g}")
-            if r_ref >= worst_ref:
-                worst_ref, worst_k = r_ref, k
-            worst_upd = max(worst_upd, r_upd)
-        print(f"  parameters: worst {worst_ref:.2e} x max|ref| ({worst_k}; bound {PARAM_TOL_REF:g}), "
-              f"worst {worst_upd:.2e} x max|ref-init| (bound {PARAM_TOL_UPDATE:g})")
-
-        check(done.get("pipeline_stages") == P, f"{tag}: done pipeline_stages = {done.get('pipeline_stages')!r}, expected {P}")
-        check(done.get("microbatches") == M, f"{tag}: done microbatches = {done.get('microbatches')!r}, expected {M}")
-        check(done.get("schedule") == schedule, f"{tag}: done schedule = {done.get('schedule')!r}, expected {schedule!r}")
-        peak = done.get("peak_live_microbatches")
-        want = [min(P - s, M) for s in range(P)] if schedule == "1f1b" else [M] * P
-        print(f"  peak_live_microbatches per stage = {peak} (expected {want}); "
-              f"stage_idle_share = {done.get('stage_idle_share')}; samples_per_s = {done.get('samples_per_s')}")
-        check(peak == want, f"{tag}: peak_live_microbatches = {peak!r}, expected {want}")
-        idle = done.get("stage_idle_share")
-        check(isinstance(idle, list) and len(idle) == P and all(0.0 <= float(v) <= 1.0 for v in idle),
-              f"{tag}: stage_idle_share = {idle!r}, expected {P} values in [0, 1]")
+# The other rank placement (a pipeline's stages on consecutive ranks): the same arithmetic.
+placed = check_grid("P2-D2-1f1b-pipeline_in_node", 2, 2, "1f1b", ["--parallel.placement", "pipeline_in_node"])
+if placed and runs[(2, 2, "1f1b")]:
+    (la, pa), (lb, pb) = runs[(2, 2, "1f1b")], placed
+    print(f"{model}: (info) P2-D2-1f1b placements replicas_in_node and pipeline_in_node: parameters bitwise "
+          f"identical = {pa.keys() == pb.keys() and all(pa[k].tobytes() == pb[k].tobytes() for k in pa)}, "
+          f"losses identical = {la.tobytes() == lb.tobytes()}")
+if placed is None or any(v is None for v in runs.values()):  # the comparisons below need them all
+    print("FAIL")
+    sys.exit(1)
 
 # For information (not required): with one replica the gradient sums run in the same order
 # whatever P (micro-batch by micro-batch), so P=2 and P=4 may agree bit for bit.
