@@ -155,13 +155,13 @@ class MpiComm final : public Comm {
   void allreduce_min(int64_t* x, int64_t n) override { reduce(x, n, MPI_INT64_T, MPI_MIN); }
   void allreduce_max(double* x, int64_t n) override { reduce(x, n, MPI_DOUBLE, MPI_MAX); }
   void broadcast(void* buf, int64_t bytes, int root) override {
-    Blocked b(activity_, Activity::kBroadcast);
+    Blocked b(activity(), Activity::kBroadcast);
     chunked(bytes, [&](int64_t off, int cnt) {
       MPI_CHECK(MPI_Bcast(static_cast<char*>(buf) + off, cnt, MPI_BYTE, root, comm_));
     });
   }
   void barrier() override {
-    Blocked b(activity_, Activity::kBarrier);
+    Blocked b(activity(), Activity::kBarrier);
     MPI_CHECK(MPI_Barrier(comm_));
   }
 
@@ -189,7 +189,7 @@ class MpiComm final : public Comm {
     return done;  // a completed request is reset to MPI_REQUEST_NULL, so test again is true
   }
   void wait(int h) override {
-    Blocked b(activity_, Activity::kWait);
+    Blocked b(activity(), Activity::kWait);
     if (!yielding_.at(h)) {
       MPI_CHECK(MPI_Wait(&reqs_.at(h), MPI_STATUS_IGNORE));
       return;
@@ -202,7 +202,9 @@ class MpiComm final : public Comm {
   std::unique_ptr<Comm> split(int color, int key) override {
     MPI_Comm sub;
     MPI_CHECK(MPI_Comm_split(comm_, color, key, &sub));
-    return std::make_unique<MpiComm>(sub, /*owned=*/true);
+    auto c = std::make_unique<MpiComm>(sub, /*owned=*/true);
+    c->parent_ = this;
+    return c;
   }
   std::string host() const override { return hostname(); }
   std::vector<std::string> all_hosts() override {
@@ -211,7 +213,7 @@ class MpiComm final : public Comm {
     const std::string h = hostname();
     std::memcpy(mine.data(), h.data(), std::min<size_t>(h.size(), kLen - 1));
     {
-      Blocked b(activity_, Activity::kAllreduce);
+      Blocked b(activity(), Activity::kAllreduce);
       MPI_CHECK(MPI_Allgather(mine.data(), kLen, MPI_CHAR, all.data(), kLen, MPI_CHAR, comm_));
     }
     std::vector<std::string> out;
@@ -234,7 +236,7 @@ class MpiComm final : public Comm {
  private:
   template <typename T>
   void reduce(T* x, int64_t n, MPI_Datatype t, MPI_Op op) {
-    Blocked b(activity_, Activity::kAllreduce);
+    Blocked b(activity(), Activity::kAllreduce);
     chunked(n, [&](int64_t off, int cnt) {
       MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, x + off, cnt, t, op, comm_));
     });

@@ -55,7 +55,8 @@ class Comm {
   virtual void wait(int handle) = 0;
 
   // Collective: the sub-communicator of the ranks that pass the same color, ordered by key
-  // (the process grid's stage and pipeline groups).
+  // (the process grid's stage and pipeline groups). It shares this Comm's watchdog marks
+  // (set_activity), so this Comm must outlive it.
   virtual std::unique_ptr<Comm> split(int color, int key) = 0;
 
   // Host name of this rank (for error messages naming a rank).
@@ -75,7 +76,9 @@ class Comm {
   void set_activity(Activity* a) { activity_ = a; }
 
  protected:
+  Activity* activity() const { return parent_ ? parent_->activity() : activity_; }
   Activity* activity_ = nullptr;
+  const Comm* parent_ = nullptr;  // a split's: the marks are the parent's
 };
 
 // MPI_COMM_WORLD-based comm (MPI must be initialised); single-rank comm otherwise.
