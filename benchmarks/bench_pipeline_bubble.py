@@ -1,0 +1,154 @@
+#!/usr/bin/python3
+"""Pipeline bubble: the measured share of a step each stage spends waiting for other stages,
+against the theory (P - 1) / (M + P - 1) of a pipeline of P equal stages and M micro-batches.
+
+  benchmarks/bench_pipeline_bubble.py STRATA DATA.h5 [--repeats 3] [--steps 12]
+                                      [--stages 2 4] [--microbatches 1 2 4 8 16]
+
+For each P (ranks = P, D = 1, --threads 1), M and schedule (gpipe, 1f1b) it trains an MLP
+whose layers cost the same: 8 hidden Linear(784 -> 784)+ReLU layers and the output layer
+(784 -> 10, 1/78 of the others), split into stages of equal cost (--parallel.stage_layers
+5 5 and 3 2 2 3: the model summary's flatten, fc1..fc8, fc9). The
+global batch is fixed at 256, so a micro-batch is 256/M samples. It reads stage_idle_share from
+the done event of metrics.jsonl (per stage: receive/send waits and the per-step agreement
+allreduce over the step's wall time, all steps but the first, mean over replicas) and prints,
+per configuration, the median over repeats of each stage's idle share, their mean, the theory
+and the difference in percentage points; then PASS/FAIL per P for "within 5 points of theory
+at M >= 8" (both schedules, the mean over stages).
+
+The configurations alternate within each repeat, so a drift in the machine's speed hits all
+of them. Training runs on a train-only copy of the first 8192 samples of DATA (the test-set
+evaluation at the end of a run would cost more than the training; the loop's timing is the
+same). With fewer cores than P ranks the ranks share cores (mpirun --oversubscribe): a stage
+then also waits for a core, which the idle share counts, so such figures are not the bubble.
+"""
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import h5py
+
+ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+ap.add_argument("strata")
+ap.add_argument("data")
+ap.add_argument("--repeats", type=int, default=3)
+ap.add_argument("--steps", type=int, default=12)
+ap.add_argument("--stages", type=int, nargs="+", default=[2, 4])
+ap.add_argument("--microbatches", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+ap.add_argument("--schedules", nargs="+", default=["gpipe", "1f1b"])
+ap.add_argument("--keep", action="store_true", help="keep the work directory (logs, metrics)")
+a = ap.parse_args()
+
+BATCH = 256
+HIDDEN = ["784"] * 8
+TOL_POINTS = 5.0
+# The model summary's layers: flatten1, fc1..fc8 (784 -> 784, + ReLU), fc9 (784 -> 10). Stages of
+# equal cost, given explicitly so the figures measure the schedule, not the balancer; other P
+# use strata's cost-balanced default.
+STAGE_LAYERS = {2: "5 5", 4: "3 2 2 3"}
+env = dict(os.environ)
+if os.geteuid() == 0:
+    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+
+work = tempfile.mkdtemp(prefix="strata-bench-bubble.")
+# A private copy of the binary (a rebuild during the benchmark must not mix two versions) and a
+# train-only copy of the data (no test evaluation at the end of each run).
+strata = os.path.join(work, "strata")
+shutil.copy(a.strata, strata)
+data = os.path.join(work, "train-only.h5")
+with h5py.File(a.data, "r") as src, h5py.File(data, "w") as dst:
+    n = min(8192, src["train/images"].shape[0])
+    dst["train/images"] = src["train/images"][:n]
+    dst["train/labels"] = src["train/labels"][:n]
+    if "classes" in src.attrs:
+        dst.attrs["classes"] = src.attrs["classes"]
+
+ncpu = os.cpu_count() or 1
+
+
+def run(P, M, schedule, tag):
+    out = os.path.join(work, tag)
+    shutil.rmtree(out, ignore_errors=True)
+    os.makedirs(out)
+    cmd = ["mpirun", "-n", str(P), "--bind-to", "none"]
+    if ncpu < P:
+        cmd.append("--oversubscribe")
+    cmd += [strata, "train", "--data.path", data, "--model.type", "mlp", "--model.hidden", *HIDDEN,
+            "--train.batch_size", str(BATCH), "--train.max_steps", str(a.steps),
+            "--train.log_every", str(a.steps), "--train.seed", "1", "--threads", "1",
+            "--parallel.pipeline_stages", str(P), "--parallel.microbatches", str(M),
+            "--parallel.schedule", schedule, "--output.dir", out, "--quiet"]
+    if P in STAGE_LAYERS:
+        cmd += ["--parallel.stage_layers", *STAGE_LAYERS[P].split()]
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    if p.returncode != 0:
+        sys.exit(f"error: {' '.join(cmd)} exited {p.returncode}\n{p.stdout[-2000:]}\n{p.stderr[-3000:]}")
+    with open(os.path.join(out, "metrics.jsonl")) as f:
+        done = [json.loads(l) for l in f if '"done"' in l][-1]
+    idle = [float(v) for v in done["stage_idle_share"]]
+    if len(idle) != P or done.get("pipeline_stages") != P or done.get("microbatches") != M:
+        sys.exit(f"error: {tag}: done event does not describe the grid: {done}")
+    return idle, float(done["samples_per_s"])
+
+
+def load():
+    with open("/proc/loadavg") as f:
+        return " ".join(f.read().split()[:3])
+
+
+configs = [(P, M, s) for P in a.stages for M in a.microbatches for s in a.schedules]
+print(f"== pipeline bubble, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+print(f"machine: {ncpu} CPUs, load average {load()}; strata {a.strata}")
+print(f"model: MLP 784-{'-'.join(HIDDEN)}-10 (8 equal Linear+ReLU layers + a 784->10 output), "
+      f"global batch {BATCH}, {a.steps} steps, --threads 1, ranks = P, D = 1; "
+      f"median of {a.repeats}, configurations alternating within each repeat")
+for P in a.stages:
+    if ncpu < P:
+        print(f"note: P={P} runs {P} ranks on this machine's {ncpu} CPUs (oversubscribed): stages wait "
+              f"for a core as well as for each other, and the idle share counts both")
+sys.stdout.flush()
+
+results = {c: [] for c in configs}
+sps = {c: [] for c in configs}
+for r in range(a.repeats):
+    order = configs if r % 2 == 0 else configs[::-1]
+    for c in order:
+        P, M, s = c
+        idle, v = run(P, M, s, f"P{P}-M{M}-{s}-r{r}")
+        results[c].append(idle)
+        sps[c].append(v)
+        print(f"  repeat {r + 1}/{a.repeats}  P={P} M={M:<2} {s:5s}  idle "
+              f"{' '.join(f'{x:.3f}' for x in idle)}  {v:.0f} samples/s", flush=True)
+
+print()
+print("idle share per stage: medians over repeats, in %; theory = (P-1)/(M+P-1); diff = mean - theory "
+      "in points")
+print(f"{'P':>2} {'M':>3} {'schedule':8} {'per stage':28} {'mean':>6} {'theory':>7} {'diff':>6} {'samples/s':>10}")
+verdict = {}
+for c in configs:
+    P, M, s = c
+    med = [statistics.median(run_[i] for run_ in results[c]) for i in range(P)]
+    mean = 100 * sum(med) / P
+    theory = 100 * (P - 1) / (M + P - 1)
+    diff = mean - theory
+    if M >= 8:
+        verdict.setdefault(P, []).append(abs(diff) <= TOL_POINTS)
+    print(f"{P:>2} {M:>3} {s:8} {' '.join(f'{100 * x:5.1f}' for x in med):28} {mean:6.1f} {theory:7.1f} "
+          f"{diff:+6.1f} {statistics.median(sps[c]):10.0f}")
+print()
+for P in a.stages:
+    if P in verdict:
+        res = "PASS" if all(verdict[P]) else "FAIL"
+        note = f" ({P} ranks on {ncpu} CPUs: oversubscribed)" if ncpu < P else ""
+        print(f"P={P}: mean idle share within {TOL_POINTS:g} points of theory at M >= 8 (both schedules): {res}{note}")
+print(f"load average at the end: {load()}")
+if a.keep:
+    print(f"work directory kept: {work}")
+else:
+    shutil.rmtree(work, ignore_errors=True)
