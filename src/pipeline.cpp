@@ -152,7 +152,7 @@ int PipelineStage::alloc_slot() {
     slot_bytes_.push_back(0);
   }
   // Sends from this slot's buffers must finish before they are overwritten.
-  for (int& h : sends_[size_t(slot)]) wait(h, "send", -1);
+  for (int& h : sends_[size_t(slot)]) wait(h, "send", "wait for a send", -1);
   sends_[size_t(slot)].clear();
   return slot;
 }
@@ -182,16 +182,14 @@ void PipelineStage::progress() {
   for (int& h : recv_grad_) test(h);
 }
 
-void PipelineStage::wait(int& h, const char* what, int m) {
+void PipelineStage::wait(int& h, const char* cat, const char* what, int m) {
   if (h < 0) return;
   const auto t0 = Tracer::Clock::now();
   pipe_.wait(h);
   h = -1;
   const auto t1 = Tracer::Clock::now();
   stats_.wait_s += std::chrono::duration<double>(t1 - t0).count();
-  if (tracer_) tracer_->span(std::string(what) == "send" ? "send" : "receive",
-                             m >= 0 ? fmt::format("wait {} {}", what, m) : fmt::format("wait {}", what),
-                             t0, t1, m);
+  tracer_->span(cat, m >= 0 ? fmt::format("{} {}", what, m) : what, t0, t1, m);
 }
 
 double PipelineStage::run(const Backend& be, const Tensor& x, const int32_t* labels,
@@ -227,7 +225,7 @@ double PipelineStage::run(const Backend& be, const Tensor& x, const int32_t* lab
       } else {
         slot = slot_of_[size_t(m)];
         STRATA_CHECK(slot >= 0, "micro-batch {} input not requested", m);
-        wait(recv_in_[size_t(m)], "activation", m);
+        wait(recv_in_[size_t(m)], "receive", "wait for activation", m);
         post_next_recv();  // one ahead: its data lands while this one computes
       }
       StepInfo sm = si;
@@ -263,7 +261,7 @@ double PipelineStage::run(const Backend& be, const Tensor& x, const int32_t* lab
       }
     } else {
       const int slot = slot_of_[size_t(m)];
-      if (!last_) wait(recv_grad_[size_t(m)], "gradient", m);
+      if (!last_) wait(recv_grad_[size_t(m)], "receive", "wait for gradient", m);
       model_.set_slot(slot);
       const Tensor* dx;
       {
@@ -282,7 +280,7 @@ double PipelineStage::run(const Backend& be, const Tensor& x, const int32_t* lab
     progress();
   }
   for (auto& v : sends_)
-    for (int& h : v) wait(h, "send", -1);
+    for (int& h : v) wait(h, "send", "wait for sends", -1);
   return loss;
 }
 

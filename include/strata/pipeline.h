@@ -75,7 +75,8 @@ class PipelineStage {
   void release_slot(int slot);
   void post_input_recv(int m, int64_t bm);
   void progress();  // lets MPI move messages in flight while this rank computes
-  void wait(int& handle, const char* what, int m);
+  // Waits for a transfer (counted as idle, traced as `cat`); a handle < 0 is done already.
+  void wait(int& handle, const char* cat, const char* what, int m);
 
   Model& model_;
   Comm& pipe_;
