@@ -86,6 +86,20 @@ std::vector<LayerRange> partition_layers(const std::vector<LayerInfo>& layers, i
   return out;
 }
 
+int resolve_microbatches(int configured, int stages, int64_t global_batch, int replicas) {
+  const int64_t per_replica = global_batch / replicas;
+  if (configured == 0) {
+    for (int m = stages == 1 ? 1 : 4 * stages; m > 1; --m)
+      if (per_replica % m == 0) return m;
+    return 1;
+  }
+  if (per_replica % configured != 0)
+    fail_input("parallel.microbatches = {} does not divide the per-replica batch of {} "
+               "(train.batch_size = {} over {} replica{})", configured, per_replica,
+               global_batch, replicas, replicas == 1 ? "" : "s");
+  return configured;
+}
+
 std::vector<PipeOp> pipeline_schedule(const std::string& kind, int stages, int stage, int micros) {
   std::vector<PipeOp> ops;
   if (kind == "gpipe") {

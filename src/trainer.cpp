@@ -121,20 +121,7 @@ int run_train(const RunConfig& cfg, Comm& comm) {
     if (cfg.train.batch_size % D != 0)
       fail_input("train.batch_size = {} is not divisible by the {} data-parallel replicas "
                  "({} ranks / parallel.pipeline_stages = {})", cfg.train.batch_size, D, ranks, P);
-    const int64_t per_replica = cfg.train.batch_size / D;
-    M = cfg.parallel.microbatches;
-    if (M == 0) {  // auto: enough micro-batches to keep the bubble small, if the batch allows
-      M = 1;
-      for (int m = P == 1 ? 1 : 4 * P; m >= 1; --m)
-        if (per_replica % m == 0) {
-          M = m;
-          break;
-        }
-    } else if (per_replica % M != 0) {
-      fail_input("parallel.microbatches = {} does not divide the per-replica batch of {} "
-                 "(train.batch_size = {} over {} replica{})", M, per_replica,
-                 cfg.train.batch_size, D, D == 1 ? "" : "s");
-    }
+    M = resolve_microbatches(cfg.parallel.microbatches, P, cfg.train.batch_size, D);
     info = open_dataset(cfg.data.path);
     if (cfg.train.batch_size > info.train.n)
       fail_input("train.batch_size = {} is larger than the {} training samples in {}",
@@ -161,8 +148,7 @@ int run_train(const RunConfig& cfg, Comm& comm) {
   model->init(cfg.train.seed);
   // With a pipeline, rank 0 also holds the whole model: checkpoints gather into it.
   auto make_whole = [&] {
-    auto w = std::make_unique<Model>(cfg.model_spec(info.classes), info.train.sample_shape, info.classes);
-    return w;
+    return std::make_unique<Model>(cfg.model_spec(info.classes), info.train.sample_shape, info.classes);
   };
 
   std::unique_ptr<MetricsWriter> metrics;

@@ -40,6 +40,11 @@ double estimated_cost(const LayerInfo& layer, bool lowest_with_params);
 std::string partition_summary(const std::vector<LayerInfo>& layers,
                               const std::vector<LayerRange>& ranges);
 
+// Micro-batches per step: `configured`, which must divide the per-replica batch G/D, or for 0
+// the largest divisor of it up to 4 P (enough to keep the bubble small; 1 without a
+// pipeline). Throws UserError naming parallel.microbatches.
+int resolve_microbatches(int configured, int stages, int64_t global_batch, int replicas);
+
 struct PipeOp {
   bool forward;
   int micro;

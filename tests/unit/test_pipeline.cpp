@@ -85,3 +85,13 @@ TEST_CASE("schedules: every micro-batch once forward, once backward, forward fir
           else CHECK(peak == std::min(P - s, M));
         }
 }
+
+TEST_CASE("micro-batch count: auto picks the largest divisor up to 4P; a given one must divide", "[pipeline]") {
+  CHECK(resolve_microbatches(0, 1, 64, 1) == 1);
+  CHECK(resolve_microbatches(0, 2, 64, 1) == 8);
+  CHECK(resolve_microbatches(0, 4, 64, 2) == 16);  // per replica 32, 4P = 16
+  CHECK(resolve_microbatches(0, 4, 36, 1) == 12);  // 16, 15, 14, 13 do not divide 36
+  CHECK(resolve_microbatches(0, 2, 14, 1) == 7);
+  CHECK(resolve_microbatches(4, 2, 64, 2) == 4);
+  CHECK_THROWS_AS(resolve_microbatches(3, 2, 64, 2), UserError);
+}
