@@ -126,6 +126,9 @@ void add_config_options(CLI::App& sub, RunConfig& c) {
   sub.add_option("--parallel.stage_layers", c.parallel.stage_layers,
                  "layers per stage, as the model summary lists them (default: balanced by cost)")
       ->check(CLI::Range(0, 1 << 20));
+  sub.add_option("--parallel.balance", c.parallel.balance,
+                 "cost the partition balances: estimated (FLOPs) | measured (each layer timed on rank 0)")
+      ->check(CLI::IsMember({"estimated", "measured"}))->capture_default_str();
   sub.add_option("--parallel.placement", c.parallel.placement,
                  "replicas_in_node (a stage's replicas on consecutive ranks) | pipeline_in_node")
       ->check(CLI::IsMember({"replicas_in_node", "pipeline_in_node"}))->capture_default_str();
@@ -221,9 +224,9 @@ std::string RunConfig::to_toml() const {
       train.max_steps);
   t += fmt::format("\n[dp]\nbucket_mb = {}\noverlap = {}\n", dp.bucket_mb, dp.overlap);
   t += fmt::format("\n[parallel]\npipeline_stages = {}\nmicrobatches = {}\nschedule = \"{}\"\n"
-                   "stage_layers = {}\nplacement = \"{}\"\n",
+                   "stage_layers = {}\nbalance = \"{}\"\nplacement = \"{}\"\n",
                    parallel.pipeline_stages, parallel.microbatches, parallel.schedule,
-                   toml_list(parallel.stage_layers), parallel.placement);
+                   toml_list(parallel.stage_layers), parallel.balance, parallel.placement);
   t += fmt::format("\n[checkpoint]\ndir = \"{}\"\nevery_steps = {}\nevery_seconds = {}\n"
                    "keep_last = {}\nkeep_every = {}\nfinal = {}\nasync = {}\n",
                    checkpoint.dir, checkpoint.every_steps, checkpoint.every_seconds,

@@ -1,5 +1,6 @@
 #include "strata/model.h"
 
+#include <chrono>
 #include <cmath>
 #include <map>
 #include <sstream>
@@ -233,12 +234,14 @@ const Tensor& Model::forward(const Backend& be, const Tensor& x, const StepInfo&
   for (size_t i = 0; i < layers_.size(); ++i) {
     Shape os = shapes_[i + 1];
     os.insert(os.begin(), b);
+    const auto t0 = profile_ ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
     if (layers_[i]->is_reshape()) {
       a.outs[i] = Tensor::view(const_cast<float*>(in->data()), os);
     } else {
       a.outs[i].resize(os);
       layers_[i]->forward(be, *in, a.outs[i], s);
     }
+    if (profile_) (*profile_)[i] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     in = &a.outs[i];
   }
   return *in;
@@ -269,6 +272,7 @@ const Tensor* Model::backward(const Backend& be, const Tensor& dout,
       if (on_ready) on_ready(ready_after_[i]);
       continue;
     }
+    const auto t0 = profile_ ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
     const Tensor& x = i ? a.outs[i - 1] : *a.input;
     Tensor* dx = nullptr;
     if (i > lowest || input_grad) {
@@ -279,6 +283,7 @@ const Tensor* Model::backward(const Backend& be, const Tensor& dout,
       dx = &a.douts[i];
     }
     if (!layers_[i]->is_reshape()) layers_[i]->backward(be, x, a.outs[i], *dy, dx, accumulate);
+    if (profile_) (*profile_)[i] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (on_ready) on_ready(ready_after_[i]);
     dy = dx;
   }

@@ -7,16 +7,59 @@
 #include <fmt/format.h>
 
 #include "strata/error.h"
+#include "strata/rng.h"
 
 namespace strata {
 
-double estimated_cost(const LayerInfo& l, bool lowest_with_params) {
-  if (l.flops > 0) return l.flops * (lowest_with_params ? 2.0 : 3.0);
-  return double(numel(l.out_shape));
+std::vector<double> estimated_costs(const std::vector<LayerInfo>& layers) {
+  std::vector<double> c;
+  bool below_params = true;  // no layer with parameters yet
+  for (const LayerInfo& l : layers) {
+    const bool lowest = below_params && l.params > 0;
+    if (l.params > 0) below_params = false;
+    c.push_back(l.flops > 0 ? l.flops * (lowest ? 2.0 : 3.0) : double(numel(l.out_shape)));
+  }
+  return c;
 }
 
-std::vector<LayerRange> partition_layers(const std::vector<LayerInfo>& layers, int stages,
+std::vector<double> measured_costs(const ModelSpec& spec, const Shape& input_shape, int classes,
+                                   const Backend& be, int64_t batch, int reps) {
+  // The whole model on this rank, but as if a later stage: every layer computes its input
+  // gradient, as all but the first stage's do (the first stage's lowest layer costs a little
+  // less than measured).
+  Model m(spec, input_shape, classes);
+  m.init(1);
+  Shape xs = input_shape;
+  xs.insert(xs.begin(), batch);
+  Tensor x(xs), dy({batch, int64_t(classes)});
+  Rng rng(7);
+  for (int64_t i = 0; i < x.size(); ++i) x.data()[i] = rng.uniform(0.f, 1.f);
+  for (int64_t i = 0; i < dy.size(); ++i) dy.data()[i] = rng.uniform(-1e-3f, 1e-3f);
+  const size_t L = m.layers().size();
+  std::vector<std::vector<double>> runs;
+  StepInfo si{.training = true};
+  for (int r = 0; r <= reps; ++r) {  // run 0 warms caches and allocations up
+    std::vector<double> t(L, 0.0);
+    m.set_profile(&t);
+    m.forward(be, x, si);
+    m.backward(be, dy);
+    m.set_profile(nullptr);
+    if (r > 0) runs.push_back(t);
+  }
+  std::vector<double> c(L);
+  for (size_t i = 0; i < L; ++i) {
+    std::vector<double> v;
+    for (auto& t : runs) v.push_back(t[i]);
+    std::nth_element(v.begin(), v.begin() + long(v.size() / 2), v.end());
+    c[i] = v[v.size() / 2];
+  }
+  return c;
+}
+
+std::vector<LayerRange> partition_layers(const std::vector<LayerInfo>& layers,
+                                         const std::vector<double>& costs, int stages,
                                          const std::vector<int>& counts) {
+  STRATA_CHECK(costs.size() == layers.size(), "{} costs for {} layers", costs.size(), layers.size());
   const int L = int(layers.size());
   if (stages > L)
     fail_input("parallel.pipeline_stages = {} but the model has {} layers (as the model summary "
@@ -41,15 +84,8 @@ std::vector<LayerRange> partition_layers(const std::vector<LayerInfo>& layers, i
   }
   // Costs, then the contiguous split into `stages` parts whose costliest part is cheapest
   // (exact, by dynamic programming: L and P are small).
-  int lowest = L;
-  for (int i = 0; i < L; ++i)
-    if (layers[size_t(i)].params > 0) {
-      lowest = i;
-      break;
-    }
   std::vector<double> prefix(size_t(L) + 1, 0.0);
-  for (int i = 0; i < L; ++i)
-    prefix[size_t(i) + 1] = prefix[size_t(i)] + estimated_cost(layers[size_t(i)], i == lowest);
+  for (int i = 0; i < L; ++i) prefix[size_t(i) + 1] = prefix[size_t(i)] + costs[size_t(i)];
   const double inf = std::numeric_limits<double>::infinity();
   // best[k][j]: for layers [0, j) in k stages, the cheapest costliest stage, then (among
   // splits within 1% of it: the costs are estimates) the smallest sum of squared stage costs,
@@ -303,26 +339,21 @@ double PipelineStage::run(const Backend& be, const Tensor& x, const int32_t* lab
 namespace strata {
 
 std::string partition_summary(const std::vector<LayerInfo>& layers,
+                              const std::vector<double>& costs,
                               const std::vector<LayerRange>& ranges) {
-  int lowest = int(layers.size());
-  for (int i = 0; i < int(layers.size()); ++i)
-    if (layers[size_t(i)].params > 0) {
-      lowest = i;
-      break;
-    }
   double total = 0;
   std::vector<double> cost(ranges.size(), 0.0);
   std::vector<int64_t> params(ranges.size(), 0);
   for (size_t s = 0; s < ranges.size(); ++s)
     for (int i = ranges[s].first; i < ranges[s].last; ++i) {
-      cost[s] += estimated_cost(layers[size_t(i)], i == lowest);
+      cost[s] += costs[size_t(i)];
       params[s] += layers[size_t(i)].params;
     }
   for (double c : cost) total += c;
   std::string out;
   for (size_t s = 0; s < ranges.size(); ++s) {
     const auto& r = ranges[s];
-    out += fmt::format("  stage {}: {}{} ({} layer{}, {} params, {:.0f}% of the estimated cost)\n",
+    out += fmt::format("  stage {}: {}{} ({} layer{}, {} params, {:.0f}% of the cost)\n",
                        s, layers[size_t(r.first)].name,
                        r.last - r.first > 1 ? " .. " + layers[size_t(r.last) - 1].name : "",
                        r.last - r.first, r.last - r.first == 1 ? "" : "s", params[s],

@@ -127,9 +127,17 @@ int run_train(const RunConfig& cfg, Comm& comm) {
       fail_input("train.batch_size = {} is larger than the {} training samples in {}",
                  cfg.train.batch_size, info.train.n, cfg.data.path);
     layers = Model::describe_layers(cfg.model_spec(info.classes), info.train.sample_shape, info.classes);
-    ranges = partition_layers(layers, P, cfg.parallel.stage_layers);
     if (lead && !cfg.trace.empty()) ensure_parent_dir(cfg.trace);
   });
+  // The partition: rank 0 measures when asked (every rank must use the same costs).
+  std::vector<double> costs = estimated_costs(layers);
+  if (P > 1 && cfg.parallel.stage_layers.empty() && cfg.parallel.balance == "measured") {
+    if (lead)
+      costs = measured_costs(cfg.model_spec(info.classes), info.train.sample_shape, info.classes,
+                             *bep, cfg.train.batch_size / D / M, 5);
+    comm.broadcast(costs.data(), int64_t(costs.size() * sizeof(double)), 0);
+  }
+  collectively(comm, [&] { ranges = partition_layers(layers, costs, P, cfg.parallel.stage_layers); });
   const Backend& be = *bep;
   const int64_t G = cfg.train.batch_size;
   // Micro-batches without a pipeline are plain gradient accumulation, run by the same engine.
@@ -282,9 +290,10 @@ int run_train(const RunConfig& cfg, Comm& comm) {
     } else {
       fmt::print("model:\n{}\n", whole->summary());
       fmt::print("pipeline: {} stage{} x {} data-parallel replica{} ({}), {} micro-batches of {} "
-                 "per step, schedule {}\n{}\n", P, P == 1 ? "" : "s", D, D == 1 ? "" : "s",
-                 cfg.parallel.placement, M, G / D / M, cfg.parallel.schedule,
-                 partition_summary(layers, ranges));
+                 "per step, schedule {}, partition {}\n{}\n", P, P == 1 ? "" : "s", D,
+                 D == 1 ? "" : "s", cfg.parallel.placement, M, G / D / M, cfg.parallel.schedule,
+                 !cfg.parallel.stage_layers.empty() ? "parallel.stage_layers" : cfg.parallel.balance,
+                 partition_summary(layers, costs, ranges));
     }
     const std::string span =
         total < per_epoch * cfg.train.epochs

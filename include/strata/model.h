@@ -81,6 +81,9 @@ class Model {
   // (valid until the slot's next backward), else nullptr.
   const Tensor* backward(const Backend& be, const Tensor& dout,
                          const std::function<void(int64_t)>& on_ready = {}, bool accumulate = false);
+  // While set, forward and backward add each layer's wall time to (*seconds)[layer] (for the
+  // measured pipeline partition); nullptr stops it.
+  void set_profile(std::vector<double>* seconds) { profile_ = seconds; }
 
  private:
   ModelSpec spec_;
@@ -100,6 +103,7 @@ class Model {
   };
   std::deque<Activations> acts_;  // per slot; a deque so views into a slot stay valid
   int slot_ = 0;
+  std::vector<double>* profile_ = nullptr;
 };
 
 }  // namespace strata

@@ -29,15 +29,24 @@
 
 namespace strata {
 
+// Per-layer cost of a training step, in any unit (parallel.balance):
+//  estimated  forward FLOPs x 3 (forward and backward), x 2 for the lowest layer with
+//             parameters (it computes no input gradient); a layer without FLOPs costs its
+//             output size in elements
+//  measured   seconds of forward + backward of one micro-batch of `batch` samples on this
+//             rank, the median of `reps` runs after a warm-up (layers with the same shapes
+//             cost the same everywhere, so one rank measures for all)
+std::vector<double> estimated_costs(const std::vector<LayerInfo>& layers);
+std::vector<double> measured_costs(const ModelSpec& spec, const Shape& input_shape, int classes,
+                                   const Backend& be, int64_t batch, int reps);
 // Layer ranges per stage. explicit_counts empty: contiguous ranges minimising the costliest
-// stage's estimated cost (forward FLOPs x 3 for forward and backward, x 2 for the lowest layer
-// with parameters, which computes no input gradient; a layer without FLOPs costs its output
-// size). Otherwise the counts of layers per stage. Throws UserError naming the config key.
-std::vector<LayerRange> partition_layers(const std::vector<LayerInfo>& layers, int stages,
+// stage's cost. Otherwise the counts of layers per stage. Throws UserError naming the key.
+std::vector<LayerRange> partition_layers(const std::vector<LayerInfo>& layers,
+                                         const std::vector<double>& costs, int stages,
                                          const std::vector<int>& explicit_counts);
-double estimated_cost(const LayerInfo& layer, bool lowest_with_params);
-// One line per stage: its layers, parameters and share of the estimated cost.
+// One line per stage: its layers, parameters and share of the cost.
 std::string partition_summary(const std::vector<LayerInfo>& layers,
+                              const std::vector<double>& costs,
                               const std::vector<LayerRange>& ranges);
 
 // Micro-batches per step: `configured`, which must divide the per-replica batch G/D, or for 0

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <set>
 
+#include "strata/backend.h"
 #include "strata/error.h"
 #include "strata/model.h"
 #include "strata/pipeline.h"
@@ -25,7 +26,7 @@ std::vector<LayerInfo> mlp_layers(std::vector<std::string> hidden) {
 TEST_CASE("balanced partition: contiguous, every stage non-empty, costliest stage minimal", "[pipeline]") {
   auto layers = mlp_layers({"128", "128", "128", "128"});  // flatten, fc1..fc5 (relu fused)
   REQUIRE(layers.size() == 6);
-  auto r = partition_layers(layers, 4, {});
+  auto r = partition_layers(layers, estimated_costs(layers), 4, {});
   REQUIRE(r.size() == 4);
   CHECK(r.front().first == 0);
   CHECK(r.back().last == 6);
@@ -42,24 +43,26 @@ TEST_CASE("balanced partition: contiguous, every stage non-empty, costliest stag
 
 TEST_CASE("balanced partition of equal layers is even", "[pipeline]") {
   auto layers = mlp_layers({"256", "256", "256", "256", "256", "256", "256"});
-  auto r = partition_layers(layers, 2, {});
+  auto r = partition_layers(layers, estimated_costs(layers), 2, {});
+  const auto c = estimated_costs(layers);
+  CHECK(c[1] == Approx(2.0 * layers[1].flops));  // fc1: no input gradient
+  CHECK(c[2] == Approx(3.0 * layers[2].flops));
   std::vector<double> cost(2, 0);
   for (int s = 0; s < 2; ++s)
-    for (int i = r[size_t(s)].first; i < r[size_t(s)].last; ++i)
-      cost[size_t(s)] += estimated_cost(layers[size_t(i)], i == 1);
+    for (int i = r[size_t(s)].first; i < r[size_t(s)].last; ++i) cost[size_t(s)] += c[size_t(i)];
   CHECK(std::max(cost[0], cost[1]) / (cost[0] + cost[1]) < 0.6);
 }
 
 TEST_CASE("explicit partition and its errors", "[pipeline]") {
   auto layers = mlp_layers({"128", "128"});  // 4 layers
-  auto r = partition_layers(layers, 2, {1, 3});
+  auto r = partition_layers(layers, estimated_costs(layers), 2, {1, 3});
   CHECK(r[0].first == 0);
   CHECK(r[0].last == 1);
   CHECK(r[1].last == 4);
-  CHECK_THROWS_AS(partition_layers(layers, 2, {1, 2}), UserError);     // covers 3 of 4
-  CHECK_THROWS_AS(partition_layers(layers, 2, {4}), UserError);        // wrong length
-  CHECK_THROWS_AS(partition_layers(layers, 2, {0, 4}), UserError);     // empty stage
-  CHECK_THROWS_AS(partition_layers(layers, 5, {}), UserError);         // more stages than layers
+  CHECK_THROWS_AS(partition_layers(layers, estimated_costs(layers), 2, {1, 2}), UserError);     // covers 3 of 4
+  CHECK_THROWS_AS(partition_layers(layers, estimated_costs(layers), 2, {4}), UserError);        // wrong length
+  CHECK_THROWS_AS(partition_layers(layers, estimated_costs(layers), 2, {0, 4}), UserError);     // empty stage
+  CHECK_THROWS_AS(partition_layers(layers, estimated_costs(layers), 5, {}), UserError);         // more stages than layers
 }
 
 TEST_CASE("schedules: every micro-batch once forward, once backward, forward first", "[pipeline]") {
@@ -94,4 +97,16 @@ TEST_CASE("micro-batch count: auto picks the largest divisor up to 4P; a given o
   CHECK(resolve_microbatches(0, 2, 14, 1) == 7);
   CHECK(resolve_microbatches(4, 2, 64, 2) == 4);
   CHECK_THROWS_AS(resolve_microbatches(3, 2, 64, 2), UserError);
+}
+
+TEST_CASE("measured costs: one positive time per layer, larger for a wider layer", "[pipeline]") {
+  ModelSpec spec = {"flatten", "linear 256", "relu", "linear 1024", "relu", "linear 10"};
+  auto layers = Model::describe_layers(spec, {1, 28, 28}, 10);
+  auto c = measured_costs(spec, {1, 28, 28}, 10, cpu_backend(), 32, 3);
+  REQUIRE(c.size() == layers.size());
+  for (double v : c) CHECK(v >= 0);
+  CHECK(c[2] > c[3]);  // fc2 (256 -> 1024) against fc3 (1024 -> 10): 25x the FLOPs
+  auto r = partition_layers(layers, c, 2, {});
+  CHECK(r[0].first == 0);
+  CHECK(r[1].last == int(layers.size()));
 }
