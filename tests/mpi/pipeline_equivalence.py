@@ -13,7 +13,8 @@ global batch 64 in 4 micro-batches:
   - the done event reports the grid (pipeline_stages, microbatches, schedule) and the peak
     number of micro-batches whose activations a stage held at once: 1f1b: min(P - s, M) on
     stage s; gpipe: M on every stage;
-(2, 2) 1f1b with --parallel.placement pipeline_in_node passes the same checks, and (2, 2) 1f1b
+(2, 2) 1f1b with --parallel.placement pipeline_in_node and (4, 1) 1f1b with --parallel.balance
+measured pass the same checks, and (2, 2) 1f1b
 run twice gives bitwise-identical parameters and losses, the second time with
 --trace (which must change nothing; the trace has one row per rank and the forward and backward
 spans of every micro-batch).
@@ -184,7 +185,10 @@ if placed and runs[(2, 2, "1f1b")]:
     print(f"{model}: (info) P2-D2-1f1b placements replicas_in_node and pipeline_in_node: parameters bitwise "
           f"identical = {pa.keys() == pb.keys() and all(pa[k].tobytes() == pb[k].tobytes() for k in pa)}, "
           f"losses identical = {la.tobytes() == lb.tobytes()}")
-if placed is None or any(v is None for v in runs.values()):  # the comparisons below need them all
+# A partition balanced by measured layer times (rank 0 times them; every rank must use its
+# partition): whatever partition it picks, the numbers are the same.
+measured = check_grid("P4-D1-1f1b-balance_measured", 4, 1, "1f1b", ["--parallel.balance", "measured"])
+if placed is None or measured is None or any(v is None for v in runs.values()):  # the comparisons below need them all
     print("FAIL")
     sys.exit(1)
 
