@@ -190,7 +190,7 @@ class MpiComm final : public Comm {
   }
   void wait(int h) override {
     Blocked b(activity(), Activity::kWait);
-    if (!yielding_.at(h)) {
+    if (!yielding_waits_ || !yielding_.at(h)) {
       MPI_CHECK(MPI_Wait(&reqs_.at(h), MPI_STATUS_IGNORE));
       return;
     }

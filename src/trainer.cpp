@@ -142,7 +142,7 @@ int run_train(const RunConfig& cfg, Comm& comm) {
   const int64_t G = cfg.train.batch_size;
   // Micro-batches without a pipeline are plain gradient accumulation, run by the same engine.
   const bool pipelined = P > 1 || M > 1;
-  ProcessGrid grid = make_grid(comm, P, cfg.parallel.placement);
+  ProcessGrid grid = make_grid(comm, P, cfg.parallel.placement, cfg.threads);
 
   std::unique_ptr<Model> model;
   collectively(comm, [&] {
@@ -294,6 +294,11 @@ int run_train(const RunConfig& cfg, Comm& comm) {
                  D == 1 ? "" : "s", cfg.parallel.placement, M, G / D / M, cfg.parallel.schedule,
                  !cfg.parallel.stage_layers.empty() ? "parallel.stage_layers" : cfg.parallel.balance,
                  partition_summary(layers, costs, ranges));
+      if (grid.oversubscribed)
+        fmt::print("note: {} ranks x {} thread{} share {} cores on {}: ranks waiting for a "
+                   "neighbour sleep between polls; timings are not those of a core per rank\n",
+                   grid.node_ranks, cfg.threads, cfg.threads == 1 ? "" : "s", grid.node_cores,
+                   comm.host());
     }
     const std::string span =
         total < per_epoch * cfg.train.epochs
@@ -312,9 +317,10 @@ int run_train(const RunConfig& cfg, Comm& comm) {
   int64_t samples_since_log = 0;
   double exposed_total = 0, loader_wait = 0;
   const double cpu_start = thread_cpu_seconds();
-  // Pipeline: time each rank waits for others (receives, sends, the agreement) over the steps
-  // after the first, against their wall time: the measured bubble.
-  double idle_s = 0, idle_wall_s = 0;
+  // Pipeline: the share of each step's wall time this rank waits for others (receives, sends,
+  // the agreement), every step after the first: the measured bubble is its median (robust to
+  // a step during which the machine took the CPU away).
+  std::vector<double> idle_shares;
   comm.barrier();  // so that every rank's trace starts at the same moment
   tracer.set_origin();
   for (int64_t step = start_step; step < total; ++step) {
@@ -364,8 +370,8 @@ int run_train(const RunConfig& cfg, Comm& comm) {
     comm.allreduce_sum(agree, 4);
     tracer.span("allreduce", "agree: loss, stop, checkpoint", t_agree, Clock::now());
     if (pipelined && step > start_step) {
-      idle_s += pipe->stats().wait_s - pipe_wait0 + since(t_agree);
-      idle_wall_s += since(t_step);
+      idle_shares.push_back((pipe->stats().wait_s - pipe_wait0 + since(t_agree)) /
+                            std::max(since(t_step), 1e-12));
     }
     loss = agree[0] / double(G);
     const bool stop_now = agree[1] > 0 || agree[2] > 0;
@@ -486,7 +492,11 @@ int run_train(const RunConfig& cfg, Comm& comm) {
     peak_mb[size_t(grid.stage)] = double(pipe->stats().peak_act_bytes) / 1e6;
     comm.allreduce_max(peak_live.data(), P);
     comm.allreduce_max(peak_mb.data(), P);
-    idle[size_t(grid.stage)] = idle_wall_s > 0 ? idle_s / idle_wall_s / D : 0.0;
+    if (!idle_shares.empty()) {
+      auto mid = idle_shares.begin() + long(idle_shares.size() / 2);
+      std::nth_element(idle_shares.begin(), mid, idle_shares.end());
+      idle[size_t(grid.stage)] = *mid / D;
+    }
     comm.allreduce_sum(idle.data(), P);
   }
   tracer.write(comm, cfg.trace, fmt::format("rank {} · {} · {}", comm.rank(), grid.where(), comm.host()));

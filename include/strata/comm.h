@@ -46,13 +46,15 @@ class Comm {
   virtual int start_allreduce_sum(float* x, int64_t n) = 0;
   // Non-blocking point-to-point transfers of n floats (pipeline activations and their
   // gradients). Messages between two ranks with the same tag arrive in the order sent. The
-  // buffer must stay untouched until the handle completes. Waiting for one of these yields
-  // the CPU after a short spin, so a rank idle in a pipeline bubble does not take a core from
-  // ranks that compute (several ranks may share a node's cores).
+  // buffer must stay untouched until the handle completes. Waiting for one of these polls
+  // (the lowest latency) or, after set_yielding_waits(true), sleeps between polls, so that a
+  // rank idle in a pipeline bubble leaves its core to ranks that compute when a node has
+  // fewer cores than ranks x threads.
   virtual int start_send(const float* x, int64_t n, int to, int tag) = 0;
   virtual int start_recv(float* x, int64_t n, int from, int tag) = 0;
   virtual bool test(int handle) = 0;
   virtual void wait(int handle) = 0;
+  void set_yielding_waits(bool on) { yielding_waits_ = on; }
 
   // Collective: the sub-communicator of the ranks that pass the same color, ordered by key
   // (the process grid's stage and pipeline groups). It shares this Comm's watchdog marks
@@ -79,6 +81,7 @@ class Comm {
   Activity* activity() const { return parent_ ? parent_->activity() : activity_; }
   Activity* activity_ = nullptr;
   const Comm* parent_ = nullptr;  // a split's: the marks are the parent's
+  bool yielding_waits_ = false;
 };
 
 // MPI_COMM_WORLD-based comm (MPI must be initialised); single-rank comm otherwise.

@@ -28,6 +28,10 @@ struct ProcessGrid {
   std::string placement = "replicas_in_node";
   std::unique_ptr<Comm> stage_comm;  // same stage, every replica (rank = replica)
   std::unique_ptr<Comm> pipe_comm;   // same replica, every stage (rank = stage)
+  // This node runs more ranks x threads than it has cores for this process: a rank waiting
+  // for a neighbour then sleeps between polls instead of spinning (pipe_comm is so set).
+  bool oversubscribed = false;
+  int node_ranks = 1, node_cores = 1;
 
   bool first_stage() const { return stage == 0; }
   bool last_stage() const { return stage == stages - 1; }
@@ -37,7 +41,8 @@ struct ProcessGrid {
   std::string where() const;
 };
 
-// Collective over `world`. world.size() must be a multiple of stages (checked by the caller).
-ProcessGrid make_grid(Comm& world, int stages, const std::string& placement);
+// Collective over `world`. world.size() must be a multiple of stages (checked by the caller);
+// threads: math threads per rank.
+ProcessGrid make_grid(Comm& world, int stages, const std::string& placement, int threads);
 
 }  // namespace strata
