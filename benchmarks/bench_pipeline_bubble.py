@@ -2,7 +2,7 @@
 """Pipeline bubble: the measured share of a step each stage spends waiting for other stages,
 against the theory (P - 1) / (M + P - 1) of a pipeline of P equal stages and M micro-batches.
 
-  benchmarks/bench_pipeline_bubble.py STRATA DATA.h5 [--repeats 3] [--steps 12]
+  benchmarks/bench_pipeline_bubble.py STRATA DATA.h5 [--repeats 5] [--steps 60]
                                       [--stages 2 4] [--microbatches 1 2 4 8 16]
 
 For each P (ranks = P, D = 1, --threads 1), M and schedule (gpipe, 1f1b) it trains a model
@@ -44,8 +44,8 @@ import h5py
 ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
 ap.add_argument("strata")
 ap.add_argument("data")
-ap.add_argument("--repeats", type=int, default=3)
-ap.add_argument("--steps", type=int, default=12)
+ap.add_argument("--repeats", type=int, default=5)
+ap.add_argument("--steps", type=int, default=60)
 ap.add_argument("--stages", type=int, nargs="+", default=[2, 4])
 ap.add_argument("--microbatches", type=int, nargs="+", default=[1, 2, 4, 8, 16])
 ap.add_argument("--schedules", nargs="+", default=["gpipe", "1f1b"])

@@ -8,7 +8,7 @@ global batch 64 in 4 micro-batches:
     steps);
   - the final parameters (model.h5, global names) agree with the reference per tensor within
     1e-4 x max|ref| and within 1e-2 x max|ref - init| (see TOLERANCES below);
-  - the test-set evaluation at the end (through the pipeline) gives the reference's test loss
+  - the test-set evaluation at the end (the whole model, gathered from the stages) gives the reference's test loss
     within 1e-5 relative and its accuracy but for at most 2 of the 10 000 samples;
   - the done event reports the grid (pipeline_stages, microbatches, schedule) and the peak
     number of micro-batches whose activations a stage held at once: 1f1b: min(P - s, M) on
@@ -53,7 +53,7 @@ SCHEDULES = ("gpipe", "1f1b")
 LOSS_RTOL = 1e-5
 PARAM_TOL_REF = 1e-4
 PARAM_TOL_UPDATE = 1e-2
-# Test accuracy after evaluation through the pipeline: at most 2 of the 10 000 test samples may
+# Test accuracy after the evaluation with the gathered whole model: at most 2 of the 10 000 test samples may
 # change their prediction (near-ties of the two top logits under fp32 rounding).
 TEST_ACC_TOL = 2.5e-4
 
@@ -150,7 +150,7 @@ def check_grid(tag, P, D, schedule, more=()):
     print(f"  parameters: worst {worst_ref:.2e} x max|ref| ({worst_k}; bound {PARAM_TOL_REF:g}), "
           f"worst {worst_upd:.2e} x max|ref-init| (bound {PARAM_TOL_UPDATE:g})")
 
-    # The test-set evaluation runs through the pipeline too: the same loss to rounding, and the
+    # The test-set evaluation uses the whole model gathered from the stages: the same loss to rounding, and the
     # same predictions but for samples whose two top logits are within rounding of each other.
     acc, tl = done.get("test_accuracy"), done.get("test_loss")
     print(f"  test: accuracy {acc} (reference {ref_done.get('test_accuracy')}), loss {tl} "
