@@ -294,6 +294,14 @@ int run_train(const RunConfig& cfg, Comm& comm) {
                  D == 1 ? "" : "s", cfg.parallel.placement, M, G / D / M, cfg.parallel.schedule,
                  !cfg.parallel.stage_layers.empty() ? "parallel.stage_layers" : cfg.parallel.balance,
                  partition_summary(layers, costs, ranges));
+      for (int st = 0; st < P; ++st) {
+        std::string where;
+        for (int r = 0; r < D; ++r) {
+          const int w = grid.world_rank(st, r);
+          where += fmt::format("{}rank {} ({})", r ? ", " : "", w, prov.hosts[size_t(w)]);
+        }
+        fmt::print("  stage {} on {}\n", st, where);
+      }
       if (grid.oversubscribed)
         fmt::print("note: {} ranks x {} thread{} share {} cores on {}: ranks waiting for a "
                    "neighbour sleep between polls; timings are not those of a core per rank\n",
