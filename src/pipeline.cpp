@@ -364,3 +364,32 @@ std::string partition_summary(const std::vector<LayerInfo>& layers,
 }
 
 }  // namespace strata
+
+namespace strata {
+
+PipelineFigures pipeline_figures(Comm& world, const ProcessGrid& grid, const PipelineStats& stats,
+                                 std::vector<double> idle_shares, int micros) {
+  const size_t P = size_t(grid.stages), s = size_t(grid.stage);
+  PipelineFigures f{.peak_live = std::vector<double>(P, 0.0), .peak_mb = std::vector<double>(P, 0.0),
+                    .idle = std::vector<double>(P, 0.0),
+                    .theory = double(grid.stages - 1) / double(micros + grid.stages - 1)};
+  f.peak_live[s] = stats.peak_live;
+  f.peak_mb[s] = double(stats.peak_act_bytes) / 1e6;
+  world.allreduce_max(f.peak_live.data(), int64_t(P));
+  world.allreduce_max(f.peak_mb.data(), int64_t(P));
+  if (!idle_shares.empty()) {
+    auto mid = idle_shares.begin() + long(idle_shares.size() / 2);
+    std::nth_element(idle_shares.begin(), mid, idle_shares.end());
+    f.idle[s] = *mid / grid.replicas;
+  }
+  world.allreduce_sum(f.idle.data(), int64_t(P));
+  return f;
+}
+
+std::string json_list(const std::vector<double>& v, int decimals) {
+  std::string out = "[";
+  for (size_t i = 0; i < v.size(); ++i) out += fmt::format("{}{:.{}f}", i ? ", " : "", v[i], decimals);
+  return out + "]";
+}
+
+}  // namespace strata

@@ -492,21 +492,8 @@ int run_train(const RunConfig& cfg, Comm& comm) {
   progress.finish();
   loader.reset();  // the loader thread owns HDF5 while alive
 
-  // Pipeline figures, per stage: the most micro-batches alive at once (1f1b: at most P - S;
-  // gpipe: M), their activation bytes, and the measured idle share (mean over replicas).
-  std::vector<double> peak_live(size_t(P), 0.0), peak_mb(size_t(P), 0.0), idle(size_t(P), 0.0);
-  if (pipelined) {
-    peak_live[size_t(grid.stage)] = pipe->stats().peak_live;
-    peak_mb[size_t(grid.stage)] = double(pipe->stats().peak_act_bytes) / 1e6;
-    comm.allreduce_max(peak_live.data(), P);
-    comm.allreduce_max(peak_mb.data(), P);
-    if (!idle_shares.empty()) {
-      auto mid = idle_shares.begin() + long(idle_shares.size() / 2);
-      std::nth_element(idle_shares.begin(), mid, idle_shares.end());
-      idle[size_t(grid.stage)] = *mid / D;
-    }
-    comm.allreduce_sum(idle.data(), P);
-  }
+  PipelineFigures figures;
+  if (pipelined) figures = pipeline_figures(comm, grid, pipe->stats(), idle_shares, M);
   tracer.write(comm, cfg.trace, fmt::format("rank {} · {} · {}", comm.rank(), grid.where(), comm.host()));
 
   Model* final_model = model.get();
@@ -536,20 +523,15 @@ int run_train(const RunConfig& cfg, Comm& comm) {
         {"microbatches", fmt::format("{}", M)},
         {"schedule", json_string(pipelined ? cfg.parallel.schedule : "none")}};
     if (pipelined) {
-      auto list = [](const std::vector<double>& v, const char* f) {
-        std::string out = "[";
-        for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + fmt::format(fmt::runtime(f), v[i]);
-        return out + "]";
-      };
-      done.push_back({"peak_live_microbatches", list(peak_live, "{:.0f}")});
-      done.push_back({"peak_activation_mb", list(peak_mb, "{:.3f}")});
-      done.push_back({"stage_idle_share", list(idle, "{:.4f}")});
-      done.push_back({"bubble_theory", json_number(double(P - 1) / double(M + P - 1))});
+      done.push_back({"peak_live_microbatches", json_list(figures.peak_live, 0)});
+      done.push_back({"peak_activation_mb", json_list(figures.peak_mb, 3)});
+      done.push_back({"stage_idle_share", json_list(figures.idle, 4)});
+      done.push_back({"bubble_theory", json_number(figures.theory)});
       fmt::print("pipeline: peak live micro-batches per stage {} (schedule {}: {}), activations "
                  "at peak {} MB; idle share per stage {} (theory (P-1)/(M+P-1) = {:.3f})\n",
-                 list(peak_live, "{:.0f}"), cfg.parallel.schedule,
+                 json_list(figures.peak_live, 0), cfg.parallel.schedule,
                  cfg.parallel.schedule == "gpipe" ? "M" : "at most P - stage",
-                 list(peak_mb, "{:.2f}"), list(idle, "{:.3f}"), double(P - 1) / double(M + P - 1));
+                 json_list(figures.peak_mb, 2), json_list(figures.idle, 3), figures.theory);
     }
     if (info.has_test) {
       done.push_back({"test_accuracy", json_number(ev.accuracy)});

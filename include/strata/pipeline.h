@@ -24,6 +24,7 @@
 
 #include "strata/backend.h"
 #include "strata/comm.h"
+#include "strata/grid.h"
 #include "strata/model.h"
 #include "strata/trace.h"
 
@@ -113,5 +114,17 @@ class PipelineStage {
   int max_live_ = 1;  // the schedule's bound on live micro-batches (slots: one more)
   PipelineStats stats_;
 };
+
+// A run's per-stage figures, on every rank (collective over `world`): the most micro-batches
+// alive at once (max over replicas), their activation memory, and the idle share (the median
+// of this rank's per-step shares, mean over replicas), beside (P-1)/(M+P-1).
+struct PipelineFigures {
+  std::vector<double> peak_live, peak_mb, idle;
+  double theory = 0;
+};
+PipelineFigures pipeline_figures(Comm& world, const ProcessGrid& grid, const PipelineStats& stats,
+                                 std::vector<double> idle_shares, int micros);
+// "[a, b, c]" with `decimals` digits after the point (metrics and reports).
+std::string json_list(const std::vector<double>& v, int decimals);
 
 }  // namespace strata
