@@ -1,6 +1,7 @@
 """Kill-and-resume is exact: a run killed with SIGKILL at random moments (several times) and
 resumed with --resume auto ends with parameters bitwise identical to an uninterrupted run with
-the same rank count. Usage: kill_resume.py STRATA DATA WORKDIR RANKS"""
+the same rank count. Usage: kill_resume.py STRATA DATA WORKDIR RANKS [TAG FLAGS...]: FLAGS are
+added to every run (e.g. a pipeline grid), TAG names the work directory."""
 import os
 import random
 import signal
@@ -10,12 +11,13 @@ import time
 from ckpt_common import assert_bitwise, fail, fresh, kill_all, launch, metrics, run
 
 strata, data, work, ranks = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
-work = fresh(os.path.join(work, f"kill-resume-{ranks}"))
+tag, extra = (sys.argv[5], sys.argv[6:]) if len(sys.argv) > 5 else ("", [])
+work = fresh(os.path.join(work, f"kill-resume-{ranks}{tag}"))
 steps = 1000
 common = ["--data.path", data, "--model.hidden", "128", "--model.dropout", "0.1",
           "--train.epochs", "2", "--train.max_steps", str(steps), "--train.lr", "0.05", "--train.lr_schedule", "cosine",
           "--train.warmup_steps", "50", "--train.seed", "7", "--checkpoint.every_steps", "40",
-          "--train.log_every", "10", "--progress", "off"]
+          "--train.log_every", "10", "--progress", "off"] + extra
 
 ref = os.path.join(work, "ref")
 run(strata, ranks, common + ["--output.dir", ref])
