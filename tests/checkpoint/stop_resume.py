@@ -1,7 +1,8 @@
 """Resumable stops: SIGUSR1 (Slurm's warning signal, as forwarded by mpirun/srun) and the job's
 time limit (STRATA_JOB_END_TIME, what strata otherwise reads from squeue) make every rank stop
 at the same step, write a checkpoint and exit 75; --resume auto then ends bitwise identical to
-an uninterrupted run. Usage: stop_resume.py STRATA DATA WORKDIR RANKS"""
+an uninterrupted run. Usage: stop_resume.py STRATA DATA WORKDIR RANKS [TAG FLAGS...]: FLAGS are
+added to every run (e.g. a pipeline grid), TAG names the work directory."""
 import os
 import signal
 import sys
@@ -10,9 +11,10 @@ import time
 from ckpt_common import assert_bitwise, fail, fresh, launch, metrics, run
 
 strata, data, ranks = sys.argv[1], sys.argv[2], int(sys.argv[4])
-work = fresh(os.path.join(sys.argv[3], f"stop-resume-{ranks}"))
+tag, extra = (sys.argv[5], sys.argv[6:]) if len(sys.argv) > 5 else ("", [])
+work = fresh(os.path.join(sys.argv[3], f"stop-resume-{ranks}{tag}"))
 common = ["--data.path", data, "--model.hidden", "64", "--train.epochs", "7", "--train.max_steps", "6000",
-          "--train.seed", "5", "--checkpoint.every_steps", "500", "--progress", "off"]
+          "--train.seed", "5", "--checkpoint.every_steps", "500", "--progress", "off"] + extra
 ref = os.path.join(work, "ref")
 t0 = time.time()
 run(strata, ranks, common + ["--output.dir", ref])
@@ -60,7 +62,7 @@ stopped_then_resumed("sigusr1", send_usr1)
 d = os.path.join(work, "time-limit")
 long_run = ["--data.path", data, "--model.hidden", "64", "--train.epochs", "300",
             "--train.max_steps", "200000", "--train.seed", "5", "--checkpoint.every_steps", "500",
-            "--progress", "off"]
+            "--progress", "off"] + extra
 end = time.time() + 12.5
 p = launch(strata, ranks, long_run + ["--output.dir", d, "--resume", "auto"],
            {"STRATA_JOB_END_TIME": f"{end:.3f}"})
