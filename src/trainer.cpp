@@ -62,6 +62,13 @@ std::vector<std::string> gather_hosts(Comm& comm) {
   return hosts;
 }
 
+// The signal `count` ranks got, from the sum of their signal numbers: its name if they all
+// got the same one, else "signals".
+std::string signal_names(double sum, double count) {
+  const int sig = int(std::lround(sum / count));
+  return double(sig) * count == sum ? signal_name(sig) : "signals";
+}
+
 }  // namespace
 
 void collectively(Comm& comm, const std::function<void()>& fn) {
@@ -367,15 +374,17 @@ int run_train(const RunConfig& cfg, Comm& comm) {
     }
     // One allreduce agrees on the loss (before the update, so a diverged step changes no
     // parameter) and on whether to checkpoint and/or stop after this step: any rank that got a
-    // stop signal, rank 0 for the time limit and the checkpoint period.
-    double agree[4] = {loss, stop_signal() ? 1.0 : 0.0, 0.0, 0.0};
+    // stop signal (and which: the sum of the signal numbers over the count names it when all
+    // got the same, as srun's forwarding does, whichever rank got it first), rank 0 for the
+    // time limit and the checkpoint period.
+    double agree[5] = {loss, stop_signal() ? 1.0 : 0.0, 0.0, 0.0, double(stop_signal())};
     if (lead) {
       agree[2] = end_time && unix_now() + stop_margin() >= *end_time ? 1.0 : 0.0;
       agree[3] = cfg.checkpoint.every_seconds > 0 &&
                  since(last_ckpt_time) >= cfg.checkpoint.every_seconds ? 1.0 : 0.0;
     }
     const auto t_agree = Clock::now();
-    comm.allreduce_sum(agree, 4);
+    comm.allreduce_sum(agree, 5);
     tracer.span("allreduce", "agree: loss, stop, checkpoint", t_agree, Clock::now());
     if (pipelined && step > start_step) {
       idle_shares.push_back((pipe->stats().wait_s - pipe_wait0 + since(t_agree)) /
@@ -429,7 +438,8 @@ int run_train(const RunConfig& cfg, Comm& comm) {
     if (stop_now) {
       progress.finish();
       const std::string why =
-          agree[1] > 0 ? fmt::format("a stop signal ({})", stop_signal() ? signal_name(stop_signal()) : "on another rank")
+          agree[1] > 0 ? fmt::format("a stop signal ({} on {} of {} ranks)", signal_names(agree[4], agree[1]),
+                                     agree[1], ranks)
                        : fmt::format("the job's time limit (ends {}, margin {:.0f} s)",
                                      end_time ? local_clock_time(*end_time) : "?", stop_margin());
       const bool ok = save_checkpoint(done_steps, /*wait=*/true);
