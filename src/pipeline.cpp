@@ -155,8 +155,10 @@ std::vector<PipeOp> pipeline_schedule(const std::string& kind, int stages, int s
 }
 
 namespace {
-// Forward activations and backward gradients of micro-batch m never share a tag.
+// Forward activations and backward gradients of micro-batch m never share a tag; evaluation
+// has its own (micro-batches are at most 4096, so training tags stay below 8194).
 int tag_of(int m, bool backward) { return 2 * m + (backward ? 1 : 0); }
+constexpr int kEvalTag = 30000;
 }  // namespace
 
 PipelineStage::PipelineStage(Model& model, Comm& pipe, int stages, int micros,
@@ -390,6 +392,34 @@ std::string json_list(const std::vector<double>& v, int decimals) {
   std::string out = "[";
   for (size_t i = 0; i < v.size(); ++i) out += fmt::format("{}{:.{}f}", i ? ", " : "", v[i], decimals);
   return out + "]";
+}
+
+}  // namespace strata
+
+namespace strata {
+
+std::pair<double, int64_t> PipelineStage::forward_only(const Backend& be, const Tensor& x,
+                                                       const int32_t* labels, int64_t batch) {
+  model_.set_slot(0);
+  const Tensor* in = &x;
+  if (!first_) {
+    Shape s = model_.stage_input_shape();
+    s.insert(s.begin(), batch);
+    eval_in_.resize(s);
+    int h = pipe_.start_recv(eval_in_.data(), eval_in_.size(), stage_ - 1, kEvalTag);
+    pipe_.wait(h);
+    in = &eval_in_;
+  }
+  const Tensor& out = model_.forward(be, *in, StepInfo{.training = false});
+  if (!last_) {
+    int h = pipe_.start_send(out.data(), out.size(), stage_ + 1, kEvalTag);
+    pipe_.wait(h);
+    return {0.0, 0};
+  }
+  eval_probs_.resize(out.shape);
+  const int classes = model_.classes();
+  return {be.softmax_xent_forward(eval_probs_.data(), out.data(), labels, int(batch), classes),
+          be.count_correct(out.data(), labels, int(batch), classes)};
 }
 
 }  // namespace strata

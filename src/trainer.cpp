@@ -108,6 +108,25 @@ EvalResult evaluate(Model& model, const Backend& be, const DatasetInfo& info,
   return {.accuracy = sums[1] / double(si.n), .loss = sums[0] / double(si.n), .samples = si.n};
 }
 
+EvalResult evaluate_pipelined(PipelineStage& pipe, const Backend& be, const DatasetInfo& info,
+                              const std::string& split, Comm& world, const ProcessGrid& grid,
+                              int64_t batch) {
+  batch = std::max<int64_t>(batch, grid.replicas);
+  Loader loader(info, split, batch, grid.replica, grid.replicas, /*shuffle=*/false, 0);
+  double sums[2] = {0, 0};  // loss, correct: on the last stages only
+  for (int64_t i = 0, n = loader.batches_per_epoch(); i < n; ++i) {
+    const auto& b = loader.next();
+    const int64_t bs = int64_t(b.y.size());  // the same on every stage of a replica
+    if (bs == 0) continue;
+    auto [loss, correct] = pipe.forward_only(be, b.x, b.y.data(), bs);
+    sums[0] += loss;
+    sums[1] += double(correct);
+  }
+  world.allreduce_sum(sums, 2);
+  const SplitInfo& si = split == "test" ? info.test : info.train;
+  return {.accuracy = sums[1] / double(si.n), .loss = sums[0] / double(si.n), .samples = si.n};
+}
+
 int run_train(const RunConfig& cfg, Comm& comm) {
   const bool lead = comm.rank() == 0;
   const int ranks = comm.size();
@@ -506,14 +525,17 @@ int run_train(const RunConfig& cfg, Comm& comm) {
   if (pipelined) figures = pipeline_figures(comm, grid, pipe->stats(), idle_shares, M);
   tracer.write(comm, cfg.trace, fmt::format("rank {} · {} · {}", comm.rank(), grid.where(), comm.host()));
 
+  // With a pipeline the test set goes through the stages, and the parameter file is written
+  // from the whole model gathered on rank 0 (as for a checkpoint).
+  EvalResult ev;
+  if (info.has_test)
+    ev = pipelined ? evaluate_pipelined(*pipe, be, info, "test", comm, grid)
+                   : evaluate(*model, be, info, "test", comm);
   Model* final_model = model.get();
-  if (pipelined) {  // every rank evaluates a share of the test set with the whole model
-    if (!whole) whole = make_whole();
-    allgather_stages(comm, grid, layers, ranges, *model, *whole);
+  if (pipelined) {
+    gather_stages(comm, grid, layers, ranges, *model, opt, whole.get(), whole_opt.get());
     final_model = whole.get();
   }
-  EvalResult ev;
-  if (info.has_test) ev = evaluate(*final_model, be, info, "test", comm);
   if (lead) {
     save_parameters(cfg.params_path(), *final_model,
                     {.config_toml = cfg.to_toml(), .dataset_sha256 = info.source_sha256, .step = total});

@@ -58,16 +58,6 @@ void gather_stages(Comm& world, const ProcessGrid& grid, const std::vector<Layer
   }
 }
 
-void allgather_stages(Comm& world, const ProcessGrid& grid, const std::vector<LayerInfo>& layers,
-                      const std::vector<LayerRange>& ranges, Model& stage, Model& whole) {
-  for (int s = 0; s < grid.stages; ++s) {
-    const StageBlock b = stage_block(layers, ranges[size_t(s)]);
-    float* dst = whole.values().data() + b.offset;
-    if (s == grid.stage) std::copy_n(stage.values().data(), b.count, dst);
-    world.broadcast(dst, b.count * int64_t(sizeof(float)), grid.world_rank(s, 0));
-  }
-}
-
 void take_stage(Model& whole, Optimizer& whole_opt, Model& stage, Optimizer& opt) {
   const int64_t off = stage.offset_in_whole(), n = stage.num_params();
   auto src = buffers(whole, whole_opt), dst = buffers(stage, opt);

@@ -20,6 +20,7 @@
 #include <deque>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "strata/backend.h"
@@ -81,6 +82,11 @@ class PipelineStage {
   double run(const Backend& be, const Tensor& x, const int32_t* labels, int64_t batch,
              const StepInfo& si, int64_t global_batch,
              const std::function<void(int64_t)>& on_ready);
+  // Forward only, the whole batch at once (evaluation): the first stage reads x, each stage
+  // passes its output on; the last returns {sum of per-sample losses, correct predictions},
+  // the others {0, 0}. Collective over the pipeline.
+  std::pair<double, int64_t> forward_only(const Backend& be, const Tensor& x,
+                                          const int32_t* labels, int64_t batch);
   const PipelineStats& stats() const { return stats_; }
   int micros() const { return micros_; }
   const std::string& schedule() const { return schedule_; }
@@ -102,7 +108,8 @@ class PipelineStage {
   bool first_, last_;
   // Per activation slot: the stage's input (received), the gradient at its output
   // (received, or dlogits on the last stage), softmax scratch, and sends not yet complete.
-  std::deque<Tensor> in_, dout_, probs_;  // a deque: the model keeps pointers to in_[slot]
+  std::deque<Tensor> in_, dout_, probs_;
+  Tensor eval_in_, eval_probs_;  // a deque: the model keeps pointers to in_[slot]
   std::vector<std::vector<int>> sends_;
   std::vector<int> free_slots_;
   int slots_ = 0;

@@ -21,6 +21,14 @@ struct EvalResult {
 EvalResult evaluate(Model& model, const Backend& be, const DatasetInfo& info,
                     const std::string& split, Comm& comm, int64_t batch = 1000);
 
+// The same with the model split into pipeline stages: each replica's pipeline evaluates its
+// share, batch by batch, forward only; the last stages' sums are added over `world`.
+class PipelineStage;
+struct ProcessGrid;
+EvalResult evaluate_pipelined(PipelineStage& pipe, const Backend& be, const DatasetInfo& info,
+                              const std::string& split, Comm& world, const ProcessGrid& grid,
+                              int64_t batch = 1000);
+
 // Runs fn on every rank; if it throws UserError on any rank, the lowest such rank prints its
 // message and every rank throws the same exit code (so no rank hangs in a later collective).
 void collectively(Comm& comm, const std::function<void()>& fn);

@@ -1,6 +1,5 @@
 // The whole model from its pipeline stages, where something needs every layer at once: a
-// checkpoint and the final parameter file (written by rank 0), a resume (read by rank 0), the
-// final evaluation (every rank).
+// checkpoint and the final parameter file (written by rank 0), a resume (read by rank 0).
 //
 // Stage s holds layers [first, last) and, in the whole model's flat buffers (reverse layer
 // order), one contiguous block: the parameters of the layers after `last` come before it.
@@ -26,10 +25,6 @@ StageBlock stage_block(const std::vector<LayerInfo>& layers, LayerRange r);
 void gather_stages(Comm& world, const ProcessGrid& grid, const std::vector<LayerInfo>& layers,
                    const std::vector<LayerRange>& ranges, Model& stage, Optimizer& opt,
                    Model* whole, Optimizer* whole_opt);
-
-// Collective over `world`: every rank gets the whole model's parameters in `whole`.
-void allgather_stages(Comm& world, const ProcessGrid& grid, const std::vector<LayerInfo>& layers,
-                      const std::vector<LayerRange>& ranges, Model& stage, Model& whole);
 
 // This rank's stage block of a whole model and its optimizer state (after a resume).
 void take_stage(Model& whole, Optimizer& whole_opt, Model& stage, Optimizer& opt);
