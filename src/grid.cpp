@@ -44,8 +44,8 @@ ProcessGrid make_grid(Comm& world, int stages, const std::string& placement, int
   }
   g.stage_comm = world.split(g.stage, g.replica);
   g.pipe_comm = world.split(g.replica, g.stage);
-  const auto hosts = world.all_hosts();
-  g.node_ranks = int(std::count(hosts.begin(), hosts.end(), hosts[size_t(r)]));
+  g.hosts = world.all_hosts();
+  g.node_ranks = int(std::count(g.hosts.begin(), g.hosts.end(), g.hosts[size_t(r)]));
   g.node_cores = cores_for_this_process();
   g.oversubscribed = g.node_ranks * threads > g.node_cores;
   g.pipe_comm->set_yielding_waits(g.oversubscribed);

@@ -232,8 +232,7 @@ const Tensor& Model::forward(const Backend& be, const Tensor& x, const StepInfo&
   const int64_t b = x.dim(0);
   const Tensor* in = &x;
   for (size_t i = 0; i < layers_.size(); ++i) {
-    Shape os = shapes_[i + 1];
-    os.insert(os.begin(), b);
+    const Shape os = batched(b, shapes_[i + 1]);
     const auto t0 = profile_ ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
     if (layers_[i]->is_reshape()) {
       a.outs[i] = Tensor::view(const_cast<float*>(in->data()), os);
@@ -276,8 +275,7 @@ const Tensor* Model::backward(const Backend& be, const Tensor& dout,
     const Tensor& x = i ? a.outs[i - 1] : *a.input;
     Tensor* dx = nullptr;
     if (i > lowest || input_grad) {
-      Shape is = shapes_[i];
-      is.insert(is.begin(), b);
+      const Shape is = batched(b, shapes_[i]);
       if (layers_[i]->is_reshape()) a.douts[i] = Tensor::view(const_cast<float*>(dy->data()), is);
       else a.douts[i].resize(is);
       dx = &a.douts[i];

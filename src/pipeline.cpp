@@ -29,9 +29,7 @@ std::vector<double> measured_costs(const ModelSpec& spec, const Shape& input_sha
   // less than measured).
   Model m(spec, input_shape, classes);
   m.init(1);
-  Shape xs = input_shape;
-  xs.insert(xs.begin(), batch);
-  Tensor x(xs), dy({batch, int64_t(classes)});
+  Tensor x(batched(batch, input_shape)), dy({batch, int64_t(classes)});
   Rng rng(7);
   for (int64_t i = 0; i < x.size(); ++i) x.data()[i] = rng.uniform(0.f, 1.f);
   for (int64_t i = 0; i < dy.size(); ++i) dy.data()[i] = rng.uniform(-1e-3f, 1e-3f);
@@ -214,9 +212,7 @@ void PipelineStage::release_slot(int slot) { free_slots_.push_back(slot); }
 void PipelineStage::post_input_recv(int m, int64_t bm) {
   const int slot = alloc_slot();
   slot_of_[size_t(m)] = slot;
-  Shape s = model_.stage_input_shape();
-  s.insert(s.begin(), bm);
-  in_[size_t(slot)].resize(s);
+  in_[size_t(slot)].resize(batched(bm, model_.stage_input_shape()));
   recv_in_[size_t(m)] = pipe_.start_recv(in_[size_t(slot)].data(), in_[size_t(slot)].size(),
                                          stage_ - 1, tag_of(m, false));
 }
@@ -271,9 +267,8 @@ double PipelineStage::run(const Backend& be, const Tensor& x, const int32_t* lab
       if (first_) {
         slot = alloc_slot();
         slot_of_[size_t(m)] = slot;
-        Shape s = model_.stage_input_shape();
-        s.insert(s.begin(), bm);
-        in_[size_t(slot)] = Tensor::view(const_cast<float*>(x.data()) + m * bm * in_per_sample, s);
+        in_[size_t(slot)] = Tensor::view(const_cast<float*>(x.data()) + m * bm * in_per_sample,
+                                         batched(bm, model_.stage_input_shape()));
       } else {
         slot = slot_of_[size_t(m)];
         STRATA_CHECK(slot >= 0, "micro-batch {} input not requested", m);
@@ -305,9 +300,7 @@ double PipelineStage::run(const Backend& be, const Tensor& x, const int32_t* lab
       stats_.peak_act_bytes = std::max(stats_.peak_act_bytes, live_bytes_);
       if (!last_) {
         Tensor& dy = dout_[size_t(slot)];
-        Shape s = model_.stage_output_shape();
-        s.insert(s.begin(), bm);
-        dy.resize(s);
+        dy.resize(batched(bm, model_.stage_output_shape()));
         sends_[size_t(slot)].push_back(pipe_.start_send(out->data(), out->size(), stage_ + 1, tag_of(m, false)));
         recv_grad_[size_t(m)] = pipe_.start_recv(dy.data(), dy.size(), stage_ + 1, tag_of(m, true));
       }
@@ -403,9 +396,7 @@ std::pair<double, int64_t> PipelineStage::forward_only(const Backend& be, const 
   model_.set_slot(0);
   const Tensor* in = &x;
   if (!first_) {
-    Shape s = model_.stage_input_shape();
-    s.insert(s.begin(), batch);
-    eval_in_.resize(s);
+    eval_in_.resize(batched(batch, model_.stage_input_shape()));
     int h = pipe_.start_recv(eval_in_.data(), eval_in_.size(), stage_ - 1, kEvalTag);
     pipe_.wait(h);
     in = &eval_in_;

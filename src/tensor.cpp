@@ -8,6 +8,12 @@
 
 namespace strata {
 
+Shape batched(int64_t b, const Shape& sample) {
+  Shape s = sample;
+  s.insert(s.begin(), b);
+  return s;
+}
+
 int64_t numel(const Shape& s) {
   int64_t n = 1;
   for (auto d : s) n *= d;

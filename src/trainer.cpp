@@ -50,18 +50,6 @@ void ensure_parent_dir(const std::string& file) {
   if (::access(dir.c_str(), W_OK) != 0) fail_input("{}: directory {} is not writable", file, dir);
 }
 
-// Host names of all ranks, in rank order (for provenance and messages naming a rank).
-std::vector<std::string> gather_hosts(Comm& comm) {
-  std::vector<std::string> hosts(size_t(comm.size()));
-  for (int r = 0; r < comm.size(); ++r) {
-    char buf[256] = {0};
-    if (r == comm.rank()) std::snprintf(buf, sizeof buf, "%s", comm.host().c_str());
-    comm.broadcast(buf, sizeof buf, r);
-    hosts[size_t(r)] = buf;
-  }
-  return hosts;
-}
-
 // The signal `count` ranks got, from the sum of their signal numbers: its name if they all
 // got the same one, else "signals".
 std::string signal_names(double sum, double count) {
@@ -87,44 +75,50 @@ void collectively(Comm& comm, const std::function<void()>& fn) {
   throw AgreedFailure(int(-v[1]), "");
 }
 
-EvalResult evaluate(Model& model, const Backend& be, const DatasetInfo& info,
-                    const std::string& split, Comm& comm, int64_t batch) {
-  batch = std::max<int64_t>(batch, comm.size());
-  Loader loader(info, split, batch, comm.rank(), comm.size(), /*shuffle=*/false, 0);
+namespace {
+// One pass over a split, this replica's share of each batch: `batch_sums` gives a batch's
+// {sum of per-sample losses, correct predictions} (0 on ranks that do not hold the logits);
+// the sums are added over `comm`.
+EvalResult evaluate_split(
+    const DatasetInfo& info, const std::string& split, int64_t batch, int replica, int replicas,
+    Comm& comm, const std::function<std::pair<double, int64_t>(const Loader::Batch&, int64_t)>& batch_sums) {
+  Loader loader(info, split, std::max<int64_t>(batch, replicas), replica, replicas,
+                /*shuffle=*/false, 0);
   double sums[2] = {0, 0};  // loss, correct
-  Tensor probs;
-  StepInfo s{.training = false};
   for (int64_t i = 0, n = loader.batches_per_epoch(); i < n; ++i) {
     const auto& b = loader.next();
-    const int bs = int(b.y.size());
+    const int64_t bs = int64_t(b.y.size());  // the same on every stage of a replica
     if (bs == 0) continue;
-    const Tensor& logits = model.forward(be, b.x, s);
-    probs.resize(logits.shape);
-    sums[0] += be.softmax_xent_forward(probs.data(), logits.data(), b.y.data(), bs, model.classes());
-    sums[1] += double(be.count_correct(logits.data(), b.y.data(), bs, model.classes()));
+    auto [loss, correct] = batch_sums(b, bs);
+    sums[0] += loss;
+    sums[1] += double(correct);
   }
   comm.allreduce_sum(sums, 2);
   const SplitInfo& si = split == "test" ? info.test : info.train;
   return {.accuracy = sums[1] / double(si.n), .loss = sums[0] / double(si.n), .samples = si.n};
 }
+}  // namespace
+
+EvalResult evaluate(Model& model, const Backend& be, const DatasetInfo& info,
+                    const std::string& split, Comm& comm, int64_t batch) {
+  Tensor probs;
+  return evaluate_split(info, split, batch, comm.rank(), comm.size(), comm,
+                        [&](const Loader::Batch& b, int64_t bs) {
+    const Tensor& logits = model.forward(be, b.x, StepInfo{.training = false});
+    probs.resize(logits.shape);
+    const int c = model.classes();
+    return std::pair{be.softmax_xent_forward(probs.data(), logits.data(), b.y.data(), int(bs), c),
+                     be.count_correct(logits.data(), b.y.data(), int(bs), c)};
+  });
+}
 
 EvalResult evaluate_pipelined(PipelineStage& pipe, const Backend& be, const DatasetInfo& info,
                               const std::string& split, Comm& world, const ProcessGrid& grid,
                               int64_t batch) {
-  batch = std::max<int64_t>(batch, grid.replicas);
-  Loader loader(info, split, batch, grid.replica, grid.replicas, /*shuffle=*/false, 0);
-  double sums[2] = {0, 0};  // loss, correct: on the last stages only
-  for (int64_t i = 0, n = loader.batches_per_epoch(); i < n; ++i) {
-    const auto& b = loader.next();
-    const int64_t bs = int64_t(b.y.size());  // the same on every stage of a replica
-    if (bs == 0) continue;
-    auto [loss, correct] = pipe.forward_only(be, b.x, b.y.data(), bs);
-    sums[0] += loss;
-    sums[1] += double(correct);
-  }
-  world.allreduce_sum(sums, 2);
-  const SplitInfo& si = split == "test" ? info.test : info.train;
-  return {.accuracy = sums[1] / double(si.n), .loss = sums[0] / double(si.n), .samples = si.n};
+  return evaluate_split(info, split, batch, grid.replica, grid.replicas, world,
+                        [&](const Loader::Batch& b, int64_t bs) {
+    return pipe.forward_only(be, b.x, b.y.data(), bs);
+  });
 }
 
 int run_train(const RunConfig& cfg, Comm& comm) {
@@ -220,9 +214,10 @@ int run_train(const RunConfig& cfg, Comm& comm) {
   std::optional<TrainState> resumed;
   if (!pipelined) {
     resumed = ckpt.resume(*model, opt, cfg, info.source_sha256);
-  } else {
+  } else if (lead || cfg.resume != "never") {
     // Checkpoints hold the whole model by global names, whatever grid wrote them: every rank
-    // loads the whole (for a moment) and keeps its stage's block.
+    // loads the whole (for a moment) and keeps its stage's block. Rank 0 keeps the whole to
+    // gather checkpoints into. (Without a resume, ckpt.resume returns at once on every rank.)
     whole = make_whole();
     whole_opt = std::make_unique<Optimizer>(oc, whole->num_params());
     resumed = ckpt.resume(*whole, *whole_opt, cfg, info.source_sha256);
@@ -245,7 +240,7 @@ int run_train(const RunConfig& cfg, Comm& comm) {
   Provenance prov{.config_toml = cfg.to_toml(), .dataset_path = cfg.data.path,
                   .dataset_sha256 = info.source_sha256, .grid_ranks = ranks,
                   .grid_data_parallel = D, .grid_stages = P, .slurm_job_id = slurm_job_id(),
-                  .slurm_restart_count = slurm_restart_count(), .hosts = gather_hosts(comm), .created_utc = ""};
+                  .slurm_restart_count = slurm_restart_count(), .hosts = grid.hosts, .created_utc = ""};
   // Rank 0 watches the clock: the job's end time (Slurm) and the time-based checkpoint period.
   std::optional<double> end_time;
   if (lead) {
@@ -324,7 +319,7 @@ int run_train(const RunConfig& cfg, Comm& comm) {
         std::string where;
         for (int r = 0; r < D; ++r) {
           const int w = grid.world_rank(st, r);
-          where += fmt::format("{}rank {} ({})", r ? ", " : "", w, prov.hosts[size_t(w)]);
+          where += fmt::format("{}rank {} ({})", r ? ", " : "", w, grid.hosts[size_t(w)]);
         }
         fmt::print("  stage {} on {}\n", st, where);
       }

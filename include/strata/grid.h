@@ -17,6 +17,7 @@
 #pragma once
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "strata/comm.h"
 
@@ -32,6 +33,7 @@ struct ProcessGrid {
   // for a neighbour then sleeps between polls instead of spinning (pipe_comm is so set).
   bool oversubscribed = false;
   int node_ranks = 1, node_cores = 1;
+  std::vector<std::string> hosts;  // of every world rank (provenance, the grid map)
 
   bool first_stage() const { return stage == 0; }
   bool last_stage() const { return stage == stages - 1; }

@@ -12,6 +12,7 @@ using Shape = std::vector<int64_t>;
 
 int64_t numel(const Shape& s);
 std::string shape_str(const Shape& s);  // "(64, 1, 28, 28)"
+Shape batched(int64_t b, const Shape& sample);  // (b, sample...)
 
 struct Tensor {
   Shape shape;
