@@ -1,0 +1,77 @@
+// Elementwise activations: one grid-stride kernel each, the CPU's formulas.
+#include "common.cuh"
+
+namespace strata::cuda {
+
+using namespace detail;
+
+namespace {
+
+constexpr float kInvSqrt2 = 0.70710678118654752f;
+constexpr float kInvSqrt2Pi = 0.39894228040143268f;  // 1/sqrt(2*pi)
+
+// x < 0 ? 0 : x keeps NaN, like PyTorch and the CPU kernel.
+__global__ void relu_forward_kernel(float* out, const float* inp, int64_t n) {
+  STRATA_GRID_STRIDE(i, n) {
+    const float x = inp[i];
+    out[i] = x < 0.f ? 0.f : x;
+  }
+}
+
+__global__ void relu_backward_kernel(float* dinp, const float* dout, const float* out,
+                                     int64_t n) {
+  STRATA_GRID_STRIDE(i, n) {
+    const float d = dout[i];
+    dinp[i] = out[i] > 0.f ? d : 0.f;
+  }
+}
+
+// gelu(x) = x/2 * (1 + erf(x/sqrt 2)), exact (PyTorch's approximate='none').
+__global__ void gelu_forward_kernel(float* out, const float* inp, int64_t n) {
+  STRATA_GRID_STRIDE(i, n) {
+    const float x = inp[i];
+    out[i] = x * 0.5f * (1.f + erff(x * kInvSqrt2));
+  }
+}
+
+// gelu'(x) = Phi(x) + x * phi(x)
+__global__ void gelu_backward_kernel(float* dinp, const float* dout, const float* inp,
+                                     int64_t n) {
+  STRATA_GRID_STRIDE(i, n) {
+    const float x = inp[i];
+    const float cdf = 0.5f * (1.f + erff(x * kInvSqrt2));
+    const float pdf = kInvSqrt2Pi * expf(-0.5f * x * x);
+    dinp[i] = dout[i] * (cdf + x * pdf);
+  }
+}
+
+template <typename Kernel, typename... Args>
+void launch_elementwise(Kernel kernel, int64_t n, Args... args) {
+  if (n <= 0) return;
+  kernel<<<blocks_for(n), kThreads, 0, ctx().stream>>>(args..., n);
+  STRATA_CUDA_LAUNCHED();
+}
+
+}  // namespace
+
+// inp (n) -> out (n); may run in place
+void relu_forward(float* out, const float* inp, int64_t n) {
+  launch_elementwise(relu_forward_kernel, n, out, inp);
+}
+
+// dout (n), out (n) -> dinp (n)
+void relu_backward(float* dinp, const float* dout, const float* out, int64_t n) {
+  launch_elementwise(relu_backward_kernel, n, dinp, dout, out);
+}
+
+// inp (n) -> out (n)
+void gelu_forward(float* out, const float* inp, int64_t n) {
+  launch_elementwise(gelu_forward_kernel, n, out, inp);
+}
+
+// dout (n), inp (n) -> dinp (n)
+void gelu_backward(float* dinp, const float* dout, const float* inp, int64_t n) {
+  launch_elementwise(gelu_backward_kernel, n, dinp, dout, inp);
+}
+
+}  // namespace strata::cuda
