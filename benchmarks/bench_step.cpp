@@ -45,7 +45,7 @@ int main(int argc, char** argv) {
   const int epochs = argc > 2 ? std::atoi(argv[2]) : 3;
   const int64_t G = 64;
   std::string why;
-  const Backend& be = select_backend("cpu", 1, &why);
+  const Backend& be = select_backend({.device = "cpu", .threads = 1}, &why);
   DatasetInfo info = open_dataset(path);
   Model model({"flatten", "linear 256", "relu", "linear 128", "relu", "linear 10"},
               info.train.sample_shape, info.classes);

@@ -1,12 +1,52 @@
 #include "strata/backend.h"
 
+#include <cstdlib>
+#include <cstring>
+
 #include "strata/error.h"
 
 namespace strata {
+namespace {
+
+void host_copy(void* dst, const void* src, size_t bytes) {
+  if (dst != src && bytes) std::memcpy(dst, src, bytes);
+}
+void host_sync() {}
+
+// The node-local rank: Slurm's, else Open MPI's, else MPICH's; 0 when launched alone.
+int local_rank() {
+  for (const char* v : {"SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID"})
+    if (const char* s = std::getenv(v); s && *s) return std::atoi(s);
+  return 0;
+}
+
+// The CPU's ops on memory that host code must treat as a device's (a separate allocation,
+// reached only through upload/download): every copy and host mirror the GPU path makes is
+// made, so CI checks that path's logic where no GPU exists (--device cpu-staged).
+const Backend& staged_backend() {
+  static const Memory m{.name = "cpu-staged", .host = false, .alloc = host_memory().alloc,
+                        .release = host_memory().release, .zero = host_memory().zero};
+  static const Backend b = [] {
+    Backend t = cpu_backend();
+    t.name = "cpu-staged";
+    t.memory = &m;
+    return t;
+  }();
+  return b;
+}
+
+}  // namespace
 
 const Backend& cpu_backend() {
   static const Backend b{
       .name = "cpu",
+      .memory = &host_memory(),
+      .upload = host_copy,
+      .download = host_copy,
+      .copy = host_copy,
+      .synchronize = host_sync,
+      .conv_pool_chunk_bytes = 256 << 10,  // L2-sized (see ConvPool in layers.cpp)
+      .add_inplace = cpu::add_inplace,
       .linear_forward = cpu::linear_forward,
       .linear_backward = cpu::linear_backward,
       .linear_relu_forward = cpu::linear_relu_forward,
@@ -33,17 +73,48 @@ const Backend& cpu_backend() {
   return b;
 }
 
-const Backend& select_backend(const std::string& device, int threads, std::string* why) {
-  if (device == "cuda")
-    throw UserError(kExitBadInput,
-                    "--device cuda: this build of strata has no CUDA backend (use cpu or auto)");
-  if (device != "auto" && device != "cpu")
-    fail_input("--device {}: expected auto, cpu or cuda", device);
-  cpu::blas_init(threads);
+const Backend& select_backend(const DeviceRequest& req, std::string* why) {
+  if (req.device != "auto" && req.device != "cpu" && req.device != "cuda" &&
+      req.device != "cpu-staged")
+    fail_input("--device {}: expected auto, cpu or cuda", req.device);
+  if (req.precision != "fp32" && req.precision != "bf16")
+    fail_input("train.precision = \"{}\": expected \"fp32\" or \"bf16\"", req.precision);
+  std::string no_gpu;
+  const bool cpu_only = req.device == "cpu" || req.device == "cpu-staged";
+  const int gpus = cpu_only ? 0 : cuda_devices(&no_gpu);
+  if (req.device == "cuda" && gpus == 0)
+    fail_input("--device cuda: {}", no_gpu);
+  if (gpus > 0) {
+    // One GPU per rank: the node-local rank picks it (srun --gpus-per-task=1 leaves each rank
+    // one visible GPU, local rank modulo 1 = 0).
+    const int lr = local_rank(), dev = lr % gpus;
+    const Backend& be = cuda_backend(dev, req.precision == "bf16");
+    if (why)
+      *why = fmt::format("cuda (GPU {} of {} visible: {}; node-local rank {}; {}){}", dev, gpus,
+                         cuda_device_name(), lr, req.precision,
+                         req.device == "auto" ? ", chosen by --device auto" : "");
+    return be;
+  }
+  if (req.precision == "bf16")
+    fail_input("train.precision = \"bf16\" needs a GPU (the CPU path computes in fp32); {} — "
+               "use precision \"fp32\" here", req.device == "auto" ? no_gpu : "--device cpu");
+  cpu::blas_init(req.threads);
+  if (req.device == "cpu-staged") {
+    if (why) *why = "cpu-staged (the CPU ops on separate memory, for tests of the GPU path)";
+    return staged_backend();
+  }
   if (why)
-    *why = fmt::format("cpu ({} thread{}, {} GEMM kernels)", threads, threads == 1 ? "" : "s",
-                       cpu::blas_corename());
+    *why = fmt::format("cpu ({} thread{}, {} GEMM kernels){}", req.threads,
+                       req.threads == 1 ? "" : "s", cpu::blas_corename(),
+                       req.device == "auto" ? fmt::format("; no GPU: {}", no_gpu) : "");
   return cpu_backend();
+}
+
+Tensor to_backend(const Backend& be, const Tensor& t) {
+  if (be.host_memory()) return t;
+  Tensor d(t.shape, *be.memory);
+  be.upload(d.data(), t.data(), sizeof(float) * size_t(t.size()));
+  return d;
 }
 
 }  // namespace strata

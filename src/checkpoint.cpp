@@ -209,7 +209,7 @@ std::string param_path(const std::string& global_name) {
 
 std::vector<NamedTensor> model_tensors(const Model& model) {
   std::vector<NamedTensor> out;
-  for (const Param* p : model.params()) out.push_back({param_path(p->name), p->shape, p->value});
+  for (const Param* p : model.params()) out.push_back({param_path(p->name), p->shape, p->host});
   return out;
 }
 
@@ -361,7 +361,7 @@ void copy_parameters_into(Model& model, const LoadedParams& p, const std::string
     if (p.shapes.at(ds) != q->shape)
       fail_input("{}: {} has shape {}; the model needs {}", path, ds, shape_str(p.shapes.at(ds)),
                  shape_str(q->shape));
-    std::copy(it->second.begin(), it->second.end(), q->value);
+    std::copy(it->second.begin(), it->second.end(), q->host);
   }
 }
 

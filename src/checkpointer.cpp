@@ -211,7 +211,7 @@ std::optional<TrainState> Checkpointer::resume(Model& model, Optimizer& opt, con
       check_resumable(ck, path, model, cfg, dataset_sha256);
       for (Param* p : model.params()) {
         const auto& v = ck.tensors.at(param_path(p->name));
-        std::copy(v.begin(), v.end(), p->value);
+        std::copy(v.begin(), v.end(), p->host);
       }
       for (auto& [name, t] : opt.state()) {
         for (Param* p : model.params()) {
@@ -240,7 +240,7 @@ std::optional<TrainState> Checkpointer::resume(Model& model, Optimizer& opt, con
   st = TrainState{.step = s[0], .epoch = s[1], .batch = s[2], .sequence = s[3],
                   .global_batch = s[4], .seed = uint64_t(s[5]), .optimizer = cfg.train.optimizer,
                   .optimizer_steps = s[6]};
-  broadcast_floats(comm_, model.values().data(), model.values().size());
+  broadcast_floats(comm_, model.host_values().data(), model.host_values().size());
   for (auto& [name, t] : opt.state()) broadcast_floats(comm_, t->data(), t->size());
   opt.set_steps_taken(st.optimizer_steps);
   sequence_ = st.sequence;

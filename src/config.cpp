@@ -110,6 +110,9 @@ void add_config_options(CLI::App& sub, RunConfig& c) {
       ->check(kCount)->capture_default_str();
   sub.add_option("--train.max_steps", c.train.max_steps, "stop after N steps (0 = all epochs)")
       ->check(kCountOrZero)->capture_default_str();
+  sub.add_option("--train.precision", c.train.precision,
+                 "fp32 | bf16 (bf16 GEMMs and convolutions on a GPU; fp32 master weights)")
+      ->check(CLI::IsMember({"fp32", "bf16"}))->capture_default_str();
 
   sub.add_option("--dp.bucket_mb", c.dp.bucket_mb, "gradient allreduce bucket size (MiB)")
       ->check(number_in(0.001, 4096, false))->capture_default_str();
@@ -217,11 +220,12 @@ std::string RunConfig::to_toml() const {
   t += fmt::format(
       "\n[train]\nepochs = {}\nbatch_size = {}\noptimizer = \"{}\"\nlr = {}\nmomentum = {}\n"
       "nesterov = {}\nweight_decay = {}\nbeta1 = {}\nbeta2 = {}\neps = {}\nlr_schedule = \"{}\"\n"
-      "warmup_steps = {}\nmin_lr = {}\ngrad_clip = {}\nseed = {}\nlog_every = {}\nmax_steps = {}\n",
+      "warmup_steps = {}\nmin_lr = {}\ngrad_clip = {}\nseed = {}\nlog_every = {}\nmax_steps = {}\n"
+      "precision = \"{}\"\n",
       train.epochs, train.batch_size, train.optimizer, train.lr, train.momentum, train.nesterov,
       train.weight_decay, train.beta1, train.beta2, train.eps, train.lr_schedule,
       train.warmup_steps, train.min_lr, train.grad_clip, train.seed, train.log_every,
-      train.max_steps);
+      train.max_steps, train.precision);
   t += fmt::format("\n[dp]\nbucket_mb = {}\noverlap = {}\n", dp.bucket_mb, dp.overlap);
   t += fmt::format("\n[parallel]\npipeline_stages = {}\nmicrobatches = {}\nschedule = \"{}\"\n"
                    "stage_layers = {}\nbalance = \"{}\"\nplacement = \"{}\"\n",

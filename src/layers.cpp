@@ -59,13 +59,13 @@ class Conv2d final : public Layer {
   }
   void forward(const Backend& be, const Tensor& x, Tensor& y, const StepInfo&) override {
     auto s = conv_shape(batch_of(x), {x.dim(1), x.dim(2), x.dim(3)});
-    scratch_.resize({be.conv2d_scratch_size(s)});
+    scratch_.resize({be.conv2d_scratch_size(s)}, *be.memory);
     be.conv2d_forward(y.data(), x.data(), params[0].value, params[1].value, s, scratch_.data());
   }
   void backward(const Backend& be, const Tensor& x, const Tensor&, const Tensor& dy,
                 Tensor* dx, bool accumulate) override {
     auto s = conv_shape(batch_of(x), {x.dim(1), x.dim(2), x.dim(3)});
-    scratch_.resize({be.conv2d_scratch_size(s)});
+    scratch_.resize({be.conv2d_scratch_size(s)}, *be.memory);
     be.conv2d_backward(dx ? dx->data() : nullptr, params[0].grad, params[1].grad, dy.data(),
                        x.data(), params[0].value, s, scratch_.data(), accumulate);
   }
@@ -95,20 +95,20 @@ class MaxPool2d final : public Layer {
   }
   void forward(const Backend& be, const Tensor& x, Tensor& y, const StepInfo&) override {
     auto& argmax = argmax_[slot_];
-    argmax.resize(size_t(y.size()));
-    be.maxpool2d_forward(y.data(), argmax.data(), x.data(), batch_of(x), int(x.dim(1)),
+    argmax.resize(y.shape, *be.memory);
+    be.maxpool2d_forward(y.data(), argmax.i32(), x.data(), batch_of(x), int(x.dim(1)),
                          int(x.dim(2)), int(x.dim(3)), k_, st_);
   }
   void backward(const Backend& be, const Tensor& x, const Tensor&, const Tensor& dy,
                 Tensor* dx, bool) override {
     if (!dx) return;
-    be.maxpool2d_backward(dx->data(), dy.data(), argmax_[slot_].data(), batch_of(x), int(x.dim(1)),
+    be.maxpool2d_backward(dx->data(), dy.data(), argmax_[slot_].i32(), batch_of(x), int(x.dim(1)),
                           int(x.dim(2)), int(x.dim(3)), k_, st_);
   }
   int k_, st_;
 
  private:
-  PerSlot<std::vector<int32_t>> argmax_;
+  PerSlot<Tensor> argmax_;  // int32 (Tensor::i32)
 };
 
 class Relu final : public Layer {
@@ -144,12 +144,12 @@ class Flatten final : public Layer {
   std::string describe() const override { return "Flatten"; }
   Shape output_shape(const Shape& in) const override { return {numel(in)}; }
   bool is_reshape() const override { return true; }
-  void forward(const Backend&, const Tensor& x, Tensor& y, const StepInfo&) override {
-    if (y.data() != x.data()) std::copy(x.data(), x.data() + x.size(), y.data());
+  void forward(const Backend& be, const Tensor& x, Tensor& y, const StepInfo&) override {
+    be.copy(y.data(), x.data(), sizeof(float) * size_t(x.size()));
   }
-  void backward(const Backend&, const Tensor&, const Tensor&, const Tensor& dy, Tensor* dx,
+  void backward(const Backend& be, const Tensor&, const Tensor&, const Tensor& dy, Tensor* dx,
                 bool) override {
-    if (dx && dx->data() != dy.data()) std::copy(dy.data(), dy.data() + dy.size(), dx->data());
+    if (dx) be.copy(dx->data(), dy.data(), sizeof(float) * size_t(dy.size()));
   }
 };
 
@@ -160,13 +160,13 @@ class Dropout final : public Layer {
   Shape output_shape(const Shape& in) const override { return in; }
   void forward(const Backend& be, const Tensor& x, Tensor& y, const StepInfo& s) override {
     if (!s.training || p_ == 0.0f) {
-      std::copy(x.data(), x.data() + x.size(), y.data());
+      be.copy(y.data(), x.data(), sizeof(float) * size_t(x.size()));
       active_[slot_] = false;
       return;
     }
     active_[slot_] = true;
     Tensor& mask = mask_[slot_];
-    mask.resize(x.shape);
+    mask.resize(x.shape, *be.memory);
     int b = batch_of(x);
     be.dropout_forward(y.data(), mask.data(), x.data(), b, b ? x.size() / b : 0, p_,
                        hash_combine(s.seed, uint64_t(index_) + 0xD50D), s.step, s.first_sample);
@@ -174,7 +174,7 @@ class Dropout final : public Layer {
   void backward(const Backend& be, const Tensor&, const Tensor&, const Tensor& dy,
                 Tensor* dx, bool) override {
     if (!dx) return;
-    if (!active_[slot_]) std::copy(dy.data(), dy.data() + dy.size(), dx->data());
+    if (!active_[slot_]) be.copy(dx->data(), dy.data(), sizeof(float) * size_t(dy.size()));
     else be.dropout_backward(dx->data(), dy.data(), mask_[slot_].data(), dy.size());
   }
 
@@ -210,14 +210,14 @@ class ConvPool final : public Layer {
   void forward(const Backend& be, const Tensor& x, Tensor& y, const StepInfo&) override {
     const Geometry g = geometry(be, x);
     auto& argmax = argmax_[slot_];
-    argmax.resize(size_t(y.size()));
+    argmax.resize(y.shape, *be.memory);
     for (int b0 = 0; b0 < g.B; b0 += g.nb) {
       const int nb = std::min(g.nb, g.B - b0);
       auto s = g.conv;
       s.B = nb;
       be.conv2d_forward(conv_out_.data(), x.data() + int64_t(b0) * g.in, params[0].value,
                         params[1].value, s, scratch_.data());
-      be.maxpool2d_forward(y.data() + int64_t(b0) * g.out, argmax.data() + int64_t(b0) * g.out,
+      be.maxpool2d_forward(y.data() + int64_t(b0) * g.out, argmax.i32() + int64_t(b0) * g.out,
                            conv_out_.data(), nb, s.OC, s.OH(), s.OW(), k_, st_);
     }
   }
@@ -225,13 +225,13 @@ class ConvPool final : public Layer {
                 Tensor* dx, bool accumulate) override {
     const Geometry g = geometry(be, x);
     const int64_t nw = numel(params[0].shape), nbias = numel(params[1].shape);
-    dw_.resize({nw + nbias});
+    dw_.resize({nw + nbias}, *be.memory);
     for (int b0 = 0; b0 < g.B; b0 += g.nb) {
       const int nb = std::min(g.nb, g.B - b0);
       auto s = g.conv;
       s.B = nb;
       be.maxpool2d_backward(conv_out_.data(), dy.data() + int64_t(b0) * g.out,
-                            argmax_[slot_].data() + int64_t(b0) * g.out, nb, s.OC, s.OH(), s.OW(), k_, st_);
+                            argmax_[slot_].i32() + int64_t(b0) * g.out, nb, s.OC, s.OH(), s.OW(), k_, st_);
       // The first chunk writes the gradient (unless accumulating); the others add to it.
       const bool writes = b0 == 0 && !accumulate;
       float* gw = writes ? params[0].grad : dw_.data();
@@ -239,8 +239,8 @@ class ConvPool final : public Layer {
       be.conv2d_backward(dx ? dx->data() + int64_t(b0) * g.in : nullptr, gw, gb, conv_out_.data(),
                          x.data() + int64_t(b0) * g.in, params[0].value, s, scratch_.data(), false);
       if (!writes) {
-        for (int64_t i = 0; i < nw; ++i) params[0].grad[i] += dw_[i];
-        for (int64_t i = 0; i < nbias; ++i) params[1].grad[i] += dw_[nw + i];
+        be.add_inplace(params[0].grad, dw_.data(), nw);
+        be.add_inplace(params[1].grad, dw_.data() + nw, nbias);
       }
     }
   }
@@ -256,19 +256,19 @@ class ConvPool final : public Layer {
     g.B = batch_of(x);
     g.conv = conv_->conv_shape(g.B, {x.dim(1), x.dim(2), x.dim(3)});
     const int64_t conv_per_sample = int64_t(g.conv.OC) * g.conv.OH() * g.conv.OW();
-    g.nb = int(std::clamp<int64_t>((256 << 10) / (4 * conv_per_sample), 1, std::max(g.B, 1)));
+    g.nb = int(std::clamp<int64_t>(be.conv_pool_chunk_bytes / (4 * conv_per_sample), 1, std::max(g.B, 1)));
     g.in = x.size() / std::max(g.B, 1);
     g.out = int64_t(g.conv.OC) * ((g.conv.OH() - k_) / st_ + 1) * ((g.conv.OW() - k_) / st_ + 1);
     auto chunk = g.conv;
     chunk.B = g.nb;
-    conv_out_.resize({g.nb * conv_per_sample});
-    scratch_.resize({std::max<int64_t>(1, be.conv2d_scratch_size(chunk))});
+    conv_out_.resize({g.nb * conv_per_sample}, *be.memory);
+    scratch_.resize({std::max<int64_t>(1, be.conv2d_scratch_size(chunk))}, *be.memory);
     return g;
   }
   std::unique_ptr<Conv2d> conv_;
   int k_, st_;
   Tensor conv_out_, scratch_, dw_;  // workspaces
-  PerSlot<std::vector<int32_t>> argmax_;
+  PerSlot<Tensor> argmax_;  // int32 (Tensor::i32)
 };
 
 // Linear followed by ReLU as one layer. On the CPU backend the bias and the ReLU run in the
@@ -291,7 +291,7 @@ class LinearRelu final : public Layer {
   void backward(const Backend& be, const Tensor& x, const Tensor& y, const Tensor& dy,
                 Tensor* dx, bool accumulate) override {
     const int B = batch_of(x), I = int(x.size() / std::max(B, 1)), O = int(y.size() / std::max(B, 1));
-    dpre_.resize(y.shape);
+    dpre_.resize(y.shape, *be.memory);
     be.linear_relu_backward(dx ? dx->data() : nullptr, params[0].grad, params[1].grad, dy.data(),
                             y.data(), x.data(), params[0].value, B, I, O, dpre_.data(), accumulate);
   }

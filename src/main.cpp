@@ -36,7 +36,7 @@ int run_eval(const std::string& checkpoint, const std::string& data, bool json, 
   DatasetInfo info;
   std::unique_ptr<Model> model;
   collectively(comm, [&] {
-    be = &select_backend(device, threads, &note);
+    be = &select_backend({.device = device, .threads = threads}, &note);
     lp = load_parameters(checkpoint);
     info = open_dataset(data);
     if (!info.has_test) fail_input("{}: has no /test split to evaluate", data);
@@ -47,6 +47,7 @@ int run_eval(const std::string& checkpoint, const std::string& data, bool json, 
     model = std::make_unique<Model>(lp.spec, lp.input_shape, lp.classes);
     copy_parameters_into(*model, lp, checkpoint);
   });
+  model->place(*be);
   EvalResult r = evaluate(*model, *be, info, "test", comm);
   if (comm.rank() == 0) {
     if (json)
@@ -144,7 +145,9 @@ int main(int argc, char** argv) {
   add_config_options(*train, cfg);
   train->add_option("--threads", cfg.threads, "math threads per rank (default SLURM_CPUS_PER_TASK, else 1)")
       ->check(CLI::Range(1, 1024));
-  train->add_option("--device", cfg.device, "auto | cpu | cuda")->capture_default_str();
+  train->add_option("--device", cfg.device,
+                    "auto | cpu | cuda (auto: this node-local rank's GPU when one is visible)")
+      ->capture_default_str();
   train->add_option("--metrics", cfg.output.metrics, "JSON-lines metrics file (default DIR/metrics.jsonl)");
   std::string progress = "auto";
   train->add_option("--progress", progress,

@@ -164,13 +164,14 @@ Model::Model(const ModelSpec& spec, Shape input_shape, int classes, LayerRange s
   for (auto& l : layers_) total += param_count(*l);
   values_ = Tensor({total});
   grads_ = Tensor({total});
+  host_values_ = values_;  // shares storage until place() moves values_ to a device
   int64_t off = 0;
   ready_after_.assign(layers_.size(), 0);
   for (size_t i = layers_.size(); i-- > 0;) {
     for (auto& p : layers_[i]->params) {
       p.name = layers_[i]->name + "." + p.name;
       p.offset = off;
-      p.value = values_.data() + off;
+      p.value = p.host = values_.data() + off;
       p.grad = grads_.data() + off;
       off += numel(p.shape);
     }
@@ -222,8 +223,30 @@ void Model::init(uint64_t seed) {
     for (unsigned char c : p->name) h = (h ^ c) * 1099511628211ull;
     Rng rng(hash_combine(seed, h));
     float bound = 1.0f / std::sqrt(float(p->fan_in));
-    for (int64_t i = 0, n = numel(p->shape); i < n; ++i) p->value[i] = rng.uniform(-bound, bound);
+    for (int64_t i = 0, n = numel(p->shape); i < n; ++i) p->host[i] = rng.uniform(-bound, bound);
   }
+  // (on a device, place() or push() uploads them)
+}
+
+void Model::place(const Backend& be) {
+  if (values_.memory == be.memory) return;
+  values_ = Tensor({host_values_.size()}, *be.memory);
+  grads_ = Tensor({host_values_.size()}, *be.memory);
+  for (Param* p : params_) {
+    p->value = values_.data() + p->offset;
+    p->grad = grads_.data() + p->offset;
+  }
+  push(be);
+}
+
+void Model::pull(const Backend& be) {
+  if (values_.data() != host_values_.data())
+    be.download(host_values_.data(), values_.data(), sizeof(float) * size_t(values_.size()));
+}
+
+void Model::push(const Backend& be) {
+  if (values_.data() != host_values_.data())
+    be.upload(values_.data(), host_values_.data(), sizeof(float) * size_t(values_.size()));
 }
 
 const Tensor& Model::forward(const Backend& be, const Tensor& x, const StepInfo& s) {
@@ -235,12 +258,15 @@ const Tensor& Model::forward(const Backend& be, const Tensor& x, const StepInfo&
     const Shape os = batched(b, shapes_[i + 1]);
     const auto t0 = profile_ ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
     if (layers_[i]->is_reshape()) {
-      a.outs[i] = Tensor::view(const_cast<float*>(in->data()), os);
+      a.outs[i] = Tensor::view(const_cast<float*>(in->data()), os, *in->memory);
     } else {
-      a.outs[i].resize(os);
+      a.outs[i].resize(os, *be.memory);
       layers_[i]->forward(be, *in, a.outs[i], s);
     }
-    if (profile_) (*profile_)[i] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (profile_) {
+      be.synchronize();  // a device's ops are asynchronous: time what they did
+      (*profile_)[i] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
     in = &a.outs[i];
   }
   return *in;
@@ -276,12 +302,15 @@ const Tensor* Model::backward(const Backend& be, const Tensor& dout,
     Tensor* dx = nullptr;
     if (i > lowest || input_grad) {
       const Shape is = batched(b, shapes_[i]);
-      if (layers_[i]->is_reshape()) a.douts[i] = Tensor::view(const_cast<float*>(dy->data()), is);
-      else a.douts[i].resize(is);
+      if (layers_[i]->is_reshape()) a.douts[i] = Tensor::view(const_cast<float*>(dy->data()), is, *dy->memory);
+      else a.douts[i].resize(is, *be.memory);
       dx = &a.douts[i];
     }
     if (!layers_[i]->is_reshape()) layers_[i]->backward(be, x, a.outs[i], *dy, dx, accumulate);
-    if (profile_) (*profile_)[i] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (profile_) {
+      be.synchronize();  // a device's ops are asynchronous: time what they did
+      (*profile_)[i] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
     if (on_ready) on_ready(ready_after_[i]);
     dy = dx;
   }

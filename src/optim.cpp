@@ -17,8 +17,27 @@ double lr_at(const OptimConfig& c, int64_t step) {
 }
 
 Optimizer::Optimizer(OptimConfig c, int64_t n) : c_(std::move(c)) {
-  s0_ = Tensor({n});
-  if (c_.kind == "adamw") s1_ = Tensor({n});
+  s0_ = h0_ = Tensor({n});
+  if (c_.kind == "adamw") s1_ = h1_ = Tensor({n});
+}
+
+void Optimizer::place(const Backend& be) {
+  if (s0_.memory == be.memory) return;
+  s0_ = Tensor({h0_.size()}, *be.memory);
+  if (h1_.storage) s1_ = Tensor({h1_.size()}, *be.memory);  // AdamW's second moment
+  push(be);
+}
+
+void Optimizer::pull(const Backend& be) {
+  for (auto [d, h] : {std::pair{&s0_, &h0_}, std::pair{&s1_, &h1_}})
+    if (h->storage && d->data() != h->data())  // (SGD has no second buffer)
+      be.download(h->data(), d->data(), sizeof(float) * size_t(h->size()));
+}
+
+void Optimizer::push(const Backend& be) {
+  for (auto [d, h] : {std::pair{&s0_, &h0_}, std::pair{&s1_, &h1_}})
+    if (h->storage && d->data() != h->data())
+      be.upload(d->data(), h->data(), sizeof(float) * size_t(h->size()));
 }
 
 double Optimizer::step(const Backend& be, Tensor& params, Tensor& grads, int64_t step,

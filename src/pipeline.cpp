@@ -29,10 +29,12 @@ std::vector<double> measured_costs(const ModelSpec& spec, const Shape& input_sha
   // less than measured).
   Model m(spec, input_shape, classes);
   m.init(1);
-  Tensor x(batched(batch, input_shape)), dy({batch, int64_t(classes)});
+  m.place(be);
+  Tensor hx(batched(batch, input_shape)), hdy({batch, int64_t(classes)});
   Rng rng(7);
-  for (int64_t i = 0; i < x.size(); ++i) x.data()[i] = rng.uniform(0.f, 1.f);
-  for (int64_t i = 0; i < dy.size(); ++i) dy.data()[i] = rng.uniform(-1e-3f, 1e-3f);
+  for (int64_t i = 0; i < hx.size(); ++i) hx.data()[i] = rng.uniform(0.f, 1.f);
+  for (int64_t i = 0; i < hdy.size(); ++i) hdy.data()[i] = rng.uniform(-1e-3f, 1e-3f);
+  const Tensor x = to_backend(be, hx), dy = to_backend(be, hdy);
   const size_t L = m.layers().size();
   std::vector<std::vector<double>> runs;
   StepInfo si{.training = true};
@@ -212,7 +214,7 @@ void PipelineStage::release_slot(int slot) { free_slots_.push_back(slot); }
 void PipelineStage::post_input_recv(int m, int64_t bm) {
   const int slot = alloc_slot();
   slot_of_[size_t(m)] = slot;
-  in_[size_t(slot)].resize(batched(bm, model_.stage_input_shape()));
+  in_[size_t(slot)].resize(batched(bm, model_.stage_input_shape()), *mem_);
   recv_in_[size_t(m)] = pipe_.start_recv(in_[size_t(slot)].data(), in_[size_t(slot)].size(),
                                          stage_ - 1, tag_of(m, false));
 }
@@ -246,6 +248,7 @@ double PipelineStage::run(const Backend& be, const Tensor& x, const int32_t* lab
   STRATA_CHECK(batch % micros_ == 0, "batch {} in {} micro-batches", batch, micros_);
   const int64_t bm = batch / micros_;
   const int M = micros_;
+  mem_ = be.memory;
   slot_of_.assign(size_t(M), -1);
   recv_in_.assign(size_t(M), -1);
   recv_grad_.assign(size_t(M), -1);
@@ -268,7 +271,7 @@ double PipelineStage::run(const Backend& be, const Tensor& x, const int32_t* lab
         slot = alloc_slot();
         slot_of_[size_t(m)] = slot;
         in_[size_t(slot)] = Tensor::view(const_cast<float*>(x.data()) + m * bm * in_per_sample,
-                                         batched(bm, model_.stage_input_shape()));
+                                         batched(bm, model_.stage_input_shape()), *x.memory);
       } else {
         slot = slot_of_[size_t(m)];
         STRATA_CHECK(slot >= 0, "micro-batch {} input not requested", m);
@@ -285,8 +288,8 @@ double PipelineStage::run(const Backend& be, const Tensor& x, const int32_t* lab
         if (last_) {
           Tensor& probs = probs_[size_t(slot)];
           Tensor& dlogits = dout_[size_t(slot)];
-          probs.resize(out->shape);
-          dlogits.resize(out->shape);
+          probs.resize(out->shape, *be.memory);
+          dlogits.resize(out->shape, *be.memory);
           const int32_t* y = labels + m * bm;
           loss += be.softmax_xent_forward(probs.data(), out->data(), y, int(bm), classes);
           be.softmax_xent_backward(dlogits.data(), probs.data(), y, int(bm), classes,
@@ -300,7 +303,7 @@ double PipelineStage::run(const Backend& be, const Tensor& x, const int32_t* lab
       stats_.peak_act_bytes = std::max(stats_.peak_act_bytes, live_bytes_);
       if (!last_) {
         Tensor& dy = dout_[size_t(slot)];
-        dy.resize(batched(bm, model_.stage_output_shape()));
+        dy.resize(batched(bm, model_.stage_output_shape()), *be.memory);
         sends_[size_t(slot)].push_back(pipe_.start_send(out->data(), out->size(), stage_ + 1, tag_of(m, false)));
         recv_grad_[size_t(m)] = pipe_.start_recv(dy.data(), dy.size(), stage_ + 1, tag_of(m, true));
       }
@@ -396,7 +399,7 @@ std::pair<double, int64_t> PipelineStage::forward_only(const Backend& be, const 
   model_.set_slot(0);
   const Tensor* in = &x;
   if (!first_) {
-    eval_in_.resize(batched(batch, model_.stage_input_shape()));
+    eval_in_.resize(batched(batch, model_.stage_input_shape()), *be.memory);
     int h = pipe_.start_recv(eval_in_.data(), eval_in_.size(), stage_ - 1, kEvalTag);
     pipe_.wait(h);
     in = &eval_in_;
@@ -407,7 +410,7 @@ std::pair<double, int64_t> PipelineStage::forward_only(const Backend& be, const 
     pipe_.wait(h);
     return {0.0, 0};
   }
-  eval_probs_.resize(out.shape);
+  eval_probs_.resize(out.shape, *be.memory);
   const int classes = model_.classes();
   return {be.softmax_xent_forward(eval_probs_.data(), out.data(), labels, int(batch), classes),
           be.count_correct(out.data(), labels, int(batch), classes)};

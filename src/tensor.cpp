@@ -26,38 +26,62 @@ std::string shape_str(const Shape& s) {
   return out + (s.size() == 1 ? ",)" : ")");
 }
 
-static std::shared_ptr<float[]> alloc_aligned(int64_t n) {
-  size_t bytes = (size_t(n) * sizeof(float) + 63) / 64 * 64;
+namespace {
+void* host_alloc(size_t bytes) {
+  bytes = (bytes + 63) / 64 * 64;
   if (bytes == 0) bytes = 64;
   void* p = std::aligned_alloc(64, bytes);
   if (!p) throw std::bad_alloc();
   std::memset(p, 0, bytes);
-  return std::shared_ptr<float[]>(static_cast<float*>(p), [](float* q) { std::free(q); });
+  return p;
+}
+void host_release(void* p) { std::free(p); }
+void host_zero(void* p, size_t bytes) { std::memset(p, 0, bytes); }
+
+std::shared_ptr<float[]> allocate(const Memory& m, int64_t n) {
+  void* p = m.alloc(size_t(n) * sizeof(float));
+  return std::shared_ptr<float[]>(static_cast<float*>(p), [rel = m.release](float* q) { rel(q); });
+}
+}  // namespace
+
+const Memory& host_memory() {
+  static const Memory m{.name = "host", .host = true, .alloc = host_alloc,
+                        .release = host_release, .zero = host_zero};
+  return m;
 }
 
-Tensor::Tensor(Shape s) : shape(std::move(s)) {
+Tensor::Tensor(Shape s, const Memory& m) : shape(std::move(s)), memory(&m) {
   capacity = numel(shape);
-  storage = alloc_aligned(capacity);
+  storage = allocate(m, capacity);
   ptr = storage.get();
 }
 
-Tensor Tensor::view(float* p, Shape s) {
+Tensor Tensor::view(float* p, Shape s, const Memory& m) {
   Tensor t;
   t.shape = std::move(s);
   t.ptr = p;
+  t.memory = &m;
   return t;
 }
 
-void Tensor::zero() { std::memset(ptr, 0, sizeof(float) * size()); }
+void Tensor::zero() { memory->zero(ptr, sizeof(float) * size_t(size())); }
 
 void Tensor::resize(Shape s) {
   int64_t n = numel(s);
   if (!storage || n > capacity) {
     capacity = n;
-    storage = alloc_aligned(n);
+    storage = allocate(*memory, n);
     ptr = storage.get();
   }
   shape = std::move(s);
+}
+
+void Tensor::resize(Shape s, const Memory& m) {
+  if (memory != &m) {  // a view (no storage) is re-pointed at memory of its own, too
+    storage.reset();
+    memory = &m;
+  }
+  resize(std::move(s));
 }
 
 }  // namespace strata

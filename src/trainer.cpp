@@ -76,6 +76,27 @@ void collectively(Comm& comm, const std::function<void()>& fn) {
 }
 
 namespace {
+// A batch where the backend computes: the loader's own buffers on the CPU, else copies
+// uploaded into buffers kept from step to step.
+class BatchOnBackend {
+ public:
+  struct View {
+    const Tensor& x;
+    const int32_t* y;
+  };
+  View put(const Backend& be, const Loader::Batch& b) {
+    if (be.host_memory()) return {b.x, b.y.data()};
+    x_.resize(b.x.shape, *be.memory);
+    be.upload(x_.data(), b.x.data(), sizeof(float) * size_t(b.x.size()));
+    y_.resize({int64_t(b.y.size())}, *be.memory);
+    be.upload(y_.i32(), b.y.data(), sizeof(int32_t) * b.y.size());
+    return {x_, y_.i32()};
+  }
+
+ private:
+  Tensor x_, y_;  // y_ holds int32 labels
+};
+
 // One pass over a split, this replica's share of each batch: `batch_sums` gives a batch's
 // {sum of per-sample losses, correct predictions} (0 on ranks that do not hold the logits);
 // the sums are added over `comm`.
@@ -102,22 +123,26 @@ EvalResult evaluate_split(
 EvalResult evaluate(Model& model, const Backend& be, const DatasetInfo& info,
                     const std::string& split, Comm& comm, int64_t batch) {
   Tensor probs;
+  BatchOnBackend on_be;
   return evaluate_split(info, split, batch, comm.rank(), comm.size(), comm,
-                        [&](const Loader::Batch& b, int64_t bs) {
+                        [&](const Loader::Batch& hb, int64_t bs) {
+    const auto b = on_be.put(be, hb);
     const Tensor& logits = model.forward(be, b.x, StepInfo{.training = false});
-    probs.resize(logits.shape);
+    probs.resize(logits.shape, *be.memory);
     const int c = model.classes();
-    return std::pair{be.softmax_xent_forward(probs.data(), logits.data(), b.y.data(), int(bs), c),
-                     be.count_correct(logits.data(), b.y.data(), int(bs), c)};
+    return std::pair{be.softmax_xent_forward(probs.data(), logits.data(), b.y, int(bs), c),
+                     be.count_correct(logits.data(), b.y, int(bs), c)};
   });
 }
 
 EvalResult evaluate_pipelined(PipelineStage& pipe, const Backend& be, const DatasetInfo& info,
                               const std::string& split, Comm& world, const ProcessGrid& grid,
                               int64_t batch) {
+  BatchOnBackend on_be;
   return evaluate_split(info, split, batch, grid.replica, grid.replicas, world,
-                        [&](const Loader::Batch& b, int64_t bs) {
-    return pipe.forward_only(be, b.x, b.y.data(), bs);
+                        [&](const Loader::Batch& hb, int64_t bs) {
+    const auto b = on_be.put(be, hb);
+    return pipe.forward_only(be, b.x, b.y, bs);
   });
 }
 
@@ -133,7 +158,8 @@ int run_train(const RunConfig& cfg, Comm& comm) {
   std::vector<LayerRange> ranges;
   collectively(comm, [&] {
     validate(cfg);
-    bep = &select_backend(cfg.device, cfg.threads, &device_note);
+    bep = &select_backend({.device = cfg.device, .threads = cfg.threads,
+                           .precision = cfg.train.precision}, &device_note);
     if (ranks % P != 0)
       fail_input("parallel.pipeline_stages = {} does not divide the {} ranks (each of the "
                  "ranks / P data-parallel replicas runs a whole pipeline)", P, ranks);
@@ -163,6 +189,9 @@ int run_train(const RunConfig& cfg, Comm& comm) {
   // Micro-batches without a pipeline are plain gradient accumulation, run by the same engine.
   const bool pipelined = P > 1 || M > 1;
   ProcessGrid grid = make_grid(comm, P, cfg.parallel.placement, cfg.threads);
+  // On a GPU: NCCL for the stage replicas' gradient allreduce, device buffers for the pipeline.
+  grid.stage_comm = make_device_comm(std::move(grid.stage_comm), be);
+  grid.pipe_comm = make_device_comm(std::move(grid.pipe_comm), be);
 
   std::unique_ptr<Model> model;
   collectively(comm, [&] {
@@ -227,6 +256,9 @@ int run_train(const RunConfig& cfg, Comm& comm) {
       whole_opt.reset();
     }
   }
+  // Parameters and optimizer state go where the backend computes (after init or resume).
+  model->place(be);
+  opt.place(be);
   if (auto& st = resumed) {
     start_step = std::min(st->step, total);
     if (start_step < total) loader->seek(st->epoch, st->batch);
@@ -282,6 +314,8 @@ int run_train(const RunConfig& cfg, Comm& comm) {
     wait = wait || !cfg.checkpoint.async;
     if (lead)
       if (auto prev = ckpt.finish()) report_checkpoint(*prev);
+    model->pull(be);  // checkpoints are written from the host copies
+    opt.pull(be);
     if (pipelined) gather_stages(comm, grid, layers, ranges, *model, opt, whole.get(), whole_opt.get());
     auto r = pipelined && lead ? ckpt.save(*whole, *whole_opt, st, prov, wait)
                                : ckpt.save(*model, opt, st, prov, wait);
@@ -339,6 +373,7 @@ int run_train(const RunConfig& cfg, Comm& comm) {
   }
 
   ProgressLine progress(lead ? cfg.progress : "off");
+  BatchOnBackend on_be;
   const bool update_in_backward = ranks == 1 && !pipelined && opt.can_update_in_backward();
   Tensor probs, dlogits;
   const auto t_start = Clock::now();
@@ -362,28 +397,28 @@ int run_train(const RunConfig& cfg, Comm& comm) {
       Tracer::Scope span(tracer, "data", "next batch");
       batchp = &loader->next();
     }
-    const auto& batch = *batchp;
     loader_wait += since(t_wait);
-    const int b = int(batch.y.size());
+    const auto batch = on_be.put(be, *batchp);
+    const int b = int(batchp->y.size());
     StepInfo si{.training = true, .seed = cfg.train.seed, .step = uint64_t(step),
-                .first_sample = batch.first_sample};
+                .first_sample = batchp->first_sample};
     double loss = 0, pipe_wait0 = 0;
     if (pipelined) {
       // Every micro-batch's forward and backward, in schedule order; the data-parallel
       // allreduce starts during the last backward. Agreement comes after it (the loss exists
       // only on the last stage, once all micro-batches are through), still before the update.
       pipe_wait0 = pipe->stats().wait_s;
-      loss = pipe->run(be, batch.x, batch.y.data(), b, si, G,
+      loss = pipe->run(be, batch.x, batch.y, b, si, G,
                        [&](int64_t ready) { reducer.on_grads_ready(ready); });
       Tracer::Scope span(tracer, "allreduce", "gradient allreduce (stage replicas)");
       reducer.finish();
     } else {
       Tracer::Scope span(tracer, "compute", "forward");
       const Tensor& logits = model->forward(be, batch.x, si);
-      probs.resize(logits.shape);
-      dlogits.resize(logits.shape);
-      loss = be.softmax_xent_forward(probs.data(), logits.data(), batch.y.data(), b, info.classes);
-      be.softmax_xent_backward(dlogits.data(), probs.data(), batch.y.data(), b, info.classes,
+      probs.resize(logits.shape, *be.memory);
+      dlogits.resize(logits.shape, *be.memory);
+      loss = be.softmax_xent_forward(probs.data(), logits.data(), batch.y, b, info.classes);
+      be.softmax_xent_backward(dlogits.data(), probs.data(), batch.y, b, info.classes,
                                1.0f / float(G));
     }
     // One allreduce agrees on the loss (before the update, so a diverged step changes no
@@ -527,6 +562,8 @@ int run_train(const RunConfig& cfg, Comm& comm) {
     ev = pipelined ? evaluate_pipelined(*pipe, be, info, "test", comm, grid)
                    : evaluate(*model, be, info, "test", comm);
   Model* final_model = model.get();
+  model->pull(be);
+  opt.pull(be);
   if (pipelined) {
     gather_stages(comm, grid, layers, ranges, *model, opt, whole.get(), whole_opt.get());
     final_model = whole.get();

@@ -18,7 +18,7 @@ void recv(Comm& c, float* p, int64_t n, int from) {
 
 // The flat buffers a stage moves: parameters, then each optimizer state, in state() order.
 std::vector<float*> buffers(Model& m, Optimizer& opt) {
-  std::vector<float*> b = {m.values().data()};
+  std::vector<float*> b = {m.host_values().data()};
   for (auto& [name, t] : opt.state()) b.push_back(t->data());
   return b;
 }

@@ -1,16 +1,34 @@
 // Backend seam: the table of ops layers call, chosen at run time (--device auto|cpu|cuda).
-// The CPU table points at kernels/cpu; a CUDA table with the same entries is the GPU issue's.
-// Which backends exist is decided in CMake, not by #ifdefs through the code.
+// The CPU table points at kernels/cpu, the CUDA table (src/cuda) at kernels/cuda, same
+// entries. Which backends exist is decided in CMake (STRATA_CUDA), not by #ifdefs through the
+// code: a build without CUDA links src/nocuda, whose answers say so.
+//
+// A backend's ops read and write ITS memory: tensors they touch are allocated in `memory`
+// (Tensor::resize(shape, *be.memory)), and host data crosses with upload/download.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
 #include "strata/kernels_cpu.h"
+#include "strata/tensor.h"
 
 namespace strata {
 
 struct Backend {
   const char* name;
+  const Memory* memory;  // where its tensors live
+  bool host_memory() const { return memory->host; }
+  // Host <-> backend memory. upload and copy are ordered with the backend's ops; download
+  // waits for them. Plain memcpy on the CPU.
+  void (*upload)(void* dst, const void* src, size_t bytes);
+  void (*download)(void* dst, const void* src, size_t bytes);
+  void (*copy)(void* dst, const void* src, size_t bytes);
+  void (*synchronize)();  // waits for every op issued so far
+  // The conv+pool layer convolves this many bytes of output per chunk before pooling it (the
+  // CPU keeps a chunk in cache; a GPU wants the whole batch at once).
+  int64_t conv_pool_chunk_bytes;
+  decltype(&cpu::add_inplace) add_inplace;
   decltype(&cpu::linear_forward) linear_forward;
   decltype(&cpu::linear_backward) linear_backward;
   decltype(&cpu::linear_relu_forward) linear_relu_forward;  // linear then ReLU, fused
@@ -37,8 +55,26 @@ struct Backend {
 
 const Backend& cpu_backend();
 
-// Resolves "auto" | "cpu" | "cuda" to a backend; `threads` sets the CPU math threads.
-// Throws UserError for a device this build or node cannot provide. `why` says what was chosen.
-const Backend& select_backend(const std::string& device, int threads, std::string* why);
+struct DeviceRequest {
+  std::string device = "auto";    // auto | cpu | cuda | cpu-staged (tests: see backend.cpp)
+  int threads = 1;                // CPU math threads
+  std::string precision = "fp32"; // fp32 | bf16 (GEMMs and convolutions)
+};
+// Resolves a request to a backend: auto takes the GPU of this node-local rank when one is
+// visible, else the CPU. Throws UserError (exit 2) for what this build or node cannot provide:
+// cuda without a GPU or without the CUDA backend, bf16 on the CPU. `why` says what was
+// chosen and why, for the log.
+const Backend& select_backend(const DeviceRequest& req, std::string* why);
+
+// A copy of host tensor t in the backend's memory (t itself, sharing storage, on the CPU).
+Tensor to_backend(const Backend& be, const Tensor& t);
+
+// ---- The CUDA backend (src/cuda in builds with STRATA_CUDA, else src/nocuda) -------------
+bool cuda_built();
+// GPUs this process sees; 0 (with the reason in *why) when none or not built.
+int cuda_devices(std::string* why);
+// Takes GPU `device` (the caller picks it from the node-local rank) and returns the table.
+const Backend& cuda_backend(int device, bool bf16);
+std::string cuda_device_name();
 
 }  // namespace strata

@@ -9,6 +9,7 @@
 namespace strata {
 
 struct Activity;  // watchdog.h: where the training thread is
+struct Backend;   // backend.h
 
 // A side channel for the watchdog thread: fixed-size messages on a DUPLICATE of the
 // communicator (so they never match training traffic), used by that one thread while the
@@ -87,6 +88,12 @@ class Comm {
 // MPI_COMM_WORLD-based comm (MPI must be initialised); single-rank comm otherwise.
 std::unique_ptr<Comm> make_world_comm();
 std::unique_ptr<Comm> make_single_comm();
+// The communicator for a backend whose memory is not the host's: float data (allreduce_sum
+// of floats, start_allreduce_sum, start_send/recv) is then in that memory. For CUDA: NCCL for
+// the allreduces on a stream of their own (overlapping backward), bootstrapped over `host`;
+// pipeline sends and receives staged through host memory over `host` (MPI). Everything else
+// goes to `host`. Collective over `host`. On a host-memory backend, `host` itself.
+std::unique_ptr<Comm> make_device_comm(std::unique_ptr<Comm> host, const Backend& be);
 
 // MPI life cycle: init asking for MPI_THREAD_MULTIPLE (the watchdog's heartbeat thread calls
 // MPI while the training thread does); whatever level MPI grants is accepted, and

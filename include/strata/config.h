@@ -41,6 +41,9 @@ struct RunConfig {
     uint64_t seed = 0;
     int64_t log_every = 50;
     int64_t max_steps = 0;  // stop after this many steps (0 = run all epochs)
+    // fp32 | bf16: bf16 GEMMs and convolutions on the GPU, with fp32 master weights, optimizer
+    // state and reductions. The CPU path computes in fp32 and refuses bf16.
+    std::string precision = "fp32";
   } train;
   struct DataParallel {
     double bucket_mb = 1.0;  // gradient allreduce bucket size (the first is 1/8 of it)

@@ -103,6 +103,8 @@ void sgd_update(float* param, const float* grad, float* momentum_buf, int64_t n,
 // PyTorch AdamW: p *= 1 - lr*wd; m,v moments; bias-corrected with step t (1-based).
 void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n, float lr,
                   float beta1, float beta2, float eps, float weight_decay, int64_t t);
+// dst[i] += src[i] (the conv+pool layer sums its chunks' gradients).
+void add_inplace(float* dst, const float* src, int64_t n);
 // Sum of squares in double (for global-norm clipping), and in-place scaling.
 double sum_squares(const float* x, int64_t n);
 void scale_inplace(float* x, int64_t n, float s);

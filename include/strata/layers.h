@@ -14,13 +14,16 @@
 
 namespace strata {
 
-// A parameter's value and gradient live in the model's flat buffers.
+// A parameter's value and gradient live in the model's flat buffers, in the backend's memory
+// (value, grad: what the ops read and write); `host` is the value's host copy, the same
+// pointer as `value` on the CPU (see Model::place).
 struct Param {
   std::string name;  // global name, e.g. "fc1.weight"
   Shape shape;
   int64_t fan_in = 1;  // for initialisation
   float* value = nullptr;
   float* grad = nullptr;
+  float* host = nullptr;
   int64_t offset = 0;  // into the flat buffers
 };
 

@@ -53,9 +53,20 @@ class Model {
   std::vector<std::unique_ptr<Layer>>& layers() { return layers_; }
   // Parameters in forward (layer) order.
   const std::vector<Param*>& params() const { return params_; }
+  // The flat buffers the backend computes on (the optimizer, allreduce and layers use these).
   Tensor& values() { return values_; }
   Tensor& grads() { return grads_; }
+  // The host copy of values(): what checkpoints, parameter files and stage gathering read and
+  // write. The same storage as values() until place() moves those to a device.
+  Tensor& host_values() { return host_values_; }
   int64_t num_params() const { return values_.size(); }
+
+  // Puts values and gradients in the backend's memory, uploading host_values(); a no-op for
+  // host memory. Call after init or a resume, before training.
+  void place(const Backend& be);
+  // host_values() <- values() (before a checkpoint or parameter file), and the reverse.
+  void pull(const Backend& be);
+  void push(const Backend& be);
   std::string summary() const;  // multi-line table of layers, shapes and parameter counts
   double flops_per_sample() const;  // forward
 
@@ -95,7 +106,7 @@ class Model {
   std::vector<Shape> shapes_;  // per-sample shape entering layer i; shapes_.back() = output
   std::vector<Param*> params_;
   std::vector<int64_t> ready_after_;  // grads prefix complete after layer i's backward
-  Tensor values_, grads_;
+  Tensor values_, grads_, host_values_;
   struct Activations {
     const Tensor* input = nullptr;
     std::vector<Tensor> outs;   // outs[i]: output of layer i

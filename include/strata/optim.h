@@ -44,18 +44,24 @@ class Optimizer {
              int64_t step);
   void end_step() { ++t_; }
 
-  // State for checkpoints: named buffers, each parallel to the flat parameter buffer
+  // State for checkpoints: named HOST buffers, each parallel to the flat parameter buffer
   // (momentum for SGD; exp_avg and exp_avg_sq for AdamW), and the count of steps taken.
   std::vector<std::pair<std::string, Tensor*>> state() {
-    if (c_.kind == "adamw") return {{"exp_avg", &s0_}, {"exp_avg_sq", &s1_}};
-    return {{"momentum", &s0_}};
+    if (c_.kind == "adamw") return {{"exp_avg", &h0_}, {"exp_avg_sq", &h1_}};
+    return {{"momentum", &h0_}};
   }
+  // As Model's: the state the updates use moves to the backend's memory (place), and is
+  // copied to (pull) and from (push) the host buffers of state().
+  void place(const Backend& be);
+  void pull(const Backend& be);
+  void push(const Backend& be);
   int64_t steps_taken() const { return t_; }
   void set_steps_taken(int64_t t) { t_ = t; }
 
  private:
   OptimConfig c_;
-  Tensor s0_, s1_;
+  Tensor s0_, s1_;  // what the updates use
+  Tensor h0_, h1_;  // their host copies (the same storage on the CPU)
   int64_t t_ = 0;
 };
 

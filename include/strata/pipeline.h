@@ -101,6 +101,7 @@ class PipelineStage {
 
   Model& model_;
   Comm& pipe_;
+  const Memory* mem_ = &host_memory();  // the backend's, for the buffers below (set by run)
   int stage_, stages_, micros_;
   std::string schedule_;
   Tracer* tracer_;

@@ -106,7 +106,7 @@ TEST_CASE("measured costs: one positive time per layer, larger for a wider layer
   // tests side by side) can wait a scheduler quantum for its second thread, ~20 ms for any
   // layer, which measures the machine rather than the layer.
   std::string why;
-  const Backend& be = select_backend("cpu", 1, &why);
+  const Backend& be = select_backend({.device = "cpu", .threads = 1}, &why);
   auto c = measured_costs(spec, {1, 28, 28}, 10, be, 32, 5);
   REQUIRE(c.size() == layers.size());
   for (double v : c) CHECK(v >= 0);

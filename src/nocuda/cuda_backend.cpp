@@ -1,0 +1,29 @@
+// A build without the CUDA backend (STRATA_CUDA=OFF, or AUTO without nvcc, cuBLAS, cuDNN or
+// NCCL): the answers that say so. The CUDA build links src/cuda instead.
+#include <memory>
+
+#include "strata/backend.h"
+#include "strata/comm.h"
+#include "strata/error.h"
+
+namespace strata {
+
+bool cuda_built() { return false; }
+
+int cuda_devices(std::string* why) {
+  if (why) *why = "this build of strata has no CUDA backend (built with STRATA_CUDA=OFF, or "
+                  "without the CUDA toolkit, cuDNN or NCCL)";
+  return 0;
+}
+
+const Backend& cuda_backend(int, bool) {
+  throw UserError(kExitBadInput, "this build of strata has no CUDA backend");
+}
+
+std::string cuda_device_name() { return ""; }
+
+std::unique_ptr<Comm> make_device_comm(std::unique_ptr<Comm> host, const Backend&) {
+  return host;
+}
+
+}  // namespace strata

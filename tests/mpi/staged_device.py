@@ -1,0 +1,88 @@
+#!/usr/bin/python3
+"""The GPU path's logic, checked where there is no GPU: --device cpu-staged runs the CPU ops on
+memory that strata must treat as a device's (parameters, optimizer state, activations and
+batches live apart from their host copies, and move only by upload/download). Every result
+must be bitwise the same as --device cpu: the final parameters, a checkpoint written mid-run
+(taken from the host copies: a missing download would leave them stale), a resume (a missing
+upload would train on stale values), a 2-stage pipeline and 2 data-parallel ranks, and eval.
+
+Usage: staged_device.py STRATA DATA.h5 WORKDIR
+"""
+import os
+import shutil
+import subprocess
+import sys
+
+from common import MPI_ENV, parameters, run_strata
+
+strata, data, work = sys.argv[1:4]
+root = os.path.join(work, "staged-device")
+shutil.rmtree(root, ignore_errors=True)
+CNN = ["--data.path", data, "--model.type", "cnn", "--model.channels", "4", "8",
+       "--model.hidden", "16", "--model.dropout", "0.1", "--train.optimizer", "adamw",
+       "--train.lr", "0.01", "--train.grad_clip", "1.0", "--train.batch_size", "32",
+       "--checkpoint.every_steps", "10", "--quiet"]
+ok = True
+
+
+def same(a, b):
+    return a.keys() == b.keys() and all(a[k].tobytes() == b[k].tobytes() for k in a)
+
+
+def check(what, a, b):
+    global ok
+    s = same(a, b)
+    print(f"{what}: bitwise equal: {s}")
+    ok &= s
+
+
+def train(name, ranks, args):
+    d = os.path.join(root, name)
+    run_strata(strata, ranks, ["train"] + args + ["--output.dir", d])
+    return d
+
+
+def ckpt_params(d, step):
+    return parameters(os.path.join(d, "checkpoints", f"ckpt-{step:09d}.h5"))
+
+
+# One rank: dropout, clipping, AdamW, periodic checkpoints.
+cpu = train("cnn-cpu", 1, CNN + ["--train.max_steps", "30", "--device", "cpu"])
+stg = train("cnn-staged", 1, CNN + ["--train.max_steps", "30", "--device", "cpu-staged"])
+check("1 rank CNN, final parameters", parameters(f"{cpu}/model.h5"), parameters(f"{stg}/model.h5"))
+check("1 rank CNN, checkpoint at step 20", ckpt_params(cpu, 20), ckpt_params(stg, 20))
+
+# Resume on the staged device: 20 steps, then on to 30 from the checkpoint.
+part = train("cnn-staged-resumed", 1, CNN + ["--train.max_steps", "20", "--device", "cpu-staged"])
+run_strata(strata, 1, ["train"] + CNN + ["--train.max_steps", "30", "--device", "cpu-staged",
+                             "--output.dir", part, "--resume", "auto"])
+check("1 rank CNN, 20 steps + resume to 30 vs 30 straight", parameters(f"{stg}/model.h5"),
+      parameters(f"{part}/model.h5"))
+
+# A 2-stage pipeline (activations and their gradients cross between the stages' memories).
+PIPE = ["--config", os.path.join(os.path.dirname(__file__), "..", "..", "configs",
+                                 "fmnist_deep_mlp_pipeline.toml"),
+        "--data.path", data, "--train.max_steps", "20", "--quiet",
+        "--parallel.pipeline_stages", "2", "--parallel.microbatches", "4",
+        "--checkpoint.every_steps", "10"]
+a = train("pipe-cpu", 2, PIPE + ["--device", "cpu"])
+b = train("pipe-staged", 2, PIPE + ["--device", "cpu-staged"])
+check("2-stage pipeline, final parameters", parameters(f"{a}/model.h5"), parameters(f"{b}/model.h5"))
+check("2-stage pipeline, checkpoint at step 10", ckpt_params(a, 10), ckpt_params(b, 10))
+
+# Two data-parallel ranks (the gradient allreduce reads the staged memory).
+DP = ["--data.path", data, "--train.max_steps", "20", "--quiet", "--train.batch_size", "64"]
+a = train("dp-cpu", 2, DP + ["--device", "cpu"])
+b = train("dp-staged", 2, DP + ["--device", "cpu-staged"])
+check("2 data-parallel ranks, final parameters", parameters(f"{a}/model.h5"), parameters(f"{b}/model.h5"))
+
+# eval reads the parameter file into the staged memory.
+outs = []
+for dev in ("cpu", "cpu-staged"):
+    p = subprocess.run([strata, "eval", "--checkpoint", f"{cpu}/model.h5", "--data", data,
+                        "--json", "--device", dev], env=MPI_ENV, capture_output=True, text=True,
+                       check=True)
+    outs.append(p.stdout.strip())
+print(f"eval: cpu {outs[0]}, cpu-staged {outs[1]}")
+ok &= outs[0] == outs[1]
+sys.exit(0 if ok else 1)
