@@ -45,12 +45,12 @@ int cuda_devices(std::string* why) {
 std::string cuda_device_name() { return cuda::initialized() ? cuda::device_name() : ""; }
 
 const Backend& cuda_backend(int device, bool bf16) {
-  if (!cuda::initialized()) {
-    try {
-      cuda::init(device, bf16);
-    } catch (const std::runtime_error& e) {
-      throw UserError(kExitBadInput, fmt::format("--device cuda: cannot use GPU {}: {}", device, e.what()));
-    }
+  // Also when initialised before: init then only sets the precision (the table is shared, the
+  // precision is the context's).
+  try {
+    cuda::init(device, bf16);
+  } catch (const std::runtime_error& e) {
+    throw UserError(kExitBadInput, fmt::format("--device cuda: cannot use GPU {}: {}", device, e.what()));
   }
   static const Backend b{
       .name = "cuda",

@@ -2,7 +2,10 @@
 // - Allreduces (the stage replicas' gradient buckets) run on NCCL, on a stream of their own:
 //   a bucket's allreduce waits for the compute stream's work issued so far (the backward that
 //   finished its gradients), and overlaps with the backward still running; completing a handle
-//   makes the compute stream wait for it in turn (the optimizer step reads the sums).
+//   makes the compute stream wait for it in turn (the optimizer step reads the sums). Where two
+//   ranks of the communicator share a GPU (more ranks than GPUs on a node: device = local rank
+//   modulo GPUs) NCCL refuses to form a communicator ("Duplicate GPU detected"), so there the
+//   allreduces are staged through host memory over the host comm instead, blocking.
 // - Pipeline sends and receives are staged through host memory over the host (MPI)
 //   communicator: exact, with the MPI path's tags and ordering, at the cost of a copy each way.
 //   (NCCL point-to-point has no tags and serialises per communicator, so it needs a
@@ -11,7 +14,9 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <chrono>
+#include <fstream>
 #include <stdexcept>
 #include <thread>
 #include <vector>
@@ -47,7 +52,8 @@ class CudaComm final : public Comm {
  public:
   explicit CudaComm(std::unique_ptr<Comm> host) : host_(std::move(host)) {
     parent_ = host_.get();  // the watchdog's marks are the host comm's (and its parent's)
-    if (host_->size() > 1) {
+    if (host_->size() > 1 && !gpu_shared()) {
+      (void)compute_stream();  // makes this rank's GPU current on this thread, for NCCL
       ncclUniqueId id{};
       if (host_->rank() == 0) NCCL_OK(ncclGetUniqueId(&id));
       host_->broadcast(&id, sizeof id, 0);
@@ -56,8 +62,15 @@ class CudaComm final : public Comm {
     }
   }
   ~CudaComm() override {
+    // Abort, not destroy, after an NCCL error or with an allreduce still in flight (an
+    // exception unwinding past it): destroying waits for it, for ever if a peer is gone.
+    bool in_flight = false;
+    for (auto& h : handles_) in_flight = in_flight || h.kind == Kind::kNccl;
     for (auto& h : handles_) destroy_events(h);
-    if (nccl_) ncclCommDestroy(nccl_);
+    if (nccl_ && (broken_ || in_flight))
+      ncclCommAbort(nccl_);
+    else if (nccl_)
+      ncclCommDestroy(nccl_);
     if (stream_) cudaStreamDestroy(stream_);
   }
 
@@ -77,6 +90,12 @@ class CudaComm final : public Comm {
     Handle& hd = handles_[size_t(h)];
     if (!nccl_ || n == 0) {
       hd.kind = Kind::kDone;
+      if (size() > 1 && n > 0) {  // ranks share a GPU: staged, done on return
+        staged_.resize(size_t(n));
+        cuda::download(staged_.data(), x, sizeof(float) * size_t(n));
+        host_->allreduce_sum(staged_.data(), n);
+        cuda::upload(x, staged_.data(), sizeof(float) * size_t(n));
+      }
       return h;
     }
     ensure_events(hd);
@@ -125,12 +144,23 @@ class CudaComm final : public Comm {
       // stuck here (a peer that never joins the allreduce) is one the watchdog names.
       Activity* a = activity();
       if (a) a->enter(Activity::kAllreduce);
-      for (int spins = 0;; ++spins) {
+      for (int64_t spins = 0;; ++spins) {
         const cudaError_t e = cudaEventQuery(hd.done);
         if (e == cudaSuccess) break;
         if (e != cudaErrorNotReady) {
           if (a) a->leave(Activity::kAllreduce);
           CUDA_OK(e);
+        }
+        // A failed peer or network leaves the NCCL kernel waiting for ever: NCCL reports it
+        // only here (as PyTorch's watchdog polls it).
+        if (spins % 1000 == 999) {
+          ncclResult_t async = ncclSuccess;
+          const ncclResult_t r = ncclCommGetAsyncError(nccl_, &async);
+          if (r != ncclSuccess || (async != ncclSuccess && async != ncclInProgress)) {
+            if (a) a->leave(Activity::kAllreduce);
+            broken_ = true;
+            NCCL_OK(r != ncclSuccess ? r : async);
+          }
         }
         if (spins > 100) std::this_thread::sleep_for(std::chrono::microseconds(20));
       }
@@ -169,6 +199,23 @@ class CudaComm final : public Comm {
     handles_.back().kind = k;
     return int(handles_.size() - 1);
   }
+  // Whether two ranks of this communicator use the same GPU: the same PCI device on the same
+  // host (host name and boot id, as NCCL tells hosts apart). Collective over host_; every
+  // rank gets the same answer.
+  bool gpu_shared() {
+    char bus[64] = {};
+    CUDA_OK(cudaDeviceGetPCIBusId(bus, int(sizeof bus), cuda::current_device()));
+    std::string boot;
+    std::getline(std::ifstream("/proc/sys/kernel/random/boot_id"), boot);
+    const std::string id = host_->host() + "/" + boot + "/" + bus;
+    uint64_t hash = 1469598103934665603ull;  // FNV-1a
+    for (unsigned char c : id) hash = (hash ^ c) * 1099511628211ull;
+    std::vector<int64_t> ids(size_t(host_->size()), 0);
+    ids[size_t(host_->rank())] = int64_t(hash >> 1) | 1;  // > 0: a sum of one term per slot
+    host_->allreduce_sum(ids.data(), int64_t(ids.size()));
+    std::sort(ids.begin(), ids.end());
+    return std::adjacent_find(ids.begin(), ids.end()) != ids.end();
+  }
   static void ensure_events(Handle& h) {
     if (!h.ready) CUDA_OK(cudaEventCreateWithFlags(&h.ready, cudaEventDisableTiming));
     if (!h.done) CUDA_OK(cudaEventCreateWithFlags(&h.done, cudaEventDisableTiming));
@@ -191,7 +238,9 @@ class CudaComm final : public Comm {
 
   std::unique_ptr<Comm> host_;
   ncclComm_t nccl_ = nullptr;
+  bool broken_ = false;          // NCCL reported an error: abort the communicator
   cudaStream_t stream_ = nullptr;
+  std::vector<float> staged_;    // host copy of an allreduce where ranks share a GPU
   std::vector<Handle> handles_;  // indexed by handle; events are kept for reuse
 };
 
