@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -253,6 +254,71 @@ void check_labels(const std::string& path, const std::string& split,
                  classes);
 }
 
+// ---------------------------------------------------------------- token files
+
+// Batches carry token ids as float32, exact up to 2^24.
+constexpr int64_t kMaxVocab = int64_t(1) << 24;
+
+// uint8, uint16 or int32: what a token dataset may hold.
+bool is_token_type(hid_t t) {
+  if (H5Tget_class(t) != H5T_INTEGER) return false;
+  const size_t size = H5Tget_size(t);
+  const bool unsigned_ = H5Tget_sign(t) == H5T_SGN_NONE;
+  return (size == 1 && unsigned_) || (size == 2 && unsigned_) || (size == 4 && !unsigned_);
+}
+
+// The native type tokens of `bytes` bytes are read as (the stored width: no conversion).
+hid_t token_mem_type(size_t bytes) {
+  return bytes == 1 ? H5T_NATIVE_UINT8 : bytes == 2 ? H5T_NATIVE_UINT16 : H5T_NATIVE_INT32;
+}
+
+// A token dataset, validated: dtype, rank, not empty.
+Dataset open_tokens(const std::string& path, hid_t file, const std::string& name) {
+  Dataset ds = open_ds(path, file, name);
+  if (!is_token_type(ds.type.get()))
+    fail_input("{}: {} has dtype {}; expected uint8, uint16 or int32", path, name,
+               dtype_name(ds.type.get()));
+  if (ds.dims.size() != 1)
+    fail_input("{}: {} has shape {}; expected (N,)", path, name, dims_str(ds.dims));
+  if (ds.dims[0] == 0) fail_input("{}: {} has no tokens", path, name);
+  return ds;
+}
+
+// Calls f(tokens, index of the first, count) over the whole dataset, a chunk at a time (as
+// int64, whatever the stored type), so validating a large file needs little memory.
+template <typename F>
+void scan_tokens(const Dataset& ds, F&& f) {
+  constexpr hsize_t kChunk = hsize_t(1) << 20;
+  const hsize_t n = ds.dims[0];
+  std::vector<int64_t> buf(size_t(std::min(kChunk, n)));
+  H5Id file_space(H5_CHECK(H5Dget_space(ds.id.get())), H5Sclose);
+  for (hsize_t at = 0; at < n; at += kChunk) {
+    hsize_t count = std::min(kChunk, n - at);
+    H5_CHECK(H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, &at, nullptr, &count, nullptr));
+    H5Id mem(H5_CHECK(H5Screate_simple(1, &count, nullptr)), H5Sclose);
+    H5_CHECK(H5Dread(ds.id.get(), H5T_NATIVE_INT64, mem.get(), file_space.get(), H5P_DEFAULT,
+                     buf.data()));
+    f(buf.data(), int64_t(at), int64_t(count));
+  }
+}
+
+int64_t max_token(const Dataset& ds) {
+  int64_t top = std::numeric_limits<int64_t>::min();
+  scan_tokens(ds, [&](const int64_t* t, int64_t, int64_t count) {
+    top = std::max(top, *std::max_element(t, t + count));
+  });
+  return top;
+}
+
+void check_tokens(const std::string& path, const Dataset& ds, int64_t vocab) {
+  scan_tokens(ds, [&](const int64_t* t, int64_t first, int64_t count) {
+    for (int64_t i = 0; i < count; ++i)
+      if (t[i] < 0 || t[i] >= vocab)
+        fail_input("{}: {}[{}] = {} is out of range [0, {})", path, ds.name, first + i, t[i],
+                   vocab);
+  });
+}
+
 // A scalar attribute on the root group, checked for its type class; nullopt if absent.
 std::optional<H5Id> open_root_attr(const std::string& path, hid_t file, const char* name,
                                    H5T_class_t want, const char* want_name) {
@@ -273,6 +339,14 @@ std::optional<int64_t> read_int_attr(const std::string& path, hid_t file, const 
   if (!attr) return std::nullopt;
   int64_t v = 0;
   H5_CHECK(H5Aread(attr->get(), H5T_NATIVE_INT64, &v));
+  return v;
+}
+
+std::optional<double> read_double_attr(const std::string& path, hid_t file, const char* name) {
+  auto attr = open_root_attr(path, file, name, H5T_FLOAT, "a float");
+  if (!attr) return std::nullopt;
+  double v = 0;
+  H5_CHECK(H5Aread(attr->get(), H5T_NATIVE_DOUBLE, &v));
   return v;
 }
 
@@ -300,8 +374,60 @@ std::optional<std::string> read_string_attr(const std::string& path, hid_t file,
   return buf.substr(0, buf.find('\0'));
 }
 
+// A token file says so (kind = "tokens") or has /train/tokens.
+bool is_token_file(const std::string& path, hid_t file) {
+  if (auto kind = read_string_attr(path, file, "kind")) {
+    if (*kind != "tokens")
+      fail_input("{}: root attribute kind = \"{}\"; expected \"tokens\" (or no kind, for images)",
+                 path, *kind);
+    return true;
+  }
+  return link_exists(file, "/train/tokens");
+}
+
+DatasetInfo inspect_token_file(const std::string& path, hid_t file) {
+  DatasetInfo info;
+  info.path = path;
+  info.tokens = true;
+  Dataset train = open_tokens(path, file, "/train/tokens");
+  info.train.name = "train";
+  info.train.dataset = train.name;
+  info.train.tokens = int64_t(train.dims[0]);
+  Dataset val;
+  info.has_test = link_exists(file, "/val/tokens");
+  if (info.has_test) {
+    val = open_tokens(path, file, "/val/tokens");
+    info.test.name = "test";
+    info.test.dataset = val.name;
+    info.test.tokens = int64_t(val.dims[0]);
+  }
+  int64_t vocab = 0;
+  if (auto v = read_int_attr(path, file, "vocab")) {
+    if (*v < 1 || *v > kMaxVocab)
+      fail_input("{}: root attribute vocab = {}; expected a vocabulary size in [1, 2^24] (batches "
+                 "carry token ids as float32, exact up to 2^24)",
+                 path, *v);
+    vocab = *v;
+  } else {
+    vocab = std::clamp<int64_t>(max_token(train) + 1, 1, kMaxVocab);
+  }
+  check_tokens(path, train, vocab);
+  if (info.has_test) check_tokens(path, val, vocab);
+  info.vocab = int(vocab);
+  info.classes = info.vocab;
+  if (auto h = read_double_attr(path, file, "unigram_entropy_nats")) {
+    if (!std::isfinite(*h) || *h < 0)
+      fail_input("{}: root attribute unigram_entropy_nats = {}; expected a finite value >= 0",
+                 path, *h);
+    info.unigram_entropy_nats = *h;
+  }
+  if (auto sha = read_string_attr(path, file, "source_sha256")) info.source_sha256 = *sha;
+  return info;
+}
+
 DatasetInfo inspect_file(const std::string& path) {
   H5Id file = open_h5(path);
+  if (is_token_file(path, file.get())) return inspect_token_file(path, file.get());
   DatasetInfo info;
   info.path = path;
   Split train = read_split(path, file.get(), "train");
@@ -338,6 +464,22 @@ DatasetInfo open_dataset(const std::string& path) {
   return with_file_context(path, [&] { return inspect_file(path); });
 }
 
+void set_context(DatasetInfo& info, int64_t context) {
+  if (!info.tokens)
+    fail_input("{}: holds images, not tokens; model.context applies to token data", info.path);
+  if (context < 1) fail_input("model.context = {}: expected a positive number of tokens", context);
+  for (SplitInfo* s : {&info.train, info.has_test ? &info.test : nullptr}) {
+    if (!s) continue;
+    if (s->tokens - 1 < context)
+      fail_input("{}: {} has {} tokens; model.context = {} needs at least {} (one window of "
+                 "context + 1 tokens)",
+                 info.path, s->dataset, s->tokens, context, context + 1);
+    s->n = (s->tokens - 1) / context;
+    s->sample_shape = {context};
+  }
+  info.context = context;
+}
+
 std::vector<int64_t> epoch_order(int64_t n, uint64_t seed, int64_t epoch) {
   std::vector<int64_t> order(size_t(std::max<int64_t>(n, 0)));
   std::iota(order.begin(), order.end(), int64_t(0));
@@ -366,7 +508,14 @@ struct Loader::Impl {
   bool u8 = true;
   std::vector<int32_t> labels;
   H5Id file, images, file_space;  // used under hdf5_mutex(), by the reader thread only
-  std::vector<hsize_t> dims;      // of the images dataset
+  std::vector<hsize_t> dims;      // of the images dataset (token files: of the tokens)
+  std::string where;              // the split in messages: "/train", or "/val/tokens"
+
+  // Token files: "row" i is the window tokens[i*T, i*T + T + 1), so consecutive rows share
+  // one token. Stored at their own width (token_bytes) in all_rows and staging.
+  bool tokens = false;
+  int64_t T = 0, n_tokens = 0, vocab = 0;
+  size_t token_bytes = 0;  // 1, 2, 4: uint8, uint16, int32
 
   // Reader-thread scratch.
   int64_t order_epoch = -1;
@@ -404,6 +553,16 @@ struct Loader::Impl {
 
   void open(const DatasetInfo& info, const SplitInfo& want) {
     file = open_h5(path);
+    if (tokens) {
+      Dataset ds = open_tokens(path, file.get(), want.dataset);
+      if (int64_t(ds.dims[0]) != want.tokens)
+        fail_input("{}: {} changed since it was opened", path, want.dataset);
+      token_bytes = H5Tget_size(ds.type.get());
+      images = std::move(ds.id);
+      dims = ds.dims;
+      file_space = H5Id(H5_CHECK(H5Dget_space(images.get())), H5Sclose);
+      return;
+    }
     Split s = read_split(path, file.get(), split);
     if (s.info.n != want.n || s.info.sample_shape != want.sample_shape ||
         s.info.images_u8 != want.images_u8)
@@ -431,8 +590,8 @@ struct Loader::Impl {
       H5Id space(H5_CHECK(H5Scopy(file_space.get())), H5Sclose);
       std::vector<hsize_t> start(dims.size(), 0), count = dims;
       for (size_t i = lo; i < hi; ++i) {
-        start[0] = runs[i].first;
-        count[0] = runs[i].second;
+        start[0] = tokens ? runs[i].first * T : runs[i].first;
+        count[0] = tokens ? runs[i].second * T + 1 : runs[i].second;
         H5_CHECK(H5Sselect_hyperslab(space.get(), i == lo ? H5S_SELECT_SET : H5S_SELECT_OR,
                                      start.data(), nullptr, count.data(), nullptr));
       }
@@ -443,8 +602,9 @@ struct Loader::Impl {
     return H5Id(H5_CHECK(H5Scombine_select(a.get(), H5S_SELECT_OR, b.get())), H5Sclose);
   }
 
-  // Reads rows ids[0..count) of the images into out (batch order), scaling uint8 by 1/255.
-  void read_rows(float* out) {
+  // Reads rows ids[0..count) of the images into x (batch order), scaling uint8 by 1/255; or
+  // for token files the windows ids[0..count) into x and y.
+  void read_rows(float* x, int32_t* y) {
     int64_t count = int64_t(ids.size());
     if (count == 0) return;
     sorted.resize(count);
@@ -455,22 +615,71 @@ struct Loader::Impl {
       for (b = a + 1; b < count && sorted[b].first == sorted[b - 1].first + 1;) ++b;
       runs.push_back({hsize_t(sorted[a].first), hsize_t(b - a)});
     }
-    const size_t rb = row_bytes();
-    staging.resize(rb * count);
+    // A run of token windows [a, a + k) is the k*T + 1 tokens from a*T; runs never touch
+    // (a gap of at least one window lies between), so the union reads each token once.
+    hsize_t total = 0;
+    for (const auto& r : runs) total += tokens ? r.second * T + 1 : r.second * sample_elems;
+    staging.resize(total * elem_bytes());
     {
       std::lock_guard lock(hdf5_mutex());
       H5Id rows = select_runs(0, runs.size());
-      hsize_t total = hsize_t(count * sample_elems);
       H5Id mem(H5_CHECK(H5Screate_simple(1, &total, nullptr)), H5Sclose);
-      H5_CHECK(H5Dread(images.get(), u8 ? H5T_NATIVE_UINT8 : H5T_NATIVE_FLOAT, mem.get(),
-                       rows.get(), H5P_DEFAULT, staging.data()));
+      H5_CHECK(H5Dread(images.get(), mem_type(), mem.get(), rows.get(), H5P_DEFAULT,
+                       staging.data()));
     }
     // staging holds the rows in file order; put each where the batch wants it.
+    if (tokens) {
+      size_t j = 0, at = 0;  // at: the run's first token in staging
+      for (const auto& r : runs) {
+        for (hsize_t q = 0; q < r.second; ++q, ++j)
+          window_to_xy(staging.data() + (at + q * T) * token_bytes, sorted[j].first,
+                       x + sorted[j].second * T, y + sorted[j].second * T);
+        at += r.second * T + 1;
+      }
+      return;
+    }
+    const size_t rb = row_bytes();
     for (int64_t j = 0; j < count; ++j)
-      convert_row(out + sorted[j].second * sample_elems, staging.data() + j * rb);
+      convert_row(x + sorted[j].second * sample_elems, staging.data() + j * rb);
   }
 
-  size_t row_bytes() const { return size_t(sample_elems) * (u8 ? 1 : sizeof(float)); }
+  size_t elem_bytes() const { return tokens ? token_bytes : u8 ? 1 : sizeof(float); }
+  hid_t mem_type() const {
+    return tokens ? token_mem_type(token_bytes) : u8 ? H5T_NATIVE_UINT8 : H5T_NATIVE_FLOAT;
+  }
+  // Bytes from one row's start to the next's in all_rows (a token window is one more).
+  size_t row_bytes() const { return size_t(sample_elems) * elem_bytes(); }
+  size_t row_span() const { return tokens ? (size_t(T) + 1) * token_bytes : row_bytes(); }
+  double split_bytes() const {
+    return double(tokens ? n_tokens : n) * double(tokens ? token_bytes : row_bytes());
+  }
+
+  // Token window `row` (its T + 1 tokens at w, stored width) -> x[0, T) the inputs as floats,
+  // y[0, T) the next tokens. Checks the ids again: the file may have changed since it was
+  // validated, and an id out of range would index past the embedding table.
+  template <typename Tok>
+  void window_as(const unsigned char* w, int64_t row, float* x, int32_t* y) const {
+    auto id = [&](int64_t i) {
+      Tok t;
+      std::memcpy(&t, w + i * int64_t(sizeof(Tok)), sizeof(Tok));
+      const int64_t v = int64_t(t);
+      if (v < 0 || v >= vocab)
+        fail_input("{}: {}[{}] = {} is out of range [0, {})", path, where, row * T + i, v, vocab);
+      return v;
+    };
+    int64_t cur = id(0);
+    for (int64_t i = 0; i < T; ++i) {
+      const int64_t next = id(i + 1);
+      x[i] = float(cur);
+      y[i] = int32_t(next);
+      cur = next;
+    }
+  }
+  void window_to_xy(const unsigned char* w, int64_t row, float* x, int32_t* y) const {
+    if (token_bytes == 1) window_as<uint8_t>(w, row, x, y);
+    else if (token_bytes == 2) window_as<uint16_t>(w, row, x, y);
+    else window_as<int32_t>(w, row, x, y);
+  }
 
   // One stored row -> floats (uint8 scaled by 1/255, float32 copied).
   void convert_row(float* dst, const unsigned char* src) const {
@@ -478,11 +687,11 @@ struct Loader::Impl {
     else std::memcpy(dst, src, row_bytes());
   }
 
-  // Reads the whole images dataset into all_rows (the constructor, under hdf5_mutex()).
+  // Reads the whole images (or tokens) dataset into all_rows (the constructor, under
+  // hdf5_mutex()).
   void load_all() {
-    all_rows.resize(size_t(n) * row_bytes());
-    H5_CHECK(H5Dread(images.get(), u8 ? H5T_NATIVE_UINT8 : H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL,
-                     H5P_DEFAULT, all_rows.data()));
+    all_rows.resize(size_t(split_bytes()));
+    H5_CHECK(H5Dread(images.get(), mem_type(), H5S_ALL, H5S_ALL, H5P_DEFAULT, all_rows.data()));
   }
 
   // Asks the CPU to fetch the rows of batch (epoch, index) from memory into cache, so the
@@ -491,19 +700,22 @@ struct Loader::Impl {
   void prefetch(int64_t epoch, int64_t index) const {
     if (shuffle && order_epoch != epoch) return;
     const Slice sl = slice(index);
-    const size_t rb = row_bytes();
+    const size_t rb = row_bytes(), span = row_span();
     for (int64_t k = 0; k < sl.count; ++k) {
       const int64_t row = shuffle ? order[size_t(sl.begin + k)] : sl.begin + k;
       const unsigned char* r = all_rows.data() + size_t(row) * rb;
-      for (size_t off = 0; off < rb; off += 64) __builtin_prefetch(r + off, 0, 2);
+      for (size_t off = 0; off < span; off += 64) __builtin_prefetch(r + off, 0, 2);
     }
   }
 
-  // Rows ids[0..count) from memory into out, in batch order.
-  void gather_rows(float* out) const {
+  // Rows ids[0..count) from memory into x (token files: and y), in batch order.
+  void gather_rows(float* x, int32_t* y) const {
     const size_t rb = row_bytes();
-    for (size_t k = 0; k < ids.size(); ++k)
-      convert_row(out + int64_t(k) * sample_elems, all_rows.data() + size_t(ids[k]) * rb);
+    for (size_t k = 0; k < ids.size(); ++k) {
+      const unsigned char* row = all_rows.data() + size_t(ids[k]) * rb;
+      if (tokens) window_to_xy(row, ids[k], x + int64_t(k) * T, y + int64_t(k) * T);
+      else convert_row(x + int64_t(k) * sample_elems, row);
+    }
   }
 
   void fill(Batch& b, int64_t epoch, int64_t index) {
@@ -521,13 +733,15 @@ struct Loader::Impl {
     b.epoch = epoch;
     b.index = index;
     b.first_sample = s.first;
-    Shape shape{s.count};
-    shape.insert(shape.end(), sample_shape.begin(), sample_shape.end());
-    b.x.resize(shape);
-    b.y.resize(s.count);
-    for (int64_t k = 0; k < s.count; ++k) b.y[k] = labels[ids[k]];
-    if (in_memory) gather_rows(b.x.data());
-    else with_file_context(path, [&] { read_rows(b.x.data()); });
+    b.x.resize(batched(s.count, sample_shape));
+    if (tokens) {
+      b.y.resize(size_t(s.count * T));  // filled with x from the windows
+    } else {
+      b.y.resize(s.count);
+      for (int64_t k = 0; k < s.count; ++k) b.y[k] = labels[ids[k]];
+    }
+    if (in_memory) gather_rows(b.x.data(), b.y.data());
+    else with_file_context(path, [&] { read_rows(b.x.data(), b.y.data()); });
   }
 
   void run() {
@@ -557,19 +771,32 @@ Loader::Loader(const DatasetInfo& info, const std::string& split, int64_t global
                int ranks, bool shuffle, uint64_t seed)
     : impl_(nullptr) {
   STRATA_CHECK(ranks >= 1 && rank >= 0 && rank < ranks, "rank {} of {}", rank, ranks);
+  STRATA_CHECK(!info.tokens || info.context > 0,
+               "{}: a token file needs set_context before a Loader reads it", info.path);
   const SplitInfo* s = split == "train"                  ? &info.train
                        : split == "test" && info.has_test ? &info.test
                                                           : nullptr;
-  if (!s) fail_input("{}: has no /{} split", info.path, split);
+  const std::string where = !info.tokens ? "/" + split
+                            : s          ? s->dataset
+                            : split == "test" ? std::string("/val/tokens")
+                                              : "/" + split + "/tokens";
+  if (!s) fail_input("{}: has no {} split", info.path, where);
   if (global_batch < ranks)
     fail_input("global batch {} is smaller than the {} ranks; every rank needs a sample",
                global_batch, ranks);
   if (shuffle && global_batch > s->n)
-    fail_input("{}: global batch {} exceeds the {} samples of /{}", info.path, global_batch,
-               s->n, split);
+    fail_input("{}: global batch {} exceeds the {} samples of {}{}", info.path, global_batch,
+               s->n, where,
+               info.tokens ? fmt::format(" (windows of model.context = {} tokens)", info.context)
+                           : "");
   auto p = std::make_unique<Impl>();
   p->path = info.path;
   p->split = split;
+  p->where = where;
+  p->tokens = info.tokens;
+  p->T = info.context;
+  p->n_tokens = s->tokens;
+  p->vocab = info.vocab;
   p->n = s->n;
   p->global_batch = global_batch;
   p->batches = shuffle ? s->n / global_batch : (s->n + global_batch - 1) / global_batch;
@@ -592,7 +819,7 @@ Loader::Loader(const DatasetInfo& info, const std::string& split, int64_t global
       // hyperslab read of 64 scattered rows costs a reader thread 0.1-0.2 ms of the other
       // core). Which rows a rank uses is unchanged. If that read fails, the loader streams
       // instead, so a damaged file reports its error at the batch that needs the bad rows.
-      if (double(p->n) * double(p->row_bytes()) <= double(budget)) {
+      if (p->split_bytes() <= double(budget)) {
         try {
           p->load_all();
           p->in_memory = true;
@@ -631,9 +858,9 @@ int64_t Loader::batches_per_epoch() const { return impl_->batches; }
 void Loader::seek(int64_t epoch, int64_t batch) {
   Impl& m = *impl_;
   if (epoch < 0 || batch < 0 || batch >= m.batches)
-    fail_input("{}: cannot seek to batch {} of epoch {}: /{} has {} batches per epoch at global "
+    fail_input("{}: cannot seek to batch {} of epoch {}: {} has {} batches per epoch at global "
                "batch {}",
-               m.path, batch, epoch, m.split, m.batches, m.global_batch);
+               m.path, batch, epoch, m.where, m.batches, m.global_batch);
   std::lock_guard lk(m.m);
   m.req_epoch = epoch;
   m.req_index = batch;

@@ -1,4 +1,5 @@
 // strata: the command line. Subcommands: prepare, train, eval.
+#include <cmath>
 #include <cstdlib>
 #include <cstdio>
 #include <cstring>
@@ -169,6 +170,17 @@ int main(int argc, char** argv) {
   std::string out_path, source_dir = "/usr/share/datasets/fashion-mnist";
   fmnist->add_option("--out", out_path, "output HDF5 file")->required();
   fmnist->add_option("--source", source_dir, "directory with the four IDX .gz files")->capture_default_str();
+  auto* text = prepare->add_subcommand(
+      "text", "text files as bytes (token = byte, vocab 256) for language models, e.g. Debian's "
+              "fortunes: /usr/share/games/fortunes/* without the .dat and .u8 files");
+  std::vector<std::string> text_inputs;
+  std::string text_out;
+  double val_fraction = 0.1;
+  text->add_option("--input", text_inputs, "text files, used in this order")->required();
+  text->add_option("--out", text_out, "output HDF5 file")->required();
+  text->add_option("--val_fraction", val_fraction,
+                   "the last fraction of each input's bytes that is the validation split")
+      ->capture_default_str();
 
   auto* eval = app.add_subcommand("eval", "evaluate a parameter file on a dataset's test split");
   std::string ckpt, eval_data;
@@ -216,6 +228,15 @@ int main(int argc, char** argv) {
       if (lead) {
         prepare_fashion_mnist(source_dir, out_path);
         fmt::print("wrote {}\n", out_path);
+      }
+      comm->barrier();
+    } else if (*text) {
+      if (lead) {
+        const PreparedText t = prepare_text(text_inputs, text_out, val_fraction);
+        fmt::print("wrote {}: {} train tokens, {} val tokens, vocab {} (bytes); unigram entropy "
+                   "{:.4f} nats/token ({:.4f} bits)\n",
+                   text_out, t.train_tokens, t.val_tokens, t.vocab, t.unigram_entropy_nats,
+                   t.unigram_entropy_nats / std::log(2.0));
       }
       comm->barrier();
     } else if (*inspect) {

@@ -1,4 +1,4 @@
-// Fashion-MNIST IDX (gzip) -> strata HDF5 (see prepare.h).
+// Fashion-MNIST IDX (gzip) and text files -> strata HDF5 (see prepare.h).
 #include "strata/prepare.h"
 
 #include <fcntl.h>
@@ -7,8 +7,10 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -195,7 +197,161 @@ void write_file(const std::string& path, const Split& train, const Split& test,
   H5_CHECK(H5Fflush(f, H5F_SCOPE_GLOBAL));
 }
 
+// ---------------------------------------------------------------- text
+
+constexpr int kByteVocab = 256;
+
+// A whole input file; UserError naming it if it is a directory, unreadable or empty.
+std::string read_text_input(const std::string& path) {
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) fail_input("{}: is a directory; --input takes files", path);
+  std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(path.c_str(), "rb"), std::fclose);
+  if (!f) fail_input("{}: cannot open ({})", path, std::strerror(errno));
+  std::string data;
+  std::vector<char> buf(1 << 20);
+  size_t n;
+  while ((n = std::fread(buf.data(), 1, buf.size(), f.get())) > 0) data.append(buf.data(), n);
+  if (std::ferror(f.get())) fail_input("{}: cannot read ({})", path, std::strerror(errno));
+  if (data.empty()) fail_input("{}: is empty", path);
+  return data;
+}
+
+// Entropy of the byte frequencies of `bytes`, in nats: -sum p ln p.
+double unigram_entropy_nats(const std::string& bytes) {
+  std::array<int64_t, kByteVocab> count{};
+  for (unsigned char c : bytes) ++count[c];
+  const double n = double(bytes.size());
+  double h = 0;
+  for (int64_t c : count)
+    if (c > 0) h -= double(c) / n * std::log(double(c) / n);
+  return h;
+}
+
+struct TextCorpus {
+  std::string train, val;
+  std::vector<std::string> names, digests;  // per input: basename, SHA-256
+  std::string combined;                     // source_sha256
+  std::string source;                       // the input paths
+  double val_fraction = 0, entropy = 0;
+};
+
+void write_double_attr(hid_t obj, const char* name, double value) {
+  H5Id space(H5_CHECK(H5Screate(H5S_SCALAR)), H5Sclose);
+  H5Id attr(H5_CHECK(H5Acreate2(obj, name, H5T_IEEE_F64LE, space.get(), H5P_DEFAULT, H5P_DEFAULT)),
+            H5Aclose);
+  H5_CHECK(H5Awrite(attr.get(), H5T_NATIVE_DOUBLE, &value));
+}
+
+// /GROUP/tokens, uint8 (N,), contiguous (default creation properties).
+void write_tokens(hid_t file, const char* group, const std::string& bytes) {
+  H5Id g(H5_CHECK(H5Gcreate2(file, group, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT)), H5Gclose);
+  hsize_t n = bytes.size();
+  H5Id space(H5_CHECK(H5Screate_simple(1, &n, nullptr)), H5Sclose);
+  H5Id ds(H5_CHECK(H5Dcreate2(g.get(), "tokens", H5T_STD_U8LE, space.get(), H5P_DEFAULT,
+                              H5P_DEFAULT, H5P_DEFAULT)),
+          H5Dclose);
+  H5_CHECK(H5Dwrite(ds.get(), H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, bytes.data()));
+}
+
+void write_text_file(const std::string& path, const TextCorpus& c) {
+  std::lock_guard lock(hdf5_mutex());
+  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+  hid_t f = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+  if (f < 0) fail_input("{}: cannot create ({})", path, h5_error_detail());
+  H5Id file(f, H5Fclose);
+  write_tokens(f, "train", c.train);
+  write_tokens(f, "val", c.val);
+  write_str_attr(f, "kind", "tokens");
+  write_int_attr(f, "vocab", kByteVocab);
+  write_str_attr(f, "tokenizer", "bytes");
+  write_int_attr(f, "train_tokens", int64_t(c.train.size()));
+  write_int_attr(f, "val_tokens", int64_t(c.val.size()));
+  write_double_attr(f, "val_fraction", c.val_fraction);
+  write_double_attr(f, "unigram_entropy_nats", c.entropy);
+  write_str_attr(f, "source", c.source);
+  write_str_attr(f, "source_sha256", c.combined);
+  for (size_t i = 0; i < c.names.size(); ++i)
+    write_str_attr(f, "sha256_" + c.names[i], c.digests[i]);
+  write_str_attr(f, "created_by", "strata " STRATA_VERSION);
+  write_str_attr(f, "created_at", utc_now_iso());
+  H5_CHECK(H5Fflush(f, H5F_SCOPE_GLOBAL));
+}
+
+// Writes `tmp` with `write` and publishes it as out_path; on any failure tmp is removed.
+template <typename F>
+void write_and_publish(const std::string& out_path, F&& write) {
+  std::string tmp = fmt::format("{}.tmp.{}", out_path, ::getpid());
+  try {
+    try {
+      write(tmp);
+    } catch (const UserError&) {
+      throw;
+    } catch (const std::runtime_error& e) {
+      throw std::runtime_error(tmp + ": " + e.what());  // name the file in HDF5 failures
+    }
+  } catch (...) {
+    std::remove(tmp.c_str());
+    throw;
+  }
+  publish_file(tmp, out_path);
+}
+
+void check_out_dir(const std::string& out_path) {
+  fs::path out(out_path);
+  fs::path dir = out.parent_path().empty() ? fs::path(".") : out.parent_path();
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec))
+    fail_input("{}: output directory {} does not exist", out_path, dir.string());
+}
+
 }  // namespace
+
+PreparedText prepare_text(const std::vector<std::string>& inputs, const std::string& out_path,
+                          double val_fraction) {
+  if (!(val_fraction > 0 && val_fraction < 1))
+    fail_input("--val_fraction {}: expected a fraction strictly between 0 and 1", val_fraction);
+  if (inputs.empty()) fail_input("prepare text: no --input files");
+  check_out_dir(out_path);
+
+  // Read and check everything before creating any file.
+  TextCorpus c;
+  c.val_fraction = val_fraction;
+  std::string listing;  // exactly what `sha256sum NAME...` prints, run in the inputs' directory
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const std::string name = fs::path(inputs[i]).filename().string();
+    for (size_t j = 0; j < i; ++j)
+      if (c.names[j] == name)
+        fail_input("{}: has the same file name as input {}; each input's sha256_{} attribute "
+                   "needs a name of its own",
+                   inputs[i], inputs[j], name);
+    const std::string bytes = read_text_input(inputs[i]);
+    Sha256 sha;
+    sha.update(bytes.data(), bytes.size());
+    c.names.push_back(name);
+    c.digests.push_back(sha.hex());
+    listing += fmt::format("{}  {}\n", c.digests.back(), name);
+    c.source += (i ? " " : "") + inputs[i];
+    // The last round(f * size) bytes of each input are validation.
+    const size_t val = size_t(std::llround(val_fraction * double(bytes.size())));
+    c.train.append(bytes, 0, bytes.size() - val);
+    c.val.append(bytes, bytes.size() - val, val);
+  }
+  Sha256 combined;
+  combined.update(listing.data(), listing.size());
+  c.combined = combined.hex();
+  for (const auto& [split, bytes] : {std::pair{"train", &c.train}, std::pair{"val", &c.val}})
+    if (int64_t(bytes->size()) < kMinTextSplitTokens)
+      fail_input("{}: the {} split would hold {} tokens (bytes) at --val_fraction {}; at least {} "
+                 "are needed (a context of up to {} tokens): give more text{}",
+                 out_path, split, bytes->size(), val_fraction, kMinTextSplitTokens,
+                 kMinTextSplitTokens - 1,
+                 split == std::string_view("val") ? " or a larger --val_fraction" : "");
+  c.entropy = unigram_entropy_nats(c.train);
+
+  write_and_publish(out_path, [&](const std::string& tmp) { write_text_file(tmp, c); });
+  return {.train_tokens = int64_t(c.train.size()), .val_tokens = int64_t(c.val.size()),
+          .vocab = kByteVocab, .unigram_entropy_nats = c.entropy};
+}
 
 std::string sha256_file(const std::string& path) {
   std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(path.c_str(), "rb"), std::fclose);
@@ -209,11 +365,7 @@ std::string sha256_file(const std::string& path) {
 }
 
 void prepare_fashion_mnist(const std::string& source_dir, const std::string& out_path) {
-  fs::path out(out_path);
-  fs::path dir = out.parent_path().empty() ? fs::path(".") : out.parent_path();
-  std::error_code ec;
-  if (!fs::is_directory(dir, ec))
-    fail_input("{}: output directory {} does not exist", out_path, dir.string());
+  check_out_dir(out_path);
 
   // Read and check everything before creating any file.
   Split train = read_split(source_dir, kSources[0], kSources[1]);
@@ -232,20 +384,7 @@ void prepare_fashion_mnist(const std::string& source_dir, const std::string& out
   combined.update(listing.data(), listing.size());
   prov.combined = combined.hex();
 
-  std::string tmp = fmt::format("{}.tmp.{}", out_path, ::getpid());
-  try {
-    try {
-      write_file(tmp, train, test, prov);
-    } catch (const UserError&) {
-      throw;
-    } catch (const std::runtime_error& e) {
-      throw std::runtime_error(tmp + ": " + e.what());  // name the file in HDF5 failures
-    }
-  } catch (...) {
-    std::remove(tmp.c_str());
-    throw;
-  }
-  publish_file(tmp, out_path);
+  write_and_publish(out_path, [&](const std::string& tmp) { write_file(tmp, train, test, prov); });
 }
 
 }  // namespace strata

@@ -1,9 +1,16 @@
 // Datasets in HDF5 and the loader that gives each rank its slice of every global batch.
 //
-// Accepted layout (README "Data format"): for each split S in {train, test}
+// Accepted layouts (README "Data format"). Images: for each split S in {train, test}
 //   /S/images  uint8 or float32, shape (N, H, W) or (N, C, H, W); uint8 is scaled by 1/255
 //   /S/labels  uint8, int32 or int64, shape (N,), values in [0, classes)
 // Root attribute "classes" (integer) gives the class count; if absent, max(label)+1 of train.
+// Tokens (a file with root attribute kind = "tokens", or with /train/tokens), for causal
+// language models (strata prepare text writes them):
+//   /train/tokens, /val/tokens (optional)  uint8, uint16 or int32, shape (N,), values in
+//                                          [0, vocab); contiguous, like images
+// Root attribute "vocab" (integer) gives the vocabulary size; if absent, max(train token)+1.
+// Optional: unigram_entropy_nats (float), source_sha256. The split the trainer calls "test"
+// reads /val/tokens. A token file has no samples until set_context cuts it into windows.
 #pragma once
 #include <condition_variable>
 #include <cstdint>
@@ -18,28 +25,46 @@ namespace strata {
 
 struct SplitInfo {
   std::string name;      // "train" / "test"
-  int64_t n = 0;         // samples
-  Shape sample_shape;    // (C, H, W)
+  int64_t n = 0;         // samples (token files: windows, 0 until set_context)
+  Shape sample_shape;    // (C, H, W); token files: (T) once set_context(T) ran
   bool images_u8 = true; // else float32
+  // Token files only.
+  std::string dataset;   // "/train/tokens"; "/val/tokens" for the split named "test"
+  int64_t tokens = 0;    // tokens in the split
 };
 
 struct DatasetInfo {
   std::string path;
-  int classes = 0;
+  int classes = 0;            // token files: = vocab (the logits per position)
   SplitInfo train;
-  bool has_test = false;
+  bool has_test = false;      // token files: /val/tokens exists
   SplitInfo test;
   std::string source_sha256;  // provenance attribute, "" if absent
+  // Token files.
+  bool tokens = false;
+  int vocab = 0;
+  int64_t context = 0;              // T: set by set_context, 0 until then
+  double unigram_entropy_nats = 0;  // root attribute: the loss a model that knows only the
+                                    // train split's token frequencies reaches; 0 if absent
 };
 
 // Opens and validates the file: datasets present, ranks/dtypes/shapes consistent, and every
-// label in range (labels are small: all are read once). Throws UserError (kExitBadInput)
+// label (or token) in range (read once, tokens in chunks). Throws UserError (kExitBadInput)
 // naming the file and dataset at fault.
 DatasetInfo open_dataset(const std::string& path);
 
+// Cuts a token file's splits into samples of T = context tokens: sample i of a split is the
+// window tokens[i*T, i*T + T + 1) (stride T, so windows overlap by one token), giving
+// n = (tokens - 1) / T samples of sample_shape (T); the last tokens - 1 - n*T tokens are
+// not used. The Loader then gives x = window[0, T) (the inputs) and y = window[1, T + 1) (the
+// next token at each position). Throws UserError naming the file, the split's dataset and
+// model.context when a split has fewer than T + 1 tokens, or when the file holds images.
+void set_context(DatasetInfo& info, int64_t context);
+
 // The HDF5 build here is not thread-safe, and Loader threads call it in the background: any
 // code that calls HDF5 while a Loader may be alive (checkpoints, parameter files) must hold
-// this lock around those calls. open_dataset, Loader and prepare_fashion_mnist take it.
+// this lock around those calls. open_dataset, Loader, prepare_fashion_mnist and prepare_text
+// take it.
 std::mutex& hdf5_mutex();
 
 // Global order of one epoch: a permutation of [0, n) that depends on (seed, epoch) only.
@@ -49,6 +74,7 @@ std::vector<int64_t> epoch_order(int64_t n, uint64_t seed, int64_t epoch);
 // order[i*G, (i+1)*G); rank r of R reads the contiguous part [r*G/R, (r+1)*G/R) of that range.
 // A trailing partial batch is dropped when shuffling (training); for evaluation (shuffle=false)
 // the last batch is partial and split as evenly as possible.
+// Token files (after set_context) are batched the same way, sample = window (see set_context).
 // A split whose images fit in STRATA_DATA_CACHE_MB (default 512 MiB per rank) is read whole,
 // once, by the constructor; next() then gathers and converts this rank's rows from memory on
 // the calling thread (and prefetches the next batch's rows), with no thread and no HDF5 call.
@@ -67,8 +93,10 @@ class Loader {
   // Positions the loader at (epoch, batch); the next call to next() returns that batch.
   void seek(int64_t epoch, int64_t batch);
   struct Batch {
-    Tensor x;                     // (b, C, H, W), b = this rank's share
-    std::vector<int32_t> y;       // (b)
+    Tensor x;                     // (b, C, H, W), b = this rank's share; token files:
+                                  // (b, T), the input token ids as floats (exact: vocab <= 2^24)
+    std::vector<int32_t> y;       // (b) labels; token files: (b*T), y[k*T + t] = the token
+                                  // after x[k, t]
     int64_t epoch = 0, index = 0; // which global batch this is
     int64_t first_sample = 0;     // position of this rank's first sample within the global
                                   // batch, r*g/R for a batch of g samples (g = G except in a
