@@ -110,3 +110,52 @@ double sum_squares(const float* x, int64_t n);
 void scale_inplace(float* x, int64_t n, float s);
 
 }  // namespace strata::cpu
+
+// ---- GPT-2 transformer ops -------------------------------------------------------------
+// Token embedding (kernels/cpu/embedding.cpp), LayerNorm and the residual add
+// (kernels/cpu/layernorm.cpp), causal self-attention (kernels/cpu/attention.cpp).
+// Activations are (B,T,C) row-major, i.e. N = B*T rows of C. These kernels split their work
+// over OpenMP threads (cpu::blas_init sets the count) and give bitwise the same results for
+// any thread count: every sum runs in an order fixed by the shapes (and, for the row sums of
+// layernorm and softmax, by the machine's vector width: AVX-512, AVX2 or SSE).
+namespace strata::cpu {
+
+// out (B,T,C) = wte[tokens[b,t]] + wpe[t]. tokens (B*T), each in [0,V) or a UserError is
+// thrown; wte (V,C); wpe (maxT,C) with T <= maxT (only its first T rows are read).
+void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
+                       int B, int T, int C, int V);
+// dwte (V,C): row v = sum of dout[b,t] over the (b,t) whose token is v, added in row order;
+// rows of tokens that do not occur are 0 (or left as they are when accumulate).
+// dwpe (maxT,C): row t = sum_b dout[b,t], b in order; only rows [0,T) are written, rows from
+// T on are not touched (zero them once, or pass T = maxT). Either gradient may be null.
+void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
+                        int B, int T, int C, int V, bool accumulate);
+
+// LayerNorm over the last dimension, as PyTorch's nn.LayerNorm(C) (eps 1e-5, biased variance):
+// out (N,C) = (inp - mean) * rstd * weight + bias, rstd = 1/sqrt(var + 1e-5). mean (N) and
+// rstd (N) are saved for backward; either may be null when no backward follows.
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
+                       const float* weight, const float* bias, int N, int C);
+// dout (N,C), inp (N,C), weight (C), mean and rstd (N) from forward -> dinp (N,C),
+// dweight (C) = sum_rows dout * xhat, dbias (C) = sum_rows dout. The row sums run in chunks
+// of 64 rows, in order, then chunk by chunk in order.
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                        const float* inp, const float* weight, const float* mean,
+                        const float* rstd, int N, int C, bool accumulate);
+
+// out (n) = a + b; out may be a or b. (Its backward is dout to both branches: no kernel.)
+void residual_forward(float* out, const float* a, const float* b, int64_t n);
+
+// Causal multi-head self-attention, GPT-2's: qkv (B,T,3C) is the c_attn output [q | k | v],
+// head h of q (and of k, v) the columns h*hs..(h+1)*hs, hs = C/NH (C % NH == 0).
+// att (B,NH,T,T) = softmax(q k^T / sqrt(hs)) over keys t2 <= t1, in fp32 with the row maximum
+// subtracted; entries t2 > t1 are written as 0. out (B,T,C) = att @ v with the heads side by
+// side (head h in columns h*hs..(h+1)*hs, nanoGPT's y.transpose(1,2).view(B,T,C)).
+void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH);
+// dout (B,T,C), qkv (B,T,3C), att (B,NH,T,T) as attention_forward wrote it (its zeros above
+// the diagonal are read) -> dqkv (B,T,3C). The gradient of att is kept in a per-thread
+// scratch of 64*T floats inside the kernel.
+void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B,
+                        int T, int C, int NH);
+
+}  // namespace strata::cpu

@@ -1,0 +1,677 @@
+// GPT-2 kernels (embedding, layernorm, residual add, causal self-attention): forwards against
+// naive double-precision references, backwards against the analytic gradients computed in
+// double by naive loops and against central finite differences of L = sum(out * r) for a
+// random projection r; bitwise the same results with 1 and 2 OpenMP threads; accumulate and
+// null-gradient semantics. The hidden [.bench] case times them on one thread.
+//
+// Tolerances, and why (each is stated again where it is used):
+// - Comparisons with the double references are absolute, on values of magnitude ~1 (inputs
+//   uniform in [-1,1]). fp32 rounding of a sum of K such terms is ~sqrt(K) * 6e-8 typically,
+//   K * 6e-8 at worst (K is at most a few hundred here). Each tolerance is about 10x the
+//   largest error measured on this machine (given beside it), while a wrong index, a missed
+//   mask, a wrong scale or a transposed head is an error of 1e-2 to 1.
+// - Finite differences as in test_kernels.cpp: step 1e-2, |analytic - fd| <= 1e-3 + 1e-3|fd|.
+//   The loss is summed in double over fp32 outputs; its rounding divided by the step gives
+//   ~1e-4, and the curvature of softmax and of the normalisation adds a truncation error
+//   e^2 f'''/6 of ~1e-5..1e-4.
+#include <catch2/catch.hpp>
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <ctime>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "strata/error.h"
+#include "strata/kernels_cpu.h"
+#include "strata/rng.h"
+
+using namespace strata;
+using namespace strata::cpu;
+
+namespace {
+
+using Vec = std::vector<float>;
+using DVec = std::vector<double>;
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+constexpr float kEps = 1e-2f;  // FD step
+constexpr double kTol = 1e-3;  // FD atol and rtol
+
+Vec rand_vec(Rng& rng, int64_t n, float lo = -1.f, float hi = 1.f) {
+  Vec v(static_cast<size_t>(n));
+  for (auto& x : v) x = rng.uniform(lo, hi);
+  return v;
+}
+
+// NaN-filled buffer: an output a kernel fails to overwrite shows up in the comparisons.
+Vec nan_vec(int64_t n) { return Vec(size_t(n), kNaN); }
+
+double dot(const Vec& a, const Vec& b) {
+  double s = 0;
+  for (size_t i = 0; i < a.size(); ++i) s += double(a[i]) * b[i];
+  return s;
+}
+
+// Sets the OpenMP thread count for a scope and restores it after.
+struct Threads {
+  int saved = omp_get_max_threads();
+  explicit Threads(int n) { blas_init(n); }
+  ~Threads() { blas_init(saved); }
+};
+
+// Indices to check: all of them for small tensors, else a random subset of 64.
+std::vector<int64_t> check_indices(int64_t n, Rng& rng) {
+  std::vector<int64_t> idx;
+  if (n <= 64) {
+    idx.resize(size_t(n));
+    std::iota(idx.begin(), idx.end(), 0);
+  } else {
+    for (int i = 0; i < 64; ++i) idx.push_back(int64_t(rng.below(uint64_t(n))));
+  }
+  return idx;
+}
+
+// grad against central differences of loss() with respect to x (perturbed in place, restored).
+template <class Loss>
+void check_grad(const std::string& what, Vec& x, const Vec& grad, Loss loss, Rng& rng) {
+  REQUIRE(grad.size() == x.size());
+  for (int64_t i : check_indices(int64_t(x.size()), rng)) {
+    const float x0 = x[i];
+    x[i] = x0 + kEps;
+    const double lp = loss();
+    x[i] = x0 - kEps;
+    const double lm = loss();
+    x[i] = x0;
+    const double h = double(x0 + kEps) - double(x0 - kEps);  // the step taken in fp32
+    const double fd = (lp - lm) / h;
+    INFO(what << "[" << i << "]: analytic " << grad[i] << ", finite difference " << fd);
+    CHECK(std::abs(grad[i] - fd) <= kTol + kTol * std::abs(fd));
+  }
+}
+
+// max |got - want| over a tensor must be <= tol; reports the worst element.
+void check_close(const std::string& what, const Vec& got, const DVec& want, double tol) {
+  REQUIRE(got.size() == want.size());
+  double worst = -1;
+  size_t at = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double e = std::abs(double(got[i]) - want[i]);
+    if (!(e <= worst)) {  // NaN counts as worst
+      worst = e;
+      at = i;
+      if (e != e) break;
+    }
+  }
+  INFO(what << ": max error " << worst << " at [" << at << "]: got " << got[at] << ", want "
+            << want[at] << " (tolerance " << tol << ")");
+  CHECK(worst <= tol);
+}
+
+// max |got / want - 1| over a tensor must be <= tol (want nonzero).
+void check_rel(const std::string& what, const Vec& got, const DVec& want, double tol) {
+  REQUIRE(got.size() == want.size());
+  double worst = -1;
+  size_t at = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double e = std::abs(double(got[i]) / want[i] - 1.0);
+    if (!(e <= worst)) {
+      worst = e;
+      at = i;
+      if (e != e) break;
+    }
+  }
+  INFO(what << ": max relative error " << worst << " at [" << at << "]: got " << got[at]
+            << ", want " << want[at] << " (tolerance " << tol << ")");
+  CHECK(worst <= tol);
+}
+
+bool bitwise_equal(const Vec& a, const Vec& b) {
+  return a.size() == b.size() &&
+         std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+}  // namespace
+
+// ---- Embedding -----------------------------------------------------------------------------
+
+namespace {
+
+// The documented summation order: rows in order, in fp32, from `init` (0, or the old gradient
+// when accumulating). The kernel must match it bitwise.
+void ref_embedding_backward(Vec& dwte, Vec& dwpe, const Vec& dout,
+                            const std::vector<int32_t>& tok, int B, int T, int C) {
+  for (int b = 0; b < B; ++b)
+    for (int t = 0; t < T; ++t) {
+      const int64_t i = int64_t(b) * T + t;
+      for (int c = 0; c < C; ++c) {
+        dwte[tok[i] * C + c] += dout[i * C + c];
+        dwpe[t * C + c] += dout[i * C + c];
+      }
+    }
+}
+
+}  // namespace
+
+TEST_CASE("embedding forward and backward", "[gpt][embedding]") {
+  Rng rng(21);
+  const int B = 3, T = 5, C = 19, V = 7, maxT = 8;
+  std::vector<int32_t> tok(B * T);
+  for (auto& t : tok) t = int32_t(rng.below(5));  // tokens 5 and 6 never occur
+  tok[0] = tok[7] = tok[14] = 2;                   // one token on several rows
+  Vec wte = rand_vec(rng, V * C), wpe = rand_vec(rng, maxT * C);
+  const Vec r = rand_vec(rng, B * T * C);
+
+  Vec out = nan_vec(B * T * C);
+  embedding_forward(out.data(), tok.data(), wte.data(), wpe.data(), B, T, C, V);
+  for (int i = 0; i < B * T; ++i)
+    for (int c = 0; c < C; ++c) {
+      INFO("row " << i << " column " << c);
+      // One fp32 addition: exact equality.
+      CHECK(out[i * C + c] == wte[tok[i] * C + c] + wpe[(i % T) * C + c]);
+    }
+
+  // Backward: dwte rows of absent tokens become 0; dwpe rows from T on are not touched.
+  Vec dwte = nan_vec(V * C), dwpe = nan_vec(maxT * C);
+  std::fill(dwpe.begin() + T * C, dwpe.end(), 7.f);
+  embedding_backward(dwte.data(), dwpe.data(), r.data(), tok.data(), B, T, C, V, false);
+  Vec want_te(size_t(V * C), 0.f), want_pe(size_t(maxT * C), 0.f);
+  std::fill(want_pe.begin() + T * C, want_pe.end(), 7.f);
+  ref_embedding_backward(want_te, want_pe, r, tok, B, T, C);
+  CHECK(bitwise_equal(dwte, want_te));
+  CHECK(bitwise_equal(dwpe, want_pe));
+  // And against double sums: at most 3 terms per dwte row here, 3 per dwpe row.
+  DVec dte(size_t(V * C), 0.0), dpe(size_t(maxT * C), 0.0);
+  for (int i = 0; i < B * T; ++i)
+    for (int c = 0; c < C; ++c) {
+      dte[tok[i] * C + c] += r[i * C + c];
+      dpe[(i % T) * C + c] += r[i * C + c];
+    }
+  std::fill(dpe.begin() + T * C, dpe.end(), 7.0);
+  check_close("dwte", dwte, dte, 1e-6);  // few-term sums of [-1,1]: a few ulp
+  check_close("dwpe", dwpe, dpe, 1e-6);
+
+  auto loss = [&] {
+    Vec y(size_t(B * T * C));
+    embedding_forward(y.data(), tok.data(), wte.data(), wpe.data(), B, T, C, V);
+    return dot(y, r);
+  };
+  check_grad("dwte", wte, dwte, loss, rng);
+  Vec dwpe_used = dwpe;  // rows from T on: 0 (the loss does not depend on them), not 7
+  std::fill(dwpe_used.begin() + T * C, dwpe_used.end(), 0.f);
+  check_grad("dwpe", wpe, dwpe_used, loss, rng);
+
+  // Null gradients: the other one is the same.
+  Vec te2 = nan_vec(V * C), pe2 = dwpe;
+  embedding_backward(te2.data(), nullptr, r.data(), tok.data(), B, T, C, V, false);
+  CHECK(bitwise_equal(te2, dwte));
+  embedding_backward(nullptr, pe2.data(), r.data(), tok.data(), B, T, C, V, false);
+  CHECK(bitwise_equal(pe2, dwpe));
+
+  // accumulate: added to what is there, in row order after it.
+  Vec te3(size_t(V * C), 1.f), pe3(size_t(maxT * C), 1.f);
+  Vec want_te3 = te3, want_pe3 = pe3;
+  embedding_backward(te3.data(), pe3.data(), r.data(), tok.data(), B, T, C, V, true);
+  ref_embedding_backward(want_te3, want_pe3, r, tok, B, T, C);
+  CHECK(bitwise_equal(te3, want_te3));
+  CHECK(bitwise_equal(pe3, want_pe3));
+
+  // Tokens outside the vocabulary are input errors, not out-of-bounds reads.
+  for (int32_t bad : {V, -1}) {
+    std::vector<int32_t> t2 = tok;
+    t2[9] = bad;
+    CHECK_THROWS_AS(embedding_forward(out.data(), t2.data(), wte.data(), wpe.data(), B, T, C, V),
+                    UserError);
+    CHECK_THROWS_AS(embedding_backward(dwte.data(), nullptr, r.data(), t2.data(), B, T, C, V,
+                                       false), UserError);
+  }
+}
+
+TEST_CASE("embedding is bitwise the same with 1 and 2 threads", "[gpt][embedding]") {
+  Rng rng(22);
+  // N * C = 51200: above the kernels' threshold for going parallel. C = 200 is 12.5 cache
+  // lines: the column split has a partial line.
+  const int B = 4, T = 64, C = 200, V = 50;
+  std::vector<int32_t> tok(B * T);
+  for (auto& t : tok) t = int32_t(rng.below(V));
+  const Vec wte = rand_vec(rng, V * C), wpe = rand_vec(rng, T * C), r = rand_vec(rng, B * T * C);
+  Vec out[2], dte[2], dpe[2];
+  for (int n : {1, 2}) {
+    Threads threads(n);
+    Vec& o = out[n - 1] = nan_vec(B * T * C);
+    embedding_forward(o.data(), tok.data(), wte.data(), wpe.data(), B, T, C, V);
+    dte[n - 1] = nan_vec(V * C);
+    dpe[n - 1] = nan_vec(T * C);
+    embedding_backward(dte[n - 1].data(), dpe[n - 1].data(), r.data(), tok.data(), B, T, C, V,
+                       false);
+  }
+  CHECK(bitwise_equal(out[0], out[1]));
+  CHECK(bitwise_equal(dte[0], dte[1]));
+  CHECK(bitwise_equal(dpe[0], dpe[1]));
+  Vec want_te(size_t(V * C), 0.f), want_pe(size_t(T * C), 0.f);
+  ref_embedding_backward(want_te, want_pe, r, tok, B, T, C);
+  CHECK(bitwise_equal(dte[1], want_te));
+  CHECK(bitwise_equal(dpe[1], want_pe));
+}
+
+// ---- LayerNorm -----------------------------------------------------------------------------
+
+namespace {
+
+struct LnRef {
+  DVec out, mean, rstd, dinp, dweight, dbias;
+};
+
+// Naive double LayerNorm (biased variance, eps inside the square root, as torch) and its
+// analytic gradient: xhat = (x - mean) * rstd, g = w * dy,
+// dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), dw = sum dy * xhat, db = sum dy.
+LnRef ref_layernorm(const Vec& x, const Vec& w, const Vec& b, const Vec& dy, int N, int C) {
+  LnRef r;
+  r.out.resize(size_t(N * C));
+  r.dinp.resize(size_t(N * C));
+  r.mean.resize(size_t(N));
+  r.rstd.resize(size_t(N));
+  r.dweight.assign(size_t(C), 0.0);
+  r.dbias.assign(size_t(C), 0.0);
+  for (int n = 0; n < N; ++n) {
+    const float* xr = x.data() + n * C;
+    double m = 0, v = 0;
+    for (int c = 0; c < C; ++c) m += xr[c];
+    m /= C;
+    for (int c = 0; c < C; ++c) v += (xr[c] - m) * (xr[c] - m);
+    v /= C;
+    const double rs = 1.0 / std::sqrt(v + 1e-5);
+    r.mean[n] = m;
+    r.rstd[n] = rs;
+    double mg = 0, mgx = 0;
+    for (int c = 0; c < C; ++c) {
+      const double xh = (xr[c] - m) * rs, g = double(w[c]) * dy[n * C + c];
+      r.out[n * C + c] = xh * w[c] + b[c];
+      mg += g;
+      mgx += g * xh;
+      r.dweight[c] += dy[n * C + c] * xh;
+      r.dbias[c] += dy[n * C + c];
+    }
+    mg /= C;
+    mgx /= C;
+    for (int c = 0; c < C; ++c) {
+      const double xh = (xr[c] - m) * rs, g = double(w[c]) * dy[n * C + c];
+      r.dinp[n * C + c] = rs * (g - mg - xh * mgx);
+    }
+  }
+  return r;
+}
+
+void layernorm_case(int N, int C, uint64_t seed) {
+  INFO("layernorm N=" << N << " C=" << C);
+  Rng rng(seed);
+  // Rows with their own offset and spread, as activations have.
+  Vec x(size_t(N * C));
+  for (int n = 0; n < N; ++n) {
+    const float off = rng.uniform(-2.f, 2.f), sc = rng.uniform(0.5f, 2.f);
+    for (int c = 0; c < C; ++c) x[n * C + c] = off + sc * rng.uniform(-1.f, 1.f);
+  }
+  Vec w = rand_vec(rng, C, 0.5f, 1.5f), b = rand_vec(rng, C);
+  const Vec r = rand_vec(rng, N * C);
+  const LnRef ref = ref_layernorm(x, w, b, r, N, C);
+
+  Vec out = nan_vec(N * C), mean = nan_vec(N), rstd = nan_vec(N);
+  layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C);
+  // |x| <= 4 and rstd <= ~3.5 (316 for C = 1): mean and xhat carry a few ulp of 4, rstd a
+  // few ulp relative. Measured: mean 3e-7, rstd 1.6e-7 relative, out 1.2e-6.
+  check_close("layernorm mean", mean, ref.mean, 3e-6);
+  check_rel("layernorm rstd", rstd, ref.rstd, 2e-6);
+  check_close("layernorm out", out, ref.out, 1e-5);
+
+  Vec dx = nan_vec(N * C), dw = nan_vec(C), db = nan_vec(C);
+  layernorm_backward(dx.data(), dw.data(), db.data(), r.data(), x.data(), w.data(), mean.data(),
+                     rstd.data(), N, C, false);
+  // dinp: two C-term row sums scaled by rstd <= ~3.5, measured 1.1e-6. dweight and dbias:
+  // N-term sums (N <= 130) of terms <= ~4 with sums up to ~12, measured 2.6e-6.
+  check_close("layernorm dinp", dx, ref.dinp, 1e-5);
+  check_close("layernorm dweight", dw, ref.dweight, 3e-5);
+  check_close("layernorm dbias", db, ref.dbias, 3e-5);
+
+  auto loss = [&] {
+    Vec y(size_t(N * C));
+    layernorm_forward(y.data(), nullptr, nullptr, x.data(), w.data(), b.data(), N, C);
+    return dot(y, r);
+  };
+  check_grad("layernorm dinp", x, dx, loss, rng);
+  check_grad("layernorm dweight", w, dw, loss, rng);
+  check_grad("layernorm dbias", b, db, loss, rng);
+
+  // Null gradients: each alone is bitwise what it is with the others.
+  Vec dx2 = nan_vec(N * C), dw2 = nan_vec(C), db2 = nan_vec(C);
+  layernorm_backward(dx2.data(), nullptr, nullptr, r.data(), x.data(), w.data(), mean.data(),
+                     rstd.data(), N, C, false);
+  layernorm_backward(nullptr, dw2.data(), nullptr, r.data(), x.data(), w.data(), mean.data(),
+                     rstd.data(), N, C, false);
+  layernorm_backward(nullptr, nullptr, db2.data(), r.data(), x.data(), w.data(), mean.data(),
+                     rstd.data(), N, C, false);
+  CHECK(bitwise_equal(dx2, dx));
+  CHECK(bitwise_equal(dw2, dw));
+  CHECK(bitwise_equal(db2, db));
+
+  // accumulate adds to the parameter gradients; dinp is still overwritten.
+  Vec dx3 = nan_vec(N * C), dw3(size_t(C), 1.f), db3(size_t(C), 1.f);
+  layernorm_backward(dx3.data(), dw3.data(), db3.data(), r.data(), x.data(), w.data(),
+                     mean.data(), rstd.data(), N, C, true);
+  CHECK(bitwise_equal(dx3, dx));
+  for (int c = 0; c < C; ++c) {
+    // 1 is added first instead of last: a few ulp of the sums' magnitude.
+    CHECK(dw3[c] == Approx(dw[c] + 1.f).margin(1e-5));
+    CHECK(db3[c] == Approx(db[c] + 1.f).margin(1e-5));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("layernorm matches a double reference; backward matches FD", "[gpt][layernorm]") {
+  layernorm_case(5, 7, 31);    // C below one vector
+  layernorm_case(4, 16, 32);   // exactly one vector
+  layernorm_case(3, 37, 33);   // two vectors and a tail
+  layernorm_case(130, 20, 34); // three row chunks, the last partial
+  layernorm_case(1, 1, 35);    // one element: xhat = 0
+}
+
+TEST_CASE("layernorm with a large mean keeps its precision", "[gpt][layernorm]") {
+  // Values 1000 +- 1: E[x^2] - mean^2 would lose all of the variance (ulp(1e6) = 0.06 against
+  // a variance of 0.33); the two-pass variance keeps it. What remains is the fp32 rounding of
+  // the inputs' mean, ~ulp(1000) = 6e-5, against a spread of 0.58: ~1e-4 relative in out
+  // (measured 8e-5).
+  Rng rng(36);
+  const int N = 4, C = 384;
+  Vec x = rand_vec(rng, N * C);
+  for (auto& v : x) v += 1000.f;
+  const Vec w(size_t(C), 1.f), b(size_t(C), 0.f), dy = rand_vec(rng, N * C);
+  const LnRef ref = ref_layernorm(x, w, b, dy, N, C);
+  Vec out(static_cast<size_t>(N * C)), mean(static_cast<size_t>(N)), rstd(static_cast<size_t>(N));
+  layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C);
+  for (int n = 0; n < N; ++n) CHECK(rstd[n] == Approx(ref.rstd[n]).epsilon(1e-4));
+  check_close("layernorm out, mean 1000", out, ref.out, 1e-3);
+}
+
+TEST_CASE("layernorm is bitwise the same with 1 and 2 threads", "[gpt][layernorm]") {
+  Rng rng(37);
+  const int N = 300, C = 130;  // N * C = 39000: parallel; 5 chunks
+  const Vec x = rand_vec(rng, N * C), w = rand_vec(rng, C), b = rand_vec(rng, C),
+            r = rand_vec(rng, N * C);
+  Vec res[2][6];
+  for (int n : {1, 2}) {
+    Threads threads(n);
+    Vec* v = res[n - 1];
+    v[0] = nan_vec(N * C), v[1] = nan_vec(N), v[2] = nan_vec(N);
+    layernorm_forward(v[0].data(), v[1].data(), v[2].data(), x.data(), w.data(), b.data(), N, C);
+    v[3] = nan_vec(N * C), v[4] = nan_vec(C), v[5] = nan_vec(C);
+    layernorm_backward(v[3].data(), v[4].data(), v[5].data(), r.data(), x.data(), w.data(),
+                       v[1].data(), v[2].data(), N, C, false);
+  }
+  for (int i = 0; i < 6; ++i) {
+    INFO("output " << i << " (out, mean, rstd, dinp, dweight, dbias)");
+    CHECK(bitwise_equal(res[0][i], res[1][i]));
+  }
+}
+
+// ---- Residual ------------------------------------------------------------------------------
+
+TEST_CASE("residual_forward adds, also in place", "[gpt][residual]") {
+  Rng rng(41);
+  for (int64_t n : {int64_t(1), int64_t(37), int64_t(1) << 16}) {
+    const Vec a = rand_vec(rng, n), b = rand_vec(rng, n);
+    Vec out = nan_vec(n);
+    residual_forward(out.data(), a.data(), b.data(), n);
+    bool exact = true;
+    for (int64_t i = 0; i < n; ++i) exact = exact && out[i] == a[i] + b[i];
+    CHECK(exact);
+    Vec x = a;  // out aliases a
+    residual_forward(x.data(), x.data(), b.data(), n);
+    CHECK(bitwise_equal(x, out));
+  }
+}
+
+// ---- Causal self-attention -----------------------------------------------------------------
+
+namespace {
+
+struct AttnRef {
+  DVec out, att, dqkv;
+};
+
+// softmax(q k^T / sqrt(hs) + causal mask) v per (b, h) by naive loops in double, and its
+// gradient: dP = dO v^T, dv = P^T dO, dS = P * (dP - rowsum(P * dP)), dq = dS k / sqrt(hs),
+// dk = dS^T q / sqrt(hs). Head h of q, k, v is columns h*hs.. of the thirds of qkv (B,T,3C).
+AttnRef ref_attention(const Vec& qkv, const Vec& dout, int B, int T, int C, int NH) {
+  const int hs = C / NH;
+  const double scale = 1.0 / std::sqrt(double(hs));
+  AttnRef r;
+  r.out.assign(size_t(B) * T * C, 0.0);
+  r.att.assign(size_t(B) * NH * T * T, 0.0);
+  r.dqkv.assign(size_t(B) * T * 3 * C, 0.0);
+  auto at = [&](int b, int t, int part, int h, int d) {
+    return (int64_t(b) * T + t) * 3 * C + int64_t(part) * C + int64_t(h) * hs + d;
+  };
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < NH; ++h) {
+      double* P = r.att.data() + (int64_t(b) * NH + h) * T * T;
+      std::vector<double> dP(size_t(T) * T, 0.0);
+      for (int t1 = 0; t1 < T; ++t1) {
+        double mx = -1e300;
+        for (int t2 = 0; t2 <= t1; ++t2) {
+          double s = 0;
+          for (int d = 0; d < hs; ++d)
+            s += double(qkv[at(b, t1, 0, h, d)]) * qkv[at(b, t2, 1, h, d)];
+          P[t1 * T + t2] = s * scale;
+          mx = std::max(mx, s * scale);
+        }
+        double z = 0;
+        for (int t2 = 0; t2 <= t1; ++t2) z += std::exp(P[t1 * T + t2] - mx);
+        for (int t2 = 0; t2 <= t1; ++t2) P[t1 * T + t2] = std::exp(P[t1 * T + t2] - mx) / z;
+        for (int d = 0; d < hs; ++d) {
+          double o = 0;
+          for (int t2 = 0; t2 <= t1; ++t2) o += P[t1 * T + t2] * qkv[at(b, t2, 2, h, d)];
+          r.out[(int64_t(b) * T + t1) * C + h * hs + d] = o;
+        }
+      }
+      auto dO = [&](int t, int d) { return double(dout[(int64_t(b) * T + t) * C + h * hs + d]); };
+      for (int t1 = 0; t1 < T; ++t1) {
+        double rowdot = 0;
+        for (int t2 = 0; t2 <= t1; ++t2) {
+          double s = 0;
+          for (int d = 0; d < hs; ++d) s += dO(t1, d) * qkv[at(b, t2, 2, h, d)];
+          dP[t1 * T + t2] = s;
+          rowdot += P[t1 * T + t2] * s;
+          for (int d = 0; d < hs; ++d) r.dqkv[at(b, t2, 2, h, d)] += P[t1 * T + t2] * dO(t1, d);
+        }
+        for (int t2 = 0; t2 <= t1; ++t2) {
+          const double dS = P[t1 * T + t2] * (dP[t1 * T + t2] - rowdot) * scale;
+          for (int d = 0; d < hs; ++d) {
+            r.dqkv[at(b, t1, 0, h, d)] += dS * qkv[at(b, t2, 1, h, d)];
+            r.dqkv[at(b, t2, 1, h, d)] += dS * qkv[at(b, t1, 0, h, d)];
+          }
+        }
+      }
+    }
+  return r;
+}
+
+// Tolerances: att and out 1e-6 (measured <= 1.2e-7), dqkv 5e-6 (measured <= 5.4e-7): see
+// the top of the file.
+void attention_case(int B, int T, int C, int NH, uint64_t seed, bool fd, float qk_scale = 1.f,
+                    double tol_fwd = 1e-6, double tol_bwd = 5e-6) {
+  INFO("attention B=" << B << " T=" << T << " C=" << C << " NH=" << NH << " q,k scale "
+                      << qk_scale);
+  Rng rng(seed);
+  Vec qkv = rand_vec(rng, int64_t(B) * T * 3 * C);
+  for (int64_t i = 0; i < int64_t(B) * T; ++i)
+    for (int c = 0; c < 2 * C; ++c) qkv[i * 3 * C + c] *= qk_scale;
+  const Vec r = rand_vec(rng, int64_t(B) * T * C);
+  const AttnRef ref = ref_attention(qkv, r, B, T, C, NH);
+
+  Vec out = nan_vec(int64_t(B) * T * C), att = nan_vec(int64_t(B) * NH * T * T);
+  attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH);
+  // att entries are in [0,1] with relative error ~ the scores' absolute fp32 error (~1e-7 of
+  // |q||k| <= hs / sqrt(hs)); out sums up to T of them times |v| <= 1.
+  check_close("att", att, ref.att, tol_fwd);
+  check_close("out", out, ref.out, tol_fwd);
+  bool upper_zero = true, rows_sum_to_1 = true;
+  for (int64_t bh = 0; bh < int64_t(B) * NH; ++bh)
+    for (int t1 = 0; t1 < T; ++t1) {
+      double s = 0;
+      for (int t2 = 0; t2 < T; ++t2) {
+        const float p = att[(bh * T + t1) * T + t2];
+        if (t2 > t1) upper_zero = upper_zero && p == 0.f;
+        s += p;
+      }
+      rows_sum_to_1 = rows_sum_to_1 && std::abs(s - 1.0) <= 1e-5;  // T terms of <= 1 ulp
+    }
+  CHECK(upper_zero);  // written as exact zeros, not left as they were
+  CHECK(rows_sum_to_1);
+
+  Vec dqkv = nan_vec(int64_t(B) * T * 3 * C);
+  attention_backward(dqkv.data(), r.data(), qkv.data(), att.data(), B, T, C, NH);
+  // Two and three chained sums of up to T (and hs) terms of magnitude <= 1 (see the top).
+  check_close("dqkv", dqkv, ref.dqkv, tol_bwd);
+
+  if (fd) {
+    auto loss = [&] {
+      Vec y(size_t(B) * T * C), a(size_t(B) * NH * T * T);
+      attention_forward(y.data(), a.data(), qkv.data(), B, T, C, NH);
+      return dot(y, r);
+    };
+    check_grad("attention dqkv", qkv, dqkv, loss, rng);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("attention matches naive softmax(QK^T/sqrt(hs) + mask)V and its gradient",
+          "[gpt][attention]") {
+  attention_case(1, 1, 8, 2, 51, true);      // one position: att = 1, out = v
+  attention_case(2, 5, 12, 3, 52, true);     // hs = 4, rows shorter than a vector
+  attention_case(2, 17, 32, 2, 53, true);    // hs = 16, rows cross a vector boundary
+  attention_case(1, 67, 40, 2, 54, true);    // hs = 20, two row blocks (64 + 3)
+  attention_case(2, 130, 64, 4, 55, false);  // three row blocks, the last partial
+  attention_case(1, 256, 128, 2, 56, false); // GPT's T, hs = 64, four full blocks
+}
+
+TEST_CASE("attention is stable for large scores", "[gpt][attention]") {
+  // q and k scaled by 30: scores up to ~900 / 4 = 225 in magnitude, so exp without the max
+  // subtracted overflows. The scores' fp32 error (~1e-7 of |q||k|, ~4e-5 here) is an absolute
+  // error in the exponent, i.e. a relative error of att: measured 8e-6 (att), 1.2e-5 (out);
+  // the gradients are ~30x larger (dq carries k, dk carries q): measured 1.7e-4.
+  attention_case(2, 33, 32, 2, 57, false, 30.f, 1e-4, 2e-3);
+}
+
+TEST_CASE("attention is bitwise the same with 1 and 2 threads", "[gpt][attention]") {
+  Rng rng(58);
+  const int B = 2, T = 100, C = 64, NH = 4;
+  const Vec qkv = rand_vec(rng, B * T * 3 * C), r = rand_vec(rng, B * T * C);
+  Vec out[2], att[2], dqkv[2];
+  for (int n : {1, 2}) {
+    Threads threads(n);
+    out[n - 1] = nan_vec(B * T * C);
+    att[n - 1] = nan_vec(B * NH * T * T);
+    dqkv[n - 1] = nan_vec(B * T * 3 * C);
+    attention_forward(out[n - 1].data(), att[n - 1].data(), qkv.data(), B, T, C, NH);
+    attention_backward(dqkv[n - 1].data(), r.data(), qkv.data(), att[n - 1].data(), B, T, C, NH);
+  }
+  CHECK(bitwise_equal(out[0], out[1]));
+  CHECK(bitwise_equal(att[0], att[1]));
+  CHECK(bitwise_equal(dqkv[0], dqkv[1]));
+}
+
+// ---- Timings (hidden: strata_unit_tests "[.bench]") ----------------------------------------
+
+namespace {
+
+// Median over `reps` runs of f, after one warm-up run, in ms: of the wall time, and of this
+// thread's CPU time (all the work runs on the calling thread at one thread; on a shared,
+// loaded machine the CPU time is the steadier figure).
+struct Timing {
+  double wall, cpu;
+};
+
+double thread_cpu_ms() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) * 1e3 + double(ts.tv_nsec) * 1e-6;
+}
+
+template <class F>
+Timing median_ms(int reps, F f) {
+  f();
+  std::vector<double> wall, cpu;
+  for (int i = 0; i < reps; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const double c0 = thread_cpu_ms();
+    f();
+    cpu.push_back(thread_cpu_ms() - c0);
+    const auto t1 = std::chrono::steady_clock::now();
+    wall.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+  }
+  std::sort(wall.begin(), wall.end());
+  std::sort(cpu.begin(), cpu.end());
+  return {wall[wall.size() / 2], cpu[cpu.size() / 2]};
+}
+
+}  // namespace
+
+TEST_CASE("gpt kernel timings, one thread", "[.bench]") {
+  Threads threads(1);
+  Rng rng(61);
+  const int B = 8, T = 256, C = 384, NH = 6, N = B * T, reps = 11;
+  const Vec qkv = rand_vec(rng, int64_t(N) * 3 * C), dout = rand_vec(rng, int64_t(N) * C);
+  Vec out(size_t(N) * C), att(size_t(B) * NH * T * T), dqkv(size_t(N) * 3 * C);
+  const Timing fwd = median_ms(reps, [&] {
+    attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH);
+  });
+  const Timing bwd = median_ms(reps, [&] {
+    attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), B, T, C, NH);
+  });
+  // Causal work: each of the 2 forward and 4 backward products is T(T+1)/2 * hs multiply-adds
+  // per (b, h); GFLOP/s from the CPU time.
+  const double gflop = 2.0 * B * NH * T * (T + 1) / 2 * (C / NH) * 1e-9;
+  std::printf("attention B=%d T=%d C=%d NH=%d, ms wall / cpu: forward %.2f / %.2f (%.1f causal "
+              "GFLOP/s), backward %.2f / %.2f (%.1f), forward+backward %.2f / %.2f\n",
+              B, T, C, NH, fwd.wall, fwd.cpu, 2 * gflop / fwd.cpu * 1e3, bwd.wall, bwd.cpu,
+              4 * gflop / bwd.cpu * 1e3, fwd.wall + bwd.wall, fwd.cpu + bwd.cpu);
+
+  const Vec x = rand_vec(rng, int64_t(N) * C), w = rand_vec(rng, C), b = rand_vec(rng, C);
+  Vec y(size_t(N) * C), mean(static_cast<size_t>(N)), rstd(static_cast<size_t>(N)),
+      dx(size_t(N) * C), dw(static_cast<size_t>(C)), db(static_cast<size_t>(C));
+  const Timing lf = median_ms(reps, [&] {
+    layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C);
+  });
+  const Timing lb = median_ms(reps, [&] {
+    layernorm_backward(dx.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(),
+                       mean.data(), rstd.data(), N, C, true);
+  });
+  const double mb = double(N) * C * 4 / 1e6;  // MB of one (N,C) tensor
+  std::printf("layernorm N=%d C=%d, ms wall / cpu: forward %.3f / %.3f (%.1f GB/s), backward "
+              "%.3f / %.3f (%.1f GB/s), forward+backward %.3f / %.3f\n",
+              N, C, lf.wall, lf.cpu, 2 * mb / lf.cpu, lb.wall, lb.cpu, 4 * mb / lb.cpu,
+              lf.wall + lb.wall, lf.cpu + lb.cpu);
+
+  std::vector<int32_t> tok(static_cast<size_t>(N));
+  for (auto& t : tok) t = int32_t(rng.below(256));
+  const Vec wte = rand_vec(rng, 256 * C), wpe = rand_vec(rng, T * C);
+  Vec dwte(size_t(256) * C), dwpe(size_t(T) * C);
+  const Timing ef = median_ms(reps, [&] {
+    embedding_forward(y.data(), tok.data(), wte.data(), wpe.data(), B, T, C, 256);
+  });
+  const Timing eb = median_ms(reps, [&] {
+    embedding_backward(dwte.data(), dwpe.data(), dout.data(), tok.data(), B, T, C, 256, false);
+  });
+  const Timing rf = median_ms(reps, [&] {
+    residual_forward(y.data(), x.data(), dout.data(), int64_t(N) * C);
+  });
+  std::printf("embedding V=256, ms cpu: forward %.3f, backward %.3f; residual_forward %.3f\n",
+              ef.cpu, eb.cpu, rf.cpu);
+  CHECK(std::isfinite(fwd.cpu + bwd.cpu + lf.cpu + lb.cpu));
+}
