@@ -69,6 +69,13 @@ const Backend& cpu_backend() {
       .adamw_update = cpu::adamw_update,
       .sum_squares = cpu::sum_squares,
       .scale_inplace = cpu::scale_inplace,
+      .embedding_forward = cpu::embedding_forward,
+      .embedding_backward = cpu::embedding_backward,
+      .layernorm_forward = cpu::layernorm_forward,
+      .layernorm_backward = cpu::layernorm_backward,
+      .residual_forward = cpu::residual_forward,
+      .attention_forward = cpu::attention_forward,
+      .attention_backward = cpu::attention_backward,
   };
   return b;
 }

@@ -73,8 +73,8 @@ void add_config_options(CLI::App& sub, RunConfig& c) {
   sub.add_option("--data.path", c.data.path, "HDF5 dataset (see README: Data format)")
       ->capture_default_str();
 
-  sub.add_option("--model.type", c.model.type, "mlp | cnn | custom")
-      ->check(CLI::IsMember({"mlp", "cnn", "custom"}))->capture_default_str();
+  sub.add_option("--model.type", c.model.type, "mlp | cnn | custom | gpt")
+      ->check(CLI::IsMember({"mlp", "cnn", "custom", "gpt"}))->capture_default_str();
   sub.add_option("--model.hidden", c.model.hidden, "hidden linear widths")
       ->check(kCount)->capture_default_str();
   sub.add_option("--model.activation", c.model.activation, "relu | gelu")
@@ -85,7 +85,13 @@ void add_config_options(CLI::App& sub, RunConfig& c) {
       ->check(number_in(1, 15, true))->capture_default_str();
   sub.add_option("--model.dropout", c.model.dropout, "dropout after hidden activations")
       ->check(number_in(0, 0.99, false))->capture_default_str();
-  sub.add_option("--model.layers", c.model.layers, "custom: layer specs (README: Models)");
+  sub.add_option("--model.layers", c.model.layers,
+                 "custom: layer specs (README: Models); gpt: the number of blocks");
+  sub.add_option("--model.heads", c.model.heads, "gpt: attention heads")->check(kCount)->capture_default_str();
+  sub.add_option("--model.dim", c.model.dim, "gpt: model width")->check(kCount)->capture_default_str();
+  sub.add_option("--model.context", c.model.context, "gpt: tokens per sample")->check(kCount)->capture_default_str();
+  sub.add_option("--model.vocab", c.model.vocab, "gpt: vocabulary (0 = the data's)")
+      ->check(kCountOrZero)->capture_default_str();
 
   sub.add_option("--train.epochs", c.train.epochs)->check(kCount)->capture_default_str();
   sub.add_option("--train.batch_size", c.train.batch_size, "GLOBAL batch over all ranks")
@@ -110,6 +116,9 @@ void add_config_options(CLI::App& sub, RunConfig& c) {
       ->check(kCount)->capture_default_str();
   sub.add_option("--train.max_steps", c.train.max_steps, "stop after N steps (0 = all epochs)")
       ->check(kCountOrZero)->capture_default_str();
+  sub.add_option("--train.recompute", c.train.recompute,
+                 "none | block: recompute transformer blocks in backward (less memory)")
+      ->check(CLI::IsMember({"none", "block"}))->capture_default_str();
   sub.add_option("--train.precision", c.train.precision,
                  "fp32 | bf16 (bf16 GEMMs and convolutions on a GPU; fp32 master weights)")
       ->check(CLI::IsMember({"fp32", "bf16"}))->capture_default_str();
@@ -175,6 +184,25 @@ void validate(const RunConfig& c) {
   if (c.train.min_lr > c.train.lr)
     fail_input("train.min_lr: {} is larger than train.lr = {}", c.train.min_lr, c.train.lr);
   if (c.threads < 1) fail_input("--threads: {} must be at least 1", c.threads);
+  if (c.model.type == "gpt") {
+    c.model.gpt_blocks();  // model.layers must be one positive count
+    if (c.model.dim % c.model.heads != 0)
+      fail_input("model.heads = {} does not divide model.dim = {}", c.model.heads, c.model.dim);
+  }
+}
+
+int RunConfig::ModelCfg::gpt_blocks() const {
+  if (layers.empty()) return 4;
+  int n = 0;
+  size_t used = 0;
+  try {
+    n = std::stoi(layers[0], &used);
+  } catch (const std::exception&) {
+  }
+  if (layers.size() != 1 || used != layers[0].size() || n < 1)
+    fail_input("model.layers: for model.type = \"gpt\" it is the number of blocks (a positive "
+               "integer), got {}", toml_list(layers));
+  return n;
 }
 
 std::string RunConfig::params_path() const {
@@ -190,6 +218,18 @@ std::string RunConfig::metrics_path() const {
 ModelSpec RunConfig::model_spec(int classes) const {
   if (model.type == "custom") return model.layers;
   ModelSpec s;
+  if (model.type == "gpt") {
+    const std::string drop = model.dropout > 0 ? fmt::format(" {}", model.dropout) : "";
+    s.push_back(fmt::format("embedding {}", model.dim));
+    if (model.dropout > 0) s.push_back(fmt::format("dropout {}", model.dropout));
+    for (int i = 0, n = model.gpt_blocks(); i < n; ++i)
+      s.push_back(fmt::format("block {}{}{}", model.heads,
+                              train.recompute == "block" ? fmt::format(" {}", model.dropout) : drop,
+                              train.recompute == "block" ? " recompute" : ""));
+    s.push_back("layernorm");
+    s.push_back("lmhead");
+    return s;
+  }
   auto hidden_stack = [&] {
     for (int h : model.hidden) {
       s.push_back(fmt::format("linear {}", h));
@@ -217,15 +257,17 @@ std::string RunConfig::to_toml() const {
                    model.type, toml_list(model.hidden), model.activation,
                    toml_list(model.channels), model.kernel, model.dropout);
   if (!model.layers.empty()) t += fmt::format("layers = {}\n", toml_list(model.layers));
+  t += fmt::format("heads = {}\ndim = {}\ncontext = {}\nvocab = {}\n", model.heads, model.dim,
+                   model.context, model.vocab);
   t += fmt::format(
       "\n[train]\nepochs = {}\nbatch_size = {}\noptimizer = \"{}\"\nlr = {}\nmomentum = {}\n"
       "nesterov = {}\nweight_decay = {}\nbeta1 = {}\nbeta2 = {}\neps = {}\nlr_schedule = \"{}\"\n"
       "warmup_steps = {}\nmin_lr = {}\ngrad_clip = {}\nseed = {}\nlog_every = {}\nmax_steps = {}\n"
-      "precision = \"{}\"\n",
+      "precision = \"{}\"\nrecompute = \"{}\"\n",
       train.epochs, train.batch_size, train.optimizer, train.lr, train.momentum, train.nesterov,
       train.weight_decay, train.beta1, train.beta2, train.eps, train.lr_schedule,
       train.warmup_steps, train.min_lr, train.grad_clip, train.seed, train.log_every,
-      train.max_steps, train.precision);
+      train.max_steps, train.precision, train.recompute);
   t += fmt::format("\n[dp]\nbucket_mb = {}\noverlap = {}\n", dp.bucket_mb, dp.overlap);
   t += fmt::format("\n[parallel]\npipeline_stages = {}\nmicrobatches = {}\nschedule = \"{}\"\n"
                    "stage_layers = {}\nbalance = \"{}\"\nplacement = \"{}\"\n",

@@ -5,18 +5,23 @@
 #include <cstdlib>
 #include <ctime>
 
+#include <atomic>
 #include <chrono>
+#include <thread>
 
 #include <fmt/format.h>
 
 namespace strata {
 namespace {
 
-volatile std::sig_atomic_t g_stop_signal = 0;
+std::atomic<int> g_stop_signal{0};
 
-extern "C" void on_stop_signal(int sig) {
-  if (g_stop_signal == 0) g_stop_signal = sig;
+void record_stop_signal(int sig) {
+  int none = 0;
+  g_stop_signal.compare_exchange_strong(none, sig, std::memory_order_relaxed);
 }
+
+extern "C" void on_stop_signal(int sig) { record_stop_signal(sig); }
 
 // squeue prints EndTime in the cluster's local time, "2026-11-22T05:12:00", or "N/A"/"NONE".
 std::optional<double> parse_slurm_time(const std::string& s) {
@@ -31,15 +36,29 @@ std::optional<double> parse_slurm_time(const std::string& s) {
 }  // namespace
 
 void install_stop_handlers() {
+  // No thread that computes may take these signals: oneDNN's JIT sgemm kernels (Debian's 2.6)
+  // point rsp into a heap workspace, so a handler run inside one writes its signal frame over
+  // the heap (a later free() aborts; oneDNN issue #4845). So they are blocked in this thread and
+  // in every thread it starts (OpenMP's, the watchdog's, ...), and a thread of their own takes
+  // them with sigwait; threads MPI_Init started may still run the handler (it sets the flag).
   struct sigaction sa{};
   sa.sa_handler = on_stop_signal;
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = SA_RESTART;  // blocking reads and MPI progress continue; the loop polls the flag
   sigaction(SIGUSR1, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
+  sigset_t stops;
+  sigemptyset(&stops);
+  sigaddset(&stops, SIGUSR1);
+  sigaddset(&stops, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stops, nullptr);
+  std::thread([stops] {
+    for (int sig = 0;;)
+      if (sigwait(&stops, &sig) == 0) record_stop_signal(sig);
+  }).detach();
 }
 
-int stop_signal() { return g_stop_signal; }
+int stop_signal() { return g_stop_signal.load(std::memory_order_relaxed); }
 
 const char* signal_name(int sig) {
   switch (sig) {

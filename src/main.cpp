@@ -1,4 +1,4 @@
-// strata: the command line. Subcommands: prepare, train, eval.
+// strata: the command line. Subcommands: prepare, train, eval, generate, inspect.
 #include <cmath>
 #include <cstdlib>
 #include <cstdio>
@@ -14,6 +14,7 @@
 #include "strata/config.h"
 #include "strata/error.h"
 #include "strata/job.h"
+#include "strata/generate.h"
 #include "strata/prepare.h"
 #include "strata/trainer.h"
 
@@ -40,12 +41,14 @@ int run_eval(const std::string& checkpoint, const std::string& data, bool json, 
     be = &select_backend({.device = device, .threads = threads}, &note);
     lp = load_parameters(checkpoint);
     info = open_dataset(data);
+    if (info.tokens && lp.input_shape.size() == 1) set_context(info, lp.input_shape[0]);
     if (!info.has_test) fail_input("{}: has no /test split to evaluate", data);
     if (info.test.sample_shape != lp.input_shape || info.classes != lp.classes)
       fail_input("{}: samples {} with {} classes do not fit the model in {} ({} with {} classes)",
                  data, shape_str(info.test.sample_shape), info.classes, checkpoint,
                  shape_str(lp.input_shape), lp.classes);
     model = std::make_unique<Model>(lp.spec, lp.input_shape, lp.classes);
+    model->check_backend(*be);
     copy_parameters_into(*model, lp, checkpoint);
   });
   model->place(*be);
@@ -193,6 +196,19 @@ int main(int argc, char** argv) {
   eval->add_option("--threads", eval_threads)->check(CLI::Range(1, 1024));
   eval->add_option("--device", eval_device)->capture_default_str();
 
+  auto* generate = app.add_subcommand("generate", "sample text from a trained GPT (model.type = \"gpt\")");
+  GenerateOptions gen;
+  gen.threads = default_threads();
+  generate->add_option("--checkpoint", gen.checkpoint, "model.h5 or a checkpoint of a gpt run")->required();
+  generate->add_option("--prompt", gen.prompt, "text to continue (bytes)")->capture_default_str();
+  generate->add_option("--tokens", gen.tokens, "tokens (bytes) to generate")->capture_default_str();
+  generate->add_option("--temperature", gen.temperature, "0 = always the most likely token")
+      ->capture_default_str();
+  generate->add_option("--top_k", gen.top_k, "sample among the k most likely (0 = all)")
+      ->capture_default_str();
+  generate->add_option("--seed", gen.seed, "the same seed gives the same text")->capture_default_str();
+  generate->add_option("--threads", gen.threads)->check(CLI::Range(1, 1024));
+
   auto* inspect = app.add_subcommand("inspect", "print what a checkpoint holds and verify its checksums");
   std::string inspect_path;
   inspect->add_option("path", inspect_path, "checkpoint or parameter file (.h5)")->required();
@@ -241,6 +257,8 @@ int main(int argc, char** argv) {
       comm->barrier();
     } else if (*inspect) {
       if (lead) code = run_inspect(inspect_path);
+    } else if (*generate) {
+      if (lead) code = run_generate(gen);
     } else if (*eval) {
       code = run_eval(ckpt, eval_data, json, eval_threads, eval_device, *comm);
     }

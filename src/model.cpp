@@ -1,5 +1,6 @@
 #include "strata/model.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <map>
@@ -29,7 +30,15 @@ int int_arg(const std::string& spec, const std::string& w) {
   fail_input("model.layers: '{}': '{}' is not a positive integer", spec, w);
 }
 
-std::unique_ptr<Layer> parse_layer(const std::string& spec, const Shape& in, int index) {
+// The model-wide facts some layers need: the class (vocabulary) count and the number of
+// transformer blocks (GPT-2 scales its residual projections' init by it).
+struct BuildContext {
+  int classes = 0;
+  int blocks = 0;
+};
+
+std::unique_ptr<Layer> parse_layer(const std::string& spec, const Shape& in, int index,
+                                   const BuildContext& ctx) {
   auto w = words(spec);
   if (w.empty()) fail_input("model.layers: empty layer spec");
   const std::string& k = w[0];
@@ -60,15 +69,44 @@ std::unique_ptr<Layer> parse_layer(const std::string& spec, const Shape& in, int
   if (k == "relu") { nargs(0, 0); return make_relu(); }
   if (k == "gelu") { nargs(0, 0); return make_gelu(); }
   if (k == "flatten") { nargs(0, 0); return make_flatten(); }
+  auto prob = [&](const std::string& v) {
+    float p = -1;
+    try { p = std::stof(v); } catch (const std::exception&) {}
+    if (!(p >= 0 && p < 1)) fail_input("model.layers: '{}': p must be in [0, 1)", spec);
+    return p;
+  };
   if (k == "dropout") {
     nargs(1, 1);
-    float p = -1;
-    try { p = std::stof(w[1]); } catch (const std::exception&) {}
-    if (!(p >= 0 && p < 1)) fail_input("model.layers: '{}': p must be in [0, 1)", spec);
-    return make_dropout(p, index);
+    return make_dropout(prob(w[1]), index);
+  }
+  // GPT-2: "embedding DIM", "block HEADS [DROPOUT [recompute]]", "layernorm", "lmhead".
+  if (k == "embedding") {
+    nargs(1, 1);
+    if (in.size() != 1)
+      fail_input("model.layers: '{}' needs token ids (T) per sample, gets {}", spec, shape_str(in));
+    return make_embedding(ctx.classes, int_arg(spec, w[1]), int(in[0]));
+  }
+  if (k == "block") {
+    nargs(1, 3);
+    if (in.size() != 2) fail_input("model.layers: '{}' needs (T, C) per sample, gets {}", spec, shape_str(in));
+    const int heads = int_arg(spec, w[1]), C = int(in[1]);
+    if (C % heads != 0)
+      fail_input("model.heads = {} does not divide model.dim = {}", heads, C);
+    if (w.size() > 3 && w[3] != "recompute")
+      fail_input("model.layers: '{}': the third argument is 'recompute' or nothing", spec);
+    return make_block(C, heads, ctx.blocks, w.size() > 2 ? prob(w[2]) : 0.0f, index, w.size() > 3);
+  }
+  if (k == "layernorm") {
+    nargs(0, 0);
+    if (in.empty()) fail_input("model.layers: '{}' needs an input", spec);
+    return make_layernorm(int(in.back()));
+  }
+  if (k == "lmhead") {
+    nargs(0, 0);
+    return make_lm_head(ctx.classes);
   }
   fail_input("model.layers: '{}': unknown layer '{}' (linear, conv, maxpool, relu, gelu, "
-             "flatten, dropout)", spec, k);
+             "flatten, dropout, embedding, block, layernorm, lmhead)", spec, k);
 }
 
 std::string short_kind(const std::string& spec) {
@@ -90,6 +128,8 @@ Built build_layers(const ModelSpec& spec, const Shape& input_shape, int classes)
   Built b;
   Shape shape = input_shape;
   std::map<std::string, int> counts;
+  BuildContext ctx{.classes = classes};
+  for (const auto& s : spec) ctx.blocks += short_kind(s) == "block";
   for (size_t i = 0; i < spec.size(); ++i) {
     // "relu, maxpool" runs as "maxpool, relu": max and ReLU commute exactly (ReLU is monotone,
     // so values, argmax and gradients are identical), and ReLU then touches 1/k^2 of the
@@ -99,7 +139,7 @@ Built build_layers(const ModelSpec& spec, const Shape& input_shape, int classes)
       at = i + 1;
     else if (i > 0 && short_kind(spec[i]) == "maxpool" && short_kind(spec[i - 1]) == "relu")
       at = i - 1;
-    auto layer = parse_layer(spec[at], shape, int(at));
+    auto layer = parse_layer(spec[at], shape, int(at), ctx);
     std::string kind = short_kind(spec[at]);
     layer->name = fmt::format("{}{}", kind, ++counts[kind]);
     // "linear, relu" runs as one layer: bias and ReLU in the GEMM's epilogue, and one pass for
@@ -120,7 +160,8 @@ Built build_layers(const ModelSpec& spec, const Shape& input_shape, int classes)
     b.layers.push_back(std::move(layer));
   }
   b.shapes.push_back(shape);
-  if (shape.size() != 1 || shape[0] != classes)
+  // A classifier gives (classes) per sample; a language model (T, vocab): a row per position.
+  if (shape.empty() || shape.back() != classes)
     fail_input("model: the last layer gives {} per sample; the data has {} classes (end the "
                "model with \"linear {}\")", shape_str(shape), classes, classes);
   return b;
@@ -179,6 +220,15 @@ Model::Model(const ModelSpec& spec, Shape input_shape, int classes, LayerRange s
   }
   for (auto& l : layers_)
     for (auto& p : l->params) params_.push_back(&p);
+  // GPT-2's output layer reads the token embedding's table: both must be on this stage.
+  for (auto& h : layers_) {
+    if (!h->describe().starts_with("LM head")) continue;
+    bool tied = false;
+    for (auto& e : layers_) tied = tied || tie_lm_head(*h, *e);
+    if (!tied)
+      fail_input("model: the LM head shares the token embedding's table, so both must be on "
+                 "one pipeline stage (parallel.pipeline_stages = 1 for a GPT, for now)");
+  }
   set_slot(0);
 }
 
@@ -211,6 +261,19 @@ std::string Model::summary() const {
                          flops_per_sample() * 1e-6);
 }
 
+void Model::check_backend(const Backend& be) const {
+  for (auto& l : layers_) {
+    const std::string d = l->describe();
+    const bool transformer = d.starts_with("Embedding") || d.starts_with("Block") ||
+                             d.starts_with("LayerNorm") || d.starts_with("LM head");
+    if (transformer && !be.attention_forward)
+      fail_input("model: {} has no kernels on the {} backend yet (use --device cpu)", d, be.name);
+    if (transformer && !be.host_memory() && d.starts_with("Embedding"))
+      fail_input("model: {} reads token ids on the host; the {} backend keeps them in device "
+                 "memory (use --device cpu)", d, be.name);
+  }
+}
+
 double Model::flops_per_sample() const {
   double f = 0;
   for (size_t i = 0; i < layers_.size(); ++i) f += layers_[i]->flops_per_sample(shapes_[i]);
@@ -222,8 +285,24 @@ void Model::init(uint64_t seed) {
     uint64_t h = 1469598103934665603ull;  // FNV-1a of the name
     for (unsigned char c : p->name) h = (h ^ c) * 1099511628211ull;
     Rng rng(hash_combine(seed, h));
-    float bound = 1.0f / std::sqrt(float(p->fan_in));
-    for (int64_t i = 0, n = numel(p->shape); i < n; ++i) p->host[i] = rng.uniform(-bound, bound);
+    const int64_t n = numel(p->shape);
+    switch (p->init) {
+      case Param::Init::kUniformFanIn: {
+        const float bound = 1.0f / std::sqrt(float(p->fan_in));
+        for (int64_t i = 0; i < n; ++i) p->host[i] = rng.uniform(-bound, bound);
+        break;
+      }
+      case Param::Init::kNormal:  // Box-Muller on the counter-based stream: platform independent
+        for (int64_t i = 0; i < n; i += 2) {
+          const float u1 = 1.0f - rng.uniform(0.f, 1.f), u2 = rng.uniform(0.f, 1.f);
+          const float r = p->std * std::sqrt(-2.0f * std::log(u1)), a = 6.28318530718f * u2;
+          p->host[i] = r * std::cos(a);
+          if (i + 1 < n) p->host[i + 1] = r * std::sin(a);
+        }
+        break;
+      case Param::Init::kOnes: std::fill(p->host, p->host + n, 1.0f); break;
+      case Param::Init::kZeros: std::fill(p->host, p->host + n, 0.0f); break;
+    }
   }
   // (on a device, place() or push() uploads them)
 }

@@ -30,7 +30,7 @@ std::vector<double> measured_costs(const ModelSpec& spec, const Shape& input_sha
   Model m(spec, input_shape, classes);
   m.init(1);
   m.place(be);
-  Tensor hx(batched(batch, input_shape)), hdy({batch, int64_t(classes)});
+  Tensor hx(batched(batch, input_shape)), hdy(batched(batch, m.stage_output_shape()));
   Rng rng(7);
   for (int64_t i = 0; i < hx.size(); ++i) hx.data()[i] = rng.uniform(0.f, 1.f);
   for (int64_t i = 0; i < hdy.size(); ++i) hdy.data()[i] = rng.uniform(-1e-3f, 1e-3f);
@@ -290,10 +290,12 @@ double PipelineStage::run(const Backend& be, const Tensor& x, const int32_t* lab
           Tensor& dlogits = dout_[size_t(slot)];
           probs.resize(out->shape, *be.memory);
           dlogits.resize(out->shape, *be.memory);
-          const int32_t* y = labels + m * bm;
-          loss += be.softmax_xent_forward(probs.data(), out->data(), y, int(bm), classes);
-          be.softmax_xent_backward(dlogits.data(), probs.data(), y, int(bm), classes,
-                                   1.0f / float(global_batch));
+          // A row of logits per sample, or per position for a language model.
+          const int64_t rps = model_.rows_per_sample();
+          const int32_t* y = labels + m * bm * rps;
+          loss += be.softmax_xent_forward(probs.data(), out->data(), y, int(bm * rps), classes);
+          be.softmax_xent_backward(dlogits.data(), probs.data(), y, int(bm * rps), classes,
+                                   1.0f / float(global_batch * rps));
         }
       }
       slot_bytes_[size_t(slot)] = model_.activation_bytes(slot) + (first_ ? 0 : in_[size_t(slot)].size() * 4);
@@ -412,8 +414,9 @@ std::pair<double, int64_t> PipelineStage::forward_only(const Backend& be, const 
   }
   eval_probs_.resize(out.shape, *be.memory);
   const int classes = model_.classes();
-  return {be.softmax_xent_forward(eval_probs_.data(), out.data(), labels, int(batch), classes),
-          be.count_correct(out.data(), labels, int(batch), classes)};
+  const int rows = int(batch * model_.rows_per_sample());
+  return {be.softmax_xent_forward(eval_probs_.data(), out.data(), labels, rows, classes),
+          be.count_correct(out.data(), labels, rows, classes)};
 }
 
 }  // namespace strata

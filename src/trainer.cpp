@@ -98,17 +98,19 @@ class BatchOnBackend {
 };
 
 // One pass over a split, this replica's share of each batch: `batch_sums` gives a batch's
-// {sum of per-sample losses, correct predictions} (0 on ranks that do not hold the logits);
-// the sums are added over `comm`.
+// {sum of per-row losses, correct predictions} (0 on ranks that do not hold the logits);
+// the sums are added over `comm`. A sample has `rows` rows of logits (a language model's T
+// positions; 1 for a classifier): loss and accuracy are per row.
 EvalResult evaluate_split(
     const DatasetInfo& info, const std::string& split, int64_t batch, int replica, int replicas,
-    Comm& comm, const std::function<std::pair<double, int64_t>(const Loader::Batch&, int64_t)>& batch_sums) {
+    Comm& comm, int64_t rows,
+    const std::function<std::pair<double, int64_t>(const Loader::Batch&, int64_t)>& batch_sums) {
   Loader loader(info, split, std::max<int64_t>(batch, replicas), replica, replicas,
                 /*shuffle=*/false, 0);
   double sums[2] = {0, 0};  // loss, correct
   for (int64_t i = 0, n = loader.batches_per_epoch(); i < n; ++i) {
     const auto& b = loader.next();
-    const int64_t bs = int64_t(b.y.size());  // the same on every stage of a replica
+    const int64_t bs = b.x.dim(0);  // samples; the same on every stage of a replica
     if (bs == 0) continue;
     auto [loss, correct] = batch_sums(b, bs);
     sums[0] += loss;
@@ -116,7 +118,8 @@ EvalResult evaluate_split(
   }
   comm.allreduce_sum(sums, 2);
   const SplitInfo& si = split == "test" ? info.test : info.train;
-  return {.accuracy = sums[1] / double(si.n), .loss = sums[0] / double(si.n), .samples = si.n};
+  const double n = double(si.n) * double(rows);
+  return {.accuracy = sums[1] / n, .loss = sums[0] / n, .samples = si.n};
 }
 }  // namespace
 
@@ -124,22 +127,24 @@ EvalResult evaluate(Model& model, const Backend& be, const DatasetInfo& info,
                     const std::string& split, Comm& comm, int64_t batch) {
   Tensor probs;
   BatchOnBackend on_be;
-  return evaluate_split(info, split, batch, comm.rank(), comm.size(), comm,
+  const int64_t rps = model.rows_per_sample();
+  return evaluate_split(info, split, batch, comm.rank(), comm.size(), comm, rps,
                         [&](const Loader::Batch& hb, int64_t bs) {
     const auto b = on_be.put(be, hb);
     const Tensor& logits = model.forward(be, b.x, StepInfo{.training = false});
     probs.resize(logits.shape, *be.memory);
-    const int c = model.classes();
-    return std::pair{be.softmax_xent_forward(probs.data(), logits.data(), b.y, int(bs), c),
-                     be.count_correct(logits.data(), b.y, int(bs), c)};
+    const int c = model.classes(), rows = int(bs * rps);
+    return std::pair{be.softmax_xent_forward(probs.data(), logits.data(), b.y, rows, c),
+                     be.count_correct(logits.data(), b.y, rows, c)};
   });
 }
 
 EvalResult evaluate_pipelined(PipelineStage& pipe, const Backend& be, const DatasetInfo& info,
                               const std::string& split, Comm& world, const ProcessGrid& grid,
-                              int64_t batch) {
+                              int64_t rows_per_sample, int64_t batch) {
   BatchOnBackend on_be;
   return evaluate_split(info, split, batch, grid.replica, grid.replicas, world,
+                        rows_per_sample,
                         [&](const Loader::Batch& hb, int64_t bs) {
     const auto b = on_be.put(be, hb);
     return pipe.forward_only(be, b.x, b.y, bs);
@@ -169,6 +174,16 @@ int run_train(const RunConfig& cfg, Comm& comm) {
                  "({} ranks / parallel.pipeline_stages = {})", cfg.train.batch_size, D, ranks, P);
     M = resolve_microbatches(cfg.parallel.microbatches, P, cfg.train.batch_size, D);
     info = open_dataset(cfg.data.path);
+    if (info.tokens != (cfg.model.type == "gpt"))
+      fail_input("{}: holds {}, which model.type = \"{}\" does not take ({})", cfg.data.path,
+                 info.tokens ? "tokens" : "images", cfg.model.type,
+                 info.tokens ? "a token file trains model.type = \"gpt\"" : "a GPT trains on tokens: strata prepare text");
+    if (info.tokens) {
+      if (cfg.model.vocab != 0 && cfg.model.vocab != info.vocab)
+        fail_input("model.vocab = {}, but {} has a vocabulary of {}", cfg.model.vocab,
+                   cfg.data.path, info.vocab);
+      set_context(info, cfg.model.context);
+    }
     if (cfg.train.batch_size > info.train.n)
       fail_input("train.batch_size = {} is larger than the {} training samples in {}",
                  cfg.train.batch_size, info.train.n, cfg.data.path);
@@ -184,6 +199,8 @@ int run_train(const RunConfig& cfg, Comm& comm) {
     comm.broadcast(costs.data(), int64_t(costs.size() * sizeof(double)), 0);
   }
   collectively(comm, [&] { ranges = partition_layers(layers, costs, P, cfg.parallel.stage_layers); });
+  // Rows of logits per sample: 1 for a classifier, T (a row per position) for a language model.
+  const int64_t rps = numel(layers.back().out_shape) / info.classes;
   const Backend& be = *bep;
   const int64_t G = cfg.train.batch_size;
   // Micro-batches without a pipeline are plain gradient accumulation, run by the same engine.
@@ -197,6 +214,7 @@ int run_train(const RunConfig& cfg, Comm& comm) {
   collectively(comm, [&] {
     model = std::make_unique<Model>(cfg.model_spec(info.classes), info.train.sample_shape,
                                     info.classes, ranges[size_t(grid.stage)]);
+    model->check_backend(be);
     if (lead) {
       ensure_parent_dir(cfg.params_path());
       ensure_parent_dir(cfg.metrics_path());
@@ -399,7 +417,7 @@ int run_train(const RunConfig& cfg, Comm& comm) {
     }
     loader_wait += since(t_wait);
     const auto batch = on_be.put(be, *batchp);
-    const int b = int(batchp->y.size());
+    const int b = int(batchp->x.dim(0));  // samples (a language model has T labels each)
     StepInfo si{.training = true, .seed = cfg.train.seed, .step = uint64_t(step),
                 .first_sample = batchp->first_sample};
     double loss = 0, pipe_wait0 = 0;
@@ -417,9 +435,10 @@ int run_train(const RunConfig& cfg, Comm& comm) {
       const Tensor& logits = model->forward(be, batch.x, si);
       probs.resize(logits.shape, *be.memory);
       dlogits.resize(logits.shape, *be.memory);
-      loss = be.softmax_xent_forward(probs.data(), logits.data(), batch.y, b, info.classes);
-      be.softmax_xent_backward(dlogits.data(), probs.data(), batch.y, b, info.classes,
-                               1.0f / float(G));
+      const int rows = int(b * rps);  // a row of logits per sample, or per position (LM)
+      loss = be.softmax_xent_forward(probs.data(), logits.data(), batch.y, rows, info.classes);
+      be.softmax_xent_backward(dlogits.data(), probs.data(), batch.y, rows, info.classes,
+                               1.0f / float(G * rps));
     }
     // One allreduce agrees on the loss (before the update, so a diverged step changes no
     // parameter) and on whether to checkpoint and/or stop after this step: any rank that got a
@@ -439,7 +458,7 @@ int run_train(const RunConfig& cfg, Comm& comm) {
       idle_shares.push_back((pipe->stats().wait_s - pipe_wait0 + since(t_agree)) /
                             std::max(since(t_step), 1e-12));
     }
-    loss = agree[0] / double(G);
+    loss = agree[0] / double(G * rps);
     const bool stop_now = agree[1] > 0 || agree[2] > 0;
     if (!std::isfinite(loss)) {
       progress.finish();
@@ -559,7 +578,7 @@ int run_train(const RunConfig& cfg, Comm& comm) {
   // from the whole model gathered on rank 0 (as for a checkpoint).
   EvalResult ev;
   if (info.has_test)
-    ev = pipelined ? evaluate_pipelined(*pipe, be, info, "test", comm, grid)
+    ev = pipelined ? evaluate_pipelined(*pipe, be, info, "test", comm, grid, rps)
                    : evaluate(*model, be, info, "test", comm);
   Model* final_model = model.get();
   model->pull(be);
@@ -600,11 +619,17 @@ int run_train(const RunConfig& cfg, Comm& comm) {
     if (info.has_test) {
       done.push_back({"test_accuracy", json_number(ev.accuracy)});
       done.push_back({"test_loss", json_number(ev.loss)});
+      if (info.tokens) done.push_back({"unigram_entropy_nats", json_number(info.unigram_entropy_nats)});
     }
     if (metrics) metrics->write(done);
     fmt::print("done: {} steps in {}, {:.0f} samples/s", steps_run, format_duration(train_s),
                double(steps_run) * G / std::max(train_s, 1e-9));
-    if (info.has_test) fmt::print(", test accuracy {:.4f}, test loss {:.4f}", ev.accuracy, ev.loss);
+    if (info.has_test && info.tokens)
+      fmt::print(", validation loss {:.4f} nats per token (next-token accuracy {:.4f}; the "
+                 "unigram entropy of the training text is {:.4f})", ev.loss, ev.accuracy,
+                 info.unigram_entropy_nats);
+    else if (info.has_test)
+      fmt::print(", test accuracy {:.4f}, test loss {:.4f}", ev.accuracy, ev.loss);
     fmt::print("\nparameters written to {}\n", cfg.params_path());
   }
   return kExitOk;

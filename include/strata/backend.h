@@ -51,6 +51,15 @@ struct Backend {
   decltype(&cpu::adamw_update) adamw_update;
   decltype(&cpu::sum_squares) sum_squares;
   decltype(&cpu::scale_inplace) scale_inplace;
+  // The transformer's ops (GPT). Null in a backend that has none yet (CUDA, for now): the
+  // model refuses to run there (Model::check_backend).
+  decltype(&cpu::embedding_forward) embedding_forward;
+  decltype(&cpu::embedding_backward) embedding_backward;
+  decltype(&cpu::layernorm_forward) layernorm_forward;
+  decltype(&cpu::layernorm_backward) layernorm_backward;
+  decltype(&cpu::residual_forward) residual_forward;
+  decltype(&cpu::attention_forward) attention_forward;
+  decltype(&cpu::attention_backward) attention_backward;
 };
 
 const Backend& cpu_backend();

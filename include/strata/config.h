@@ -17,13 +17,17 @@ struct RunConfig {
     std::string path = "data/fashion-mnist.h5";
   } data;
   struct ModelCfg {
-    std::string type = "mlp";  // mlp | cnn | custom
+    std::string type = "mlp";  // mlp | cnn | custom | gpt
     std::vector<int> hidden = {256, 128};
     std::string activation = "relu";  // relu | gelu
     std::vector<int> channels = {32, 64};  // cnn: one conv(k, pad k/2)+act+maxpool2 each
     int kernel = 3;
     float dropout = 0.0f;  // after each hidden linear activation
-    std::vector<std::string> layers;  // custom: the layer spec (see model.h)
+    std::vector<std::string> layers;  // custom: the layer spec (see model.h); gpt: ["N"] blocks
+    // gpt: GPT-2's shape. vocab 0 = the data's; dropout applies to the embeddings and both
+    // residual branches of every block.
+    int heads = 4, dim = 128, context = 64, vocab = 0;
+    int gpt_blocks() const;  // model.layers as a count for gpt (default 4)
   } model;
   struct Train {
     int64_t epochs = 1;
@@ -44,6 +48,9 @@ struct RunConfig {
     // fp32 | bf16: bf16 GEMMs and convolutions on the GPU, with fp32 master weights, optimizer
     // state and reductions. The CPU path computes in fp32 and refuses bf16.
     std::string precision = "fp32";
+    // none | block: keep only each transformer block's input from forward and recompute the
+    // rest in backward (less activation memory for about one more forward).
+    std::string recompute = "none";
   } train;
   struct DataParallel {
     double bucket_mb = 1.0;  // gradient allreduce bucket size (the first is 1/8 of it)

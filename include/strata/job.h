@@ -9,7 +9,8 @@ namespace strata {
 
 // SIGUSR1 (Slurm's --signal warning, forwarded by slurm/train.sbatch) and SIGTERM (scancel,
 // pre-emption, the time limit) only set a flag; the training loop agrees on a stop step over
-// all ranks, writes a checkpoint and exits with kExitResumable.
+// all ranks, writes a checkpoint and exits with kExitResumable. Call on the training thread
+// before it starts other threads: they and it block the signals; a thread of their own takes them.
 void install_stop_handlers();
 int stop_signal();  // the first stop signal received, 0 if none
 const char* signal_name(int sig);

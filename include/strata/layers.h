@@ -21,6 +21,10 @@ struct Param {
   std::string name;  // global name, e.g. "fc1.weight"
   Shape shape;
   int64_t fan_in = 1;  // for initialisation
+  // How init() fills it: PyTorch's default uniform(±1/sqrt(fan_in)) (Linear, Conv2d), or
+  // normal(0, std) (GPT-2's embeddings and linears), ones or zeros (LayerNorm).
+  enum class Init { kUniformFanIn, kNormal, kOnes, kZeros } init = Init::kUniformFanIn;
+  float std = 0.02f;
   float* value = nullptr;
   float* grad = nullptr;
   float* host = nullptr;
@@ -82,6 +86,22 @@ std::unique_ptr<Layer> make_relu();
 std::unique_ptr<Layer> make_gelu();
 std::unique_ptr<Layer> make_flatten();
 std::unique_ptr<Layer> make_dropout(float p, int index);  // index decorrelates masks
+
+// GPT-2 (layers_gpt.cpp). Per sample, activations are (T, C): T positions of C features.
+// Token ids (T) as floats -> token + position embedding (T, C).
+std::unique_ptr<Layer> make_embedding(int vocab, int dim, int context);
+// One pre-LayerNorm transformer block (T, C) -> (T, C): x + attn(ln_1(x)), then
+// + mlp(ln_2(.)) with a 4C GELU MLP; dropout p on both residual branches. `blocks` (the model's
+// count) scales the init of the residual projections as GPT-2 does; `recompute` keeps only the
+// block's input from forward and recomputes the rest in backward.
+std::unique_ptr<Layer> make_block(int dim, int heads, int blocks, float dropout, int index,
+                                  bool recompute);
+std::unique_ptr<Layer> make_layernorm(int dim);
+// Logits (T, V) = x (T, C) @ wte^T: the output layer, tied to the embedding's token table
+// (tie_lm_head connects them once both exist; Model does it).
+std::unique_ptr<Layer> make_lm_head(int vocab);
+// Ties head to embedding; false if they are not an LM head and an embedding.
+bool tie_lm_head(Layer& head, Layer& embedding);
 // Conv2d immediately followed by MaxPool2d as one layer that pools each chunk of samples while
 // its convolution output is in cache. Takes both (the conv's name and parameters are kept);
 // returns null, leaving them untouched, if they are not a Conv2d and a MaxPool2d.

@@ -69,6 +69,10 @@ class Model {
   void push(const Backend& be);
   std::string summary() const;  // multi-line table of layers, shapes and parameter counts
   double flops_per_sample() const;  // forward
+  // Rows of logits per sample: 1 for a classifier, T for a language model (one per position).
+  int64_t rows_per_sample() const { return numel(shapes_.back()) / classes_; }
+  // Throws UserError when a layer has no kernels on `be` (the transformer on CUDA, for now).
+  void check_backend(const Backend& be) const;
 
   // PyTorch's default initialisation (uniform ±1/sqrt(fan_in) for weights and biases), each
   // tensor seeded by (seed, name): independent of rank count and layer order.

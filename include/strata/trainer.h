@@ -23,11 +23,12 @@ EvalResult evaluate(Model& model, const Backend& be, const DatasetInfo& info,
 
 // The same with the model split into pipeline stages: each replica's pipeline evaluates its
 // share, batch by batch, forward only; the last stages' sums are added over `world`.
+// rows_per_sample: the whole model's rows of logits per sample (T for a language model).
 class PipelineStage;
 struct ProcessGrid;
 EvalResult evaluate_pipelined(PipelineStage& pipe, const Backend& be, const DatasetInfo& info,
                               const std::string& split, Comm& world, const ProcessGrid& grid,
-                              int64_t batch = 1000);
+                              int64_t rows_per_sample, int64_t batch = 1000);
 
 // Runs fn on every rank; if it throws UserError on any rank, the lowest such rank prints its
 // message and every rank throws the same exit code (so no rank hangs in a later collective).

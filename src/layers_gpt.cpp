@@ -1,0 +1,289 @@
+// GPT-2's layers: token + position embedding, the pre-LayerNorm transformer block, the final
+// LayerNorm and the output layer tied to the token embedding. Per sample, activations are
+// (T, C); the ops see N = B*T rows. Forward and backward of each side by side; the kernels
+// are the backend's (kernels/cpu/{embedding,layernorm,attention}.cpp on the CPU).
+#include <cmath>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "strata/error.h"
+#include "strata/layers.h"
+
+namespace strata {
+namespace {
+
+using Init = Param::Init;
+
+int rows_of(const Tensor& t) { return int(t.dim(0) * t.dim(1)); }  // B*T
+
+class Embedding final : public Layer {
+ public:
+  Embedding(int V, int C, int T) : V_(V), C_(C), T_(T) {
+    params = {{.name = "wte", .shape = {V, C}, .fan_in = C, .init = Init::kNormal},
+              {.name = "wpe", .shape = {T, C}, .fan_in = C, .init = Init::kNormal}};
+  }
+  std::string describe() const override {
+    return fmt::format("Embedding(vocab {}, dim {}, context {})", V_, C_, T_);
+  }
+  Shape output_shape(const Shape& in) const override {
+    if (in.size() != 1 || in[0] < 1 || in[0] > T_)
+      fail_input("model: {} takes up to {} token ids per sample, got shape {}", describe(), T_,
+                 shape_str(in));
+    return {in[0], C_};
+  }
+  double flops_per_sample(const Shape&) const override { return 0; }
+  // x (B, t): token ids as floats (exact below 2^24), from the loader. Kept as int32 per slot
+  // for backward. Host memory: the transformer runs on the CPU backends only for now.
+  void forward(const Backend& be, const Tensor& x, Tensor& y, const StepInfo&) override {
+    const int B = int(x.dim(0)), t = int(x.dim(1));
+    auto& tok = tokens_[slot_];
+    tok.resize(size_t(B) * size_t(t));
+    for (size_t i = 0; i < tok.size(); ++i) tok[i] = int32_t(x.data()[i]);
+    be.embedding_forward(y.data(), tok.data(), params[0].value, params[1].value, B, t, C_, V_);
+  }
+  void backward(const Backend& be, const Tensor& x, const Tensor&, const Tensor& dy, Tensor*,
+                bool accumulate) override {
+    const int B = int(x.dim(0)), t = int(x.dim(1));
+    // A tied head has already written its share of the token table's gradient: add to it.
+    be.embedding_backward(tied_ ? nullptr : params[0].grad, params[1].grad, dy.data(),
+                          tokens_[slot_].data(), B, t, C_, V_, accumulate);
+    if (tied_)
+      be.embedding_backward(params[0].grad, nullptr, dy.data(), tokens_[slot_].data(), B, t, C_,
+                            V_, /*accumulate=*/true);
+    if (t < T_ && !accumulate)  // positions this batch did not reach get no gradient
+      std::memset(params[1].grad + int64_t(t) * C_, 0, sizeof(float) * size_t(T_ - t) * C_);
+  }
+  int V_, C_, T_;
+  bool tied_ = false;
+
+ private:
+  PerSlot<std::vector<int32_t>> tokens_;
+};
+
+class LayerNorm final : public Layer {
+ public:
+  explicit LayerNorm(int C) : C_(C) {
+    params = {{.name = "weight", .shape = {C}, .init = Init::kOnes},
+              {.name = "bias", .shape = {C}, .init = Init::kZeros}};
+  }
+  std::string describe() const override { return fmt::format("LayerNorm({})", C_); }
+  Shape output_shape(const Shape& in) const override {
+    if (in.empty() || in.back() != C_)
+      fail_input("model: {} needs {} features last, got shape {}", describe(), C_, shape_str(in));
+    return in;
+  }
+  void forward(const Backend& be, const Tensor& x, Tensor& y, const StepInfo&) override {
+    const int N = rows_of(x);
+    auto& s = stats_[slot_];
+    s.resize({2, int64_t(N)}, *be.memory);
+    be.layernorm_forward(y.data(), s.data(), s.data() + N, x.data(), params[0].value,
+                         params[1].value, N, C_);
+  }
+  void backward(const Backend& be, const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx,
+                bool accumulate) override {
+    const int N = rows_of(x);
+    dscratch_.resize(x.shape, *be.memory);
+    const auto& s = stats_[slot_];
+    be.layernorm_backward(dx ? dx->data() : dscratch_.data(), params[0].grad, params[1].grad,
+                          dy.data(), x.data(), params[0].value, s.data(), s.data() + N, N, C_,
+                          accumulate);
+  }
+  double flops_per_sample(const Shape& in) const override { return 8.0 * double(numel(in)); }
+
+ private:
+  int C_;
+  PerSlot<Tensor> stats_;  // mean (N) then rstd (N)
+  Tensor dscratch_;
+};
+
+// Logits (T, V) = x (T, C) @ wte^T, no bias (GPT-2's lm_head shares the token table).
+class LmHead final : public Layer {
+ public:
+  explicit LmHead(int V) : V_(V) {}
+  std::string describe() const override { return fmt::format("LM head (vocab {}, tied)", V_); }
+  Shape output_shape(const Shape& in) const override {
+    if (in.size() != 2) fail_input("model: {} needs (T, C) per sample, got {}", describe(), shape_str(in));
+    return {in[0], V_};
+  }
+  double flops_per_sample(const Shape& in) const override { return 2.0 * double(numel(in)) * V_; }
+  void forward(const Backend& be, const Tensor& x, Tensor& y, const StepInfo&) override {
+    STRATA_CHECK(wte_, "{} is not tied to an embedding", name);
+    be.linear_forward(y.data(), x.data(), wte_->value, nullptr, rows_of(x), int(x.dim(2)), V_);
+  }
+  void backward(const Backend& be, const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx,
+                bool accumulate) override {
+    // Runs before the embedding's backward, which adds its part to the same gradient.
+    be.linear_backward(dx ? dx->data() : nullptr, wte_->grad, nullptr, dy.data(), x.data(),
+                       wte_->value, rows_of(x), int(x.dim(2)), V_, accumulate);
+  }
+  int V_;
+  Param* wte_ = nullptr;
+};
+
+// One GPT-2 block: x + drop(proj(attn(ln_1(x)))), then + drop(mlp(ln_2(.))), mlp = 4C GELU.
+class Block final : public Layer {
+ public:
+  Block(int C, int NH, int blocks, float p, int index, bool recompute)
+      : C_(C), NH_(NH), p_(p), index_(index), recompute_(recompute) {
+    // GPT-2's init: N(0, 0.02) weights, zero biases, and the two projections that write into
+    // the residual stream scaled by 1/sqrt(2 * blocks).
+    const float proj_std = 0.02f / std::sqrt(2.0f * float(blocks));
+    params = {{.name = "ln_1.weight", .shape = {C}, .init = Init::kOnes},
+              {.name = "ln_1.bias", .shape = {C}, .init = Init::kZeros},
+              {.name = "attn.c_attn.weight", .shape = {3 * C, C}, .fan_in = C, .init = Init::kNormal},
+              {.name = "attn.c_attn.bias", .shape = {3 * C}, .init = Init::kZeros},
+              {.name = "attn.c_proj.weight", .shape = {C, C}, .fan_in = C, .init = Init::kNormal,
+               .std = proj_std},
+              {.name = "attn.c_proj.bias", .shape = {C}, .init = Init::kZeros},
+              {.name = "ln_2.weight", .shape = {C}, .init = Init::kOnes},
+              {.name = "ln_2.bias", .shape = {C}, .init = Init::kZeros},
+              {.name = "mlp.c_fc.weight", .shape = {4 * C, C}, .fan_in = C, .init = Init::kNormal},
+              {.name = "mlp.c_fc.bias", .shape = {4 * C}, .init = Init::kZeros},
+              {.name = "mlp.c_proj.weight", .shape = {C, 4 * C}, .fan_in = 4 * C,
+               .init = Init::kNormal, .std = proj_std},
+              {.name = "mlp.c_proj.bias", .shape = {C}, .init = Init::kZeros}};
+  }
+  std::string describe() const override {
+    return fmt::format("Block(dim {}, heads {}{}{})", C_, NH_,
+                       p_ > 0 ? fmt::format(", dropout {}", p_) : "", recompute_ ? ", recompute" : "");
+  }
+  Shape output_shape(const Shape& in) const override {
+    if (in.size() != 2 || in[1] != C_)
+      fail_input("model: {} needs (T, {}) per sample, got {}", describe(), C_, shape_str(in));
+    return in;
+  }
+  double flops_per_sample(const Shape& in) const override {
+    const double T = double(in[0]), C = C_;
+    return 2.0 * T * 12.0 * C * C + 4.0 * T * T * C;  // the GEMMs, and QK^T and att@V
+  }
+
+  void forward(const Backend& be, const Tensor& x, Tensor& y, const StepInfo& s) override {
+    step_[slot_] = s;
+    Acts& a = recompute_ ? scratch_acts_ : acts_[slot_];
+    run_forward(be, x, y.data(), s, a, masks_[slot_]);
+  }
+
+  void backward(const Backend& be, const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx,
+                bool accumulate) override {
+    Acts& a = recompute_ ? scratch_acts_ : acts_[slot_];
+    if (recompute_) {  // the activations again, from the block's input (same masks: same keys)
+      out_scratch_.resize(x.shape, *be.memory);
+      run_forward(be, x, out_scratch_.data(), step_[slot_], a, masks_[slot_]);
+    }
+    const Masks& mk = masks_[slot_];
+    const int B = int(x.dim(0)), T = int(x.dim(1)), N = B * T, C = C_;
+    const int64_t n = int64_t(N) * C;
+    auto ws = [&](Tensor& t, Shape s) { t.resize(std::move(s), *be.memory); return t.data(); };
+    float* g = ws(g_, {N, C});        // gradient at a residual branch's output
+    float* g4 = ws(g4_, {N, 4 * C});  // gradients inside the MLP
+    float* g4b = ws(g4b_, {N, 4 * C});
+    float* gc = ws(gc_, {N, C});      // gradient at a LayerNorm's output
+    float* gr = ws(gr_, {N, C});      // gradient at res1 (the stream between the branches)
+    float* g3 = ws(g3_, {N, 3 * C});
+    auto P = [&](int i) { return params[size_t(i)].value; };
+    auto G = [&](int i) { return params[size_t(i)].grad; };
+    // MLP branch: out = res1 + drop(c_proj(gelu(c_fc(ln_2(res1)))))
+    const float* d = dy.data();
+    if (mk.active) {
+      be.dropout_backward(g, d, mk.m2.data(), n);
+      d = g;
+    }
+    be.linear_backward(g4, G(10), G(11), d, a.fcg.data(), P(10), N, 4 * C, C, accumulate);
+    be.gelu_backward(g4b, g4, a.fc.data(), int64_t(N) * 4 * C);
+    be.linear_backward(gc, G(8), G(9), g4b, a.ln2.data(), P(8), N, C, 4 * C, accumulate);
+    be.layernorm_backward(gr, G(6), G(7), gc, a.res1.data(), P(6), a.st2.data(),
+                          a.st2.data() + N, N, C, accumulate);
+    be.residual_forward(gr, gr, dy.data(), n);  // + the stream's own path
+    // Attention branch: res1 = x + drop(c_proj(attn(c_attn(ln_1(x)))))
+    d = gr;
+    if (mk.active) {
+      be.dropout_backward(g, gr, mk.m1.data(), n);
+      d = g;
+    }
+    be.linear_backward(gc, G(4), G(5), d, a.y.data(), P(4), N, C, C, accumulate);
+    be.attention_backward(g3, gc, a.qkv.data(), a.att.data(), B, T, C, NH_);
+    be.linear_backward(gc, G(2), G(3), g3, a.ln1.data(), P(2), N, C, 3 * C, accumulate);
+    float* dxp = dx ? dx->data() : ws(g_, {N, C});
+    be.layernorm_backward(dxp, G(0), G(1), gc, x.data(), P(0), a.st1.data(), a.st1.data() + N,
+                          N, C, accumulate);
+    if (dx) be.residual_forward(dxp, dxp, gr, n);
+  }
+
+ private:
+  // What backward needs from forward (one set per activation slot, or one shared set that
+  // backward refills when recomputing).
+  struct Acts {
+    Tensor ln1, st1, qkv, att, y, res1, ln2, st2, fc, fcg;
+  };
+  struct Masks {
+    bool active = false;
+    Tensor m1, m2;  // dropout masks of the two residual branches
+  };
+
+  void run_forward(const Backend& be, const Tensor& x, float* out, const StepInfo& s, Acts& a,
+                   Masks& mk) {
+    const int B = int(x.dim(0)), T = int(x.dim(1)), N = B * T, C = C_;
+    const int64_t n = int64_t(N) * C;
+    auto ws = [&](Tensor& t, Shape sh) { t.resize(std::move(sh), *be.memory); return t.data(); };
+    auto P = [&](int i) { return params[size_t(i)].value; };
+    for (auto [t, sh] : {std::pair{&a.ln1, Shape{N, C}}, {&a.st1, {2, N}}, {&a.qkv, {N, 3 * C}},
+                         {&a.att, {B, NH_, T, T}}, {&a.y, {N, C}}, {&a.res1, {N, C}},
+                         {&a.ln2, {N, C}}, {&a.st2, {2, N}}, {&a.fc, {N, 4 * C}}, {&a.fcg, {N, 4 * C}}})
+      ws(*t, sh);
+    float* tmp = ws(tmp_, {N, C});
+    mk.active = s.training && p_ > 0;
+    auto drop = [&](Tensor& mask, int k) {  // in place on tmp; keyed like Dropout, per branch
+      if (!mk.active) return;
+      mask.resize({N, C}, *be.memory);
+      be.dropout_forward(tmp, mask.data(), tmp, B, int64_t(T) * C, p_,
+                         hash_combine(s.seed, 0xB10C0000ull + uint64_t(index_) * 2 + uint64_t(k)),
+                         s.step, s.first_sample);
+    };
+    be.layernorm_forward(a.ln1.data(), a.st1.data(), a.st1.data() + N, x.data(), P(0), P(1), N, C);
+    be.linear_forward(a.qkv.data(), a.ln1.data(), P(2), P(3), N, C, 3 * C);
+    be.attention_forward(a.y.data(), a.att.data(), a.qkv.data(), B, T, C, NH_);
+    be.linear_forward(tmp, a.y.data(), P(4), P(5), N, C, C);
+    drop(mk.m1, 0);
+    be.residual_forward(a.res1.data(), x.data(), tmp, n);
+    be.layernorm_forward(a.ln2.data(), a.st2.data(), a.st2.data() + N, a.res1.data(), P(6), P(7), N, C);
+    be.linear_forward(a.fc.data(), a.ln2.data(), P(8), P(9), N, C, 4 * C);
+    be.gelu_forward(a.fcg.data(), a.fc.data(), int64_t(N) * 4 * C);
+    be.linear_forward(tmp, a.fcg.data(), P(10), P(11), N, 4 * C, C);
+    drop(mk.m2, 1);
+    be.residual_forward(out, a.res1.data(), tmp, n);
+  }
+
+  int C_, NH_;
+  float p_;
+  int index_;
+  bool recompute_;
+  PerSlot<Acts> acts_;
+  PerSlot<Masks> masks_;
+  PerSlot<StepInfo> step_;
+  Acts scratch_acts_;  // recompute: one set, refilled by each backward
+  Tensor tmp_, out_scratch_, g_, g4_, g4b_, gc_, gr_, g3_;  // workspaces
+};
+
+}  // namespace
+
+std::unique_ptr<Layer> make_embedding(int vocab, int dim, int context) {
+  return std::make_unique<Embedding>(vocab, dim, context);
+}
+std::unique_ptr<Layer> make_block(int dim, int heads, int blocks, float dropout, int index,
+                                  bool recompute) {
+  return std::make_unique<Block>(dim, heads, blocks, dropout, index, recompute);
+}
+std::unique_ptr<Layer> make_layernorm(int dim) { return std::make_unique<LayerNorm>(dim); }
+std::unique_ptr<Layer> make_lm_head(int vocab) { return std::make_unique<LmHead>(vocab); }
+
+bool tie_lm_head(Layer& head, Layer& embedding) {
+  auto* h = dynamic_cast<LmHead*>(&head);
+  auto* e = dynamic_cast<Embedding*>(&embedding);
+  if (!h || !e || h->V_ != e->V_) return false;
+  h->wte_ = &e->params[0];
+  e->tied_ = true;
+  return true;
+}
+
+}  // namespace strata
