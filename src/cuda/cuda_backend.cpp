@@ -83,6 +83,14 @@ const Backend& cuda_backend(int device, bool bf16) {
       .adamw_update = cuda::adamw_update,
       .sum_squares = cuda::sum_squares,
       .scale_inplace = cuda::scale_inplace,
+      // The transformer's ops have no CUDA kernels yet: Model::check_backend refuses a GPT here.
+      .embedding_forward = nullptr,
+      .embedding_backward = nullptr,
+      .layernorm_forward = nullptr,
+      .layernorm_backward = nullptr,
+      .residual_forward = nullptr,
+      .attention_forward = nullptr,
+      .attention_backward = nullptr,
   };
   return b;
 }
