@@ -105,6 +105,9 @@ EvalResult evaluate_split(
     const DatasetInfo& info, const std::string& split, int64_t batch, int replica, int replicas,
     Comm& comm, int64_t rows,
     const std::function<std::pair<double, int64_t>(const Loader::Batch&, int64_t)>& batch_sums) {
+  // `batch` counts rows of logits: a language model's T rows per sample make its batches
+  // T times fewer samples (its activations per sample are T times larger).
+  batch = std::max<int64_t>(1, batch / rows);
   Loader loader(info, split, std::max<int64_t>(batch, replicas), replica, replicas,
                 /*shuffle=*/false, 0);
   double sums[2] = {0, 0};  // loss, correct

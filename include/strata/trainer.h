@@ -17,7 +17,8 @@ struct EvalResult {
   double accuracy = 0, loss = 0;
   int64_t samples = 0;
 };
-// Evaluates on a split, each rank on its share; results are summed over ranks.
+// Evaluates on a split, each rank on its share; results are summed over ranks. `batch` counts
+// rows of logits (samples x T for a language model), so memory stays the same for either.
 EvalResult evaluate(Model& model, const Backend& be, const DatasetInfo& info,
                     const std::string& split, Comm& comm, int64_t batch = 1000);
 
