@@ -130,6 +130,10 @@ void add_config_options(CLI::App& sub, RunConfig& c) {
   sub.add_option("--parallel.pipeline_stages", c.parallel.pipeline_stages,
                  "pipeline stages P (data-parallel width = ranks / P)")
       ->check(CLI::Range(1, 4096))->capture_default_str();
+  sub.add_option("--parallel.tensor", c.parallel.tensor,
+                 "tensor-parallel ranks T splitting each transformer block's heads and MLP "
+                 "(data-parallel width = ranks / (P T))")
+      ->check(CLI::Range(1, 4096))->capture_default_str();
   sub.add_option("--parallel.microbatches", c.parallel.microbatches,
                  "micro-batches per step (0 = auto: largest divisor of the per-replica batch up to 4 P)")
       ->check(CLI::Range(0, 4096))->capture_default_str();
@@ -188,6 +192,13 @@ void validate(const RunConfig& c) {
     c.model.gpt_blocks();  // model.layers must be one positive count
     if (c.model.dim % c.model.heads != 0)
       fail_input("model.heads = {} does not divide model.dim = {}", c.model.heads, c.model.dim);
+    if (c.model.heads % c.parallel.tensor != 0)
+      fail_input("parallel.tensor = {} does not divide model.heads = {} (each tensor-parallel "
+                 "rank holds whole attention heads)", c.parallel.tensor, c.model.heads);
+  } else if (c.parallel.tensor > 1 && c.model.type != "custom") {
+    fail_input("parallel.tensor = {}: tensor parallelism splits transformer blocks, and "
+               "model.type = \"{}\" has none (use data or pipeline parallelism)",
+               c.parallel.tensor, c.model.type);
   }
 }
 
@@ -269,9 +280,9 @@ std::string RunConfig::to_toml() const {
       train.warmup_steps, train.min_lr, train.grad_clip, train.seed, train.log_every,
       train.max_steps, train.precision, train.recompute);
   t += fmt::format("\n[dp]\nbucket_mb = {}\noverlap = {}\n", dp.bucket_mb, dp.overlap);
-  t += fmt::format("\n[parallel]\npipeline_stages = {}\nmicrobatches = {}\nschedule = \"{}\"\n"
-                   "stage_layers = {}\nbalance = \"{}\"\nplacement = \"{}\"\n",
-                   parallel.pipeline_stages, parallel.microbatches, parallel.schedule,
+  t += fmt::format("\n[parallel]\npipeline_stages = {}\ntensor = {}\nmicrobatches = {}\n"
+                   "schedule = \"{}\"\nstage_layers = {}\nbalance = \"{}\"\nplacement = \"{}\"\n",
+                   parallel.pipeline_stages, parallel.tensor, parallel.microbatches, parallel.schedule,
                    toml_list(parallel.stage_layers), parallel.balance, parallel.placement);
   t += fmt::format("\n[checkpoint]\ndir = \"{}\"\nevery_steps = {}\nevery_seconds = {}\n"
                    "keep_last = {}\nkeep_every = {}\nfinal = {}\nasync = {}\n",

@@ -11,12 +11,13 @@
 
 namespace strata {
 
-int ProcessGrid::world_rank(int s, int r) const {
-  return placement == "pipeline_in_node" ? r * stages + s : s * replicas + r;
+int ProcessGrid::world_rank(int s, int r, int t) const {
+  return (placement == "pipeline_in_node" ? r * stages + s : s * replicas + r) * tensors + t;
 }
 
 std::string ProcessGrid::where() const {
-  return fmt::format("stage {} of {}, replica {} of {}", stage, stages, replica, replicas);
+  return fmt::format("stage {} of {}, replica {} of {}{}", stage, stages, replica, replicas,
+                     tensors > 1 ? fmt::format(", tensor part {} of {}", tensor, tensors) : "");
 }
 
 namespace {
@@ -28,22 +29,33 @@ int cores_for_this_process() {
 }
 }  // namespace
 
-ProcessGrid make_grid(Comm& world, int stages, const std::string& placement, int threads) {
-  STRATA_CHECK(stages >= 1 && world.size() % stages == 0, "{} ranks, {} stages", world.size(), stages);
+ProcessGrid make_grid(Comm& world, int stages, int tensors, const std::string& placement,
+                      int threads) {
+  STRATA_CHECK(stages >= 1 && tensors >= 1 && world.size() % (stages * tensors) == 0,
+               "{} ranks, {} stages, {} tensor parts", world.size(), stages, tensors);
   ProcessGrid g;
   g.stages = stages;
-  g.replicas = world.size() / stages;
+  g.tensors = tensors;
+  g.replicas = world.size() / (stages * tensors);
   g.placement = placement;
-  const int r = world.rank();
+  const int T = tensors, r = world.rank(), base = r / T;
+  g.tensor = r % T;
   if (placement == "pipeline_in_node") {
-    g.stage = r % stages;
-    g.replica = r / stages;
+    g.stage = base % stages;
+    g.replica = base / stages;
   } else {
-    g.stage = r / g.replicas;
-    g.replica = r % g.replicas;
+    g.stage = base / g.replicas;
+    g.replica = base % g.replicas;
   }
-  g.stage_comm = world.split(g.stage, g.replica);
-  g.pipe_comm = world.split(g.replica, g.stage);
+  g.stage_comm = world.split(g.stage * T + g.tensor, g.replica);
+  g.pipe_comm = world.split(g.replica * T + g.tensor, g.stage);
+  g.tensor_comm = world.split(g.stage * g.replicas + g.replica, g.tensor);
+  g.model_comm = world.split(g.replica, g.stage * T + g.tensor);
+  if (stages > 1) {  // colors past every group's for the ranks in between
+    const bool end = g.first_stage() || g.last_stage();
+    auto c = world.split(end ? g.replica * T + g.tensor : g.replicas * T + r, g.stage);
+    if (end) g.tied_comm = std::move(c);
+  }
   g.hosts = world.all_hosts();
   g.node_ranks = int(std::count(g.hosts.begin(), g.hosts.end(), g.hosts[size_t(r)]));
   g.node_cores = cores_for_this_process();

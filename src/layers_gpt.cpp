@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include "strata/comm.h"
 #include "strata/error.h"
 #include "strata/layers.h"
 
@@ -121,32 +122,70 @@ class LmHead final : public Layer {
   Param* wte_ = nullptr;
 };
 
+// What a block's backward needs from its forward, and the block's workspaces.
+struct BlockActs {
+  Tensor ln1, st1, qkv, att, y, res1, ln2, st2, fc, fcg;
+};
+struct BlockWorkspace {
+  BlockActs recomputed;  // recompute: refilled by each block's backward in turn
+  Tensor tmp, out, g, g4, g4b, gc, gr, g3;
+};
+// One set per thread, shared by every block: only one block runs at a time, and none keeps
+// anything here from one call to the next (so recompute keeps one block's activations alive,
+// not one per block).
+BlockWorkspace& block_workspace() {
+  static thread_local BlockWorkspace w;
+  return w;
+}
+
 // One GPT-2 block: x + drop(proj(attn(ln_1(x)))), then + drop(mlp(ln_2(.))), mlp = 4C GELU.
+// Tensor parallel (Megatron-LM): c_attn and c_fc are split by output rows (this rank's heads,
+// its share of the MLP units), both c_proj by input columns; each rank's c_proj gives a partial
+// sum of the branch output, allreduced over the tensor group (the bias added once, by rank 0).
+// Backward mirrors it: the gradient at each branch's input (the LayerNorm's output) is a
+// partial sum, allreduced. Everything outside the split parts is computed in full, and the
+// same, on every rank of the group.
 class Block final : public Layer {
  public:
-  Block(int C, int NH, int blocks, float p, int index, bool recompute)
-      : C_(C), NH_(NH), p_(p), index_(index), recompute_(recompute) {
+  Block(int C, int NH, int blocks, float p, int index, bool recompute, TensorSplit tp)
+      : C_(C), NH_(NH), p_(p), index_(index), recompute_(recompute), tp_(tp) {
+    const int S = tp.size;
     // GPT-2's init: N(0, 0.02) weights, zero biases, and the two projections that write into
     // the residual stream scaled by 1/sqrt(2 * blocks).
     const float proj_std = 0.02f / std::sqrt(2.0f * float(blocks));
-    params = {{.name = "ln_1.weight", .shape = {C}, .init = Init::kOnes},
-              {.name = "ln_1.bias", .shape = {C}, .init = Init::kZeros},
-              {.name = "attn.c_attn.weight", .shape = {3 * C, C}, .fan_in = C, .init = Init::kNormal},
-              {.name = "attn.c_attn.bias", .shape = {3 * C}, .init = Init::kZeros},
-              {.name = "attn.c_proj.weight", .shape = {C, C}, .fan_in = C, .init = Init::kNormal,
-               .std = proj_std},
-              {.name = "attn.c_proj.bias", .shape = {C}, .init = Init::kZeros},
-              {.name = "ln_2.weight", .shape = {C}, .init = Init::kOnes},
-              {.name = "ln_2.bias", .shape = {C}, .init = Init::kZeros},
-              {.name = "mlp.c_fc.weight", .shape = {4 * C, C}, .fan_in = C, .init = Init::kNormal},
-              {.name = "mlp.c_fc.bias", .shape = {4 * C}, .init = Init::kZeros},
-              {.name = "mlp.c_proj.weight", .shape = {C, 4 * C}, .fan_in = 4 * C,
-               .init = Init::kNormal, .std = proj_std},
-              {.name = "mlp.c_proj.bias", .shape = {C}, .init = Init::kZeros}};
+    // Each parameter: {shape here, whole shape, split dim, groups} (see Param).
+    auto rows = [&](int groups, int64_t whole_rows, Shape rest) {  // column-parallel
+      Shape here{whole_rows / S}, whole{whole_rows};
+      for (auto d : rest) here.push_back(d), whole.push_back(d);
+      return std::tuple{here, whole, S > 1 ? 0 : -1, groups};
+    };
+    auto cols = [&](int64_t r, int64_t whole_cols) {  // row-parallel
+      return std::tuple{Shape{r, whole_cols / S}, Shape{r, whole_cols}, S > 1 ? 1 : -1, 1};
+    };
+    auto whole = [](Shape sh) { return std::tuple{sh, sh, -1, 1}; };
+    auto param = [](std::string name, std::tuple<Shape, Shape, int, int> sp, int64_t fan_in,
+                    Init init, float sd = 0.02f) {
+      auto [here, w, dim, groups] = sp;
+      return Param{.name = std::move(name), .shape = here, .fan_in = fan_in, .init = init,
+                   .std = sd, .whole_shape = w, .split_dim = dim, .split_groups = groups};
+    };
+    params = {param("ln_1.weight", whole({C}), 1, Init::kOnes),
+              param("ln_1.bias", whole({C}), 1, Init::kZeros),
+              param("attn.c_attn.weight", rows(3, 3 * C, {C}), C, Init::kNormal),
+              param("attn.c_attn.bias", rows(3, 3 * C, {}), 1, Init::kZeros),
+              param("attn.c_proj.weight", cols(C, C), C, Init::kNormal, proj_std),
+              param("attn.c_proj.bias", whole({C}), 1, Init::kZeros),
+              param("ln_2.weight", whole({C}), 1, Init::kOnes),
+              param("ln_2.bias", whole({C}), 1, Init::kZeros),
+              param("mlp.c_fc.weight", rows(1, 4 * C, {C}), C, Init::kNormal),
+              param("mlp.c_fc.bias", rows(1, 4 * C, {}), 1, Init::kZeros),
+              param("mlp.c_proj.weight", cols(C, 4 * C), 4 * C, Init::kNormal, proj_std),
+              param("mlp.c_proj.bias", whole({C}), 1, Init::kZeros)};
   }
   std::string describe() const override {
-    return fmt::format("Block(dim {}, heads {}{}{})", C_, NH_,
-                       p_ > 0 ? fmt::format(", dropout {}", p_) : "", recompute_ ? ", recompute" : "");
+    return fmt::format("Block(dim {}, heads {}{}{}{})", C_, NH_,
+                       p_ > 0 ? fmt::format(", dropout {}", p_) : "", recompute_ ? ", recompute" : "",
+                       tp_.size > 1 ? fmt::format(", {} heads on each of {} ranks", NH_ / tp_.size, tp_.size) : "");
   }
   Shape output_shape(const Shape& in) const override {
     if (in.size() != 2 || in[1] != C_)
@@ -155,32 +194,34 @@ class Block final : public Layer {
   }
   double flops_per_sample(const Shape& in) const override {
     const double T = double(in[0]), C = C_;
-    return 2.0 * T * 12.0 * C * C + 4.0 * T * T * C;  // the GEMMs, and QK^T and att@V
+    return (2.0 * T * 12.0 * C * C + 4.0 * T * T * C) / tp_.size;  // the GEMMs, QK^T and att@V
   }
 
   void forward(const Backend& be, const Tensor& x, Tensor& y, const StepInfo& s) override {
     step_[slot_] = s;
-    Acts& a = recompute_ ? scratch_acts_ : acts_[slot_];
+    BlockActs& a = recompute_ ? block_workspace().recomputed : acts_[slot_];
     run_forward(be, x, y.data(), s, a, masks_[slot_]);
   }
 
   void backward(const Backend& be, const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx,
                 bool accumulate) override {
-    Acts& a = recompute_ ? scratch_acts_ : acts_[slot_];
+    BlockWorkspace& w = block_workspace();
+    BlockActs& a = recompute_ ? w.recomputed : acts_[slot_];
     if (recompute_) {  // the activations again, from the block's input (same masks: same keys)
-      out_scratch_.resize(x.shape, *be.memory);
-      run_forward(be, x, out_scratch_.data(), step_[slot_], a, masks_[slot_]);
+      w.out.resize(x.shape, *be.memory);
+      run_forward(be, x, w.out.data(), step_[slot_], a, masks_[slot_]);
     }
     const Masks& mk = masks_[slot_];
     const int B = int(x.dim(0)), T = int(x.dim(1)), N = B * T, C = C_;
+    const int Cl = C / tp_.size, NHl = NH_ / tp_.size, Hl = 4 * Cl;  // this rank's share
     const int64_t n = int64_t(N) * C;
     auto ws = [&](Tensor& t, Shape s) { t.resize(std::move(s), *be.memory); return t.data(); };
-    float* g = ws(g_, {N, C});        // gradient at a residual branch's output
-    float* g4 = ws(g4_, {N, 4 * C});  // gradients inside the MLP
-    float* g4b = ws(g4b_, {N, 4 * C});
-    float* gc = ws(gc_, {N, C});      // gradient at a LayerNorm's output
-    float* gr = ws(gr_, {N, C});      // gradient at res1 (the stream between the branches)
-    float* g3 = ws(g3_, {N, 3 * C});
+    float* g = ws(w.g, {N, C});        // gradient at a residual branch's output
+    float* g4 = ws(w.g4, {N, Hl});     // gradients inside the MLP
+    float* g4b = ws(w.g4b, {N, Hl});
+    float* gc = ws(w.gc, {N, C});      // gradient at a LayerNorm's output
+    float* gr = ws(w.gr, {N, C});      // gradient at res1 (the stream between the branches)
+    float* g3 = ws(w.g3, {N, 3 * Cl});
     auto P = [&](int i) { return params[size_t(i)].value; };
     auto G = [&](int i) { return params[size_t(i)].grad; };
     // MLP branch: out = res1 + drop(c_proj(gelu(c_fc(ln_2(res1)))))
@@ -189,9 +230,10 @@ class Block final : public Layer {
       be.dropout_backward(g, d, mk.m2.data(), n);
       d = g;
     }
-    be.linear_backward(g4, G(10), G(11), d, a.fcg.data(), P(10), N, 4 * C, C, accumulate);
-    be.gelu_backward(g4b, g4, a.fc.data(), int64_t(N) * 4 * C);
-    be.linear_backward(gc, G(8), G(9), g4b, a.ln2.data(), P(8), N, C, 4 * C, accumulate);
+    be.linear_backward(g4, G(10), G(11), d, a.fcg.data(), P(10), N, Hl, C, accumulate);
+    be.gelu_backward(g4b, g4, a.fc.data(), int64_t(N) * Hl);
+    be.linear_backward(gc, G(8), G(9), g4b, a.ln2.data(), P(8), N, C, Hl, accumulate);
+    tensor_sum(gc, n);
     be.layernorm_backward(gr, G(6), G(7), gc, a.res1.data(), P(6), a.st2.data(),
                           a.st2.data() + N, N, C, accumulate);
     be.residual_forward(gr, gr, dy.data(), n);  // + the stream's own path
@@ -201,37 +243,41 @@ class Block final : public Layer {
       be.dropout_backward(g, gr, mk.m1.data(), n);
       d = g;
     }
-    be.linear_backward(gc, G(4), G(5), d, a.y.data(), P(4), N, C, C, accumulate);
-    be.attention_backward(g3, gc, a.qkv.data(), a.att.data(), B, T, C, NH_);
-    be.linear_backward(gc, G(2), G(3), g3, a.ln1.data(), P(2), N, C, 3 * C, accumulate);
-    float* dxp = dx ? dx->data() : ws(g_, {N, C});
+    be.linear_backward(gc, G(4), G(5), d, a.y.data(), P(4), N, Cl, C, accumulate);
+    be.attention_backward(g3, gc, a.qkv.data(), a.att.data(), B, T, Cl, NHl);
+    be.linear_backward(gc, G(2), G(3), g3, a.ln1.data(), P(2), N, C, 3 * Cl, accumulate);
+    tensor_sum(gc, n);
+    float* dxp = dx ? dx->data() : ws(w.g, {N, C});
     be.layernorm_backward(dxp, G(0), G(1), gc, x.data(), P(0), a.st1.data(), a.st1.data() + N,
                           N, C, accumulate);
     if (dx) be.residual_forward(dxp, dxp, gr, n);
   }
 
  private:
-  // What backward needs from forward (one set per activation slot, or one shared set that
-  // backward refills when recomputing).
-  struct Acts {
-    Tensor ln1, st1, qkv, att, y, res1, ln2, st2, fc, fcg;
-  };
   struct Masks {
     bool active = false;
     Tensor m1, m2;  // dropout masks of the two residual branches
   };
 
-  void run_forward(const Backend& be, const Tensor& x, float* out, const StepInfo& s, Acts& a,
-                   Masks& mk) {
+  // The sum over the tensor group, in place (host memory: the transformer runs on the CPU).
+  void tensor_sum(float* x, int64_t n) const {
+    if (tp_.size > 1) tp_.comm->allreduce_sum(x, n);
+  }
+
+  void run_forward(const Backend& be, const Tensor& x, float* out, const StepInfo& s,
+                   BlockActs& a, Masks& mk) {
     const int B = int(x.dim(0)), T = int(x.dim(1)), N = B * T, C = C_;
+    const int Cl = C / tp_.size, NHl = NH_ / tp_.size, Hl = 4 * Cl;
     const int64_t n = int64_t(N) * C;
     auto ws = [&](Tensor& t, Shape sh) { t.resize(std::move(sh), *be.memory); return t.data(); };
     auto P = [&](int i) { return params[size_t(i)].value; };
-    for (auto [t, sh] : {std::pair{&a.ln1, Shape{N, C}}, {&a.st1, {2, N}}, {&a.qkv, {N, 3 * C}},
-                         {&a.att, {B, NH_, T, T}}, {&a.y, {N, C}}, {&a.res1, {N, C}},
-                         {&a.ln2, {N, C}}, {&a.st2, {2, N}}, {&a.fc, {N, 4 * C}}, {&a.fcg, {N, 4 * C}}})
+    // The row-parallel layers' bias, added by one rank of the group (before the sum).
+    auto bias = [&](int i) { return tp_.rank == 0 ? P(i) : nullptr; };
+    for (auto [t, sh] : {std::pair{&a.ln1, Shape{N, C}}, {&a.st1, {2, N}}, {&a.qkv, {N, 3 * Cl}},
+                         {&a.att, {B, NHl, T, T}}, {&a.y, {N, Cl}}, {&a.res1, {N, C}},
+                         {&a.ln2, {N, C}}, {&a.st2, {2, N}}, {&a.fc, {N, Hl}}, {&a.fcg, {N, Hl}}})
       ws(*t, sh);
-    float* tmp = ws(tmp_, {N, C});
+    float* tmp = ws(block_workspace().tmp, {N, C});
     mk.active = s.training && p_ > 0;
     auto drop = [&](Tensor& mask, int k) {  // in place on tmp; keyed like Dropout, per branch
       if (!mk.active) return;
@@ -241,15 +287,17 @@ class Block final : public Layer {
                          s.step, s.first_sample);
     };
     be.layernorm_forward(a.ln1.data(), a.st1.data(), a.st1.data() + N, x.data(), P(0), P(1), N, C);
-    be.linear_forward(a.qkv.data(), a.ln1.data(), P(2), P(3), N, C, 3 * C);
-    be.attention_forward(a.y.data(), a.att.data(), a.qkv.data(), B, T, C, NH_);
-    be.linear_forward(tmp, a.y.data(), P(4), P(5), N, C, C);
+    be.linear_forward(a.qkv.data(), a.ln1.data(), P(2), P(3), N, C, 3 * Cl);
+    be.attention_forward(a.y.data(), a.att.data(), a.qkv.data(), B, T, Cl, NHl);
+    be.linear_forward(tmp, a.y.data(), P(4), bias(5), N, Cl, C);
+    tensor_sum(tmp, n);
     drop(mk.m1, 0);
     be.residual_forward(a.res1.data(), x.data(), tmp, n);
     be.layernorm_forward(a.ln2.data(), a.st2.data(), a.st2.data() + N, a.res1.data(), P(6), P(7), N, C);
-    be.linear_forward(a.fc.data(), a.ln2.data(), P(8), P(9), N, C, 4 * C);
-    be.gelu_forward(a.fcg.data(), a.fc.data(), int64_t(N) * 4 * C);
-    be.linear_forward(tmp, a.fcg.data(), P(10), P(11), N, 4 * C, C);
+    be.linear_forward(a.fc.data(), a.ln2.data(), P(8), P(9), N, C, Hl);
+    be.gelu_forward(a.fcg.data(), a.fc.data(), int64_t(N) * Hl);
+    be.linear_forward(tmp, a.fcg.data(), P(10), bias(11), N, Hl, C);
+    tensor_sum(tmp, n);
     drop(mk.m2, 1);
     be.residual_forward(out, a.res1.data(), tmp, n);
   }
@@ -258,11 +306,10 @@ class Block final : public Layer {
   float p_;
   int index_;
   bool recompute_;
-  PerSlot<Acts> acts_;
+  TensorSplit tp_;
+  PerSlot<BlockActs> acts_;  // without recompute
   PerSlot<Masks> masks_;
   PerSlot<StepInfo> step_;
-  Acts scratch_acts_;  // recompute: one set, refilled by each backward
-  Tensor tmp_, out_scratch_, g_, g4_, g4b_, gc_, gr_, g3_;  // workspaces
 };
 
 }  // namespace
@@ -271,8 +318,8 @@ std::unique_ptr<Layer> make_embedding(int vocab, int dim, int context) {
   return std::make_unique<Embedding>(vocab, dim, context);
 }
 std::unique_ptr<Layer> make_block(int dim, int heads, int blocks, float dropout, int index,
-                                  bool recompute) {
-  return std::make_unique<Block>(dim, heads, blocks, dropout, index, recompute);
+                                  bool recompute, TensorSplit tp) {
+  return std::make_unique<Block>(dim, heads, blocks, dropout, index, recompute, tp);
 }
 std::unique_ptr<Layer> make_layernorm(int dim) { return std::make_unique<LayerNorm>(dim); }
 std::unique_ptr<Layer> make_lm_head(int vocab) { return std::make_unique<LmHead>(vocab); }
@@ -284,6 +331,18 @@ bool tie_lm_head(Layer& head, Layer& embedding) {
   h->wte_ = &e->params[0];
   e->tied_ = true;
   return true;
+}
+
+bool tie_lm_head(Layer& head, Param& table) {
+  auto* h = dynamic_cast<LmHead*>(&head);
+  if (!h || table.shape.size() != 2 || table.shape[0] != h->V_) return false;
+  h->wte_ = &table;
+  return true;
+}
+
+Param* token_table(Layer& embedding) {
+  auto* e = dynamic_cast<Embedding*>(&embedding);
+  return e ? &e->params[0] : nullptr;
 }
 
 }  // namespace strata

@@ -35,6 +35,7 @@ int int_arg(const std::string& spec, const std::string& w) {
 struct BuildContext {
   int classes = 0;
   int blocks = 0;
+  TensorSplit tp;  // the blocks' share of the tensor-parallel group
 };
 
 std::unique_ptr<Layer> parse_layer(const std::string& spec, const Shape& in, int index,
@@ -92,9 +93,13 @@ std::unique_ptr<Layer> parse_layer(const std::string& spec, const Shape& in, int
     const int heads = int_arg(spec, w[1]), C = int(in[1]);
     if (C % heads != 0)
       fail_input("model.heads = {} does not divide model.dim = {}", heads, C);
+    if (heads % ctx.tp.size != 0)
+      fail_input("parallel.tensor = {} does not divide model.heads = {} (each tensor-parallel "
+                 "rank holds whole attention heads)", ctx.tp.size, heads);
     if (w.size() > 3 && w[3] != "recompute")
       fail_input("model.layers: '{}': the third argument is 'recompute' or nothing", spec);
-    return make_block(C, heads, ctx.blocks, w.size() > 2 ? prob(w[2]) : 0.0f, index, w.size() > 3);
+    return make_block(C, heads, ctx.blocks, w.size() > 2 ? prob(w[2]) : 0.0f, index, w.size() > 3,
+                      ctx.tp);
   }
   if (k == "layernorm") {
     nargs(0, 0);
@@ -124,11 +129,12 @@ struct Built {
   std::vector<Shape> shapes;
 };
 
-Built build_layers(const ModelSpec& spec, const Shape& input_shape, int classes) {
+Built build_layers(const ModelSpec& spec, const Shape& input_shape, int classes,
+                   TensorSplit tp = {}) {
   Built b;
   Shape shape = input_shape;
   std::map<std::string, int> counts;
-  BuildContext ctx{.classes = classes};
+  BuildContext ctx{.classes = classes, .tp = tp};
   for (const auto& s : spec) ctx.blocks += short_kind(s) == "block";
   for (size_t i = 0; i < spec.size(); ++i) {
     // "relu, maxpool" runs as "maxpool, relu": max and ReLU commute exactly (ReLU is monotone,
@@ -160,6 +166,9 @@ Built build_layers(const ModelSpec& spec, const Shape& input_shape, int classes)
     b.layers.push_back(std::move(layer));
   }
   b.shapes.push_back(shape);
+  for (auto& l : b.layers)
+    for (auto& p : l->params)
+      if (p.whole_shape.empty()) p.whole_shape = p.shape;
   // A classifier gives (classes) per sample; a language model (T, vocab): a row per position.
   if (shape.empty() || shape.back() != classes)
     fail_input("model: the last layer gives {} per sample; the data has {} classes (end the "
@@ -167,10 +176,32 @@ Built build_layers(const ModelSpec& spec, const Shape& input_shape, int classes)
   return b;
 }
 
-int64_t param_count(const Layer& l) {
+int64_t param_count(const Layer& l) {  // this rank's share
   int64_t n = 0;
   for (auto& p : l.params) n += numel(p.shape);
   return n;
+}
+int64_t whole_param_count(const Layer& l) {  // unsplit
+  int64_t n = 0;
+  for (auto& p : l.params) n += numel(p.whole_shape);
+  return n;
+}
+
+// Part t of `parts` of a split parameter, as runs of consecutive elements:
+// fn(offset in the part, offset in the whole tensor, count) for each.
+template <class F>
+void for_each_run(const Param& p, int t, int parts, F&& fn) {
+  if (p.split_dim < 0 || parts == 1) {
+    fn(int64_t(0), int64_t(0), numel(p.shape));
+  } else if (p.split_dim == 0) {  // split_groups blocks of rows, each cut in `parts`
+    const int64_t rows = p.whole_shape[0], inner = numel(p.whole_shape) / rows;
+    const int64_t group_rows = rows / p.split_groups, r = group_rows / parts;
+    for (int64_t j = 0; j < p.split_groups; ++j)
+      fn(j * r * inner, (j * group_rows + t * r) * inner, r * inner);
+  } else {  // (R, K) columns: (R, K / parts)
+    const int64_t R = p.whole_shape[0], K = p.whole_shape[1], k = K / parts;
+    for (int64_t i = 0; i < R; ++i) fn(i * k, i * K + t * k, k);
+  }
 }
 
 }  // namespace
@@ -187,49 +218,125 @@ std::vector<LayerInfo> Model::describe_layers(const ModelSpec& spec, const Shape
   return out;
 }
 
-Model::Model(const ModelSpec& spec, Shape input_shape, int classes, LayerRange stage)
-    : spec_(spec), input_shape_(std::move(input_shape)), classes_(classes) {
-  Built b = build_layers(spec, input_shape_, classes);
+Model::Model(const ModelSpec& spec, Shape input_shape, int classes, LayerRange stage,
+             TensorSplit tp)
+    : spec_(spec), input_shape_(std::move(input_shape)), classes_(classes), tp_(tp) {
+  Built b = build_layers(spec, input_shape_, classes, tp);
   total_layers_ = int(b.layers.size());
   const int last = stage.last < 0 ? total_layers_ : stage.last;
   STRATA_CHECK(0 <= stage.first && stage.first < last && last <= total_layers_,
                "layer range [{}, {}) of a {}-layer model", stage.first, last, total_layers_);
   first_ = stage.first;
   // Later stages' parameters come first in the whole model's flat layout.
-  for (int i = last; i < total_layers_; ++i) offset_in_whole_ += param_count(*b.layers[size_t(i)]);
+  for (int i = last; i < total_layers_; ++i) offset_in_whole_ += whole_param_count(*b.layers[size_t(i)]);
+  // GPT-2's output layer reads the token embedding's table. On a stage holding the head but
+  // not the embedding (a pipeline's last stage), the head reads a copy of the table, named as
+  // the table is (so init gives it the same values), kept after the stage's block in the flat
+  // buffers; the trainer sums its gradient with the table's (tied_table()).
+  auto is_head = [](const Layer& l) { return l.describe().starts_with("LM head"); };
+  bool head_here = false, embedding_here = false, head_anywhere = false;
+  Param* whole_table = nullptr;
+  std::string table_name;
+  for (int i = 0; i < total_layers_; ++i) {
+    Layer& l = *b.layers[size_t(i)];
+    const bool here = first_ <= i && i < last;
+    head_anywhere = head_anywhere || is_head(l);
+    if (Param* t = token_table(l)) {
+      whole_table = t;
+      table_name = l.name + "." + t->name;
+      embedding_here = embedding_here || here;
+    }
+    head_here = head_here || (here && is_head(l));
+  }
+  if (head_here && !embedding_here) {
+    if (!whole_table) fail_input("model: the LM head needs an embedding layer before it");
+    tied_copy_ = std::make_unique<Param>(*whole_table);
+    tied_copy_->name = table_name;
+  }
   for (int i = first_; i < last; ++i) layers_.push_back(std::move(b.layers[size_t(i)]));
   shapes_.assign(b.shapes.begin() + first_, b.shapes.begin() + last + 1);
 
   // Flat layout in reverse layer order: backward finishes gradients front to back.
   int64_t total = 0;
   for (auto& l : layers_) total += param_count(*l);
+  block_params_ = total;
+  if (tied_copy_) total += numel(tied_copy_->shape);
   values_ = Tensor({total});
   grads_ = Tensor({total});
   host_values_ = values_;  // shares storage until place() moves values_ to a device
-  int64_t off = 0;
+  int64_t off = 0, whole_off = 0;
   ready_after_.assign(layers_.size(), 0);
+  auto bind = [&](Param& p) {
+    p.offset = off;
+    p.whole_offset = whole_off;
+    p.value = p.host = values_.data() + off;
+    p.grad = grads_.data() + off;
+    off += numel(p.shape);
+    whole_off += numel(p.whole_shape);
+  };
   for (size_t i = layers_.size(); i-- > 0;) {
     for (auto& p : layers_[i]->params) {
       p.name = layers_[i]->name + "." + p.name;
-      p.offset = off;
-      p.value = p.host = values_.data() + off;
-      p.grad = grads_.data() + off;
-      off += numel(p.shape);
+      bind(p);
     }
     ready_after_[i] = off;
   }
+  whole_block_params_ = whole_off;
   for (auto& l : layers_)
     for (auto& p : l->params) params_.push_back(&p);
-  // GPT-2's output layer reads the token embedding's table: both must be on this stage.
-  for (auto& h : layers_) {
-    if (!h->describe().starts_with("LM head")) continue;
-    bool tied = false;
-    for (auto& e : layers_) tied = tied || tie_lm_head(*h, *e);
-    if (!tied)
-      fail_input("model: the LM head shares the token embedding's table, so both must be on "
-                 "one pipeline stage (parallel.pipeline_stages = 1 for a GPT, for now)");
+  if (tied_copy_) {
+    bind(*tied_copy_);
+    params_.push_back(tied_copy_.get());
   }
+  for (auto& h : layers_) {
+    if (!is_head(*h)) continue;
+    bool tied = tied_copy_ && tie_lm_head(*h, *tied_copy_);
+    for (auto& e : layers_) tied = tied || tie_lm_head(*h, *e);
+    STRATA_CHECK(tied, "LM head {} not tied", h->name);
+  }
+  if (embedding_here && head_anywhere && !head_here)
+    for (auto& e : layers_)
+      if (Param* t = token_table(*e)) shared_table_ = t;
   set_slot(0);
+}
+
+Param* Model::tied_table() const { return tied_copy_ ? tied_copy_.get() : shared_table_; }
+
+std::vector<std::pair<int64_t, int64_t>> Model::norm_ranges() const {
+  std::vector<std::pair<int64_t, int64_t>> r;
+  for (const Param* p : params_) {
+    if (p == tied_copy_.get() || (tp_.rank != 0 && p->split_dim < 0)) continue;
+    const int64_t b = p->offset, e = b + numel(p->shape);
+    if (!r.empty() && r.back().second == b) r.back().second = e;
+    else r.push_back({b, e});
+  }
+  return r;
+}
+
+void Model::assemble(const std::vector<const float*>& parts, float* whole) const {
+  STRATA_CHECK(int(parts.size()) == tp_.size, "{} parts for {} tensor ranks", parts.size(), tp_.size);
+  for (const Param* p : params_) {
+    if (p == tied_copy_.get()) continue;
+    for (int t = 0; t < tp_.size; ++t) {
+      const float* src = parts[size_t(t)] + p->offset;
+      float* dst = whole + p->whole_offset;
+      for_each_run(*p, t, tp_.size, [&](int64_t at_part, int64_t at_whole, int64_t n) {
+        std::copy_n(src + at_part, n, dst + at_whole);
+      });
+      if (p->split_dim < 0) break;  // every rank holds the same: take rank 0's
+    }
+  }
+}
+
+void Model::extract(const float* whole, float* mine) const {
+  for (const Param* p : params_) {
+    if (p == tied_copy_.get()) continue;
+    const float* src = whole + p->whole_offset;
+    float* dst = mine + p->offset;
+    for_each_run(*p, tp_.rank, tp_.size, [&](int64_t at_part, int64_t at_whole, int64_t n) {
+      std::copy_n(src + at_whole, n, dst + at_part);
+    });
+  }
 }
 
 void Model::set_slot(int k) {
@@ -281,28 +388,38 @@ double Model::flops_per_sample() const {
 }
 
 void Model::init(uint64_t seed) {
+  std::vector<float> whole;  // a split parameter's whole tensor, of which this rank keeps a part
   for (Param* p : params_) {
     uint64_t h = 1469598103934665603ull;  // FNV-1a of the name
     for (unsigned char c : p->name) h = (h ^ c) * 1099511628211ull;
     Rng rng(hash_combine(seed, h));
-    const int64_t n = numel(p->shape);
+    const int64_t n = numel(p->whole_shape);
+    float* v = p->host;
+    if (p->split_dim >= 0) {
+      whole.resize(size_t(n));
+      v = whole.data();
+    }
     switch (p->init) {
       case Param::Init::kUniformFanIn: {
         const float bound = 1.0f / std::sqrt(float(p->fan_in));
-        for (int64_t i = 0; i < n; ++i) p->host[i] = rng.uniform(-bound, bound);
+        for (int64_t i = 0; i < n; ++i) v[i] = rng.uniform(-bound, bound);
         break;
       }
       case Param::Init::kNormal:  // Box-Muller on the counter-based stream: platform independent
         for (int64_t i = 0; i < n; i += 2) {
           const float u1 = 1.0f - rng.uniform(0.f, 1.f), u2 = rng.uniform(0.f, 1.f);
           const float r = p->std * std::sqrt(-2.0f * std::log(u1)), a = 6.28318530718f * u2;
-          p->host[i] = r * std::cos(a);
-          if (i + 1 < n) p->host[i + 1] = r * std::sin(a);
+          v[i] = r * std::cos(a);
+          if (i + 1 < n) v[i + 1] = r * std::sin(a);
         }
         break;
-      case Param::Init::kOnes: std::fill(p->host, p->host + n, 1.0f); break;
-      case Param::Init::kZeros: std::fill(p->host, p->host + n, 0.0f); break;
+      case Param::Init::kOnes: std::fill(v, v + n, 1.0f); break;
+      case Param::Init::kZeros: std::fill(v, v + n, 0.0f); break;
     }
+    if (p->split_dim >= 0)
+      for_each_run(*p, tp_.rank, tp_.size, [&](int64_t at_part, int64_t at_whole, int64_t k) {
+        std::copy_n(v + at_whole, k, p->host + at_part);
+      });
   }
   // (on a device, place() or push() uploads them)
 }

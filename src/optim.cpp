@@ -41,11 +41,14 @@ void Optimizer::push(const Backend& be) {
 }
 
 double Optimizer::step(const Backend& be, Tensor& params, Tensor& grads, int64_t step,
-                       Comm* norm_over) {
+                       Comm* norm_over, const std::vector<std::pair<int64_t, int64_t>>* norm_ranges) {
   const int64_t n = params.size();
   double norm = -1;  // a pass over every gradient: only when clipping needs it
   if (c_.grad_clip > 0) {
-    double sq = be.sum_squares(grads.data(), n);
+    double sq = 0;
+    if (!norm_ranges) sq = be.sum_squares(grads.data(), n);
+    else
+      for (auto [b, e] : *norm_ranges) sq += be.sum_squares(grads.data() + b, e - b);
     if (norm_over) norm_over->allreduce_sum(&sq, 1);
     norm = std::sqrt(sq);
     if (norm > c_.grad_clip) be.scale_inplace(grads.data(), n, float(c_.grad_clip / (norm + 1e-6)));

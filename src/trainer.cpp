@@ -150,14 +150,38 @@ EvalResult evaluate_pipelined(PipelineStage& pipe, const Backend& be, const Data
                         rows_per_sample,
                         [&](const Loader::Batch& hb, int64_t bs) {
     const auto b = on_be.put(be, hb);
-    return pipe.forward_only(be, b.x, b.y, bs);
+    auto sums = pipe.forward_only(be, b.x, b.y, bs);
+    // Every part of a tensor group holds the logits: part 0's count.
+    return grid.tensor == 0 ? sums : std::pair<double, int64_t>{0, 0};
   });
 }
+
+namespace {
+// One stage split over a tensor group: every part runs the replica's batches (the blocks
+// exchange partial sums); part 0's losses are counted.
+EvalResult evaluate_tensor_parallel(Model& model, const Backend& be, const DatasetInfo& info,
+                                    const std::string& split, Comm& world,
+                                    const ProcessGrid& grid, int64_t batch = 1000) {
+  Tensor probs;
+  BatchOnBackend on_be;
+  const int64_t rps = model.rows_per_sample();
+  return evaluate_split(info, split, batch, grid.replica, grid.replicas, world, rps,
+                        [&](const Loader::Batch& hb, int64_t bs) {
+    const auto b = on_be.put(be, hb);
+    const Tensor& logits = model.forward(be, b.x, StepInfo{.training = false});
+    if (grid.tensor != 0) return std::pair<double, int64_t>{0, 0};
+    probs.resize(logits.shape, *be.memory);
+    const int c = model.classes(), rows = int(bs * rps);
+    return std::pair{be.softmax_xent_forward(probs.data(), logits.data(), b.y, rows, c),
+                     be.count_correct(logits.data(), b.y, rows, c)};
+  });
+}
+}  // namespace
 
 int run_train(const RunConfig& cfg, Comm& comm) {
   const bool lead = comm.rank() == 0;
   const int ranks = comm.size();
-  const int P = cfg.parallel.pipeline_stages;
+  const int P = cfg.parallel.pipeline_stages, T = cfg.parallel.tensor;
   std::string device_note;
   const Backend* bep = nullptr;
   DatasetInfo info;
@@ -168,13 +192,18 @@ int run_train(const RunConfig& cfg, Comm& comm) {
     validate(cfg);
     bep = &select_backend({.device = cfg.device, .threads = cfg.threads,
                            .precision = cfg.train.precision}, &device_note);
-    if (ranks % P != 0)
-      fail_input("parallel.pipeline_stages = {} does not divide the {} ranks (each of the "
-                 "ranks / P data-parallel replicas runs a whole pipeline)", P, ranks);
-    D = ranks / P;
+    if (ranks % (P * T) != 0)
+      fail_input("parallel.pipeline_stages = {} x parallel.tensor = {} does not divide the {} "
+                 "ranks (each of the ranks / (P T) data-parallel replicas runs a whole model)",
+                 P, T, ranks);
+    D = ranks / (P * T);
     if (cfg.train.batch_size % D != 0)
       fail_input("train.batch_size = {} is not divisible by the {} data-parallel replicas "
-                 "({} ranks / parallel.pipeline_stages = {})", cfg.train.batch_size, D, ranks, P);
+                 "({} ranks / (parallel.pipeline_stages = {} x parallel.tensor = {}))",
+                 cfg.train.batch_size, D, ranks, P, T);
+    if (T > 1 && !bep->host_memory())
+      fail_input("parallel.tensor = {}: tensor parallelism runs on the CPU for now (use "
+                 "--device cpu)", T);
     M = resolve_microbatches(cfg.parallel.microbatches, P, cfg.train.batch_size, D);
     info = open_dataset(cfg.data.path);
     if (info.tokens != (cfg.model.type == "gpt"))
@@ -208,7 +237,10 @@ int run_train(const RunConfig& cfg, Comm& comm) {
   const int64_t G = cfg.train.batch_size;
   // Micro-batches without a pipeline are plain gradient accumulation, run by the same engine.
   const bool pipelined = P > 1 || M > 1;
-  ProcessGrid grid = make_grid(comm, P, cfg.parallel.placement, cfg.threads);
+  // Checkpoints and the parameter file are written from the whole model gathered on rank 0
+  // when ranks hold different parts of it.
+  const bool gathered = pipelined || T > 1;
+  ProcessGrid grid = make_grid(comm, P, T, cfg.parallel.placement, cfg.threads);
   // On a GPU: NCCL for the stage replicas' gradient allreduce, device buffers for the pipeline.
   grid.stage_comm = make_device_comm(std::move(grid.stage_comm), be);
   grid.pipe_comm = make_device_comm(std::move(grid.pipe_comm), be);
@@ -216,7 +248,8 @@ int run_train(const RunConfig& cfg, Comm& comm) {
   std::unique_ptr<Model> model;
   collectively(comm, [&] {
     model = std::make_unique<Model>(cfg.model_spec(info.classes), info.train.sample_shape,
-                                    info.classes, ranges[size_t(grid.stage)]);
+                                    info.classes, ranges[size_t(grid.stage)],
+                                    TensorSplit{grid.tensor, T, grid.tensor_comm.get()});
     model->check_backend(be);
     if (lead) {
       ensure_parent_dir(cfg.params_path());
@@ -224,7 +257,8 @@ int run_train(const RunConfig& cfg, Comm& comm) {
     }
   });
   model->init(cfg.train.seed);
-  // With a pipeline, rank 0 also holds the whole model: checkpoints gather into it.
+  // With a pipeline or tensor parallelism, rank 0 also holds the whole model: checkpoints
+  // gather into it.
   auto make_whole = [&] {
     return std::make_unique<Model>(cfg.model_spec(info.classes), info.train.sample_shape, info.classes);
   };
@@ -259,10 +293,10 @@ int run_train(const RunConfig& cfg, Comm& comm) {
   const int64_t ckpt_bytes = whole_params * 4 * int64_t(1 + opt.state().size()) + (1 << 16);
   ckpt.preflight(ckpt_bytes);
   int64_t start_step = 0;
-  std::unique_ptr<Model> whole;       // pipeline: rank 0's assembly of every stage
+  std::unique_ptr<Model> whole;       // gathered: rank 0's assembly of every stage and part
   std::unique_ptr<Optimizer> whole_opt;
   std::optional<TrainState> resumed;
-  if (!pipelined) {
+  if (!gathered) {
     resumed = ckpt.resume(*model, opt, cfg, info.source_sha256);
   } else if (lead || cfg.resume != "never") {
     // Checkpoints hold the whole model by global names, whatever grid wrote them: every rank
@@ -337,8 +371,8 @@ int run_train(const RunConfig& cfg, Comm& comm) {
       if (auto prev = ckpt.finish()) report_checkpoint(*prev);
     model->pull(be);  // checkpoints are written from the host copies
     opt.pull(be);
-    if (pipelined) gather_stages(comm, grid, layers, ranges, *model, opt, whole.get(), whole_opt.get());
-    auto r = pipelined && lead ? ckpt.save(*whole, *whole_opt, st, prov, wait)
+    if (gathered) gather_stages(comm, grid, layers, ranges, *model, opt, whole.get(), whole_opt.get());
+    auto r = gathered && lead ? ckpt.save(*whole, *whole_opt, st, prov, wait)
                                : ckpt.save(*model, opt, st, prov, wait);
     last_ckpt_time = Clock::now();
     last_ckpt_step = steps_done;
@@ -361,10 +395,14 @@ int run_train(const RunConfig& cfg, Comm& comm) {
     fmt::print("data {}: {} train samples{}, {} classes, sample shape {}\n", cfg.data.path,
                info.train.n, info.has_test ? fmt::format(", {} test", info.test.n) : "",
                info.classes, shape_str(info.train.sample_shape));
-    if (!pipelined) {
-      fmt::print("model:\n{}\n", model->summary());
-    } else {
-      fmt::print("model:\n{}\n", whole->summary());
+    if (!gathered) fmt::print("model:\n{}\n", model->summary());
+    else fmt::print("model:\n{}\n", whole->summary());
+    if (T > 1)
+      fmt::print("tensor parallel: {} ranks split each block ({} of {} heads and {} of {} MLP "
+                 "units each) x {} pipeline stage{} x {} data-parallel replica{}\n", T,
+                 cfg.model.heads / T, cfg.model.heads, 4 * cfg.model.dim / T, 4 * cfg.model.dim,
+                 P, P == 1 ? "" : "s", D, D == 1 ? "" : "s");
+    if (pipelined) {
       fmt::print("pipeline: {} stage{} x {} data-parallel replica{} ({}), {} micro-batches of {} "
                  "per step, schedule {}, partition {}\n{}\n", P, P == 1 ? "" : "s", D,
                  D == 1 ? "" : "s", cfg.parallel.placement, M, G / D / M, cfg.parallel.schedule,
@@ -393,6 +431,18 @@ int run_train(const RunConfig& cfg, Comm& comm) {
     std::fflush(stdout);
   }
 
+  // The global gradient norm (clipping) sums the squares of every rank of a replica's model,
+  // each parameter counted once.
+  Comm* norm_comm = P > 1 || T > 1 ? grid.model_comm.get() : nullptr;
+  const auto norm_ranges = model->norm_ranges();
+  // GPT-2's token table on a pipeline's first and last stage: the embedding's gradient and the
+  // output layer's, summed (after the replicas' average), so both copies take one update.
+  auto share_tied_gradient = [&] {
+    if (Param* t = model->tied_table(); t && grid.tied_comm) {
+      Tracer::Scope span(tracer, "allreduce", "token table gradient (first + last stage)");
+      grid.tied_comm->allreduce_sum(t->grad, numel(t->shape));
+    }
+  };
   ProgressLine progress(lead ? cfg.progress : "off");
   BatchOnBackend on_be;
   const bool update_in_backward = ranks == 1 && !pipelined && opt.can_update_in_backward();
@@ -448,7 +498,9 @@ int run_train(const RunConfig& cfg, Comm& comm) {
     // stop signal (and which: the sum of the signal numbers over the count names it when all
     // got the same, as srun's forwarding does, whichever rank got it first), rank 0 for the
     // time limit and the checkpoint period.
-    double agree[5] = {loss, stop_signal() ? 1.0 : 0.0, 0.0, 0.0, double(stop_signal())};
+    // (A tensor group's ranks all hold the loss: part 0's counts.)
+    double agree[5] = {grid.tensor == 0 ? loss : 0.0, stop_signal() ? 1.0 : 0.0, 0.0, 0.0,
+                       double(stop_signal())};
     if (lead) {
       agree[2] = end_time && unix_now() + stop_margin() >= *end_time ? 1.0 : 0.0;
       agree[3] = cfg.checkpoint.every_seconds > 0 &&
@@ -476,8 +528,9 @@ int run_train(const RunConfig& cfg, Comm& comm) {
       return kExitDiverged;
     }
     if (pipelined) {
+      share_tied_gradient();
       Tracer::Scope span(tracer, "optimizer", "optimizer step");
-      opt.step(be, model->values(), model->grads(), step, P > 1 ? grid.pipe_comm.get() : nullptr);
+      opt.step(be, model->values(), model->grads(), step, norm_comm, &norm_ranges);
     } else if (update_in_backward) {
       Tracer::Scope span(tracer, "compute", "backward + optimizer");
       // One rank, no clipping: update each layer's parameters as soon as backward has
@@ -500,7 +553,7 @@ int run_train(const RunConfig& cfg, Comm& comm) {
         reducer.finish();
       }
       Tracer::Scope span(tracer, "optimizer", "optimizer step");
-      opt.step(be, model->values(), model->grads(), step);
+      opt.step(be, model->values(), model->grads(), step, norm_comm, &norm_ranges);
     }
     samples_since_log += G;
     const int64_t done_steps = step + 1;
@@ -582,11 +635,12 @@ int run_train(const RunConfig& cfg, Comm& comm) {
   EvalResult ev;
   if (info.has_test)
     ev = pipelined ? evaluate_pipelined(*pipe, be, info, "test", comm, grid, rps)
+         : T > 1   ? evaluate_tensor_parallel(*model, be, info, "test", comm, grid)
                    : evaluate(*model, be, info, "test", comm);
   Model* final_model = model.get();
   model->pull(be);
   opt.pull(be);
-  if (pipelined) {
+  if (gathered) {
     gather_stages(comm, grid, layers, ranges, *model, opt, whole.get(), whole_opt.get());
     final_model = whole.get();
   }
@@ -605,6 +659,7 @@ int run_train(const RunConfig& cfg, Comm& comm) {
         {"train_thread_cpu_s", json_number(train_cpu_s)},
         {"ranks", fmt::format("{}", ranks)},
         {"pipeline_stages", fmt::format("{}", P)},
+        {"tensor_parallel", fmt::format("{}", T)},
         {"data_parallel", fmt::format("{}", D)},
         {"microbatches", fmt::format("{}", M)},
         {"schedule", json_string(pipelined ? cfg.parallel.schedule : "none")}};

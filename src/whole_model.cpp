@@ -44,8 +44,28 @@ void gather_stages(Comm& world, const ProcessGrid& grid, const std::vector<Layer
   }
   if (grid.replica != 0 && !root) return;
   auto mine = buffers(stage, opt);
+  // Tensor parallelism: part 0 of each stage assembles the stage's unsplit block first.
+  std::vector<std::vector<float>> assembled;
+  if (grid.tensors > 1) {
+    Comm& tc = *grid.tensor_comm;
+    if (grid.tensor != 0) {
+      for (float* p : mine) send(tc, p, stage.block_params(), 0);
+      return;
+    }
+    std::vector<std::vector<float>> parts(size_t(grid.tensors - 1), std::vector<float>(size_t(stage.block_params())));
+    for (float*& p : mine) {
+      std::vector<const float*> from = {p};
+      for (int t = 1; t < grid.tensors; ++t) {
+        recv(tc, parts[size_t(t - 1)].data(), stage.block_params(), t);
+        from.push_back(parts[size_t(t - 1)].data());
+      }
+      assembled.emplace_back(size_t(stage.whole_block_params()));
+      stage.assemble(from, assembled.back().data());
+      p = assembled.back().data();
+    }
+  }
   if (!root) {
-    for (float* p : mine) send(world, p, stage.num_params(), 0);
+    for (float* p : mine) send(world, p, stage.whole_block_params(), 0);
     return;
   }
   auto dst = buffers(*whole, *whole_opt);
@@ -59,9 +79,18 @@ void gather_stages(Comm& world, const ProcessGrid& grid, const std::vector<Layer
 }
 
 void take_stage(Model& whole, Optimizer& whole_opt, Model& stage, Optimizer& opt) {
-  const int64_t off = stage.offset_in_whole(), n = stage.num_params();
+  const int64_t off = stage.offset_in_whole();
   auto src = buffers(whole, whole_opt), dst = buffers(stage, opt);
-  for (size_t k = 0; k < src.size(); ++k) std::copy_n(src[k] + off, n, dst[k]);
+  // The token table's copy on the head's stage: the table's values and state.
+  const Param* copy = stage.tied_table();
+  const Param* table = nullptr;
+  if (copy && copy->offset >= stage.block_params())
+    for (const Param* p : whole.params())
+      if (p->name == copy->name) table = p;
+  for (size_t k = 0; k < src.size(); ++k) {
+    stage.extract(src[k] + off, dst[k]);
+    if (table) std::copy_n(src[k] + table->offset, numel(table->shape), dst[k] + copy->offset);
+  }
   opt.set_steps_taken(whole_opt.steps_taken());
 }
 

@@ -57,7 +57,8 @@ struct RunConfig {
     bool overlap = true;     // start bucket allreduces during backward
   } dp;
   struct Parallel {
-    int pipeline_stages = 1;    // P; data-parallel width D = ranks / P
+    int pipeline_stages = 1;    // P; data-parallel width D = ranks / (P T)
+    int tensor = 1;             // T: ranks splitting each transformer block (Megatron-style)
     int microbatches = 0;       // M per step; 0 = the largest divisor of the per-replica
                                 // batch up to 4 P (1 without a pipeline)
     std::string schedule = "1f1b";  // 1f1b | gpipe

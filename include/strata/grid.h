@@ -1,8 +1,15 @@
-// The process grid: pipeline stages × data-parallel replicas, built from MPI communicators.
+// The process grid: pipeline stages × data-parallel replicas × tensor-parallel ranks, built
+// from MPI communicators.
 //
-// Every rank belongs to one stage group (the ranks holding the same layers, one per replica:
-// the gradient allreduce runs over it) and to one pipeline (one rank per stage, in stage
-// order: activations and their gradients pass between neighbours in it).
+// Every rank belongs to one stage group (the ranks holding the same layers and the same
+// tensor part, one per replica: the gradient allreduce runs over it), to one pipeline (one
+// rank per stage, same replica and tensor part, in stage order: activations and their
+// gradients pass between neighbours in it) and to one tensor group (the ranks splitting the
+// same stage of the same replica: a block's allreduces run over it).
+//
+// The tensor group is innermost: its T ranks are consecutive (rank = base * T + tensor part),
+// since its allreduces come twice per block in forward and backward, on the critical path;
+// `base` is then placed as follows.
 //
 // Placement (parallel.placement) chooses which groups get consecutive ranks. Slurm and mpirun
 // fill nodes with consecutive ranks, so consecutive ranks share a node's memory bus:
@@ -24,11 +31,16 @@
 namespace strata {
 
 struct ProcessGrid {
-  int stages = 1, replicas = 1;  // P and D
-  int stage = 0, replica = 0;    // this rank's place
+  int stages = 1, replicas = 1, tensors = 1;  // P, D and T
+  int stage = 0, replica = 0, tensor = 0;     // this rank's place
   std::string placement = "replicas_in_node";
-  std::unique_ptr<Comm> stage_comm;  // same stage, every replica (rank = replica)
-  std::unique_ptr<Comm> pipe_comm;   // same replica, every stage (rank = stage)
+  std::unique_ptr<Comm> stage_comm;   // same stage and tensor part, every replica (rank = replica)
+  std::unique_ptr<Comm> pipe_comm;    // same replica and tensor part, every stage (rank = stage)
+  std::unique_ptr<Comm> tensor_comm;  // same stage and replica (rank = tensor part)
+  std::unique_ptr<Comm> model_comm;   // same replica: the whole model (the gradient norm)
+  // With P > 1: the first and last stage of the same replica and tensor part (the token
+  // table's gradient, shared by a GPT's embedding and output layer); null elsewhere.
+  std::unique_ptr<Comm> tied_comm;
   // This node runs more ranks x threads than it has cores for this process: a rank waiting
   // for a neighbour then sleeps between polls instead of spinning (pipe_comm is so set).
   bool oversubscribed = false;
@@ -37,14 +49,15 @@ struct ProcessGrid {
 
   bool first_stage() const { return stage == 0; }
   bool last_stage() const { return stage == stages - 1; }
-  // World rank of (stage, replica) under this placement.
-  int world_rank(int stage, int replica) const;
-  // "stage 1 of 2, replica 0 of 2"
+  // World rank of (stage, replica, tensor part) under this placement.
+  int world_rank(int stage, int replica, int tensor = 0) const;
+  // "stage 1 of 2, replica 0 of 2" (", tensor part 1 of 2" when T > 1)
   std::string where() const;
 };
 
-// Collective over `world`. world.size() must be a multiple of stages (checked by the caller);
-// threads: math threads per rank.
-ProcessGrid make_grid(Comm& world, int stages, const std::string& placement, int threads);
+// Collective over `world`. world.size() must be a multiple of stages x tensors (checked by the
+// caller); threads: math threads per rank.
+ProcessGrid make_grid(Comm& world, int stages, int tensors, const std::string& placement,
+                      int threads);
 
 }  // namespace strata

@@ -14,6 +14,8 @@
 
 namespace strata {
 
+class Comm;
+
 // A parameter's value and gradient live in the model's flat buffers, in the backend's memory
 // (value, grad: what the ops read and write); `host` is the value's host copy, the same
 // pointer as `value` on the CPU (see Model::place).
@@ -29,6 +31,20 @@ struct Param {
   float* grad = nullptr;
   float* host = nullptr;
   int64_t offset = 0;  // into the flat buffers
+  // Tensor parallelism: this rank may hold one part of the whole tensor (whole_shape), cut
+  // along dim 0 (split_dim 0: `split_groups` equal blocks of rows, each cut in parts: c_attn's
+  // q, k and v rows each split by heads) or along dim 1 (split_dim 1: columns). -1: whole.
+  Shape whole_shape = {};  // = shape unless split (Model fills it)
+  int split_dim = -1;
+  int split_groups = 1;
+  int64_t whole_offset = 0;  // into the stage's unsplit block (checkpoint layout)
+};
+
+// Megatron-style tensor parallelism: a transformer block's attention heads and MLP hidden
+// units divided over `size` ranks, this one being `rank`; `comm` joins them (host memory).
+struct TensorSplit {
+  int rank = 0, size = 1;
+  Comm* comm = nullptr;
 };
 
 // Per-step facts some layers need (dropout keys its mask on them).
@@ -93,15 +109,24 @@ std::unique_ptr<Layer> make_embedding(int vocab, int dim, int context);
 // One pre-LayerNorm transformer block (T, C) -> (T, C): x + attn(ln_1(x)), then
 // + mlp(ln_2(.)) with a 4C GELU MLP; dropout p on both residual branches. `blocks` (the model's
 // count) scales the init of the residual projections as GPT-2 does; `recompute` keeps only the
-// block's input from forward and recomputes the rest in backward.
+// block's input from forward and recomputes the rest in backward. Under tensor parallelism
+// (tp.size > 1) the block holds heads/size heads and 4*dim/size MLP units: c_attn and c_fc
+// column-parallel, both c_proj row-parallel, one allreduce over tp.comm per branch in forward
+// (the row-parallel output) and one in backward (the gradient at the branch's LayerNorm).
 std::unique_ptr<Layer> make_block(int dim, int heads, int blocks, float dropout, int index,
-                                  bool recompute);
+                                  bool recompute, TensorSplit tp = {});
 std::unique_ptr<Layer> make_layernorm(int dim);
 // Logits (T, V) = x (T, C) @ wte^T: the output layer, tied to the embedding's token table
 // (tie_lm_head connects them once both exist; Model does it).
 std::unique_ptr<Layer> make_lm_head(int vocab);
 // Ties head to embedding; false if they are not an LM head and an embedding.
 bool tie_lm_head(Layer& head, Layer& embedding);
+// Ties head to a copy of the token table (a pipeline whose last stage holds the head and the
+// first the embedding: the copy's gradient is summed with the table's each step, so the two
+// stay equal); false if head is not an LM head.
+bool tie_lm_head(Layer& head, Param& table);
+// The embedding's token table (its gradient is shared with the head); null for other layers.
+Param* token_table(Layer& embedding);
 // Conv2d immediately followed by MaxPool2d as one layer that pools each chunk of samples while
 // its convolution output is in cache. Takes both (the conv's name and parameters are kept);
 // returns null, leaving them untouched, if they are not a Conv2d and a MaxPool2d.

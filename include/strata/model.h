@@ -34,7 +34,9 @@ class Model {
   // The layers `stage` of the model `spec` (all of them by default). Parameter names, shapes
   // and initial values are those of the whole model, whatever the range. Throws UserError
   // naming the bad layer spec or shape mismatch.
-  Model(const ModelSpec& spec, Shape input_shape, int classes, LayerRange stage = {});
+  // tp: this rank's part of the tensor-parallel group (transformer blocks are split over it).
+  Model(const ModelSpec& spec, Shape input_shape, int classes, LayerRange stage = {},
+        TensorSplit tp = {});
   static std::vector<LayerInfo> describe_layers(const ModelSpec& spec, const Shape& input_shape,
                                                 int classes);
 
@@ -42,7 +44,7 @@ class Model {
   const Shape& input_shape() const { return input_shape_; }  // of the whole model
   // This stage: its layers [first_layer, last_layer) of total_layers, the per-sample shapes
   // entering and leaving it, and where its parameters sit in the whole model's flat buffers
-  // (stages hold contiguous blocks of them, later stages first).
+  // (stages hold contiguous blocks of them, later stages first; offsets count whole tensors).
   int first_layer() const { return first_; }
   int last_layer() const { return first_ + int(layers_.size()); }
   int total_layers() const { return total_layers_; }
@@ -59,7 +61,26 @@ class Model {
   // The host copy of values(): what checkpoints, parameter files and stage gathering read and
   // write. The same storage as values() until place() moves those to a device.
   Tensor& host_values() { return host_values_; }
-  int64_t num_params() const { return values_.size(); }
+  int64_t num_params() const { return values_.size(); }  // everything the optimizer updates
+
+  // The stage's block of the whole model in the flat buffers: block_params() floats from 0
+  // (this rank's parts of split parameters); whole_block_params() is its size unsplit, as
+  // checkpoints hold it. After the block: the token table's copy, if any (tied_table()).
+  int64_t block_params() const { return block_params_; }
+  int64_t whole_block_params() const { return whole_block_params_; }
+  const TensorSplit& tensor_split() const { return tp_; }
+  // The unsplit block from every tensor rank's flat buffer (parts[t]: rank t's), and this
+  // rank's part of an unsplit block.
+  void assemble(const std::vector<const float*>& parts, float* whole) const;
+  void extract(const float* whole, float* mine) const;
+  // GPT-2's token table when the embedding and the LM head are on different pipeline stages:
+  // the embedding's table on the first, the head's copy of it on the last, null elsewhere.
+  // Their gradients are summed over the two stages before each update (both then take the
+  // same update and stay equal).
+  Param* tied_table() const;
+  // The ranges of the flat buffers whose squares this rank adds to the global gradient norm:
+  // a parameter every tensor rank holds whole is counted by rank 0, the table's copy not at all.
+  std::vector<std::pair<int64_t, int64_t>> norm_ranges() const;
 
   // Puts values and gradients in the backend's memory, uploading host_values(); a no-op for
   // host memory. Call after init or a resume, before training.
@@ -106,6 +127,10 @@ class Model {
   int classes_;
   int first_ = 0, total_layers_ = 0;
   int64_t offset_in_whole_ = 0;
+  TensorSplit tp_;
+  int64_t block_params_ = 0, whole_block_params_ = 0;
+  std::unique_ptr<Param> tied_copy_;  // the token table's copy (the head's stage)
+  Param* shared_table_ = nullptr;     // the table itself (the embedding's stage)
   std::vector<std::unique_ptr<Layer>> layers_;  // this stage's
   std::vector<Shape> shapes_;  // per-sample shape entering layer i; shapes_.back() = output
   std::vector<Param*> params_;

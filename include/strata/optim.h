@@ -32,10 +32,12 @@ class Optimizer {
   Optimizer(OptimConfig c, int64_t num_params);
   // Clips (if configured) and applies one update. Returns the global gradient norm before
   // clipping, or -1 when clipping is off (the norm is not computed then). `step` is 0-based.
-  // norm_over: the ranks holding the other parts of the model (a pipeline's stages), whose
-  // squared norms are summed into the global one.
+  // norm_over: the ranks holding the other parts of the model (a pipeline's stages, a tensor
+  // group), whose squared norms are summed into the global one; norm_ranges: the ranges of the
+  // flat buffers this rank counts (Model::norm_ranges; null: all of it).
   double step(const Backend& be, Tensor& params, Tensor& grads, int64_t step,
-              Comm* norm_over = nullptr);
+              Comm* norm_over = nullptr,
+              const std::vector<std::pair<int64_t, int64_t>>* norm_ranges = nullptr);
   // The same update in pieces: apply() to ranges [begin, end) of the flat buffers as their
   // gradients become final, then end_step() once. Only without clipping, which needs the
   // global norm first.
