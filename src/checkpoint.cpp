@@ -234,7 +234,7 @@ int64_t write_checkpoint(const std::string& path, const Model& model,
     write_str_attr(f, "dataset_path", prov.dataset_path);
     write_str_attr(f, "dataset_sha256", prov.dataset_sha256);
     write_int_attr(f, "grid", std::vector<int64_t>{prov.grid_ranks, prov.grid_data_parallel,
-                                                   prov.grid_stages});
+                                                   prov.grid_stages, prov.grid_tensor});
     write_str_attr(f, "slurm_job_id", prov.slurm_job_id);
     write_int_attr(f, "slurm_restart_count", prov.slurm_restart_count);
     write_str_attr(f, "hosts", join(prov.hosts, ','));
@@ -298,10 +298,11 @@ LoadedCheckpoint read_checkpoint(const std::string& path, bool tolerate_mismatch
       p.hosts = split(hosts, ',');
       p.slurm_restart_count = int_attr(f.get(), "slurm_restart_count", path, false);
       std::vector<int64_t> grid;
-      if (read_int_attr(f.get(), "grid", &grid) && grid.size() == 3) {
+      if (read_int_attr(f.get(), "grid", &grid) && grid.size() >= 3) {  // 3: before tensor
         p.grid_ranks = grid[0];
         p.grid_data_parallel = grid[1];
         p.grid_stages = grid[2];
+        p.grid_tensor = grid.size() > 3 ? grid[3] : 1;
       }
     }
     for (const std::string& ds : list_datasets(f.get())) {

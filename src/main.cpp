@@ -72,9 +72,9 @@ int run_inspect(const std::string& path) {
     fmt::print("step {}  (next batch: epoch {}, batch {})  checkpoint #{}  global batch {}  seed {}\n",
                s.step, s.epoch + 1, s.batch, s.sequence, s.global_batch, s.seed);
     fmt::print("optimizer {} after {} steps\n", s.optimizer, s.optimizer_steps);
-    fmt::print("written {} by {} rank{} (data parallel {} x stages {}) on {}\n", p.created_utc,
-               p.grid_ranks, p.grid_ranks == 1 ? "" : "s", p.grid_data_parallel, p.grid_stages,
-               fmt::join(p.hosts, ", "));
+    fmt::print("written {} by {} rank{} (data parallel {} x stages {} x tensor {}) on {}\n",
+               p.created_utc, p.grid_ranks, p.grid_ranks == 1 ? "" : "s", p.grid_data_parallel,
+               p.grid_stages, p.grid_tensor, fmt::join(p.hosts, ", "));
     if (!p.slurm_job_id.empty())
       fmt::print("slurm job {} (restart {})\n", p.slurm_job_id, p.slurm_restart_count);
     fmt::print("dataset {} sha256 {}\n", p.dataset_path, p.dataset_sha256);

@@ -326,7 +326,8 @@ int run_train(const RunConfig& cfg, Comm& comm) {
   Watchdog watchdog(comm, cfg.watchdog.timeout_s);
   Provenance prov{.config_toml = cfg.to_toml(), .dataset_path = cfg.data.path,
                   .dataset_sha256 = info.source_sha256, .grid_ranks = ranks,
-                  .grid_data_parallel = D, .grid_stages = P, .slurm_job_id = slurm_job_id(),
+                  .grid_data_parallel = D, .grid_stages = P, .grid_tensor = T,
+                  .slurm_job_id = slurm_job_id(),
                   .slurm_restart_count = slurm_restart_count(), .hosts = grid.hosts, .created_utc = ""};
   // Rank 0 watches the clock: the job's end time (Slurm) and the time-based checkpoint period.
   std::optional<double> end_time;

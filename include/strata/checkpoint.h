@@ -26,7 +26,7 @@ struct TrainState {
 struct Provenance {
   std::string config_toml;  // the effective config of the run that wrote it
   std::string dataset_path, dataset_sha256;
-  int64_t grid_ranks = 1, grid_data_parallel = 1, grid_stages = 1;
+  int64_t grid_ranks = 1, grid_data_parallel = 1, grid_stages = 1, grid_tensor = 1;
   std::string slurm_job_id;  // "" outside Slurm
   int64_t slurm_restart_count = 0;
   std::vector<std::string> hosts;  // host of each rank

@@ -7,7 +7,7 @@ whatever the number of pipeline stages P that wrote it, so:
      losses);
  (c) a P=1 checkpoint resumes on P=2 and follows the uninterrupted P=1 run within 1e-5.
 Also: the checkpoint holds the same tensors (parameters and AdamW's two moments, global names
-and shapes) whichever P wrote it, and its grid attribute is [ranks, data_parallel, stages].
+and shapes) whichever P wrote it, and its grid attribute is [ranks, data_parallel, stages, tensor].
 Usage: pipeline_resume.py STRATA DATA WORKDIR"""
 import os
 import sys
@@ -107,6 +107,6 @@ if t1 != t2:
          f"{[k for k in t1.keys() & t2.keys() if t1[k] != t2[k]]}")
 if not any(k.startswith("optimizer/exp_avg_sq/") for k in t2):
     fail(f"P=2 checkpoint has no AdamW state: {sorted(t2)}")
-if g1 != [1, 1, 1] or g2 != [2, 1, 2]:
-    fail(f"grid attributes {g1} (P=1, 1 rank) and {g2} (P=2, 2 ranks); expected [1, 1, 1] and [2, 1, 2]")
+if g1 != [1, 1, 1, 1] or g2 != [2, 1, 2, 1]:
+    fail(f"grid attributes {g1} (P=1, 1 rank) and {g2} (P=2, 2 ranks); expected [1, 1, 1, 1] and [2, 1, 2, 1]")
 print(f"PASS (worst relative loss difference across grids {worst:.3e})")

@@ -149,11 +149,14 @@ ck_out, _, _ = train("ckpt-writer", 1, 2, 2, ["--checkpoint.every_steps", "15",
                                                "--checkpoint.keep_last", "5"])
 ck = os.path.join(ck_out, "checkpoints", "ckpt-000000015.h5")
 with h5py.File(ck, "r") as f:
+    grid = [int(v) for v in f.attrs["grid"]]
     shapes = {}
     f["params"].visititems(lambda n, o: shapes.__setitem__(n, o.shape)
                            if isinstance(o, h5py.Dataset) else None)
 check({k: ref[k].shape for k in ref} == shapes, "the (1,2,2) checkpoint's tensors are not the "
       "whole model's")
+check(grid == [4, 1, 2, 2], f"the checkpoint's grid attribute is {grid}, expected [ranks 4, data 1, "
+      "pipeline 2, tensor 2]")
 for d, p, t in ((2, 1, 2), (1, 1, 1)):
     tag = f"resume-d{d}p{p}t{t}"
     out = os.path.join(work, f"gpt-grid-{tag}")
