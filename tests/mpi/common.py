@@ -38,3 +38,20 @@ def parameters(path):
                 out[name] = obj[()]
         f["params"].visititems(visit)
     return out
+
+
+class Checks:
+    """Collects a test's failures: check(cond, msg) prints "FAIL: msg" when cond is false and
+    carries on, so one run reports every failure; finish() prints PASS or FAIL and exits."""
+
+    def __init__(self):
+        self.ok = True
+
+    def __call__(self, cond, msg):
+        if not cond:
+            print(f"FAIL: {msg}")
+            self.ok = False
+
+    def finish(self):
+        print("PASS" if self.ok else "FAIL")
+        sys.exit(0 if self.ok else 1)

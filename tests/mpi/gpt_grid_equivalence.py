@@ -19,7 +19,6 @@ small byte-level corpus, 30 steps of global batch 8, the same seed on every grid
 Usage: gpt_grid_equivalence.py STRATA WORKDIR
 Every figure measured is printed.
 """
-import json
 import os
 import shutil
 import subprocess
@@ -28,7 +27,7 @@ import sys
 import h5py
 import numpy as np
 
-from common import MPI_ENV, losses, metrics, parameters, run_strata
+from common import MPI_ENV, Checks, losses, metrics, parameters, run_strata
 
 strata, work = sys.argv[1:3]
 os.makedirs(work, exist_ok=True)
@@ -65,14 +64,7 @@ def model_args(**changed):
         args += [f"--{k}", v]
     return args
 
-ok = True
-
-
-def check(cond, msg):
-    global ok
-    if not cond:
-        print(f"FAIL: {msg}")
-        ok = False
+check = Checks()
 
 
 def grid_args(d, p, t):
@@ -181,5 +173,4 @@ for ranks, args, key in ((2, grid_args(1, 1, 2) + model_args(model__heads="3", m
           f"{' '.join(args)} on {ranks} ranks: exit {r.returncode}, stderr {r.stderr[-300:]!r}")
     print(f"{ranks} ranks with {' '.join(args)}: exit {r.returncode}: {lines[0] if lines else '?'}")
 
-print("PASS" if ok else "FAIL")
-sys.exit(0 if ok else 1)
+check.finish()

@@ -28,7 +28,7 @@ import sys
 
 import numpy as np
 
-from common import losses, metrics, parameters, run_strata
+from common import Checks, losses, metrics, parameters, run_strata
 
 strata, data, work, model = sys.argv[1:5]
 STEPS = 30
@@ -91,14 +91,7 @@ def train(tag, ranks, pipeline_args, lr=LR, steps=STEPS):
     return losses(os.path.join(out, "metrics.jsonl")), parameters(os.path.join(out, "model.h5")), done[-1]
 
 
-ok = True
-
-
-def check(cond, msg):
-    global ok
-    if not cond:
-        print(f"FAIL: {msg}")
-        ok = False
+check = Checks()
 
 
 # The initial parameters: one step at lr 1e-30 changes no weight (the update is far below half
@@ -239,5 +232,4 @@ print(f"{model}: P{P}-D{D}-{schedule} twice: parameters bitwise identical = {sam
       f"losses identical = {same_l}")
 check(same_p and same_l, f"P{P}-D{D}-{schedule} twice differs (parameters {same_p}, losses {same_l})")
 
-print("PASS" if ok else "FAIL")
-sys.exit(0 if ok else 1)
+check.finish()
