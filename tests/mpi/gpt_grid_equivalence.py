@@ -12,9 +12,8 @@ small byte-level corpus, 30 steps of global batch 8, the same seed on every grid
   - (1,2,2) with train.recompute = "block" gives the (1,2,2) losses bit for bit;
   - a checkpoint written at step 15 by (1,2,2) holds whole tensors (the reference's shapes),
     and resuming it on (2,1,2) and on one rank continues the reference's losses (steps 16-30)
-    within 1e-5 relative: checkpoints do not depend on the grid that wrote them;
-  - bad grids are refused with one line naming the key: parallel.tensor not dividing the
-    heads, or ranks not divisible by pipeline_stages x tensor.
+    within 1e-5 relative: checkpoints do not depend on the grid that wrote them.
+(Bad grids, refused with one line naming the key, are tests/cli's.)
 
 Usage: gpt_grid_equivalence.py STRATA WORKDIR
 Every figure measured is printed.
@@ -27,7 +26,7 @@ import sys
 import h5py
 import numpy as np
 
-from common import MPI_ENV, Checks, losses, metrics, parameters, run_strata
+from common import Checks, losses, metrics, parameters, run_strata
 
 strata, work = sys.argv[1:3]
 os.makedirs(work, exist_ok=True)
@@ -159,18 +158,5 @@ for d, p, t in ((2, 1, 2), (1, 1, 1)):
     check(lr <= LOSS_RTOL, f"{tag}: steps 16-30 differ from the reference by {lr:.2e} relative")
     print(f"checkpoint of (1, 2, 2) at step 15 resumed on ({d}, {p}, {t}): steps 16-30 within "
           f"{lr:.2e} relative of the reference")
-
-# Bad grids: one line naming the key, exit 2.
-for ranks, args, key in ((2, grid_args(1, 1, 2) + model_args(model__heads="3", model__dim="33"),
-                          "parallel.tensor"),
-                         (3, grid_args(1, 1, 2) + model_args(), "parallel.tensor")):
-    cmd = ["mpirun", "-n", str(ranks), "--oversubscribe", "--bind-to", "none", strata, "train",
-           "--data.path", data, "--train.max_steps", "1", "--output.dir",
-           os.path.join(work, "gpt-grid-bad"), "--quiet"] + args
-    r = subprocess.run(cmd, env=MPI_ENV, capture_output=True, text=True, timeout=120)
-    lines = [l for l in r.stderr.splitlines() if "strata: error" in l]
-    check(r.returncode == 2 and lines and key in lines[0],
-          f"{' '.join(args)} on {ranks} ranks: exit {r.returncode}, stderr {r.stderr[-300:]!r}")
-    print(f"{ranks} ranks with {' '.join(args)}: exit {r.returncode}: {lines[0] if lines else '?'}")
 
 check.finish()
