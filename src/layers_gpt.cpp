@@ -34,32 +34,56 @@ class Embedding final : public Layer {
     return {in[0], C_};
   }
   double flops_per_sample(const Shape&) const override { return 0; }
-  // x (B, t): token ids as floats (exact below 2^24), from the loader. Kept as int32 per slot
-  // for backward. Host memory: the transformer runs on the CPU backends only for now.
+  // x (B, t): token ids as floats (exact below 2^24), from the loader, in the backend's memory.
+  // Kept as int32 per slot for backward: on the host, converted straight from x; in device
+  // memory, x is downloaded (B*t floats), converted and checked on the host (a kernel cannot
+  // report a bad id), and the int32 ids uploaded.
   void forward(const Backend& be, const Tensor& x, Tensor& y, const StepInfo&) override {
     const int B = int(x.dim(0)), t = int(x.dim(1));
+    const size_t n = size_t(B) * size_t(t);
     auto& tok = tokens_[slot_];
-    tok.resize(size_t(B) * size_t(t));
-    for (size_t i = 0; i < tok.size(); ++i) tok[i] = int32_t(x.data()[i]);
-    be.embedding_forward(y.data(), tok.data(), params[0].value, params[1].value, B, t, C_, V_);
+    tok.resize(n);
+    if (be.host_memory()) {
+      for (size_t i = 0; i < n; ++i) tok[i] = int32_t(x.data()[i]);  // the kernel checks them
+    } else {
+      host_ids_.resize(n);
+      be.download(host_ids_.data(), x.data(), sizeof(float) * n);
+      for (size_t i = 0; i < n; ++i) {
+        const float id = host_ids_[i];
+        if (!(id >= 0.f && id < float(V_)))
+          fail_input("token {} at batch row {}, position {} is outside the vocabulary [0, {})",
+                     id, i / size_t(t), i % size_t(t), V_);
+        tok[i] = int32_t(id);
+      }
+      Tensor& d = device_tokens_[slot_];
+      d.resize({int64_t(n)}, *be.memory);
+      be.upload(d.i32(), tok.data(), sizeof(int32_t) * n);
+    }
+    be.embedding_forward(y.data(), token_ids(be), params[0].value, params[1].value, B, t, C_, V_);
   }
   void backward(const Backend& be, const Tensor& x, const Tensor&, const Tensor& dy, Tensor*,
                 bool accumulate) override {
     const int B = int(x.dim(0)), t = int(x.dim(1));
     // A tied head has already written its share of the token table's gradient: add to it.
     be.embedding_backward(tied_ ? nullptr : params[0].grad, params[1].grad, dy.data(),
-                          tokens_[slot_].data(), B, t, C_, V_, accumulate);
+                          token_ids(be), B, t, C_, V_, accumulate);
     if (tied_)
-      be.embedding_backward(params[0].grad, nullptr, dy.data(), tokens_[slot_].data(), B, t, C_,
-                            V_, /*accumulate=*/true);
+      be.embedding_backward(params[0].grad, nullptr, dy.data(), token_ids(be), B, t, C_, V_,
+                            /*accumulate=*/true);
     if (t < T_ && !accumulate)  // positions this batch did not reach get no gradient
-      std::memset(params[1].grad + int64_t(t) * C_, 0, sizeof(float) * size_t(T_ - t) * C_);
+      be.memory->zero(params[1].grad + int64_t(t) * C_, sizeof(float) * size_t(T_ - t) * C_);
   }
   int V_, C_, T_;
   bool tied_ = false;
 
  private:
+  // This slot's ids where the backend's kernels read them.
+  const int32_t* token_ids(const Backend& be) {
+    return be.host_memory() ? tokens_[slot_].data() : device_tokens_[slot_].i32();
+  }
   PerSlot<std::vector<int32_t>> tokens_;
+  PerSlot<Tensor> device_tokens_;  // in the backend's memory, when that is not the host's
+  std::vector<float> host_ids_;  // x downloaded from device memory
 };
 
 class LayerNorm final : public Layer {

@@ -375,9 +375,6 @@ void Model::check_backend(const Backend& be) const {
                              d.starts_with("LayerNorm") || d.starts_with("LM head");
     if (transformer && !be.attention_forward)
       fail_input("model: {} has no kernels on the {} backend yet (use --device cpu)", d, be.name);
-    if (transformer && !be.host_memory() && d.starts_with("Embedding"))
-      fail_input("model: {} reads token ids on the host; the {} backend keeps them in device "
-                 "memory (use --device cpu)", d, be.name);
   }
 }
 

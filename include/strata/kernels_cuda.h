@@ -82,4 +82,26 @@ void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n
 double sum_squares(const float* x, int64_t n);  // waits for the stream
 void scale_inplace(float* x, int64_t n, float s);
 
+// ---- GPT-2 transformer ops (kernels/cuda/{embedding,layernorm,attention}.cu) -----------
+// tokens are device int32 in [0,V): the caller checks them on the host (a kernel cannot
+// throw); an id outside gives NaN rows in forward and is skipped in backward. Backward sums
+// are deterministic (no float atomics): embedding_backward adds the CPU's terms in the CPU's
+// order, bit for bit; layernorm_backward's parameter sums chunk rows as the CPU does.
+void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
+                       int B, int T, int C, int V);
+void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
+                        int B, int T, int C, int V, bool accumulate);
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
+                       const float* weight, const float* bias, int N, int C);
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                        const float* inp, const float* weight, const float* mean,
+                        const float* rstd, int N, int C, bool accumulate);
+void residual_forward(float* out, const float* a, const float* b, int64_t n);
+// The score and value products are cuBLAS batched GEMMs in the context's precision (strict
+// fp32, or bf16 tensor cores with fp32 accumulation); softmax is fp32. Uses a device workspace
+// of this op (forward 4*B*T*C floats, backward 7*B*T*C + B*NH*T*T), kept between calls.
+void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH);
+void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B,
+                        int T, int C, int NH);
+
 }  // namespace strata::cuda

@@ -83,14 +83,13 @@ const Backend& cuda_backend(int device, bool bf16) {
       .adamw_update = cuda::adamw_update,
       .sum_squares = cuda::sum_squares,
       .scale_inplace = cuda::scale_inplace,
-      // The transformer's ops have no CUDA kernels yet: Model::check_backend refuses a GPT here.
-      .embedding_forward = nullptr,
-      .embedding_backward = nullptr,
-      .layernorm_forward = nullptr,
-      .layernorm_backward = nullptr,
-      .residual_forward = nullptr,
-      .attention_forward = nullptr,
-      .attention_backward = nullptr,
+      .embedding_forward = cuda::embedding_forward,
+      .embedding_backward = cuda::embedding_backward,
+      .layernorm_forward = cuda::layernorm_forward,
+      .layernorm_backward = cuda::layernorm_backward,
+      .residual_forward = cuda::residual_forward,
+      .attention_forward = cuda::attention_forward,
+      .attention_backward = cuda::attention_backward,
   };
   return b;
 }

@@ -5,6 +5,9 @@ batches live apart from their host copies, and move only by upload/download). Ev
 must be bitwise the same as --device cpu: the final parameters, a checkpoint written mid-run
 (taken from the host copies: a missing download would leave them stale), a resume (a missing
 upload would train on stale values), a 2-stage pipeline and 2 data-parallel ranks, and eval.
+The same for a GPT (a CNN first, then a 2-block GPT on a small byte-level text): its token ids
+reach the embedding from device memory (downloaded, checked, uploaded as int32), and every
+transformer op reads and writes the staged memory.
 
 Usage: staged_device.py STRATA DATA.h5 WORKDIR
 """
@@ -84,5 +87,50 @@ for dev in ("cpu", "cpu-staged"):
                        check=True)
     outs.append(p.stdout.strip())
 print(f"eval: cpu {outs[0]}, cpu-staged {outs[1]}")
+ok &= outs[0] == outs[1]
+
+# GPT: the tiny text of tests/mpi/gpt_grid_equivalence.py (Debian's fortunes, art).
+text = os.path.join(root, "art.h5")
+subprocess.run([strata, "prepare", "text", "--input", "/usr/share/games/fortunes/art",
+                "--out", text], env=MPI_ENV, check=True, capture_output=True)
+GPT = ["--data.path", text, "--model.type", "gpt", "--model.layers", "2", "--model.heads", "4",
+       "--model.dim", "32", "--model.context", "16", "--model.dropout", "0.1",
+       "--train.optimizer", "adamw", "--train.lr", "0.003", "--train.grad_clip", "0.5",
+       "--train.batch_size", "8", "--train.seed", "5", "--checkpoint.every_steps", "10",
+       "--quiet"]
+cpu = train("gpt-cpu", 1, GPT + ["--train.max_steps", "20", "--device", "cpu"])
+stg = train("gpt-staged", 1, GPT + ["--train.max_steps", "20", "--device", "cpu-staged"])
+check("1 rank GPT, final parameters", parameters(f"{cpu}/model.h5"), parameters(f"{stg}/model.h5"))
+check("1 rank GPT, checkpoint at step 10", ckpt_params(cpu, 10), ckpt_params(stg, 10))
+part = train("gpt-staged-resumed", 1, GPT + ["--train.max_steps", "10", "--device", "cpu-staged"])
+run_strata(strata, 1, ["train"] + GPT + ["--train.max_steps", "20", "--device", "cpu-staged",
+                             "--output.dir", part, "--resume", "auto"])
+check("1 rank GPT, 10 steps + resume to 20 vs 20 straight", parameters(f"{stg}/model.h5"),
+      parameters(f"{part}/model.h5"))
+# Recomputed blocks (their activations rebuilt in staged memory during backward).
+a = train("gpt-recompute-cpu", 1, GPT + ["--train.max_steps", "10", "--train.recompute", "block",
+                                         "--device", "cpu"])
+b = train("gpt-recompute-staged", 1, GPT + ["--train.max_steps", "10", "--train.recompute",
+                                            "block", "--device", "cpu-staged"])
+check("1 rank GPT with recompute, final parameters", parameters(f"{a}/model.h5"),
+      parameters(f"{b}/model.h5"))
+# Two pipeline stages (the embedding on one, the tied head on the other) and 2 data-parallel
+# ranks.
+PIPE = ["--parallel.pipeline_stages", "2", "--parallel.microbatches", "2", "--train.max_steps", "10"]
+a = train("gpt-pipe-cpu", 2, GPT + PIPE + ["--device", "cpu"])
+b = train("gpt-pipe-staged", 2, GPT + PIPE + ["--device", "cpu-staged"])
+check("GPT, 2-stage pipeline, final parameters", parameters(f"{a}/model.h5"),
+      parameters(f"{b}/model.h5"))
+a = train("gpt-dp-cpu", 2, GPT + ["--train.max_steps", "10", "--device", "cpu"])
+b = train("gpt-dp-staged", 2, GPT + ["--train.max_steps", "10", "--device", "cpu-staged"])
+check("GPT, 2 data-parallel ranks, final parameters", parameters(f"{a}/model.h5"),
+      parameters(f"{b}/model.h5"))
+outs = []
+for dev in ("cpu", "cpu-staged"):
+    p = subprocess.run([strata, "eval", "--checkpoint", f"{cpu}/model.h5", "--data", text,
+                        "--json", "--device", dev], env=MPI_ENV, capture_output=True, text=True,
+                       check=True)
+    outs.append(p.stdout.strip())
+print(f"GPT eval: cpu {outs[0]}, cpu-staged {outs[1]}")
 ok &= outs[0] == outs[1]
 sys.exit(0 if ok else 1)
