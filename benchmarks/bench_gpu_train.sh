@@ -9,6 +9,14 @@
 #   BENCH_REPEATS=3   BENCH_MODELS="mlp cnn"   BENCH_STEPS=300 (per run; the first 10% warm up
 #   the GPU too, and are in the figure: strata reports the whole loop)   BENCH_BATCH=256
 #   BENCH_CPU_THREADS=$(nproc)   STRATA_BIN=./build/strata   BENCH_DATA=data/fashion-mnist.h5
+#   BENCH_GPT=1 (0 skips it)   BENCH_GPT_BATCH=8   BENCH_GPT_STEPS=50   BENCH_PEAK_TFLOPS (else
+#   from the GPU's name: H100/H200 SXM 989 dense bf16, 67 fp32 non-tensor)
+# Then a GPT-2 124M-shaped model (12 layers, 12 heads, dim 768, context 1024; byte-level
+# vocabulary 256 instead of GPT-2's 50257, so the embedding and head are ~1% of the FLOPs instead
+# of ~30%) in bf16 and fp32 on one GPU: tokens/s and MFU = tokens/s x (6 N + 12 L C T) FLOP per
+# token / peak (PaLM's training-FLOP count: N parameters, L layers, C dim, T context). No CPU
+# figure beside it: one CPU step of this model takes minutes. Text: the repository's own
+# sources and docs as bytes (the content does not change the speed).
 # Exits 0 after one line when this machine has no GPU (nothing to compare).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -16,7 +24,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 STRATA_BIN=${STRATA_BIN:-./build/strata}
 DATA=${BENCH_DATA:-data/fashion-mnist.h5}
 REPEATS=${BENCH_REPEATS:-3}
-MODELS=${BENCH_MODELS:-mlp cnn}
+MODELS=${BENCH_MODELS-mlp cnn}  # set but empty: the GPT table only
 STEPS=${BENCH_STEPS:-300}
 BATCH=${BENCH_BATCH:-256}
 CPU_THREADS=${BENCH_CPU_THREADS:-$(nproc)}
@@ -59,4 +67,47 @@ for m in $MODELS; do
   printf '%-5s %-16s %14.0f %10s\n' "$m" "cpu x$CPU_THREADS fp32" "$cm" "1.00"
   printf '%-5s %-16s %14.0f %10.2f\n' "$m" "gpu fp32" "$gm" "$(python3 -c "print($gm/$cm)")"
   printf '%-5s %-16s %14.0f %10.2f\n' "$m" "gpu bf16" "$bm" "$(python3 -c "print($bm/$cm)")"
+done
+
+# ---- GPT-2 124M shape ----------------------------------------------------------------------
+[ "${BENCH_GPT:-1}" = 1 ] || exit 0
+GPT_BATCH=${BENCH_GPT_BATCH:-8}
+GPT_STEPS=${BENCH_GPT_STEPS:-50}
+L=12 H=12 C=768 T=1024 V=256
+mapfile -t texts < <(find README.md benchmarks include src kernels -type f \( -name '*.md' -o -name '*.h' -o -name '*.cpp' -o -name '*.cu' -o -name '*.cuh' \) | sort)
+"$STRATA_BIN" prepare text --input "${texts[@]}" --out "$OUT/text.h5" >/dev/null
+peak=${BENCH_PEAK_TFLOPS:-}
+name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n1)
+gpt_run() {  # precision -> tokens/s
+  local dir=$OUT/gpt-$1
+  rm -rf "$dir"
+  "$STRATA_BIN" train --data.path "$OUT/text.h5" --quiet --device cuda --train.precision "$1" \
+    --model.type gpt --model.layers $L --model.heads $H --model.dim $C --model.context $T \
+    --model.dropout 0 --train.optimizer adamw --train.lr 3e-4 --train.batch_size "$GPT_BATCH" \
+    --train.max_steps "$GPT_STEPS" --output.dir "$dir" >/dev/null
+  python3 -c 'import json,sys
+for l in open(sys.argv[1]):
+    m = json.loads(l)
+    if m.get("event") == "done": print(m["samples_per_s"] * int(sys.argv[2]))' "$dir/metrics.jsonl" $T
+}
+echo
+echo "GPT-2 124M shape (L $L, heads $H, dim $C, context $T, vocab $V), batch $GPT_BATCH, $GPT_STEPS steps, median of $REPEATS"
+printf '%-5s %14s %12s %8s\n' prec tokens/s "peak TFLOP/s" MFU
+for prec in bf16 fp32; do
+  declare -a r=()
+  for _ in $(seq "$REPEATS"); do r+=("$(gpt_run $prec)"); done
+  tps=$(median "${r[@]}")
+  p=$peak
+  if [ -z "$p" ]; then
+    case "$name" in *H100*|*H200*) p=$([ $prec = bf16 ] && echo 989 || echo 67) ;; *) p="" ;; esac
+  fi
+  python3 -c '
+import sys
+L, C, T, V, tps, prec = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5]), sys.argv[6]
+N = L * (12 * C * C + 13 * C) + V * C + T * C + 2 * C
+flops = 6 * N + 12 * L * C * T
+peak = sys.argv[7] if len(sys.argv) > 7 else ""
+mfu = f"{tps * flops / (float(peak) * 1e12):.3f}" if peak else "-"
+shown = peak or "?"
+print(f"{prec:<5} {tps:14.0f} {shown:>12} {mfu:>8}")' $L $C $T $V "$tps" $prec $p
 done
