@@ -51,8 +51,8 @@ struct Backend {
   decltype(&cpu::adamw_update) adamw_update;
   decltype(&cpu::sum_squares) sum_squares;
   decltype(&cpu::scale_inplace) scale_inplace;
-  // The transformer's ops (GPT). Null in a backend that has none yet (CUDA, for now): the
-  // model refuses to run there (Model::check_backend).
+  // The transformer's ops (GPT). A backend may leave them null: the model then refuses to run
+  // there (Model::check_backend).
   decltype(&cpu::embedding_forward) embedding_forward;
   decltype(&cpu::embedding_backward) embedding_backward;
   decltype(&cpu::layernorm_forward) layernorm_forward;
