@@ -220,6 +220,12 @@ class Block final : public Layer {
     const double T = double(in[0]), C = C_;
     return (2.0 * T * 12.0 * C * C + 4.0 * T * T * C) / tp_.size;  // the GEMMs, QK^T and att@V
   }
+  int64_t internal_bytes_per_sample(const Shape& in) const override {  // BlockActs' sizes
+    const int64_t T = in[0], C = C_, S = tp_.size;
+    return int64_t(sizeof(float)) * (T * C * 3 + 4 * T + 3 * T * C / S + NH_ / S * T * T +
+                                      T * C / S + 8 * T * C / S);  // ln1 res1 ln2, st1 st2,
+  }                                                                // qkv, att, y, fc fcg
+  bool recomputes() const override { return recompute_; }
 
   void forward(const Backend& be, const Tensor& x, Tensor& y, const StepInfo& s) override {
     step_[slot_] = s;

@@ -214,7 +214,9 @@ std::vector<LayerInfo> Model::describe_layers(const ModelSpec& spec, const Shape
     out.push_back({.name = b.layers[i]->name, .describe = b.layers[i]->describe(),
                    .in_shape = b.shapes[i], .out_shape = b.shapes[i + 1],
                    .params = param_count(*b.layers[i]),
-                   .flops = b.layers[i]->flops_per_sample(b.shapes[i])});
+                   .flops = b.layers[i]->flops_per_sample(b.shapes[i]),
+                   .internal_bytes = b.layers[i]->internal_bytes_per_sample(b.shapes[i]),
+                   .recomputes = b.layers[i]->recomputes()});
   return out;
 }
 

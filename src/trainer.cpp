@@ -429,6 +429,22 @@ int run_train(const RunConfig& cfg, Comm& comm) {
             : fmt::format("{} epoch{} of {} steps", cfg.train.epochs, cfg.train.epochs == 1 ? "" : "s", per_epoch);
     fmt::print("training {} steps ({}), global batch {} ({} per replica), {} allreduce bucket{}\n",
                total, span, G, G / D, reducer.num_buckets(), reducer.num_buckets() == 1 ? "" : "s");
+    // What activation recomputation trades: the blocks' internal activations per micro-batch.
+    int blocks = 0, recomputed = 0;
+    int64_t block_bytes = 0, recomputed_bytes = 0;
+    for (const auto& l : layers) {
+      if (l.internal_bytes == 0) continue;
+      ++blocks;
+      block_bytes += l.internal_bytes;
+      if (l.recomputes) ++recomputed, recomputed_bytes += l.internal_bytes;
+    }
+    const double mib = double(G / D / M) / 1048576.0 / T;  // per micro-batch and tensor part
+    if (recomputed > 0)
+      fmt::print("recompute: {} of {} blocks recompute their activations in backward: {:.1f} of "
+                 "{:.1f} MiB per micro-batch not kept (per rank: split over the stages{}), one "
+                 "block's set alive at a time instead\n", recomputed, blocks,
+                 double(recomputed_bytes) * mib, double(block_bytes) * mib,
+                 T > 1 ? " and, roughly, the tensor parts" : "");
     std::fflush(stdout);
   }
 

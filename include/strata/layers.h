@@ -73,6 +73,11 @@ class Layer {
   virtual bool is_reshape() const { return false; }
   // Model FLOPs of forward for one sample (for reports); backward is about twice this.
   virtual double flops_per_sample(const Shape& in) const { return 0; }
+  // Bytes per sample a transformer block keeps from forward for backward besides its output
+  // (its internal activations), and whether it recomputes them instead (train.recompute):
+  // for reports of what recomputation saves.
+  virtual int64_t internal_bytes_per_sample(const Shape& in) const { return 0; }
+  virtual bool recomputes() const { return false; }
   // The activation slot the next forward or backward uses (state kept from forward for
   // backward lives per slot).
   void set_slot(int k) { slot_ = k; }

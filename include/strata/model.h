@@ -27,6 +27,8 @@ struct LayerInfo {
   Shape in_shape, out_shape;  // per sample
   int64_t params = 0;
   double flops = 0;  // forward, per sample
+  int64_t internal_bytes = 0;  // per sample, kept for backward besides the output (blocks)
+  bool recomputes = false;     // recomputed in backward instead (train.recompute = block)
 };
 
 class Model {
