@@ -52,56 +52,45 @@ float* workspace(size_t floats) {
 // ---- Layout kernels --------------------------------------------------------------------
 // src (B,T,parts*C) packed [part 0 | part 1 | ...], head h of a part in columns h*hs..;
 // dst: `parts` blocks of (B,NH,T,hs). to_heads copies src -> dst, from_heads dst -> src.
+// Element i of the heads layout (part, b, h, t, d) -> its place in the packed layout.
 template <typename I>
-__global__ void to_heads_kernel(float* dst, const float* src, I B, I T, I C, I NH, I parts) {
+__device__ __forceinline__ I packed_index(I i, I B, I T, I C, I NH, I parts) {
   const I hs = C / NH;
-  STRATA_GRID_STRIDE_T(I, i, parts * B * T * C) {
-    // i over dst: (part, b, h, t, d)
-    const I d = i % hs;
-    I r = i / hs;
-    const I t = r % T;
-    r /= T;
-    const I h = r % NH;
-    r /= NH;
-    const I b = r % B;
-    const I p = r / B;
-    dst[i] = src[(b * T + t) * parts * C + p * C + h * hs + d];
-  }
+  const I d = i % hs;
+  I r = i / hs;
+  const I t = r % T;
+  r /= T;
+  const I h = r % NH;
+  r /= NH;
+  const I b = r % B;
+  const I p = r / B;
+  return (b * T + t) * parts * C + p * C + h * hs + d;
 }
-template <typename I>
-__global__ void from_heads_kernel(float* dst, const float* src, I B, I T, I C, I NH, I parts) {
-  const I hs = C / NH;
+// kToHeads: heads[i] = packed[...]; else packed[...] = heads[i].
+template <typename I, bool kToHeads>
+__global__ void relayout_kernel(float* dst, const float* src, I B, I T, I C, I NH, I parts) {
   STRATA_GRID_STRIDE_T(I, i, parts * B * T * C) {
-    // i over src: (part, b, h, t, d)
-    const I d = i % hs;
-    I r = i / hs;
-    const I t = r % T;
-    r /= T;
-    const I h = r % NH;
-    r /= NH;
-    const I b = r % B;
-    const I p = r / B;
-    dst[(b * T + t) * parts * C + p * C + h * hs + d] = src[i];
+    const I j = packed_index(i, B, T, C, NH, parts);
+    if constexpr (kToHeads) dst[i] = src[j];
+    else dst[j] = src[i];
   }
 }
 
-void to_heads(float* dst, const float* src, int B, int T, int C, int NH, int parts) {
+template <bool kToHeads>
+void relayout(float* dst, const float* src, int B, int T, int C, int NH, int parts) {
   const int64_t n = int64_t(parts) * B * T * C;
   with_index_type(n, [&](auto index) {
     using I = decltype(index);
-    to_heads_kernel<I><<<blocks_for(n), kThreads, 0, ctx().stream>>>(dst, src, I(B), I(T), I(C),
-                                                                     I(NH), I(parts));
+    relayout_kernel<I, kToHeads><<<blocks_for(n), kThreads, 0, ctx().stream>>>(
+        dst, src, I(B), I(T), I(C), I(NH), I(parts));
   });
   STRATA_CUDA_LAUNCHED();
 }
+void to_heads(float* dst, const float* src, int B, int T, int C, int NH, int parts) {
+  relayout<true>(dst, src, B, T, C, NH, parts);
+}
 void from_heads(float* dst, const float* src, int B, int T, int C, int NH, int parts) {
-  const int64_t n = int64_t(parts) * B * T * C;
-  with_index_type(n, [&](auto index) {
-    using I = decltype(index);
-    from_heads_kernel<I><<<blocks_for(n), kThreads, 0, ctx().stream>>>(dst, src, I(B), I(T),
-                                                                       I(C), I(NH), I(parts));
-  });
-  STRATA_CUDA_LAUNCHED();
+  relayout<false>(dst, src, B, T, C, NH, parts);
 }
 
 // ---- Softmax over causal rows ----------------------------------------------------------
