@@ -21,26 +21,16 @@
 #include "strata/data.h"
 #include "strata/error.h"
 #include "strata/prepare.h"
+#include "test_util.h"
 
 namespace fs = std::filesystem;
 using Catch::Matchers::Contains;
 using strata::Loader;
+using strata::test::TempDir;
+using strata::test::run_command;
+using strata::test::user_error;
 
 namespace {
-
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static int counter = 0;
-    path = fs::temp_directory_path() / fmt::format("strata_test_text_{}_{}", ::getpid(), counter++);
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-};
 
 void write_bytes(const std::string& path, const std::string& bytes) {
   std::ofstream f(path, std::ios::binary);
@@ -201,33 +191,6 @@ struct Copy {
 Copy copy(const Loader::Batch& b) {
   return {std::vector<float>(b.x.data(), b.x.data() + b.x.size()), b.y, b.x.dim(0), b.epoch,
           b.index, b.first_sample};
-}
-
-std::string user_error(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const strata::UserError& e) {
-    CHECK(e.code == strata::kExitBadInput);
-    std::string msg = e.what();
-    CHECK(msg.find('\n') == std::string::npos);
-    return msg;
-  } catch (const std::exception& e) {
-    FAIL("expected UserError, got: " << e.what());
-  }
-  FAIL("expected UserError, nothing was thrown");
-  return "";
-}
-
-std::string run_command(const std::string& cmd) {
-  std::string out;
-  FILE* p = ::popen(cmd.c_str(), "r");
-  REQUIRE(p);
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  REQUIRE(::pclose(p) == 0);
-  while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
-  return out;
 }
 
 // Sets STRATA_DATA_CACHE_MB for the scope (0: the Loader streams from the file).
