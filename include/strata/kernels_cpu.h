@@ -23,6 +23,10 @@ void sgemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const f
 // larger linear-layer shapes, and bias and ReLU cost no extra pass. bias may be null.
 void matmul(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda,
             const float* B, int ldb, float* C, int ldc, const float* bias, bool relu);
+// C(M,N) += op(A) * op(B), row-major, through a matmul primitive with a sum post-op (the
+// accumulating weight gradients of micro-batches).
+void matmul_accumulate(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda,
+                       const float* B, int ldb, float* C, int ldc);
 
 // ---- Linear (kernels/cpu/linear.cpp) ---------------------------------------------------
 // out (B,O) = inp (B,I) @ weight(O,I)^T + bias(O). bias may be null.

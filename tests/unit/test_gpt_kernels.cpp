@@ -722,6 +722,41 @@ TEST_CASE("gelu is bitwise the same with 1 and 2 threads", "[gpt][activation]") 
   CHECK(bitwise_equal(dx[0], dx[1]));
 }
 
+// ---- Linear weight gradient through the matmul primitive ------------------------------------
+// linear_backward sends the weight gradient of weights of at least 2^19 elements (the GPT's c_fc
+// and mlp c_proj) through a oneDNN matmul primitive, with a sum post-op when accumulating; the
+// linear tests in test_kernels.cpp use small weights (sgemm). Here both GPT shapes, against a
+// double reference: each element is a dot product of B = 5 terms of magnitude <= 1, so fp32
+// rounding is below 5 * 6e-8 * 5; tolerance 1e-5 (plus 1e-6 of the value accumulated onto).
+TEST_CASE("linear weight gradient of a large weight (matmul primitive), also accumulating",
+          "[gpt][linear]") {
+  Rng rng(74);
+  for (auto [I, O] : {std::pair{384, 1536}, std::pair{1536, 384}}) {
+    const int B = 5;
+    const Vec x = rand_vec(rng, int64_t(B) * I), w = rand_vec(rng, int64_t(O) * I),
+              dy = rand_vec(rng, int64_t(B) * O), prior = rand_vec(rng, int64_t(O) * I);
+    DVec want(size_t(O) * I);
+    for (int o = 0; o < O; ++o)
+      for (int i = 0; i < I; ++i) {
+        double acc = 0;
+        for (int b = 0; b < B; ++b) acc += double(dy[size_t(b) * O + o]) * x[size_t(b) * I + i];
+        want[size_t(o) * I + i] = acc;
+      }
+    for (bool accumulate : {false, true}) {
+      INFO("I " << I << ", O " << O << ", accumulate " << accumulate);
+      Vec dw = accumulate ? prior : nan_vec(int64_t(O) * I);
+      linear_backward(nullptr, dw.data(), nullptr, dy.data(), x.data(), w.data(), B, I, O,
+                      accumulate);
+      double worst = 0;
+      for (size_t j = 0; j < want.size(); ++j) {
+        const double expect = accumulate ? prior[j] + want[j] : want[j];
+        worst = std::max(worst, std::abs(dw[j] - expect) - 1e-6 * std::abs(expect));
+      }
+      CHECK(worst <= 1e-5);
+    }
+  }
+}
+
 // ---- Timings (hidden: strata_unit_tests "[.bench]") ----------------------------------------
 
 namespace {
