@@ -23,6 +23,10 @@ void sgemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const f
 // larger linear-layer shapes, and bias and ReLU cost no extra pass. bias may be null.
 void matmul(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda,
             const float* B, int ldb, float* C, int ldc, const float* bias, bool relu);
+// C(M,N) += op(A) * op(B), row-major, through a matmul primitive with a sum post-op (the
+// accumulating weight gradients of micro-batches).
+void matmul_accumulate(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda,
+                       const float* B, int ldb, float* C, int ldc);
 
 // ---- Linear (kernels/cpu/linear.cpp) ---------------------------------------------------
 // out (B,O) = inp (B,I) @ weight(O,I)^T + bias(O). bias may be null.
@@ -69,9 +73,14 @@ void maxpool2d_backward(float* dinp, const float* dout, const int32_t* argmax, i
 // ---- Activations (kernels/cpu/activation.cpp); n elements ------------------------------
 void relu_forward(float* out, const float* inp, int64_t n);
 void relu_backward(float* dinp, const float* dout, const float* out, int64_t n);  // uses out
-// Exact GELU, x * Phi(x) (PyTorch's default approximate='none').
+// Exact GELU, x * Phi(x) (PyTorch's default approximate='none'), on W lanes at once (AVX-512,
+// AVX2 or SSE, picked at run time) with a branch-free erfc: within ~2e-7 * max(1, |x|) of the
+// scalar std::erf form (activation.cpp says why and how).
 void gelu_forward(float* out, const float* inp, int64_t n);
 void gelu_backward(float* dinp, const float* dout, const float* inp, int64_t n);
+// The scalar std::erf / std::exp forms, one libm call per element: the tests' reference.
+void gelu_forward_reference(float* out, const float* inp, int64_t n);
+void gelu_backward_reference(float* dinp, const float* dout, const float* inp, int64_t n);
 // out += bias over rows: x (rows, cols), bias (cols).
 void add_bias_rows(float* x, const float* bias, int rows, int cols);
 

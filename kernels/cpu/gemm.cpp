@@ -69,7 +69,7 @@ struct Matmul {
   dnnl::memory a, b, c, bias;  // descriptors bound to the caller's pointers at each call
 };
 
-using MatmulKey = std::tuple<bool, bool, int, int, int, int, int, int, bool, bool>;
+using MatmulKey = std::tuple<bool, bool, int, int, int, int, int, int, bool, bool, bool>;
 
 struct MatmulCache {
   dnnl::engine eng{dnnl::engine::kind::cpu, 0};
@@ -87,7 +87,7 @@ Matmul& get_matmul(MatmulCache& mc, const MatmulKey& key) {
   auto it = mc.prims.find(key);
   if (it != mc.prims.end()) return it->second;
   if (mc.prims.size() >= 64) mc.prims.clear();  // shapes that keep changing: bound the memory
-  const auto [ta, tb, M, N, K, lda, ldb, ldc, has_bias, relu] = key;
+  const auto [ta, tb, M, N, K, lda, ldb, ldc, has_bias, relu, accumulate] = key;
   using dt = dnnl::memory::data_type;
   using dims = dnnl::memory::dims;
   // Row-major op(A) (M,K): element (m,k) at m*lda + k, or at k*lda + m when transposed.
@@ -96,11 +96,10 @@ Matmul& get_matmul(MatmulCache& mc, const MatmulKey& key) {
   dnnl::memory::desc c_md(dims{M, N}, dt::f32, dims{ldc, 1});
   dnnl::memory::desc bias_md(dims{1, N}, dt::f32, dims{N, 1});
   dnnl::primitive_attr attr;
-  if (relu) {
-    dnnl::post_ops ops;
-    ops.append_eltwise(1.f, dnnl::algorithm::eltwise_relu, 0.f, 0.f);
-    attr.set_post_ops(ops);
-  }
+  dnnl::post_ops ops;
+  if (accumulate) ops.append_sum(1.f);  // C = C + product (before any eltwise)
+  if (relu) ops.append_eltwise(1.f, dnnl::algorithm::eltwise_relu, 0.f, 0.f);
+  if (accumulate || relu) attr.set_post_ops(ops);
   auto desc = has_bias ? dnnl::matmul::desc(a_md, b_md, bias_md, c_md)
                        : dnnl::matmul::desc(a_md, b_md, c_md);
   dnnl::matmul::primitive_desc pd(desc, attr, mc.eng);
@@ -113,22 +112,23 @@ Matmul& get_matmul(MatmulCache& mc, const MatmulKey& key) {
   return mc.prims.emplace(key, std::move(m)).first->second;
 }
 
-}  // namespace
-
-void matmul(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda,
-            const float* B, int ldb, float* C, int ldc, const float* bias, bool relu) {
+void run_matmul(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda,
+                const float* B, int ldb, float* C, int ldc, const float* bias, bool relu,
+                bool accumulate) {
   if (M <= 0 || N <= 0) return;
-  if (K <= 0) {  // C = bias (or 0), then ReLU
+  if (K <= 0) {  // C = (accumulate ? C : 0) + bias (or 0), then ReLU
     for (int i = 0; i < M; ++i)
       for (int j = 0; j < N; ++j) {
-        const float v = bias ? bias[j] : 0.f;
-        C[int64_t(i) * ldc + j] = relu && v < 0.f ? 0.f : v;
+        float& c = C[int64_t(i) * ldc + j];
+        const float v = (accumulate ? c : 0.f) + (bias ? bias[j] : 0.f);
+        c = relu && v < 0.f ? 0.f : v;
       }
     return;
   }
   try {
     MatmulCache& mc = matmul_cache();
-    Matmul& m = get_matmul(mc, {trans_a, trans_b, M, N, K, lda, ldb, ldc, bias != nullptr, relu});
+    Matmul& m = get_matmul(mc, {trans_a, trans_b, M, N, K, lda, ldb, ldc, bias != nullptr, relu,
+                                accumulate});
     m.a.set_data_handle(const_cast<float*>(A));
     m.b.set_data_handle(const_cast<float*>(B));
     m.c.set_data_handle(C);
@@ -148,6 +148,18 @@ void matmul(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int
                                          "(status {})", trans_a ? 'T' : 'N', trans_b ? 'T' : 'N',
                                          M, N, K, e.what(), int(e.status)));
   }
+}
+
+}  // namespace
+
+void matmul(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda,
+            const float* B, int ldb, float* C, int ldc, const float* bias, bool relu) {
+  run_matmul(trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc, bias, relu, false);
+}
+
+void matmul_accumulate(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda,
+                       const float* B, int ldb, float* C, int ldc) {
+  run_matmul(trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc, nullptr, false, true);
 }
 
 }  // namespace strata::cpu

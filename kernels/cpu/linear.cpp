@@ -1,7 +1,8 @@
 // Fully connected layer: each product is a single GEMM on the row-major buffers as they are,
 // with the transposes folded into the GEMM's strides (no copies). Forward products of at least
 // kMatmulMinWork multiply-adds go through a oneDNN matmul primitive made for their exact shape,
-// with bias and ReLU in its epilogue (no passes of their own); the rest through sgemm.
+// with bias and ReLU in its epilogue (no passes of their own), and so do the weight gradients
+// of large weights (see use_matmul_weight_grad); the rest through sgemm.
 #include <algorithm>
 #include <cstring>
 
@@ -14,10 +15,22 @@ namespace {
 // On the benchmark MLP (batch 64, one thread) the matmul primitive matched or beat sgemm in
 // forward from the 784x256 down to the 256x128 layer and lost on the 128x10 output layer. In
 // backward, inside a training step, sgemm was faster for both products (the weight gradient
-// by ~10%: bench_step), so backward stays on sgemm.
+// by ~10%: bench_step), so the MLP's backward stays on sgemm.
 constexpr int64_t kMatmulMinWork = int64_t(1) << 20;
 
 bool use_matmul(int M, int N, int K) { return int64_t(M) * N * K >= kMatmulMinWork; }
+
+// The weight gradient dout^T @ inp (transposed A) on the GPT's shapes (2048 rows, one thread,
+// best of 11 interleaved calls): sgemm 97-104 GFLOP/s against the matmul primitive's 111-133
+// where the weight has at least 384 x 1536 elements (c_fc, mlp c_proj: 3-5 ms less each), a
+// tie at 384 x 1152, and sgemm ahead at 384 x 384 and below (and on the MLP above). The
+// input gradient dout @ weight stays on sgemm: it was faster on every GPT shape (136-155
+// against 117-147 GFLOP/s).
+constexpr int64_t kMatmulMinWeightGrad = int64_t(1) << 19;
+
+bool use_matmul_weight_grad(int B, int I, int O) {
+  return int64_t(O) * I >= kMatmulMinWeightGrad && use_matmul(O, I, B);
+}
 
 // out (B,O) = inp @ weight^T [+ bias] [ReLU]
 void forward(float* out, const float* inp, const float* weight, const float* bias, int B, int I,
@@ -40,7 +53,13 @@ void forward(float* out, const float* inp, const float* weight, const float* bia
 void backward_products(float* dinp, float* dweight, const float* dout, const float* inp,
                        const float* weight, int B, int I, int O, bool accumulate) {
   if (dinp) sgemm(false, false, B, I, O, 1.f, dout, O, weight, I, 0.f, dinp, I);
-  if (dweight) sgemm(true, false, O, I, B, 1.f, dout, O, inp, I, accumulate ? 1.f : 0.f, dweight, I);
+  if (!dweight) return;
+  if (!use_matmul_weight_grad(B, I, O))
+    sgemm(true, false, O, I, B, 1.f, dout, O, inp, I, accumulate ? 1.f : 0.f, dweight, I);
+  else if (accumulate)
+    matmul_accumulate(true, false, O, I, B, dout, O, inp, I, dweight, I);
+  else
+    matmul(true, false, O, I, B, dout, O, inp, I, dweight, I, nullptr, false);
 }
 
 }  // namespace
