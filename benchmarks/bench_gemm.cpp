@@ -76,6 +76,11 @@ int main(int argc, char** argv) {
       {false, true, 64, 128, 256, "MLP fc2 forward"},   {false, false, 64, 256, 128, "MLP fc2 dX"},
       {true, false, 128, 256, 64, "MLP fc2 dW"},        {false, false, 64, 196, 288, "CNN conv2 fwd/sample"},
       {false, true, 64, 288, 196, "CNN conv2 dW/sample"}, {true, false, 288, 196, 64, "CNN conv2 dcols/sample"},
+      // The GPT of benchmarks/bench_gpt.py (batch 8 x 256 positions, dim 384): y = x W^T,
+      // dX = dY W, dW = dY^T X for c_attn (1152 x 384) and c_fc (1536 x 384).
+      {false, true, 2048, 1152, 384, "GPT c_attn forward"}, {false, false, 2048, 384, 1152, "GPT c_attn dX"},
+      {true, false, 1152, 384, 2048, "GPT c_attn dW"},      {false, true, 2048, 1536, 384, "GPT c_fc forward"},
+      {false, false, 2048, 384, 1536, "GPT c_fc dX"},       {true, false, 1536, 384, 2048, "GPT c_fc dW"},
   };
   std::printf("%-24s %10s %9s %10s %9s %7s\n", "shape (M,N,K)", "strata us", "GFLOP/s", "OpenBLAS us",
               "GFLOP/s", "ratio");
