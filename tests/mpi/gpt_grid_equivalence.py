@@ -4,11 +4,11 @@
 A 2-block GPT (dim 32, 4 heads, context 16, dropout 0.1, AdamW with gradient clipping at a
 norm the gradients exceed, so the global norm over every part of the model matters) on a
 small byte-level corpus, 30 steps of global batch 8, the same seed on every grid:
-  - (data, pipeline, tensor) in (1,1,2), (1,2,1), (2,1,2), (1,2,2): the loss sequence follows
-    the one-rank reference within 1e-5 relative (max over steps), the validation loss at the
-    end (through the grid) within 1e-5 relative, and model.h5 (gathered from the stages and
-    tensor parts into whole tensors) has the reference's tensors, names and shapes, each
-    within 1e-4 x max|ref| and 1e-2 x max|ref - init|;
+  - (data, pipeline, tensor) in (1,1,2), (1,2,1), (2,1,2), (1,2,2), and (2,2,2) on 8 ranks:
+    the loss sequence follows the one-rank reference within 1e-5 relative (max over steps),
+    the validation loss at the end (through the grid) within 1e-5 relative, and model.h5
+    (gathered from the stages and tensor parts into whole tensors) has the reference's
+    tensors, names and shapes, each within 1e-3 x max|ref| and 1e-2 x max|ref - init|;
   - (1,2,2) with train.recompute = "block" gives the (1,2,2) losses bit for bit;
   - a checkpoint written at step 15 by (1,2,2) holds whole tensors (the reference's shapes),
     and resuming it on (2,1,2) and on one rank continues the reference's losses (steps 16-30)
@@ -100,7 +100,7 @@ update = {k: float(np.max(np.abs(ref[k].astype(np.float64) - init[k]))) for k in
 scale = {k: float(np.max(np.abs(ref[k].astype(np.float64)))) for k in ref}
 
 runs = {}
-for d, p, t in ((1, 1, 2), (1, 2, 1), (2, 1, 2), (1, 2, 2)):
+for d, p, t in ((1, 1, 2), (1, 2, 1), (2, 1, 2), (1, 2, 2), (2, 2, 2)):
     tag = f"d{d}p{p}t{t}"
     out, ls, done = train(tag, d, p, t)
     runs[tag] = ls
