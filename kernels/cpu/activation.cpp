@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "dispatch.h"
 #include "strata/kernels_cpu.h"
 
 namespace strata::cpu {
@@ -179,26 +180,7 @@ using GeluBackwardRange = void (*)(float*, const float*, const float*, int64_t, 
     gelu_backward_range<W>(dinp, dout, inp, i0, i1);                                          \
   }
 
-STRATA_GELU_VARIANT(generic, , 4)
-#if defined(__x86_64__)
-STRATA_GELU_VARIANT(avx512, __attribute__((target("avx512f"))), 16)
-STRATA_GELU_VARIANT(avx2, __attribute__((target("avx2,fma"))), 8)
-#endif
-
-GeluForwardRange pick_gelu_forward() {
-#if defined(__x86_64__)
-  if (__builtin_cpu_supports("avx512f")) return gelu_forward_avx512;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return gelu_forward_avx2;
-#endif
-  return gelu_forward_generic;
-}
-GeluBackwardRange pick_gelu_backward() {
-#if defined(__x86_64__)
-  if (__builtin_cpu_supports("avx512f")) return gelu_backward_avx512;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return gelu_backward_avx2;
-#endif
-  return gelu_backward_generic;
-}
+STRATA_ISA_VARIANTS(STRATA_GELU_VARIANT, "avx2,fma")
 
 // Elements per OpenMP work item (a multiple of 16), and the size below which threads are not
 // worth waking.
@@ -209,7 +191,8 @@ constexpr int64_t kParallelMin = int64_t(1) << 15;
 
 // inp (n) -> out (n); gelu(x) = x * Phi(x) = x/2 * (1 + erf(x/sqrt 2)).
 void gelu_forward(float* out, const float* inp, int64_t n) {
-  static const GeluForwardRange range = pick_gelu_forward();
+  static const GeluForwardRange range =
+      pick_isa(gelu_forward_avx512, gelu_forward_avx2, gelu_forward_generic, /*avx2_needs_fma=*/true);
   const int64_t chunks = (n + kGeluChunk - 1) / kGeluChunk;
 #pragma omp parallel for schedule(static) if (n >= kParallelMin)
   for (int64_t c = 0; c < chunks; ++c)
@@ -218,7 +201,8 @@ void gelu_forward(float* out, const float* inp, int64_t n) {
 
 // dout (n), inp (n) -> dinp (n); gelu'(x) = Phi(x) + x * phi(x), phi the normal density.
 void gelu_backward(float* dinp, const float* dout, const float* inp, int64_t n) {
-  static const GeluBackwardRange range = pick_gelu_backward();
+  static const GeluBackwardRange range =
+      pick_isa(gelu_backward_avx512, gelu_backward_avx2, gelu_backward_generic, true);
   const int64_t chunks = (n + kGeluChunk - 1) / kGeluChunk;
 #pragma omp parallel for schedule(static) if (n >= kParallelMin)
   for (int64_t c = 0; c < chunks; ++c)

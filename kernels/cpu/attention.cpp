@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "strata/error.h"
+#include "dispatch.h"
 #include "strata/kernels_cpu.h"
 
 // The vector helpers below pass vectors by value; they are always inlined into a function
@@ -270,45 +271,20 @@ using BackwardHead = void (*)(float*, float*, const float*, const float*, const 
     backward_head<W>(dqkv, dp, dout, qkv, att, T, C, hs);                                     \
   }
 
-STRATA_ATTENTION_VARIANT(generic, , 4)
-#if defined(__x86_64__)
-STRATA_ATTENTION_VARIANT(avx512, __attribute__((target("avx512f"))), 16)
-STRATA_ATTENTION_VARIANT(avx2, __attribute__((target("avx2"))), 8)
-#endif
-
-ForwardHead pick_forward() {
-#if defined(__x86_64__)
-  if (__builtin_cpu_supports("avx512f")) return forward_head_avx512;
-  if (__builtin_cpu_supports("avx2")) return forward_head_avx2;
-#endif
-  return forward_head_generic;
-}
-BackwardHead pick_backward() {
-#if defined(__x86_64__)
-  if (__builtin_cpu_supports("avx512f")) return backward_head_avx512;
-  if (__builtin_cpu_supports("avx2")) return backward_head_avx2;
-#endif
-  return backward_head_generic;
-}
+STRATA_ISA_VARIANTS(STRATA_ATTENTION_VARIANT, "avx2")
 
 void check_heads(int C, int NH) {
   STRATA_CHECK(NH > 0 && C % NH == 0, "attention: C = {} is not a multiple of NH = {}", C, NH);
 }
 
-// kBlock x T floats of scratch for this thread, kept between calls.
-float* thread_scratch(int T) {
-  thread_local std::vector<float> buf;
-  const size_t n = size_t(kBlock) * size_t(T);
-  if (buf.size() < n) buf.resize(n);
-  return buf.data();
-}
 
 }  // namespace
 
 // qkv (B,T,3C) -> out (B,T,C), att (B,NH,T,T)
 void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) {
   check_heads(C, NH);
-  static const ForwardHead head = pick_forward();
+  static const ForwardHead head =
+      pick_isa(forward_head_avx512, forward_head_avx2, forward_head_generic);
   const int hs = C / NH;
 #pragma omp parallel for schedule(static)
   for (int bh = 0; bh < B * NH; ++bh) {
@@ -322,13 +298,14 @@ void attention_forward(float* out, float* att, const float* qkv, int B, int T, i
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B,
                         int T, int C, int NH) {
   check_heads(C, NH);
-  static const BackwardHead head = pick_backward();
+  static const BackwardHead head =
+      pick_isa(backward_head_avx512, backward_head_avx2, backward_head_generic);
   const int hs = C / NH;
 #pragma omp parallel for schedule(static)
   for (int bh = 0; bh < B * NH; ++bh) {
     const int b = bh / NH, h = bh % NH;
     const int64_t qkv_off = int64_t(b) * T * 3 * C + int64_t(h) * hs;
-    head(dqkv + qkv_off, thread_scratch(T), dout + int64_t(b) * T * C + int64_t(h) * hs,
+    head(dqkv + qkv_off, thread_scratch(size_t(kBlock) * size_t(T)), dout + int64_t(b) * T * C + int64_t(h) * hs,
          qkv + qkv_off, att + int64_t(bh) * T * T, T, C, hs);
   }
 }

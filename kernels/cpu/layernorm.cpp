@@ -17,6 +17,7 @@
 #include <cstring>
 #include <vector>
 
+#include "dispatch.h"
 #include "strata/kernels_cpu.h"
 
 // See attention.cpp: the vector helpers are always inlined into a function compiled for the
@@ -172,33 +173,7 @@ using BackwardRows = void (*)(float*, float*, float*, const float*, const float*
     backward_rows<W>(dinp, pw, pb, dout, inp, w, mean, rstd, r0, r1, C);                      \
   }
 
-STRATA_LN_VARIANT(generic, , 4)
-#if defined(__x86_64__)
-STRATA_LN_VARIANT(avx512, __attribute__((target("avx512f"))), 16)
-STRATA_LN_VARIANT(avx2, __attribute__((target("avx2"))), 8)
-#endif
-
-ForwardRows pick_forward() {
-#if defined(__x86_64__)
-  if (__builtin_cpu_supports("avx512f")) return forward_rows_avx512;
-  if (__builtin_cpu_supports("avx2")) return forward_rows_avx2;
-#endif
-  return forward_rows_generic;
-}
-BackwardRows pick_backward() {
-#if defined(__x86_64__)
-  if (__builtin_cpu_supports("avx512f")) return backward_rows_avx512;
-  if (__builtin_cpu_supports("avx2")) return backward_rows_avx2;
-#endif
-  return backward_rows_generic;
-}
-
-// Parameter-gradient partials of this call: 2C floats per chunk, kept between calls.
-float* thread_scratch(size_t n) {
-  thread_local std::vector<float> buf;
-  if (buf.size() < n) buf.resize(n);
-  return buf.data();
-}
+STRATA_ISA_VARIANTS(STRATA_LN_VARIANT, "avx2")
 
 // Below this many elements the work is not worth waking threads for.
 constexpr int64_t kParallelMin = int64_t(1) << 15;
@@ -208,7 +183,8 @@ constexpr int64_t kParallelMin = int64_t(1) << 15;
 // inp (N,C), weight (C), bias (C) -> out (N,C), mean (N), rstd (N)
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
                        const float* weight, const float* bias, int N, int C) {
-  static const ForwardRows rows = pick_forward();
+  static const ForwardRows rows =
+      pick_isa(forward_rows_avx512, forward_rows_avx2, forward_rows_generic);
   const int nchunks = (N + kRows - 1) / kRows;
 #pragma omp parallel for schedule(static) if (int64_t(N) * C >= kParallelMin)
   for (int ch = 0; ch < nchunks; ++ch)
@@ -219,7 +195,8 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                         const float* inp, const float* weight, const float* mean,
                         const float* rstd, int N, int C, bool accumulate) {
-  static const BackwardRows rows = pick_backward();
+  static const BackwardRows rows =
+      pick_isa(backward_rows_avx512, backward_rows_avx2, backward_rows_generic);
   const int nchunks = (N + kRows - 1) / kRows;
   const bool params = dweight || dbias;
   float* part = params ? thread_scratch(size_t(nchunks) * 2 * size_t(C)) : nullptr;
