@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "dispatch.h"
+#include "lanes.h"
 #include "strata/kernels_cpu.h"
 
 namespace strata::cpu {
@@ -38,8 +39,8 @@ void relu_backward(float* dinp, const float* dout, const float* out, int64_t n) 
 // 1.2e-7 for every a, measured 1.05e-7 in double), and erfc(-a) = 2 - erfc(a). So for x < 0,
 // Phi = erfc(a)/2 keeps its relative precision far into the tail (the reference's
 // (1 + erf(z))/2 loses it to cancellation), and for x >= 0, Phi = 1 - erfc(a)/2.
-// The exp is Cephes' expf polynomial, as softmax's in attention.cpp (within 2 ulp; arguments
-// below -87.3 give 0, where Phi < 1e-38 anyway).
+// The exp is Cephes' expf polynomial, the softmax's (lanes.h: within 2 ulp; arguments below
+// -87.3 give 0, where Phi < 1e-38 anyway).
 //
 // The lane code is written once over GCC vector types and compiled for AVX-512 (W = 16),
 // AVX2 (W = 8) and baseline x86-64 (W = 4), picked at run time as the other kernels do. Every
@@ -49,63 +50,18 @@ void relu_backward(float* dinp, const float* dout, const float* out, int64_t n) 
 // Against the scalar std::erf form: |Phi - Phi_ref| <= ~2e-7 absolute everywhere (see
 // tests/unit/test_gpt_kernels.cpp, "gelu: vectorised ... ").
 
-// See attention.cpp: the vector helpers are always inlined into a function compiled for the
-// matching target, so the ABI note GCC gives about them never applies.
-#pragma GCC diagnostic ignored "-Wpsabi"
-
 namespace {
-
-#define STRATA_INLINE inline __attribute__((always_inline))
 
 constexpr float kInvSqrt2 = 0.70710678118654752f;
 constexpr float kInvSqrt2Pi = 0.39894228040143268f;  // 1/sqrt(2*pi)
 
-typedef float F4 __attribute__((vector_size(16)));
-typedef float F8 __attribute__((vector_size(32)));
-typedef float F16 __attribute__((vector_size(64)));
-typedef int32_t I4 __attribute__((vector_size(16)));
-typedef int32_t I8 __attribute__((vector_size(32)));
-typedef int32_t I16 __attribute__((vector_size(64)));
-template <int W> struct VecTypes;
-template <> struct VecTypes<4> { using F = F4; using I = I4; };
-template <> struct VecTypes<8> { using F = F8; using I = I8; };
-template <> struct VecTypes<16> { using F = F16; using I = I16; };
-
+// The shared lane operations (exp_nonpos: attention.cpp's softmax exp), plus Phi and GELU.
 template <int W>
-struct GeluLanes {
-  using F = typename VecTypes<W>::F;
-  using I = typename VecTypes<W>::I;
-
-  static STRATA_INLINE F load(const float* p) {
-    F v;
-    std::memcpy(&v, p, sizeof v);
-    return v;
-  }
-  static STRATA_INLINE void store(float* p, const F& v) { std::memcpy(p, &v, sizeof v); }
-  static STRATA_INLINE F splat(float x) { return F{} + x; }
-
-  // exp(x) for x <= ~0 (attention.cpp's exp_nonpos; small positive x, as P(1) - 0 = 3e-8
-  // here, are fine too): 0 below -87.3, NaN stays NaN.
-  static STRATA_INLINE F exp_nonpos(const F& x) {
-    const F lo = splat(-87.33654f);
-    const auto under = x < lo;
-    const F xc = under ? lo : x;
-    const F magic = splat(12582912.f);  // 1.5 * 2^23: adding it rounds to an integer
-    F n = xc * 1.44269504088896341f + magic;
-    n = n - magic;
-    F r = xc - n * 0.693359375f;
-    r = r - n * -2.12194440e-4f;
-    F p = splat(1.9875691500e-4f);
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    const F y = p * r * r + r + 1.f;
-    const I bits = (__builtin_convertvector(n, I) + 127) << 23;  // 2^n, n in [-126, 0]
-    const F e = y * (F)bits;  // same-size vector cast: the bits as floats
-    return under ? F{} : e;
-  }
+struct GeluLanes : simd::Lanes<W> {
+  using Base = simd::Lanes<W>;
+  using F = typename Base::F;
+  using Base::exp_nonpos;
+  using Base::splat;
 
   // Phi(x) = erfc(-x/sqrt 2) / 2 (see the note above). NaN gives NaN.
   static STRATA_INLINE F phi_cdf(const F& x) {

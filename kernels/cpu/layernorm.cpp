@@ -18,11 +18,8 @@
 #include <vector>
 
 #include "dispatch.h"
+#include "lanes.h"
 #include "strata/kernels_cpu.h"
-
-// See attention.cpp: the vector helpers are always inlined into a function compiled for the
-// matching target, so the ABI note GCC gives about them never applies.
-#pragma GCC diagnostic ignored "-Wpsabi"
 
 namespace strata::cpu {
 
@@ -31,40 +28,7 @@ namespace {
 constexpr float kEps = 1e-5f;  // PyTorch's default
 constexpr int kRows = 64;      // rows per chunk: the unit of work and of the parameter sums
 
-#define STRATA_INLINE inline __attribute__((always_inline))
-
-// W lanes of float.
-typedef float F2 __attribute__((vector_size(8)));
-typedef float F4 __attribute__((vector_size(16)));
-typedef float F8 __attribute__((vector_size(32)));
-typedef float F16 __attribute__((vector_size(64)));
-template <int W> struct VecType;
-template <> struct VecType<2> { using F = F2; };
-template <> struct VecType<4> { using F = F4; };
-template <> struct VecType<8> { using F = F8; };
-template <> struct VecType<16> { using F = F16; };
-
-template <int W>
-struct Lanes {
-  using F = typename VecType<W>::F;
-  static STRATA_INLINE F load(const float* p) {
-    F v;
-    std::memcpy(&v, p, sizeof v);
-    return v;
-  }
-  static STRATA_INLINE void store(float* p, const F& v) { std::memcpy(p, &v, sizeof v); }
-  // Sum of the lanes as a fixed tree: the two halves added lane by lane, and so on.
-  static STRATA_INLINE float hsum(const F& v) {
-    if constexpr (W == 2) {
-      return v[0] + v[1];
-    } else {
-      typename Lanes<W / 2>::F lo, hi;
-      std::memcpy(&lo, &v, sizeof lo);
-      std::memcpy(&hi, reinterpret_cast<const char*>(&v) + sizeof lo, sizeof hi);
-      return Lanes<W / 2>::hsum(lo + hi);
-    }
-  }
-};
+using simd::Lanes;
 
 // One row: x (C) -> out (C), its mean and rstd (either may be null).
 template <int W>
