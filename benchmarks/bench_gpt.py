@@ -75,59 +75,22 @@ def torch_worker(a):
         die(f"OpenBLAS runs {info['openblas_threads']} threads, not {a.threads}")
     V, C, NH, T, L = a.vocab, a.dim, a.heads, a.context, a.layers
 
-    # nanoGPT's model (model.py) as it runs on torch < 2.0: attention through an explicit
-    # causal mask and softmax (no fused scaled_dot_product_attention in torch 1.13).
-    class Attention(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.c_attn = nn.Linear(C, 3 * C)
-            self.c_proj = nn.Linear(C, C)
-            self.register_buffer("mask", torch.ones(T, T, dtype=torch.bool).tril())
-
-        def forward(self, x):
-            B, t, _ = x.shape
-            q, k, v = self.c_attn(x).split(C, dim=2)
-            q, k, v = (z.view(B, t, NH, C // NH).transpose(1, 2) for z in (q, k, v))
-            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(C // NH))
-            att = att.masked_fill(~self.mask[:t, :t], float("-inf")).softmax(dim=-1)
-            return self.c_proj((att @ v).transpose(1, 2).contiguous().view(B, t, C))
-
-    class Block(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.ln_1, self.attn = nn.LayerNorm(C), Attention()
-            self.ln_2 = nn.LayerNorm(C)
-            self.mlp = nn.Sequential(nn.Linear(C, 4 * C), nn.GELU(), nn.Linear(4 * C, C))
-
-        def forward(self, x):
-            x = x + self.attn(self.ln_1(x))
-            return x + self.mlp(self.ln_2(x))
-
-    class GPT(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.wte, self.wpe = nn.Embedding(V, C), nn.Embedding(T, C)
-            self.h = nn.ModuleList(Block() for _ in range(L))
-            self.ln_f = nn.LayerNorm(C)
-            self.lm_head = nn.Linear(C, V, bias=False)
-            self.lm_head.weight = self.wte.weight  # tied
-            for n, p in self.named_parameters():  # GPT-2's init, as strata's
-                if n.endswith("bias"):
-                    nn.init.zeros_(p)
-                elif p.dim() == 2:
-                    std = 0.02 / math.sqrt(2 * L) if n.endswith(("c_proj.weight", "mlp.2.weight")) else 0.02
-                    nn.init.normal_(p, 0.0, std)
-
-        def forward(self, idx):
-            x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
-            for b in self.h:
-                x = b(x)
-            return self.lm_head(self.ln_f(x))
+    # nanoGPT's model, the one the GPT parity test checks strata against, with GPT-2's init
+    # as strata's: zero biases, N(0, 0.02) weights, the residual projections / sqrt(2 L).
+    sys.path.insert(0, os.path.join(ROOT, "tests", "reference"))
+    from torch_gpt_model import gpt
+    model = gpt(V, C, NH, T, L)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if n.endswith("bias"):
+                nn.init.zeros_(p)
+            elif p.dim() == 2:
+                proj = n.endswith("c_proj.weight")
+                nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * L) if proj else 0.02)
 
     with h5py.File(a.data, "r") as f:  # the whole split in memory, before timing
         tokens = torch.from_numpy(f["train/tokens"][...].astype(np.int64))
     n = (tokens.numel() - 1) // T  # windows tokens[i*T, i*T + T + 1), as strata's loader
-    model = GPT()
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.999), eps=1e-8,
                             weight_decay=a.weight_decay)
     gen = torch.Generator().manual_seed(a.seed)

@@ -3,12 +3,9 @@
 
 Usage: torch_gpt_reference.py OUT_DIR   -> writes OUT_DIR/gpt.h5
 
-The model is nanoGPT's GPT-2, written out below in plain torch: token + position embedding,
-LAYERS pre-LayerNorm blocks (x + c_proj(causal_attention(c_attn(ln_1(x)))), then
-x + mlp.c_proj(gelu(mlp.c_fc(ln_2(x))))), a final LayerNorm and an output layer tied to the
-token embedding (lm_head.weight is wte). Attention scales by 1/sqrt(head size) and masks the
-future with -inf; GELU is the exact erf form (nn.GELU()); LayerNorm eps is 1e-5. No dropout.
-This is what strata's model.type = "gpt" builds (src/layers_gpt.cpp, RunConfig::model_spec).
+The model is nanoGPT's GPT-2 in plain torch (torch_gpt_model.py, shared with the speed
+benchmark): what strata's model.type = "gpt" builds (src/layers_gpt.cpp,
+RunConfig::model_spec).
 
 The file holds:
   attrs: spec (strata's layer specs joined by newlines), vocab, dim, heads, context, layers,
@@ -49,8 +46,10 @@ import sys
 import h5py
 import numpy as np
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_gpt_model import gpt  # noqa: E402
 
 VOCAB, DIM, HEADS, CONTEXT, LAYERS, BATCH = 64, 32, 4, 16, 2, 4
 STEPS = 20
@@ -58,76 +57,6 @@ SUCCESSORS = 4
 SEED = 3
 STD = 0.15  # the weights' (see "Initial parameters")
 ADAMW = dict(lr=3e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.1)
-
-
-class CausalSelfAttention(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.c_attn = nn.Linear(DIM, 3 * DIM)
-        self.c_proj = nn.Linear(DIM, DIM)
-
-    def forward(self, x):
-        B, T, C = x.shape
-        hs = C // HEADS
-        q, k, v = self.c_attn(x).split(C, dim=2)
-        q, k, v = (t.view(B, T, HEADS, hs).transpose(1, 2) for t in (q, k, v))  # (B,nh,T,hs)
-        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))
-        mask = torch.ones(T, T, dtype=torch.bool).tril()
-        att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
-        y = (att @ v).transpose(1, 2).contiguous().view(B, T, C)
-        return self.c_proj(y)
-
-
-class MLP(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.c_fc = nn.Linear(DIM, 4 * DIM)
-        self.gelu = nn.GELU()  # exact erf form, as strata's
-        self.c_proj = nn.Linear(4 * DIM, DIM)
-
-    def forward(self, x):
-        return self.c_proj(self.gelu(self.c_fc(x)))
-
-
-class Block(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.ln_1 = nn.LayerNorm(DIM)
-        self.attn = CausalSelfAttention()
-        self.ln_2 = nn.LayerNorm(DIM)
-        self.mlp = MLP()
-
-    def forward(self, x):
-        x = x + self.attn(self.ln_1(x))
-        return x + self.mlp(self.ln_2(x))
-
-
-class GPT(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.wte = nn.Embedding(VOCAB, DIM)
-        self.wpe = nn.Embedding(CONTEXT, DIM)
-        self.h = nn.ModuleList(Block() for _ in range(LAYERS))
-        self.ln_f = nn.LayerNorm(DIM)
-        self.lm_head = nn.Linear(DIM, VOCAB, bias=False)
-        self.lm_head.weight = self.wte.weight  # tied, as GPT-2 and strata
-
-    def forward(self, idx):
-        T = idx.shape[1]
-        x = self.wte(idx) + self.wpe(torch.arange(T))
-        for b in self.h:
-            x = b(x)
-        return self.lm_head(self.ln_f(x))
-
-    def strata_params(self):
-        """strata's global name of each parameter (the tied lm_head has none of its own)."""
-        p = {"embedding1.wte": self.wte.weight, "embedding1.wpe": self.wpe.weight}
-        for i, b in enumerate(self.h, start=1):
-            for n, t in b.named_parameters():
-                p[f"block{i}.{n}"] = t
-        p["layernorm1.weight"] = self.ln_f.weight
-        p["layernorm1.bias"] = self.ln_f.bias
-        return p
 
 
 def strata_spec():
@@ -186,7 +115,7 @@ def main():
     torch.set_default_dtype(torch.float32)
     gen = torch.Generator().manual_seed(SEED)
 
-    model = GPT()
+    model = gpt(VOCAB, DIM, HEADS, CONTEXT, LAYERS)
     params = model.strata_params()
     assert sum(p.numel() for p in params.values()) == sum(p.numel() for p in model.parameters())
     init_params(params, gen)
