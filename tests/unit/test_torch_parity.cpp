@@ -226,20 +226,27 @@ struct StepResult {
   Tensor logits;
 };
 
-// Forward, mean softmax cross-entropy and backward on one batch, as src/trainer.cpp does on a
-// single rank (gradient scale 1/B: the mean loss's gradient).
-StepResult forward_backward(Model& m, const float* x, const int32_t* y, int B) {
+// Forward, mean softmax cross-entropy over every row of logits (a sample's, or a position's)
+// and backward on one batch, as src/trainer.cpp does on a single rank (gradient scale
+// 1/rows: the mean loss's gradient).
+StepResult forward_backward(Model& m, const Tensor& x, const int32_t* y) {
   const Backend& be = cpu_backend();
-  Tensor xt({B, 1, 28, 28});
-  std::copy(x, x + xt.size(), xt.data());
-  const Tensor& logits = m.forward(be, xt, StepInfo{.training = true});
+  const Tensor& logits = m.forward(be, x, StepInfo{.training = true});
+  const int V = m.classes(), rows = int(logits.size() / V);
   Tensor probs(logits.shape), dlogits(logits.shape);
-  double loss = be.softmax_xent_forward(probs.data(), logits.data(), y, B, kClasses) / B;
-  be.softmax_xent_backward(dlogits.data(), probs.data(), y, B, kClasses, 1.0f / float(B));
+  double loss = be.softmax_xent_forward(probs.data(), logits.data(), y, rows, V) / rows;
+  be.softmax_xent_backward(dlogits.data(), probs.data(), y, rows, V, 1.0f / float(rows));
   StepResult r{loss, Tensor(logits.shape)};
   std::copy(logits.data(), logits.data() + logits.size(), r.logits.data());
   m.backward(be, dlogits);
   return r;
+}
+
+// An image batch (B, 1, 28, 28).
+StepResult forward_backward(Model& m, const float* x, const int32_t* y, int B) {
+  Tensor xt({B, 1, 28, 28});
+  std::copy(x, x + xt.size(), xt.data());
+  return forward_backward(m, xt, y);
 }
 
 void check_one_batch(const std::string& type) {
@@ -413,18 +420,10 @@ std::unique_ptr<Model> load_gpt(const RefFile& f, const GptSizes& s, const std::
 // Forward, mean cross-entropy over the B*T positions and backward on one batch of (B,T) token
 // ids x and targets y, as src/trainer.cpp does on a single rank.
 StepResult gpt_forward_backward(Model& m, const int32_t* x, const int32_t* y, int B, int T) {
-  const Backend& be = cpu_backend();
   Tensor xt({B, T});
   for (int64_t i = 0; i < xt.size(); ++i) xt.data()[i] = float(x[i]);  // ids as floats
-  const Tensor& logits = m.forward(be, xt, StepInfo{.training = true});
-  const int rows = B * T, V = m.classes();
-  REQUIRE(logits.shape == Shape{B, T, V});
-  Tensor probs(logits.shape), dlogits(logits.shape);
-  double loss = be.softmax_xent_forward(probs.data(), logits.data(), y, rows, V) / rows;
-  be.softmax_xent_backward(dlogits.data(), probs.data(), y, rows, V, 1.0f / float(rows));
-  StepResult r{loss, Tensor(logits.shape)};
-  std::copy(logits.data(), logits.data() + logits.size(), r.logits.data());
-  m.backward(be, dlogits);
+  StepResult r = forward_backward(m, xt, y);
+  REQUIRE(r.logits.shape == Shape{B, T, m.classes()});
   return r;
 }
 
