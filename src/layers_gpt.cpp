@@ -370,6 +370,8 @@ bool tie_lm_head(Layer& head, Param& table) {
   return true;
 }
 
+bool is_lm_head(const Layer& layer) { return dynamic_cast<const LmHead*>(&layer) != nullptr; }
+
 Param* token_table(Layer& embedding) {
   auto* e = dynamic_cast<Embedding*>(&embedding);
   return e ? &e->params[0] : nullptr;

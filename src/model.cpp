@@ -235,20 +235,19 @@ Model::Model(const ModelSpec& spec, Shape input_shape, int classes, LayerRange s
   // not the embedding (a pipeline's last stage), the head reads a copy of the table, named as
   // the table is (so init gives it the same values), kept after the stage's block in the flat
   // buffers; the trainer sums its gradient with the table's (tied_table()).
-  auto is_head = [](const Layer& l) { return l.describe().starts_with("LM head"); };
   bool head_here = false, embedding_here = false, head_anywhere = false;
   Param* whole_table = nullptr;
   std::string table_name;
   for (int i = 0; i < total_layers_; ++i) {
     Layer& l = *b.layers[size_t(i)];
     const bool here = first_ <= i && i < last;
-    head_anywhere = head_anywhere || is_head(l);
+    head_anywhere = head_anywhere || is_lm_head(l);
     if (Param* t = token_table(l)) {
       whole_table = t;
       table_name = l.name + "." + t->name;
       embedding_here = embedding_here || here;
     }
-    head_here = head_here || (here && is_head(l));
+    head_here = head_here || (here && is_lm_head(l));
   }
   if (head_here && !embedding_here) {
     if (!whole_table) fail_input("model: the LM head needs an embedding layer before it");
@@ -291,7 +290,7 @@ Model::Model(const ModelSpec& spec, Shape input_shape, int classes, LayerRange s
     params_.push_back(tied_copy_.get());
   }
   for (auto& h : layers_) {
-    if (!is_head(*h)) continue;
+    if (!is_lm_head(*h)) continue;
     bool tied = tied_copy_ && tie_lm_head(*h, *tied_copy_);
     for (auto& e : layers_) tied = tied || tie_lm_head(*h, *e);
     STRATA_CHECK(tied, "LM head {} not tied", h->name);

@@ -126,20 +126,32 @@ EvalResult evaluate_split(
 }
 }  // namespace
 
-EvalResult evaluate(Model& model, const Backend& be, const DatasetInfo& info,
-                    const std::string& split, Comm& comm, int64_t batch) {
+namespace {
+// The model's forward over this replica's share of a split, the sums over `comm`. A tensor
+// group's parts all run every batch (the blocks exchange partial sums); only a part that
+// `counts` adds its losses.
+EvalResult evaluate_replica(Model& model, const Backend& be, const DatasetInfo& info,
+                            const std::string& split, Comm& comm, int replica, int replicas,
+                            bool counts, int64_t batch) {
   Tensor probs;
   BatchOnBackend on_be;
   const int64_t rps = model.rows_per_sample();
-  return evaluate_split(info, split, batch, comm.rank(), comm.size(), comm, rps,
+  return evaluate_split(info, split, batch, replica, replicas, comm, rps,
                         [&](const Loader::Batch& hb, int64_t bs) {
     const auto b = on_be.put(be, hb);
     const Tensor& logits = model.forward(be, b.x, StepInfo{.training = false});
+    if (!counts) return std::pair<double, int64_t>{0, 0};
     probs.resize(logits.shape, *be.memory);
     const int c = model.classes(), rows = int(bs * rps);
     return std::pair{be.softmax_xent_forward(probs.data(), logits.data(), b.y, rows, c),
                      be.count_correct(logits.data(), b.y, rows, c)};
   });
+}
+}  // namespace
+
+EvalResult evaluate(Model& model, const Backend& be, const DatasetInfo& info,
+                    const std::string& split, Comm& comm, int64_t batch) {
+  return evaluate_replica(model, be, info, split, comm, comm.rank(), comm.size(), true, batch);
 }
 
 EvalResult evaluate_pipelined(PipelineStage& pipe, const Backend& be, const DatasetInfo& info,
@@ -155,28 +167,6 @@ EvalResult evaluate_pipelined(PipelineStage& pipe, const Backend& be, const Data
     return grid.tensor == 0 ? sums : std::pair<double, int64_t>{0, 0};
   });
 }
-
-namespace {
-// One stage split over a tensor group: every part runs the replica's batches (the blocks
-// exchange partial sums); part 0's losses are counted.
-EvalResult evaluate_tensor_parallel(Model& model, const Backend& be, const DatasetInfo& info,
-                                    const std::string& split, Comm& world,
-                                    const ProcessGrid& grid, int64_t batch = 1000) {
-  Tensor probs;
-  BatchOnBackend on_be;
-  const int64_t rps = model.rows_per_sample();
-  return evaluate_split(info, split, batch, grid.replica, grid.replicas, world, rps,
-                        [&](const Loader::Batch& hb, int64_t bs) {
-    const auto b = on_be.put(be, hb);
-    const Tensor& logits = model.forward(be, b.x, StepInfo{.training = false});
-    if (grid.tensor != 0) return std::pair<double, int64_t>{0, 0};
-    probs.resize(logits.shape, *be.memory);
-    const int c = model.classes(), rows = int(bs * rps);
-    return std::pair{be.softmax_xent_forward(probs.data(), logits.data(), b.y, rows, c),
-                     be.count_correct(logits.data(), b.y, rows, c)};
-  });
-}
-}  // namespace
 
 int run_train(const RunConfig& cfg, Comm& comm) {
   const bool lead = comm.rank() == 0;
@@ -652,8 +642,8 @@ int run_train(const RunConfig& cfg, Comm& comm) {
   EvalResult ev;
   if (info.has_test)
     ev = pipelined ? evaluate_pipelined(*pipe, be, info, "test", comm, grid, rps)
-         : T > 1   ? evaluate_tensor_parallel(*model, be, info, "test", comm, grid)
-                   : evaluate(*model, be, info, "test", comm);
+                   : evaluate_replica(*model, be, info, "test", comm, grid.replica,
+                                      grid.replicas, grid.tensor == 0, 1000);
   Model* final_model = model.get();
   model->pull(be);
   opt.pull(be);

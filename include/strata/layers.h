@@ -132,6 +132,7 @@ bool tie_lm_head(Layer& head, Layer& embedding);
 bool tie_lm_head(Layer& head, Param& table);
 // The embedding's token table (its gradient is shared with the head); null for other layers.
 Param* token_table(Layer& embedding);
+bool is_lm_head(const Layer& layer);
 // Conv2d immediately followed by MaxPool2d as one layer that pools each chunk of samples while
 // its convolution output is in cache. Takes both (the conv's name and parameters are kept);
 // returns null, leaving them untouched, if they are not a Conv2d and a MaxPool2d.
