@@ -71,8 +71,7 @@ def torch_worker(a):
     torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
     info = tb.report_backends()
-    if info["openblas_core"] and info["openblas_threads"] != a.threads:
-        die(f"OpenBLAS runs {info['openblas_threads']} threads, not {a.threads}")
+    tb.require_openblas(info["openblas_core"], info["openblas_threads"], a.threads)
     V, C, NH, T, L = a.vocab, a.dim, a.heads, a.context, a.layers
 
     # nanoGPT's model, the one the GPT parity test checks strata against, with GPT-2's init

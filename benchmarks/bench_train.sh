@@ -71,8 +71,10 @@ steps_for() { if [[ $1 == cnn ]]; then echo "$CNN_STEPS"; else echo 0; fi; }
 
 # OpenBLAS kernel set for PyTorch: OpenBLAS's own detection picks its slow Prescott kernels on
 # VMs that report a generic CPU model, which would flatter strata (which picks them itself).
+# An inherited OPENBLAS_CORETYPE is not trusted (a machine image here set Haswell on an AVX-512
+# CPU); BENCH_OPENBLAS_CORETYPE chooses explicitly.
 openblas_coretype() {
-  if [[ -n ${OPENBLAS_CORETYPE:-} ]]; then echo "$OPENBLAS_CORETYPE"
+  if [[ -n ${BENCH_OPENBLAS_CORETYPE:-} ]]; then echo "$BENCH_OPENBLAS_CORETYPE"
   elif grep -qw avx512f /proc/cpuinfo; then echo SkylakeX
   elif grep -qw avx2 /proc/cpuinfo; then echo Haswell
   else echo ""; fi

@@ -8,10 +8,12 @@ HDF5 file strata reads, and prints one JSON line on stdout:
 
 Run it with Debian's interpreter (/usr/bin/python3, which has python3-torch and python3-h5py).
 Kernel choice: OpenBLAS picks its kernels when it is loaded, from OPENBLAS_CORETYPE or its own
-CPU detection, which on this VM's generic "Intel Xeon Processor" falls back to the slow
-Prescott kernels. bench_train.sh sets OPENBLAS_CORETYPE=SkylakeX on AVX-512 machines so that
-PyTorch gets the fast kernels, and so does this script before importing torch when the
-variable is unset; the BLAS kernels and BLAS threads actually in use are printed to stderr.
+CPU detection, which on a VM's generic "Intel Xeon Processor" falls back to the slow Prescott
+kernels. This script sets OPENBLAS_CORETYPE before importing torch to the fastest kernels for
+the CPU's flags (SkylakeX with AVX-512, Haswell with AVX2), replacing any inherited value;
+BENCH_OPENBLAS_CORETYPE overrides the choice. It stops when torch's BLAS is not OpenBLAS
+(Debian's reference libblas3 is ~20x slower). The kernels and BLAS threads in use are
+printed to stderr.
 
 Fairness notes (what differs from strata's loop):
   * The whole data set is read and converted to float32/255 in memory ONCE, before timing.
@@ -55,12 +57,25 @@ def _threads_arg() -> str:
 #  * OPENBLAS_NUM_THREADS: torch.set_num_threads() sets ATen's OpenMP threads but not the
 #    thread pool of Debian's openblas-pthread, which otherwise starts one thread per core.
 #    "One thread" must mean one thread for the BLAS too (strata limits its OpenBLAS the same way).
-if "OPENBLAS_CORETYPE" not in os.environ:
-    _flags = _cpu_flags()
-    if "avx512f" in _flags:
-        os.environ["OPENBLAS_CORETYPE"] = "SkylakeX"
-    elif "avx2" in _flags:
-        os.environ["OPENBLAS_CORETYPE"] = "Haswell"
+def fast_coretype() -> str:
+    """The OpenBLAS kernel set PyTorch gets: BENCH_OPENBLAS_CORETYPE if set, else the fastest
+    one for this CPU's instruction set. An OPENBLAS_CORETYPE inherited from the environment is
+    not trusted: machine images set it for other reasons (one here had Haswell, AVX2 kernels
+    at a third of SkylakeX's sgemm speed on an AVX-512 core), which would flatter strata."""
+    explicit = os.environ.get("BENCH_OPENBLAS_CORETYPE", "")
+    if explicit:
+        return explicit
+    flags = _cpu_flags()
+    if "avx512f" in flags:
+        return "SkylakeX"
+    if "avx2" in flags:
+        return "Haswell"
+    return ""
+
+
+INHERITED_CORETYPE = os.environ.get("OPENBLAS_CORETYPE", "")
+if fast_coretype():
+    os.environ["OPENBLAS_CORETYPE"] = fast_coretype()
 os.environ.setdefault("OPENBLAS_NUM_THREADS", _threads_arg())
 os.environ.setdefault("OMP_NUM_THREADS", _threads_arg())
 
@@ -113,6 +128,17 @@ def openblas() -> tuple:
     return "", 0
 
 
+def require_openblas(core: str, blas_threads: int, threads: int) -> None:
+    """Stops unless torch runs OpenBLAS with `threads` threads: any other BLAS makes a baseline
+    that is not PyTorch at its speed on this machine."""
+    if not core:
+        raise SystemExit("torch_baseline.py: torch's BLAS is not OpenBLAS (Debian's reference "
+                         "libblas3 is selected?): apt-get install libopenblas0-pthread")
+    if blas_threads != threads:
+        raise SystemExit(f"torch_baseline.py: OpenBLAS runs {blas_threads} threads, not "
+                         f"{threads}: OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS')}")
+
+
 def report_backends() -> dict:
     """Prints the parts of torch's build configuration that decide its CPU speed to stderr."""
     keep = ("blas", "lapack", "mkl", "mkldnn", "cpu capability", "openmp")
@@ -132,8 +158,10 @@ def report_backends() -> dict:
     for ln in lines:
         print("  " + ln.lstrip("- "), file=sys.stderr)
     print("  " + "  ".join(f"{k}={os.environ.get(k, '(unset)')}" for k in (
-        "OPENBLAS_CORETYPE", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "ATEN_CPU_CAPABILITY")),
-        file=sys.stderr)
+        "OPENBLAS_CORETYPE", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "ATEN_CPU_CAPABILITY"))
+        + (f"  (inherited OPENBLAS_CORETYPE={INHERITED_CORETYPE} replaced)"
+           if INHERITED_CORETYPE and INHERITED_CORETYPE != os.environ.get("OPENBLAS_CORETYPE")
+           else ""), file=sys.stderr)
     return info
 
 
@@ -167,9 +195,7 @@ def main() -> int:
     if not a.quiet_config:
         report_backends()
     core, blas_threads = openblas()
-    if core and blas_threads != a.threads:
-        raise SystemExit(f"torch_baseline.py: OpenBLAS runs {blas_threads} threads, not "
-                         f"{a.threads}: OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS')}")
+    require_openblas(core, blas_threads, a.threads)
 
     x_train, y_train = load_split(a.data, "train")
     x_test, y_test = load_split(a.data, "test")
