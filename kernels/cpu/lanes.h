@@ -40,13 +40,7 @@ struct Lanes {
     return v;
   }
   static STRATA_INLINE void store(float* p, const F& v) { std::memcpy(p, &v, sizeof v); }
-  // x in every lane: lane 0 permuted to all. GCC makes it one broadcast; `F{} + x` costs an add
-  // besides (-0 + 0 is not -0) and an element-wise fill became W masked broadcasts.
-  static STRATA_INLINE F splat(float x) {
-    F v{};
-    v[0] = x;
-    return __builtin_shuffle(v, I{});
-  }
+  static STRATA_INLINE F splat(float x) { return F{} + x; }
   static STRATA_INLINE I index() {
     I i{};
     for (int l = 0; l < W; ++l) i[l] = l;
@@ -68,26 +62,9 @@ struct Lanes {
   // lanes the values that belong there).
   static STRATA_INLINE void store_tail(float* p, const F& v, int n, int room) {
     if (room >= W) return store(p, v);
-    for (int l = 0; l < W; ++l)
-      if (l < n) p[l] = v[l];
-  }
-
-  // Transposes the W x W matrix whose rows are r[0..W): log2(W) rounds of interleaving row i
-  // with row i + W/2 (lane permutes: one instruction each with AVX-512).
-  static STRATA_INLINE void transpose(F (&r)[W]) {
-    I lo, hi;
-    for (int j = 0; j < W / 2; ++j) {
-      lo[2 * j] = j, lo[2 * j + 1] = W + j;
-      hi[2 * j] = W / 2 + j, hi[2 * j + 1] = W + W / 2 + j;
-    }
-    for (int round = 1; round < W; round *= 2) {
-      F t[W];
-      for (int i = 0; i < W / 2; ++i) {
-        t[2 * i] = __builtin_shuffle(r[i], r[i + W / 2], lo);
-        t[2 * i + 1] = __builtin_shuffle(r[i], r[i + W / 2], hi);
-      }
-      for (int i = 0; i < W; ++i) r[i] = t[i];
-    }
+    float buf[W];
+    store(buf, v);
+    for (int l = 0; l < n; ++l) p[l] = buf[l];
   }
 
   // Sum and maximum of the lanes as a fixed tree: the two halves added lane by lane, and so on.

@@ -555,9 +555,8 @@ TEST_CASE("attention matches naive softmax(QK^T/sqrt(hs) + mask)V and its gradie
   attention_case(1, 1, 8, 2, 51, true);      // one position: att = 1, out = v
   attention_case(2, 5, 12, 3, 52, true);     // hs = 4, rows shorter than a vector
   attention_case(2, 17, 32, 2, 53, true);    // hs = 16, rows cross a vector boundary
-  attention_case(1, 67, 40, 2, 54, true);    // hs = 20, T past a 64-column chunk, odd row groups
-  attention_case(1, 23, 144, 2, 58, true);   // hs = 72: a whole 64-column chunk and a part
-  attention_case(2, 130, 64, 4, 55, false);  // T = 130: groups of 6 (or 4) rows, the last partial
+  attention_case(1, 67, 40, 2, 54, true);    // hs = 20, two row blocks (64 + 3)
+  attention_case(2, 130, 64, 4, 55, false);  // three row blocks, the last partial
   attention_case(1, 256, 128, 2, 56, false); // GPT's T, hs = 64, four full blocks
 }
 
