@@ -62,35 +62,29 @@ CblasSgemm load_openblas(const char** core) {
 // 512-bit (or, without AVX-512, 256-bit) FMAs on registers, enough to fill two FMA pipes of
 // 4-cycle latency. The ceiling every GEMM above is measured against. 0 off x86-64.
 #if defined(__x86_64__)
-__attribute__((target("avx512f"))) double fma_peak_avx512(long n) {
-  const double t0 = thread_s();
-  asm volatile("vxorps %%xmm0, %%xmm0, %%xmm0" ::: "xmm0");
-  for (long i = 0; i < n; ++i)
-    asm volatile(
-        "vfmadd231ps %%zmm30, %%zmm31, %%zmm0\n vfmadd231ps %%zmm30, %%zmm31, %%zmm1\n"
-        "vfmadd231ps %%zmm30, %%zmm31, %%zmm2\n vfmadd231ps %%zmm30, %%zmm31, %%zmm3\n"
-        "vfmadd231ps %%zmm30, %%zmm31, %%zmm4\n vfmadd231ps %%zmm30, %%zmm31, %%zmm5\n"
-        "vfmadd231ps %%zmm30, %%zmm31, %%zmm6\n vfmadd231ps %%zmm30, %%zmm31, %%zmm7\n"
-        "vfmadd231ps %%zmm30, %%zmm31, %%zmm8\n vfmadd231ps %%zmm30, %%zmm31, %%zmm9\n"
-        "vfmadd231ps %%zmm30, %%zmm31, %%zmm10\n vfmadd231ps %%zmm30, %%zmm31, %%zmm11\n" ::
-            : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9",
-              "xmm10", "xmm11");
-  return double(n) * 12 * 32 / (thread_s() - t0) * 1e-9;
-}
-__attribute__((target("avx2,fma"))) double fma_peak_avx2(long n) {
-  const double t0 = thread_s();
-  for (long i = 0; i < n; ++i)
-    asm volatile(
-        "vfmadd231ps %%ymm14, %%ymm15, %%ymm0\n vfmadd231ps %%ymm14, %%ymm15, %%ymm1\n"
-        "vfmadd231ps %%ymm14, %%ymm15, %%ymm2\n vfmadd231ps %%ymm14, %%ymm15, %%ymm3\n"
-        "vfmadd231ps %%ymm14, %%ymm15, %%ymm4\n vfmadd231ps %%ymm14, %%ymm15, %%ymm5\n"
-        "vfmadd231ps %%ymm14, %%ymm15, %%ymm6\n vfmadd231ps %%ymm14, %%ymm15, %%ymm7\n"
-        "vfmadd231ps %%ymm14, %%ymm15, %%ymm8\n vfmadd231ps %%ymm14, %%ymm15, %%ymm9\n"
-        "vfmadd231ps %%ymm14, %%ymm15, %%ymm10\n vfmadd231ps %%ymm14, %%ymm15, %%ymm11\n" ::
-            : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9",
-              "xmm10", "xmm11");
-  return double(n) * 12 * 16 / (thread_s() - t0) * 1e-9;
-}
+// vfmadd231ps into registers 0-11 of the given kind (zmm or ymm) from registers 14 and 15.
+#define STRATA_FMA(r, i) "vfmadd231ps %%" r "14, %%" r "15, %%" r #i "\n"
+#define STRATA_FMA12(r)                                                                  \
+  STRATA_FMA(r, 0) STRATA_FMA(r, 1) STRATA_FMA(r, 2) STRATA_FMA(r, 3) STRATA_FMA(r, 4)   \
+  STRATA_FMA(r, 5) STRATA_FMA(r, 6) STRATA_FMA(r, 7) STRATA_FMA(r, 8) STRATA_FMA(r, 9)   \
+  STRATA_FMA(r, 10) STRATA_FMA(r, 11)
+#define STRATA_ZERO(i) "vxorps %%xmm" #i ", %%xmm" #i ", %%xmm" #i "\n"
+// Registers zeroed first: whatever they held (a denormal, a NaN) could slow the FMAs down.
+#define STRATA_FMA_PEAK(name, isa, r, lanes)                                              \
+  __attribute__((target(isa))) double name(long n) {                                     \
+    asm volatile(STRATA_ZERO(0) STRATA_ZERO(1) STRATA_ZERO(2) STRATA_ZERO(3) STRATA_ZERO(4) \
+                 STRATA_ZERO(5) STRATA_ZERO(6) STRATA_ZERO(7) STRATA_ZERO(8) STRATA_ZERO(9) \
+                 STRATA_ZERO(10) STRATA_ZERO(11) STRATA_ZERO(14) STRATA_ZERO(15)::          \
+                     : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7",      \
+                       "xmm8", "xmm9", "xmm10", "xmm11", "xmm14", "xmm15");                 \
+    const double t0 = thread_s();                                                        \
+    for (long i = 0; i < n; ++i)                                                         \
+      asm volatile(STRATA_FMA12(r)::: "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5",    \
+                   "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11");                    \
+    return double(n) * 12 * 2 * lanes / (thread_s() - t0) * 1e-9;                        \
+  }
+STRATA_FMA_PEAK(fma_peak_avx512, "avx512f", "zmm", 16)
+STRATA_FMA_PEAK(fma_peak_avx2, "avx2,fma", "ymm", 8)
 #endif
 
 // The best of 5 runs of about 0.2 s each (the core's clock settles in the first).
