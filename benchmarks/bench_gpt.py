@@ -172,8 +172,8 @@ def prepare_data(a):
         die("strata prepare text failed: " + " ".join(cmd))
 
 
-def strata_cmd(a, out, steps, recompute):
-    return [a.strata, "train", "--data.path", a.data, "--model.type", "gpt",
+def strata_cmd(a, strata, out, steps, recompute):
+    return [strata, "train", "--data.path", a.data, "--model.type", "gpt",
             "--model.layers", str(a.layers), "--model.heads", str(a.heads),
             "--model.dim", str(a.dim), "--model.context", str(a.context), "--model.dropout", "0",
             "--train.batch_size", str(a.batch), "--train.optimizer", "adamw",
@@ -187,11 +187,12 @@ def strata_cmd(a, out, steps, recompute):
             "--output.dir", out, "--quiet"]
 
 
-def run_strata(a, tag, steps, recompute="none"):
+def run_strata(a, tag, steps, recompute="none", strata=None):
     out = os.path.join(a.work, tag)
     shutil.rmtree(out, ignore_errors=True)
     os.makedirs(out)
-    rc, _, rss = run_child(strata_cmd(a, out, steps, recompute), log=out + ".log")
+    rc, _, rss = run_child(strata_cmd(a, strata or a.strata, out, steps, recompute),
+                           log=out + ".log")
     if rc != 0:
         die(f"strata failed ({rc}); see {out}.log")
     lines = [json.loads(ln) for ln in open(os.path.join(out, "metrics.jsonl")) if ln.strip()]
@@ -250,6 +251,27 @@ def activation_mib(a):
     return (15 * N * a.dim + a.batch * a.heads * a.context ** 2 + 4 * N) * 4 / 2 ** 20
 
 
+def compare_builds(a):
+    """--baseline-strata: the speed part with another strata build in PyTorch's place, alternating
+    as there; the way to tell a change of a few percent from this shared machine's drift."""
+    rows = []
+    for r in range(a.repeats):
+        res = {}
+        for which in (("new", "base") if r % 2 == 0 else ("base", "new")):
+            wait_for_load(a.max_load, a.max_wait)
+            res[which] = run_strata(a, "speed-" + which, a.warmup + a.steps,
+                                    strata=a.strata if which == "new" else a.baseline_strata)
+            check_losses(a, which, res[which]["losses"])
+        n, b = steady_tokens_per_s(a, res["new"]), steady_tokens_per_s(a, res["base"])
+        rows.append((n, b, n / b))
+        print(f"repeat {r + 1}: {a.strata} {n:7.1f} tokens/s   {a.baseline_strata} {b:7.1f} "
+              f"tokens/s   ratio {n / b:.3f}", flush=True)
+    print(f"median of {a.repeats}: {statistics.median(x[0] for x in rows):.1f} against "
+          f"{statistics.median(x[1] for x in rows):.1f} tokens/s; median ratio "
+          f"{statistics.median(x[2] for x in rows):.3f}")
+    return 0
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--strata", default=os.path.join(ROOT, "build", "strata"))
@@ -276,6 +298,8 @@ def main():
     ap.add_argument("--max-load", type=float, default=0, help="wait for a 1-min load <= this")
     ap.add_argument("--max-wait", type=float, default=600)
     ap.add_argument("--strict", action="store_true", help="exit 1 when the target is missed")
+    ap.add_argument("--baseline-strata", help="compare --strata with this strata build, not "
+                    "PyTorch (speed only)")
     ap.add_argument("--torch-worker", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.torch_worker:
@@ -283,14 +307,20 @@ def main():
     if a.warmup < 1 or a.steps < 1:
         die("--warmup and --steps must be at least 1")
     a.strata = os.path.abspath(a.strata)
-    if not os.access(a.strata, os.X_OK):
-        die(f"no strata binary at {a.strata} (build it, or pass --strata)")
+    for b in (a.strata, a.baseline_strata):
+        if b and not os.access(b, os.X_OK):
+            die(f"no strata binary at {b} (build it, or pass --strata)")
+    if a.baseline_strata:
+        a.baseline_strata = os.path.abspath(a.baseline_strata)
     os.makedirs(a.work, exist_ok=True)
     prepare_data(a)
     print(f"GPT: {a.layers} blocks, dim {a.dim}, {a.heads} heads, context {a.context}, vocab "
           f"{a.vocab}; batch {a.batch} x {a.context} tokens, AdamW lr {a.lr} wd "
           f"{a.weight_decay}; {a.warmup} warm-up + {a.steps} timed steps, one thread; "
           f"{os.cpu_count()} CPUs", flush=True)
+
+    if a.baseline_strata:
+        return compare_builds(a)
 
     status = 0
     if not a.no_speed:

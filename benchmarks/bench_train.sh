@@ -69,21 +69,10 @@ print(round(100 * (1 - idle / max(sum(d), 1))))' "$a" "$b"
 # steps_for MODEL: the step cap for MODEL (0 = the full epoch).
 steps_for() { if [[ $1 == cnn ]]; then echo "$CNN_STEPS"; else echo 0; fi; }
 
-# OpenBLAS kernel set for PyTorch: OpenBLAS's own detection picks its slow Prescott kernels on
-# VMs that report a generic CPU model, which would flatter strata (which picks them itself).
-# An inherited OPENBLAS_CORETYPE is not trusted (a machine image here set Haswell on an AVX-512
-# CPU); BENCH_OPENBLAS_CORETYPE chooses explicitly.
-openblas_coretype() {
-  if [[ -n ${BENCH_OPENBLAS_CORETYPE:-} ]]; then echo "$BENCH_OPENBLAS_CORETYPE"
-  elif grep -qw avx512f /proc/cpuinfo; then echo SkylakeX
-  elif grep -qw avx2 /proc/cpuinfo; then echo Haswell
-  else echo ""; fi
-}
-
-# torch_env CMD...: runs CMD with PyTorch's BLAS set up: the fast kernels, and one thread
-# (torch.set_num_threads does not reach the pool of Debian's openblas-pthread, which otherwise
-# runs one thread per core). strata does both itself.
-torch_env() { OPENBLAS_CORETYPE="$CORETYPE" OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 "$@"; }
+# torch_env CMD...: runs CMD with PyTorch's BLAS on one thread (torch.set_num_threads does not
+# reach the pool of Debian's openblas-pthread, which otherwise runs one thread per core). The
+# fast kernels (OPENBLAS_CORETYPE) torch_baseline.py picks itself, before it imports torch.
+torch_env() { OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 "$@"; }
 
 # run_strata MODEL RANKS OUTDIR [extra strata flags...]: one training run; prints the final
 # "done" line of its metrics.jsonl (rank 0's view).
@@ -260,12 +249,10 @@ if [[ ! -f $DATA ]]; then
 fi
 cat "$DATA" >/dev/null  # into the page cache, so the first timed run does not pay the disk
 
-CORETYPE=$(openblas_coretype)
-
 echo "== strata training benchmark, $(date -u '+%Y-%m-%d %H:%M UTC')"
 echo "machine: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) CPUs; load average $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "strata:  $("$BIN" --version 2>/dev/null | head -n 1 || true); $STRATA_BIN built $(date -u -r "$STRATA_BIN" '+%Y-%m-%d %H:%M:%S UTC'); tree $(git describe --always --dirty 2>/dev/null || echo '?')"
-echo "pytorch: OPENBLAS_CORETYPE=${CORETYPE:-(unset)} OPENBLAS_NUM_THREADS=1; backends:"
+echo "pytorch: OPENBLAS_NUM_THREADS=1; backends:"
 torch_env "$PY" benchmarks/torch_baseline.py --model mlp --data "$DATA" \
   --max-steps 1 2>&1 >/dev/null | sed 's/^/  /'
 echo "setup:   1 rank, 1 thread, global batch $BATCH, one epoch, SGD momentum $MOMENTUM, lr $LR constant, weight decay $WD; $REPEATS runs each, alternating, median"
