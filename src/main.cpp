@@ -14,6 +14,7 @@
 #include "strata/config.h"
 #include "strata/error.h"
 #include "strata/job.h"
+#include "strata/parse.h"
 #include "strata/generate.h"
 #include "strata/prepare.h"
 #include "strata/trainer.h"
@@ -22,13 +23,16 @@ using namespace strata;
 
 namespace {
 
-int default_threads() {
-  if (const char* s = std::getenv("SLURM_CPUS_PER_TASK")) {
-    int n = std::atoi(s);
-    if (n > 0) return n;
-  }
-  return 1;
+constexpr int kMaxThreads = 1024;
+
+// Math threads per rank: --threads, else Slurm's --cpus-per-task, else 1.
+int threads_from(const CLI::Option* flag, int given) {
+  if (flag->count()) return given;
+  return int(env_int("SLURM_CPUS_PER_TASK", 1, kMaxThreads).value_or(1));
 }
+
+// A JSON number; JSON has no NaN or infinity: those are null.
+std::string json_value(double x) { return std::isfinite(x) ? fmt::format("{}", x) : "null"; }
 
 int run_eval(const std::string& checkpoint, const std::string& data, bool json, int threads,
              const std::string& device, Comm& comm) {
@@ -55,7 +59,8 @@ int run_eval(const std::string& checkpoint, const std::string& data, bool json, 
   EvalResult r = evaluate(*model, *be, info, "test", comm);
   if (comm.rank() == 0) {
     if (json)
-      fmt::print("{{\"accuracy\": {}, \"loss\": {}, \"samples\": {}}}\n", r.accuracy, r.loss, r.samples);
+      fmt::print("{{\"accuracy\": {}, \"loss\": {}, \"samples\": {}}}\n", json_value(r.accuracy),
+                 json_value(r.loss), r.samples);
     else
       fmt::print("test accuracy {:.4f}, test loss {:.4f} over {} samples\n", r.accuracy, r.loss, r.samples);
   }
@@ -106,24 +111,9 @@ int run_inspect(const std::string& path) {
   return bad ? kExitBadCheckpoint : kExitOk;
 }
 
-// CLI11's messages name the option; say whether the value came from a flag or the file, and
-// name the key the way the user wrote it.
-std::string describe_parse_error(const std::string& msg, int argc, char** argv,
-                                 const std::string& config) {
-  const std::string ini = "INI was not able to parse ";
-  if (msg.rfind(ini, 0) == 0) {
-    std::string key = msg.substr(ini.size());
-    if (auto dot = key.find('.'); dot != std::string::npos && key.rfind("train.", 0) == 0)
-      key = key.substr(dot + 1);  // drop the subcommand the items were routed to
-    return fmt::format("config {}: unknown key '{}'", config, key);
-  }
-  if (msg.rfind("--", 0) == 0) {
-    std::string flag = msg.substr(0, msg.find(':'));
-    for (int i = 1; i < argc; ++i)
-      if (std::string(argv[i]).rfind(flag, 0) == 0) return fmt::format("flag {}", msg);
-    if (!config.empty()) return fmt::format("config {}: key {}", config, msg.substr(2));
-  }
-  return msg;
+// CLI11's messages name the option; say that it is a flag.
+std::string describe_parse_error(const std::string& msg) {
+  return msg.rfind("--", 0) == 0 ? fmt::format("flag {}", msg) : msg;
 }
 
 }  // namespace
@@ -144,11 +134,11 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
 
   RunConfig cfg;
-  cfg.threads = default_threads();
+  ConfigFlags config_flags;
   auto* train = app.add_subcommand("train", "train a model (rank 0 prints progress)");
-  add_config_options(*train, cfg);
-  train->add_option("--threads", cfg.threads, "math threads per rank (default SLURM_CPUS_PER_TASK, else 1)")
-      ->check(CLI::Range(1, 1024));
+  add_config_flags(*train, config_flags);
+  auto* train_threads = train->add_option("--threads", cfg.threads, "math threads per rank (default SLURM_CPUS_PER_TASK, else 1)")
+      ->check(CLI::Range(1, kMaxThreads));
   train->add_option("--device", cfg.device,
                     "auto | cpu | cuda (auto: this node-local rank's GPU when one is visible)")
       ->capture_default_str();
@@ -165,7 +155,6 @@ int main(int argc, char** argv) {
   train->add_option("--trace_steps", cfg.trace_steps, "steps in the trace, from the second step run")
       ->check(CLI::Range(1, 100000))->capture_default_str();
   train->add_flag_callback("--quiet", [&] { progress = "off"; }, "same as --progress off");
-  enable_toml_config(app, *train, cfg);
 
   auto* prepare = app.add_subcommand("prepare", "convert a dataset to strata's HDF5 layout");
   prepare->require_subcommand(1);
@@ -188,17 +177,16 @@ int main(int argc, char** argv) {
   auto* eval = app.add_subcommand("eval", "evaluate a parameter file on a dataset's test split");
   std::string ckpt, eval_data;
   bool json = false;
-  int eval_threads = default_threads();
+  int eval_threads = 1;
   std::string eval_device = "auto";
   eval->add_option("--checkpoint", ckpt, "parameter file written by train")->required();
   eval->add_option("--data", eval_data, "HDF5 dataset with a /test split")->required();
   eval->add_flag("--json", json, "print {\"accuracy\": ..., \"loss\": ...}");
-  eval->add_option("--threads", eval_threads)->check(CLI::Range(1, 1024));
+  auto* eval_threads_flag = eval->add_option("--threads", eval_threads)->check(CLI::Range(1, kMaxThreads));
   eval->add_option("--device", eval_device)->capture_default_str();
 
   auto* generate = app.add_subcommand("generate", "sample text from a trained GPT (model.type = \"gpt\")");
   GenerateOptions gen;
-  gen.threads = default_threads();
   generate->add_option("--checkpoint", gen.checkpoint, "model.h5 or a checkpoint of a gpt run")->required();
   generate->add_option("--prompt", gen.prompt, "text to continue (bytes)")->capture_default_str();
   generate->add_option("--tokens", gen.tokens, "tokens (bytes) to generate")->capture_default_str();
@@ -207,7 +195,7 @@ int main(int argc, char** argv) {
   generate->add_option("--top_k", gen.top_k, "sample among the k most likely (0 = all)")
       ->capture_default_str();
   generate->add_option("--seed", gen.seed, "the same seed gives the same text")->capture_default_str();
-  generate->add_option("--threads", gen.threads)->check(CLI::Range(1, 1024));
+  auto* gen_threads = generate->add_option("--threads", gen.threads)->check(CLI::Range(1, kMaxThreads));
 
   auto* inspect = app.add_subcommand("inspect", "print what a checkpoint holds and verify its checksums");
   std::string inspect_path;
@@ -230,15 +218,17 @@ int main(int argc, char** argv) {
       mpi_finalize();
       return 0;
     } catch (const CLI::Error& e) {
-      const auto& given = app.get_option("--config")->results();
-      std::string config = given.empty() ? "" : given.front();
       // Every rank parsed the same arguments: rank 0 alone reports.
       if (!lead) throw AgreedFailure(kExitBadInput, "");
-      throw UserError(kExitBadInput, describe_parse_error(e.what(), argc, argv, config));
+      throw UserError(kExitBadInput, describe_parse_error(e.what()));
     }
     if (*train) {
+      // The file and the flags: every rank reads them; rank 0 alone reports what is wrong.
+      collectively(*comm, [&] {
+        apply_config(config_flags, cfg);
+        cfg.threads = threads_from(train_threads, cfg.threads);
+      });
       cfg.progress = progress;
-      if (app.get_option("--config")->count()) cfg.config_path = app.get_option("--config")->as<std::string>();
       code = run_train(cfg, *comm);
     } else if (*fmnist) {
       if (lead) {
@@ -258,8 +248,10 @@ int main(int argc, char** argv) {
     } else if (*inspect) {
       if (lead) code = run_inspect(inspect_path);
     } else if (*generate) {
+      gen.threads = threads_from(gen_threads, gen.threads);
       if (lead) code = run_generate(gen);
     } else if (*eval) {
+      collectively(*comm, [&] { eval_threads = threads_from(eval_threads_flag, eval_threads); });
       code = run_eval(ckpt, eval_data, json, eval_threads, eval_device, *comm);
     }
   } catch (const AgreedFailure& e) {

@@ -1,12 +1,17 @@
-// RunConfig: everything a run needs, read from a TOML file and `--section.key` flags (CLI11).
+// RunConfig: everything a run needs, read from a TOML file (toml++) and `--section.key` flags
+// (CLI11).
 #pragma once
 #include <cstdint>
+#include <map>
 #include <string>
+#include <string_view>
+#include <variant>
 #include <vector>
 
 #include <CLI/CLI.hpp>
 
 #include "strata/model.h"
+#include "strata/parse.h"
 
 namespace strata {
 
@@ -98,15 +103,64 @@ struct RunConfig {
   std::string params_path() const;
   std::string metrics_path() const;
   ModelSpec model_spec(int classes) const;  // expands mlp/cnn into layer specs
-  std::string to_toml() const;               // the effective config, for provenance
+  // The effective config, for provenance: every key, as a TOML file `strata train --config`
+  // reads back to the same RunConfig.
+  std::string to_toml() const;
 };
 
-// Registers the [section] options of RunConfig on a subcommand as `--section.key`.
-void add_config_options(CLI::App& sub, RunConfig& cfg);
-// Makes `--config FILE` on `app` read TOML sections into `sub`'s `--section.key` options
-// (a flag on the command line beats the file; an unknown key is an error naming it).
-void enable_toml_config(CLI::App& app, CLI::App& sub, RunConfig& cfg);
-// Cross-key checks CLI11 validators cannot express; throws UserError naming the key.
+// One config key: `[section] key = value` in a TOML file and `--section.key VALUE` on the
+// command line, bound to its field of a RunConfig. config_keys() is the one list of keys: the
+// flags, the file reader, the effective config written into checkpoints and the README's
+// table all come from it.
+struct ConfigKey {
+  using Field = std::variant<int*, int64_t*, uint64_t*, double*, float*, bool*, std::string*,
+                             std::vector<int>*, std::vector<std::string>*>;
+  std::string name;  // "train.lr"
+  Field field;
+  Range range;                       // numbers, and each element of a list of integers
+  std::vector<std::string> choices;  // strings: the allowed values (empty = any text)
+  std::string help;
+  bool count_or_list = false;        // model.layers: a list of strings, or one integer (gpt)
+
+  std::string section() const { return name.substr(0, name.find('.')); }
+  std::string key() const { return name.substr(name.find('.') + 1); }
+  // "an integer", "a number", "true or false", "a string", "a list of integers", ...
+  std::string expects() const;
+  // The current value as TOML ("0.05", "\"sgd\"", "[256, 128]").
+  std::string to_toml() const;
+
+  // Checked stores: `where` names the source for the error ("flag --train.lr",
+  // "config f.toml:3:1: key train.lr"); a bad value throws UserError(kExitBadInput).
+  void set_int(int64_t v, const std::string& where) const;
+  void set_real(double v, std::string_view written, const std::string& where) const;
+  void set_bool(bool v, const std::string& where) const;
+  void set_text(const std::string& v, const std::string& where) const;
+  void set_int_list(const std::vector<int64_t>& v, const std::string& where) const;
+  void set_text_list(const std::vector<std::string>& v, const std::string& where) const;
+  // From the text of a flag's values, parsed strictly (parse.h).
+  void set_from_flag(const std::vector<std::string>& texts) const;
+};
+std::vector<ConfigKey> config_keys(RunConfig& cfg);
+// The key named `name` in `keys`, or null; `suggestion` gets the closest name when there is one.
+const ConfigKey* find_config_key(const std::vector<ConfigKey>& keys, std::string_view name,
+                                 std::string* suggestion = nullptr);
+
+// Reads a TOML config file into `cfg`: every key must be known and of its type and range; a
+// duplicate key or a TOML syntax error is an error naming FILE:LINE:COL. Throws UserError.
+void read_config_file(const std::string& path, RunConfig& cfg);
+// The same from text (`source` names it in errors): what read_config_file and the fuzzer use.
+void read_config_text(std::string_view text, const std::string& source, RunConfig& cfg);
+
+// The `--section.key` flags of every config key on `sub`, and `--config FILE`. Values are kept
+// as text until apply_config_flags() parses them strictly over what the file set.
+struct ConfigFlags {
+  std::string config_path;
+  std::map<std::string, std::vector<std::string>> given;  // by key name
+};
+void add_config_flags(CLI::App& sub, ConfigFlags& flags);
+// Builds the run's config: defaults, then the file (if any), then the flags given.
+void apply_config(const ConfigFlags& flags, RunConfig& cfg);
+// Cross-key checks a single key's range cannot express; throws UserError naming the key.
 void validate(const RunConfig& cfg);
 
 }  // namespace strata

@@ -5,7 +5,9 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <functional>
+#include <iterator>
 #include <string>
 
 #include <catch2/catch.hpp>
@@ -45,6 +47,13 @@ inline std::string user_error(const std::function<void()>& f) {
   }
   FAIL("expected UserError, nothing was thrown");
   return "";
+}
+
+// A whole file's bytes.
+inline std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  REQUIRE(in);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
 // The standard output of a shell command that must succeed, trailing blanks removed.

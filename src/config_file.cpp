@@ -1,0 +1,154 @@
+// TOML config files, read with toml++ (a TOML 1.0 parser: typed values, duplicate keys and
+// syntax errors found with their line and column, nesting bounded) and checked key by key
+// against config_keys().
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <toml++/toml.h>
+
+#include "strata/config.h"
+#include "strata/error.h"
+
+namespace strata {
+namespace {
+
+constexpr int64_t kMaxConfigBytes = 1 << 20;  // a config is a page of text, not a data file
+
+std::string at(const std::string& source, const toml::source_region& r) {
+  return r.begin.line ? fmt::format("config {}:{}:{}", source, r.begin.line, r.begin.column)
+                      : fmt::format("config {}", source);
+}
+
+std::string node_kind(const toml::node& v) {
+  switch (v.type()) {
+    case toml::node_type::table: return "a table";
+    case toml::node_type::array: return "an array";
+    case toml::node_type::string: return fmt::format("a string (\"{}\")", *v.value<std::string>());
+    case toml::node_type::integer: return fmt::format("an integer ({})", *v.value<int64_t>());
+    case toml::node_type::floating_point: return fmt::format("a float ({})", *v.value<double>());
+    case toml::node_type::boolean: return *v.value<bool>() ? "true" : "false";
+    default: return "a date or time";
+  }
+}
+
+// One `key = value` of the file into its field; the value's TOML type must be the key's.
+void set_key(const ConfigKey& k, const toml::node& v, const std::string& where) {
+  auto wrong = [&] { fail_input("{}: expected {}, got {}", where, k.expects(), node_kind(v)); };
+  std::visit(
+      [&](auto* p) {
+        using T = std::remove_pointer_t<decltype(p)>;
+        if constexpr (std::is_same_v<T, bool>) {
+          if (!v.is_boolean()) wrong();
+          k.set_bool(*v.value<bool>(), where);
+        } else if constexpr (std::is_integral_v<T>) {
+          if (!v.is_integer()) wrong();
+          k.set_int(*v.value<int64_t>(), where);
+        } else if constexpr (std::is_floating_point_v<T>) {
+          // A float key takes an integer too ("lr = 1"): TOML writes 1.0 and 1 differently.
+          if (v.is_integer()) k.set_int(*v.value<int64_t>(), where);
+          else if (v.is_floating_point())
+            k.set_real(*v.value<double>(), fmt::format("{}", *v.value<double>()), where);
+          else wrong();
+        } else if constexpr (std::is_same_v<T, std::string>) {
+          if (!v.is_string()) wrong();
+          k.set_text(*v.value<std::string>(), where);
+        } else {
+          if (k.count_or_list && v.is_integer()) return k.set_int(*v.value<int64_t>(), where);
+          const toml::array* a = v.as_array();
+          if (!a) wrong();
+          constexpr bool ints = std::is_same_v<T, std::vector<int>>;
+          std::vector<int64_t> iv;
+          std::vector<std::string> sv;
+          for (const toml::node& e : *a) {
+            if (ints ? !e.is_integer() : !e.is_string())
+              fail_input("{}: expected {}, got an array holding {}", where, k.expects(), node_kind(e));
+            if constexpr (ints) iv.push_back(*e.value<int64_t>());
+            else sv.push_back(*e.value<std::string>());
+          }
+          if constexpr (ints) k.set_int_list(iv, where);
+          else k.set_text_list(sv, where);
+        }
+      },
+      k.field);
+}
+
+}  // namespace
+
+void read_config_text(std::string_view text, const std::string& source, RunConfig& cfg) {
+  toml::table root;
+  try {
+    root = toml::parse(text, source);
+  } catch (const toml::parse_error& e) {
+    std::string what(e.description());
+    for (char& c : what)
+      if (c == '\n') c = ' ';
+    fail_input("{}: not valid TOML: {}", at(source, e.source()), what);
+  }
+  const auto keys = config_keys(cfg);
+  for (auto&& [section, body] : root) {
+    const std::string where = at(source, body.source());
+    const toml::table* t = body.as_table();
+    if (!t) {
+      std::string near;
+      find_config_key(keys, std::string(section.str()), &near);
+      fail_input("{}: unknown key '{}' (keys belong in a [section]{})", where, section.str(),
+                 near.empty() ? "" : fmt::format("; did you mean [{}] {}?", near.substr(0, near.find('.')),
+                                                 near.substr(near.find('.') + 1)));
+    }
+    const bool known = std::any_of(keys.begin(), keys.end(),
+                                   [&](const ConfigKey& k) { return k.section() == section.str(); });
+    if (!known)
+      fail_input("{}: unknown section [{}]", at(source, section.source()), section.str());
+    for (auto&& [name, v] : *t) {
+      const std::string full = fmt::format("{}.{}", section.str(), name.str());
+      std::string near;
+      const ConfigKey* k = find_config_key(keys, full, &near);
+      if (!k)
+        fail_input("{}: unknown key '{}'{}", at(source, name.source()), full,
+                   near.empty() ? "" : fmt::format(" (did you mean '{}'?)", near));
+      set_key(*k, v, fmt::format("{}: key {}", at(source, v.source()), full));
+    }
+  }
+}
+
+void read_config_file(const std::string& path, RunConfig& cfg) {
+  struct stat st{};
+  if (::stat(path.c_str(), &st) != 0)
+    fail_input("config {}: cannot open ({})", path, std::strerror(errno));
+  if (!S_ISREG(st.st_mode)) fail_input("config {}: not a regular file", path);
+  if (st.st_size > kMaxConfigBytes)
+    fail_input("config {}: {} bytes is too large for a config file (at most {})", path,
+               int64_t(st.st_size), kMaxConfigBytes);
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail_input("config {}: cannot open ({})", path, std::strerror(errno));
+  std::ostringstream text;
+  text << in.rdbuf();
+  read_config_text(text.str(), path, cfg);
+}
+
+std::string RunConfig::to_toml() const {
+  RunConfig copy = *this;
+  // gpt: model.layers is the block count, written as the integer a config file holds.
+  auto keys = config_keys(copy);
+  std::string out, section;
+  for (const ConfigKey& k : keys) {
+    if (k.section() != section) {
+      section = k.section();
+      out += fmt::format("{}[{}]\n", out.empty() ? "" : "\n", section);
+    }
+    std::string value = k.to_toml();
+    std::string why;
+    if (k.count_or_list && model.type == "gpt" && model.layers.size() == 1 &&
+        parse_int(model.layers[0], &why))
+      value = model.layers[0];
+    out += fmt::format("{} = {}\n", k.key(), value);
+  }
+  return out;
+}
+
+}  // namespace strata
