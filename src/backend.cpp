@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "strata/error.h"
+#include "strata/parse.h"
 
 namespace strata {
 namespace {
@@ -16,7 +17,7 @@ void host_sync() {}
 // The node-local rank: Slurm's, else Open MPI's, else MPICH's; 0 when launched alone.
 int local_rank() {
   for (const char* v : {"SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID"})
-    if (const char* s = std::getenv(v); s && *s) return std::atoi(s);
+    if (auto r = env_int(v, 0, 1 << 20)) return int(*r);
   return 0;
 }
 

@@ -7,6 +7,10 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cmath>
+#include <cstdint>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -16,6 +20,8 @@
 #include "strata/data.h"
 #include "strata/error.h"
 #include "strata/files.h"
+#include "strata/memory.h"
+#include "strata/optim.h"
 #include "hdf5_util.h"
 
 namespace strata {
@@ -54,6 +60,12 @@ uint32_t crc32_of(const float* p, int64_t n) {
     left -= chunk;
   }
   return uint32_t(crc);
+}
+
+int64_t count_nonfinite(const float* p, int64_t n) {
+  int64_t bad = 0;
+  for (int64_t i = 0; i < n; ++i) bad += !std::isfinite(p[i]);
+  return bad;
 }
 
 std::string dir_of(const std::string& p) {
@@ -137,10 +149,14 @@ int64_t write_atomically(const std::string& path, const std::vector<NamedTensor>
       fail_write(e.what());
     }
   }
+  // The CRCs, and a count of non-finite values: nothing NaN/Inf is ever published.
   std::vector<uint32_t> crcs(tensors.size());
+  std::vector<int64_t> nonfinite(tensors.size());
   std::thread crc_thread([&] {
-    for (size_t i = 0; i < tensors.size(); ++i)
+    for (size_t i = 0; i < tensors.size(); ++i) {
       crcs[i] = crc32_of(tensors[i].data, numel(tensors[i].shape));
+      nonfinite[i] = count_nonfinite(tensors[i].data, numel(tensors[i].shape));
+    }
   });
   int fd = ::open(tmp.c_str(), O_WRONLY);
   bool ok = fd >= 0;
@@ -152,6 +168,13 @@ int64_t write_atomically(const std::string& path, const std::vector<NamedTensor>
   crc_thread.join();
   if (fd >= 0) ::close(fd);
   if (!ok) fail_write(std::strerror(err));
+  for (size_t i = 0; i < tensors.size(); ++i)
+    if (nonfinite[i] > 0) {
+      std::remove(tmp.c_str());
+      throw UserError(kExitDiverged, fmt::format("{}: not written: {} holds {} NaN/Inf values "
+                                                 "(training diverged)", path, tensors[i].path,
+                                                 nonfinite[i]));
+    }
   {
     std::lock_guard lock(hdf5_mutex());
     hid_t f = H5Fopen(tmp.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
@@ -251,12 +274,124 @@ void save_parameters(const std::string& path, const Model& model, const ParamFil
   });
 }
 
+namespace {
+
+constexpr int64_t kFormatVersion = 1;
+constexpr int64_t kMaxClasses = int64_t(1) << 24;  // labels and token ids travel as float32
+
+// A root attribute that must be there: an integer in [lo, hi].
+int64_t checked_int_attr(hid_t f, const char* name, const std::string& path, int64_t lo,
+                         int64_t hi) {
+  const int64_t v = int_attr(f, name, path);
+  if (v < lo || v > hi)
+    fail_checkpoint(fmt::format("{}: root attribute {} = {} is out of range [{}, {}]", path, name,
+                                v, lo, hi));
+  return v;
+}
+
+// The model the file describes: its attributes, checked, and the tensors it must hold (global
+// path -> shape), from model_layers alone: nothing is read or allocated yet.
+std::map<std::string, Shape> expected_tensors(hid_t f, const std::string& path,
+                                              LoadedCheckpoint& out) {
+  std::string layers;
+  std::vector<int64_t> shape;
+  if (!read_str_attr(f, "model_layers", &layers) || !read_int_attr(f, "input_shape", &shape))
+    fail_checkpoint(fmt::format("{}: missing model description attributes (model_layers, "
+                                "input_shape)", path));
+  if (shape.empty() || shape.size() > 3 ||
+      std::any_of(shape.begin(), shape.end(), [](int64_t d) { return d < 1 || d > INT32_MAX; }) ||
+      numel(shape) > INT32_MAX)
+    fail_checkpoint(fmt::format("{}: root attribute input_shape = {} is not a sample shape", path,
+                                shape_str(shape)));
+  out.spec = split(layers, '\n');
+  out.input_shape = shape;
+  out.classes = int(checked_int_attr(f, "classes", path, 1, kMaxClasses));
+  std::vector<std::pair<std::string, Shape>> params;
+  try {
+    params = Model::describe_params(out.spec, out.input_shape, out.classes,
+                                    fmt::format("{}: root attribute model_layers", path));
+  } catch (const UserError& e) {
+    throw UserError(kExitBadCheckpoint, e.what());
+  }
+  std::map<std::string, Shape> want;
+  for (const auto& [name, sh] : params) want[param_path(name)] = sh;
+  if (out.format == kCheckpointFormat)
+    for (const std::string& state : Optimizer::state_names(out.state.optimizer))
+      for (const auto& [name, sh] : params)
+        want["/optimizer/" + state + param_path(name).substr(7)] = sh;
+  return want;
+}
+
+// A dataset's shape, dtype and storage, checked against what strata writes before any of it
+// is read: float32, the expected shape, stored whole (contiguous, no filters).
+void check_dataset(hid_t d, const std::string& path, const std::string& ds, const Shape& want) {
+  H5Id space(H5_CHECK(H5Dget_space(d)), H5Sclose);
+  const int nd = H5Sget_simple_extent_ndims(space.get());
+  if (nd < 0 || nd > 8) fail_checkpoint(fmt::format("{}: {} has a damaged dataspace", path, ds));
+  std::vector<hsize_t> dims(static_cast<size_t>(nd));
+  H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
+  const Shape got(dims.begin(), dims.end());
+  if (got != want)
+    fail_checkpoint(fmt::format("{}: {} has shape {}; the model in the file (model_layers) needs {}",
+                                path, ds, shape_str(got), shape_str(want)));
+  H5Id type(H5_CHECK(H5Dget_type(d)), H5Tclose);
+  if (H5Tget_class(type.get()) != H5T_FLOAT || H5Tget_size(type.get()) != 4)
+    fail_checkpoint(fmt::format("{}: {} is not float32", path, ds));
+  if (int64_t(H5Dget_storage_size(d)) != numel(want) * 4)
+    fail_checkpoint(fmt::format("{}: {} holds {} bytes of data; its shape needs {} (truncated "
+                                "or not written by strata)", path, ds,
+                                int64_t(H5Dget_storage_size(d)), numel(want) * 4));
+}
+
+void read_state_attrs(hid_t f, const std::string& path, LoadedCheckpoint& out) {
+  const int64_t version = int_attr(f, "format_version", path);
+  if (version != kFormatVersion)
+    fail_checkpoint(fmt::format("{}: format_version {} is not one this strata reads ({})", path,
+                                version, kFormatVersion));
+  out.state.step = checked_int_attr(f, "step", path, 0, INT64_MAX);
+  read_str_attr(f, "config", &out.prov.config_toml);
+  read_str_attr(f, "dataset_sha256", &out.prov.dataset_sha256);
+  if (out.format != kCheckpointFormat) return;
+  TrainState& s = out.state;
+  s.epoch = checked_int_attr(f, "epoch", path, 0, INT64_MAX);
+  s.batch = checked_int_attr(f, "batch_in_epoch", path, 0, INT64_MAX);
+  s.sequence = checked_int_attr(f, "sequence", path, 1, INT64_MAX);
+  s.global_batch = checked_int_attr(f, "global_batch", path, 1, INT64_MAX);
+  s.seed = uint64_t(int_attr(f, "seed", path));
+  s.optimizer_steps = checked_int_attr(f, "optimizer_steps", path, 0, INT64_MAX);
+  read_str_attr(f, "optimizer", &s.optimizer);
+  if (s.optimizer != "sgd" && s.optimizer != "adamw")
+    fail_checkpoint(fmt::format("{}: root attribute optimizer = '{}' is not sgd or adamw", path,
+                                s.optimizer.substr(0, 40)));
+  Provenance& p = out.prov;
+  read_str_attr(f, "dataset_path", &p.dataset_path);
+  read_str_attr(f, "slurm_job_id", &p.slurm_job_id);
+  read_str_attr(f, "created_utc", &p.created_utc);
+  std::string hosts;
+  read_str_attr(f, "hosts", &hosts);
+  p.hosts = split(hosts, ',');
+  p.slurm_restart_count = int_attr(f, "slurm_restart_count", path, false);
+  std::vector<int64_t> grid;
+  if (read_int_attr(f, "grid", &grid) && grid.size() >= 3) {  // 3: before tensor
+    p.grid_ranks = grid[0];
+    p.grid_data_parallel = grid[1];
+    p.grid_stages = grid[2];
+    p.grid_tensor = grid.size() > 3 ? grid[3] : 1;
+  }
+}
+
+}  // namespace
+
 LoadedCheckpoint read_checkpoint(const std::string& path, bool tolerate_mismatch) {
   const auto t0 = std::chrono::steady_clock::now();
+  // A path that is not there or not a file is the user's to fix (exit 2); a file that is there
+  // but cannot be used is a bad checkpoint (exit 4).
+  struct stat sb{};
+  if (::stat(path.c_str(), &sb) != 0 || ::access(path.c_str(), R_OK) != 0)
+    fail_input("{}: cannot open ({})", path, std::strerror(errno));
+  if (!S_ISREG(sb.st_mode)) fail_input("{}: cannot open (not a regular file)", path);
   std::lock_guard lock(hdf5_mutex());
   h5_quiet();
-  if (::access(path.c_str(), R_OK) != 0)
-    fail_checkpoint(fmt::format("{}: cannot open ({})", path, std::strerror(errno)));
   if (H5Fis_hdf5(path.c_str()) <= 0)
     fail_checkpoint(fmt::format("{}: not an HDF5 file (truncated or overwritten?)", path));
   H5Id f(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
@@ -264,56 +399,27 @@ LoadedCheckpoint read_checkpoint(const std::string& path, bool tolerate_mismatch
     fail_checkpoint(fmt::format("{}: damaged or truncated HDF5 file ({})", path, h5_error_detail()));
   LoadedCheckpoint out;
   try {
-    std::string layers;
     if (!read_str_attr(f.get(), "format", &out.format) ||
         (out.format != kCheckpointFormat && out.format != kParamsFormat))
-      fail_checkpoint(fmt::format("{}: not a strata checkpoint or parameter file (root attribute "
-                                  "'format' is missing)", path));
-    std::vector<int64_t> shape;
-    if (!read_str_attr(f.get(), "model_layers", &layers) ||
-        !read_int_attr(f.get(), "input_shape", &shape))
-      fail_checkpoint(fmt::format("{}: missing model description attributes (model_layers, "
-                                  "input_shape)", path));
-    out.spec = split(layers, '\n');
-    out.input_shape = shape;
-    out.classes = int(int_attr(f.get(), "classes", path));
-    out.state.step = int_attr(f.get(), "step", path);
-    read_str_attr(f.get(), "config", &out.prov.config_toml);
-    read_str_attr(f.get(), "dataset_sha256", &out.prov.dataset_sha256);
-    if (out.format == kCheckpointFormat) {
-      TrainState& s = out.state;
-      s.epoch = int_attr(f.get(), "epoch", path);
-      s.batch = int_attr(f.get(), "batch_in_epoch", path);
-      s.sequence = int_attr(f.get(), "sequence", path);
-      s.global_batch = int_attr(f.get(), "global_batch", path);
-      s.seed = uint64_t(int_attr(f.get(), "seed", path));
-      s.optimizer_steps = int_attr(f.get(), "optimizer_steps", path);
-      read_str_attr(f.get(), "optimizer", &s.optimizer);
-      Provenance& p = out.prov;
-      read_str_attr(f.get(), "dataset_path", &p.dataset_path);
-      read_str_attr(f.get(), "slurm_job_id", &p.slurm_job_id);
-      read_str_attr(f.get(), "created_utc", &p.created_utc);
-      std::string hosts;
-      read_str_attr(f.get(), "hosts", &hosts);
-      p.hosts = split(hosts, ',');
-      p.slurm_restart_count = int_attr(f.get(), "slurm_restart_count", path, false);
-      std::vector<int64_t> grid;
-      if (read_int_attr(f.get(), "grid", &grid) && grid.size() >= 3) {  // 3: before tensor
-        p.grid_ranks = grid[0];
-        p.grid_data_parallel = grid[1];
-        p.grid_stages = grid[2];
-        p.grid_tensor = grid.size() > 3 ? grid[3] : 1;
-      }
-    }
-    for (const std::string& ds : list_datasets(f.get())) {
+      fail_input("{}: not a strata checkpoint or parameter file (root attribute 'format' is "
+                 "missing)", path);
+    read_state_attrs(f.get(), path, out);
+    const std::map<std::string, Shape> want = expected_tensors(f.get(), path, out);
+    const std::vector<std::string> present = list_datasets(f.get());
+    for (const std::string& ds : present)
+      if (!want.count(ds))
+        fail_checkpoint(fmt::format("{}: holds {}, which is not a tensor of the model in the "
+                                    "file (model_layers)", path, ds));
+    int64_t bytes = 0;
+    for (const auto& [ds, shape] : want) bytes += numel(shape) * 4;
+    require_memory(double(bytes), fmt::format("{}: reading its {} tensors", path, want.size()));
+    for (const auto& [ds, shape] : want) {
+      if (std::find(present.begin(), present.end(), ds) == present.end())
+        fail_checkpoint(fmt::format("{}: tensor {} is missing", path, ds));
       H5Id d(H5Dopen2(f.get(), ds.c_str(), H5P_DEFAULT), H5Dclose);
       if (d.get() < 0) fail_checkpoint(fmt::format("{}: cannot open dataset {}", path, ds));
-      H5Id space(H5_CHECK(H5Dget_space(d.get())), H5Sclose);
-      const int nd = H5Sget_simple_extent_ndims(space.get());
-      std::vector<hsize_t> dims(size_t(std::max(nd, 0)));
-      H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
-      Shape got(dims.begin(), dims.end());
-      std::vector<float> v(size_t(numel(got)));
+      check_dataset(d.get(), path, ds, shape);
+      std::vector<float> v(size_t(numel(shape)));
       if (H5Dread(d.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data()) < 0)
         fail_checkpoint(fmt::format("{}: cannot read {} (truncated or damaged: {})", path, ds,
                                     h5_error_detail()));
@@ -332,9 +438,16 @@ LoadedCheckpoint read_checkpoint(const std::string& path, bool tolerate_mismatch
                                         "computed {:08x})", path, ds, uint32_t(stored[0]), crc));
         }
       }
+      // strata never writes a non-finite tensor (a diverged run publishes nothing).
+      if (const int64_t bad = count_nonfinite(v.data(), int64_t(v.size())); bad > 0) {
+        status = fmt::format("NON-FINITE ({} NaN/Inf values)", bad);
+        out.verified = false;
+        if (!tolerate_mismatch)
+          fail_checkpoint(fmt::format("{}: tensor {} holds {} NaN/Inf values", path, ds, bad));
+      }
       out.checksum[ds] = status;
       out.tensor_bytes += int64_t(v.size()) * 4;
-      out.shapes[ds] = got;
+      out.shapes[ds] = shape;
       out.tensors[ds] = std::move(v);
     }
   } catch (const UserError&) {
@@ -346,13 +459,7 @@ LoadedCheckpoint read_checkpoint(const std::string& path, bool tolerate_mismatch
   return out;
 }
 
-LoadedParams load_parameters(const std::string& path) {
-  try {
-    return read_checkpoint(path);
-  } catch (const UserError& e) {
-    throw UserError(kExitBadInput, e.what());  // for `eval`, a bad file is bad input
-  }
-}
+LoadedParams load_parameters(const std::string& path) { return read_checkpoint(path); }
 
 void copy_parameters_into(Model& model, const LoadedParams& p, const std::string& path) {
   for (auto* q : model.params()) {

@@ -18,6 +18,7 @@
 #include "strata/data.h"
 #include "strata/error.h"
 #include "strata/files.h"
+#include "strata/parse.h"
 #include "strata/trainer.h"
 #include "hdf5_util.h"
 
@@ -95,7 +96,11 @@ std::vector<Checkpointer::Entry> Checkpointer::list() const {
   for (const auto& e : fs::directory_iterator(dir_, ec)) {
     const std::string n = e.path().filename().string();
     std::smatch m;
-    if (std::regex_match(n, m, kCheckpointName)) out.push_back({std::stoll(m[1].str()), n});
+    if (!std::regex_match(n, m, kCheckpointName)) continue;
+    std::string why;
+    if (auto step = parse_int(m[1].str(), &why)) out.push_back({*step, n});
+    else if (comm_.rank() == 0 && warned_.insert(n).second)  // not a name strata writes
+      fmt::print(stderr, "strata: warning: ignoring {}/{}: {}\n", dir_, n, why);
   }
   std::sort(out.begin(), out.end(), [](const Entry& a, const Entry& b) { return a.step > b.step; });
   return out;
@@ -107,8 +112,11 @@ std::optional<int64_t> Checkpointer::pointer_step(std::string* name) const {
   if (!in || !std::getline(in, line)) return std::nullopt;
   std::smatch m;
   if (!std::regex_match(line, m, kCheckpointName)) return std::nullopt;
+  std::string why;
+  auto step = parse_int(m[1].str(), &why);
+  if (!step) return std::nullopt;  // damaged: every checkpoint is a candidate, each verified
   *name = line;
-  return std::stoll(m[1].str());
+  return step;
 }
 
 void Checkpointer::write_pointer(const std::string& name) const {
@@ -195,42 +203,46 @@ std::optional<TrainState> Checkpointer::resume(Model& model, Optimizer& opt, con
         return;
       }
     }
-    std::string failures;
     for (const std::string& path : candidates) {
       LoadedCheckpoint ck;
       try {
         ck = read_checkpoint(path);
       } catch (const UserError& e) {
-        if (cfg.resume != "auto") throw;
+        // Only a damaged file is set aside; anything else (no memory for it, a file that is
+        // not a strata checkpoint at all) is for the user to look at.
+        if (cfg.resume != "auto" || e.code != kExitBadCheckpoint) throw;
         fmt::print(stderr, "strata: warning: skipping damaged checkpoint: {}\n", e.what());
         std::error_code ec;
         fs::rename(path, path + ".corrupt", ec);  // kept for inspection, never loaded again
-        failures += fmt::format("\n  {}", e.what());
         continue;
       }
       check_resumable(ck, path, model, cfg, dataset_sha256);
+      // read_checkpoint found every tensor of the file's model, each with its shape, and
+      // check_resumable that the model and optimizer are this run's: each copy fits.
+      auto tensor = [&](const std::string& ds, const Param& p) -> const std::vector<float>& {
+        auto it = ck.tensors.find(ds);
+        if (it == ck.tensors.end() || int64_t(it->second.size()) != numel(p.shape))
+          throw UserError(kExitBadCheckpoint, fmt::format("{}: {} is missing or has the wrong size", path, ds));
+        return it->second;
+      };
       for (Param* p : model.params()) {
-        const auto& v = ck.tensors.at(param_path(p->name));
+        const auto& v = tensor(param_path(p->name), *p);
         std::copy(v.begin(), v.end(), p->host);
       }
-      for (auto& [name, t] : opt.state()) {
+      for (auto& [name, t] : opt.state())
         for (Param* p : model.params()) {
-          const std::string ds = "/optimizer/" + name + param_path(p->name).substr(7);
-          auto it = ck.tensors.find(ds);
-          if (it == ck.tensors.end() || int64_t(it->second.size()) != numel(p->shape))
-            throw UserError(kExitBadCheckpoint, fmt::format("{}: optimizer state {} is missing or has the wrong size", path, ds));
-          std::copy(it->second.begin(), it->second.end(), t->data() + p->offset);
+          const auto& v = tensor("/optimizer/" + name + param_path(p->name).substr(7), *p);
+          std::copy(v.begin(), v.end(), t->data() + p->offset);
         }
-      }
       st = ck.state;
       from = path;
       found = 1;
       return;
     }
     throw UserError(kExitBadCheckpoint,
-                    fmt::format("checkpoint.dir {}: none of the {} checkpoints verifies; not "
-                                "starting over from step 0 (move them away to do so){}",
-                                dir_, candidates.size(), failures));
+                    fmt::format("checkpoint.dir {}: none of the {} checkpoints verifies (each "
+                                "is named above and renamed *.corrupt); not starting over from "
+                                "step 0 (move them away to do so)", dir_, candidates.size()));
   });
   comm_.broadcast(&found, sizeof found, 0);
   if (!found) return std::nullopt;

@@ -25,6 +25,7 @@
 #include <fmt/format.h>
 
 #include "strata/error.h"
+#include "strata/parse.h"
 #include "strata/rng.h"
 #include "hdf5_util.h"
 
@@ -169,15 +170,8 @@ void u8_to_unit_float(float* dst, const unsigned char* src, int64_t n) {
 constexpr int64_t kDefaultCacheMiB = 512;
 
 int64_t cache_budget_bytes() {
-  int64_t mib = kDefaultCacheMiB;
-  if (const char* e = std::getenv("STRATA_DATA_CACHE_MB"); e && *e) {
-    char* end = nullptr;
-    long long v = std::strtoll(e, &end, 10);
-    if (*end != '\0' || v < 0)
-      fail_input("STRATA_DATA_CACHE_MB={}: expected a number of MiB (0 disables the cache)", e);
-    mib = v;
-  }
-  return mib << 20;
+  // MiB; 0 disables the cache. At most 1 TiB, so the byte count cannot overflow.
+  return env_int("STRATA_DATA_CACHE_MB", 0, int64_t(1) << 20).value_or(kDefaultCacheMiB) << 20;
 }
 
 struct Dataset {

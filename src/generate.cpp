@@ -18,7 +18,8 @@ namespace strata {
 
 int run_generate(const GenerateOptions& o) {
   if (o.tokens < 0) fail_input("--tokens {}: must be 0 or more", o.tokens);
-  if (!(o.temperature >= 0)) fail_input("--temperature {}: must be 0 or more", o.temperature);
+  if (!(o.temperature >= 0) || !std::isfinite(o.temperature))
+    fail_input("--temperature {}: must be a finite number, 0 or more", o.temperature);
   if (o.top_k < 0) fail_input("--top_k {}: must be 0 or more", o.top_k);
   std::string note;
   const Backend& be = select_backend({.device = o.device, .threads = o.threads}, &note);
@@ -29,6 +30,8 @@ int run_generate(const GenerateOptions& o) {
   if (lp.classes != 256)
     fail_input("{}: a vocabulary of {}; strata generate knows the byte-level tokenizer (256)",
                o.checkpoint, lp.classes);
+  require_model_memory(Model::describe_layers(lp.spec, lp.input_shape, lp.classes), {}, 2, 1, 1,
+                       o.checkpoint);
   Model model(lp.spec, lp.input_shape, lp.classes);
   model.check_backend(be);
   copy_parameters_into(model, lp, o.checkpoint);

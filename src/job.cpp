@@ -9,7 +9,14 @@
 #include <chrono>
 #include <thread>
 
+#include <algorithm>
+#include <limits>
+
 #include <fmt/format.h>
+
+#include "strata/error.h"
+#include "strata/parse.h"
+#include "strata/subprocess.h"
 
 namespace strata {
 namespace {
@@ -68,47 +75,71 @@ const char* signal_name(int sig) {
   }
 }
 
-std::optional<double> job_end_time(std::string* why_not) {
-  if (const char* e = std::getenv("STRATA_JOB_END_TIME"); e && *e) {
-    char* end = nullptr;
-    double t = std::strtod(e, &end);
-    if (*end == '\0' && t > 0) return t;
-    *why_not = fmt::format("STRATA_JOB_END_TIME='{}' is not a Unix time", e);
-    return std::nullopt;
-  }
-  const std::string id = slurm_job_id();
-  if (id.empty()) return std::nullopt;
-  const std::string cmd = fmt::format("squeue -h -j '{}' -o %e 2>/dev/null", id);
-  std::FILE* p = ::popen(cmd.c_str(), "r");
-  if (!p) {
-    *why_not = "cannot run squeue";
-    return std::nullopt;
-  }
-  char buf[128] = {0};
-  std::string out = std::fgets(buf, sizeof buf, p) ? buf : "";
-  ::pclose(p);
-  while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
-  if (out.empty()) {
-    *why_not = fmt::format("squeue printed no end time for job {}", id);
-    return std::nullopt;
-  }
-  if (out == "N/A" || out == "NONE" || out == "Unknown") return std::nullopt;  // no limit
-  auto t = parse_slurm_time(out);
-  if (!t) *why_not = fmt::format("cannot parse squeue's end time '{}'", out);
-  return t;
+namespace {
+
+bool all_digits(const std::string& s) {
+  return !s.empty() && s.size() <= 20 &&
+         std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
 }
 
+// A Slurm job id from the environment: digits only (it reaches squeue's arguments and every
+// checkpoint's provenance). Anything else is refused, naming the variable.
+std::string env_job_id(const char* name) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return "";
+  if (!all_digits(v))
+    fail_input("environment variable {}='{}': not a Slurm job id (digits only)", name,
+               std::string(v).substr(0, 40));
+  return v;
+}
+
+}  // namespace
+
 std::string slurm_job_id() {
-  const char* a = std::getenv("SLURM_ARRAY_JOB_ID");
-  const char* t = std::getenv("SLURM_ARRAY_TASK_ID");
-  if (a && t && *a && *t) return fmt::format("{}_{}", a, t);
-  const char* j = std::getenv("SLURM_JOB_ID");
-  return j ? j : "";
+  const std::string array = env_job_id("SLURM_ARRAY_JOB_ID"), task = env_job_id("SLURM_ARRAY_TASK_ID");
+  if (!array.empty() && !task.empty()) return fmt::format("{}_{}", array, task);
+  return env_job_id("SLURM_JOB_ID");
 }
 
 int64_t slurm_restart_count() {
-  const char* r = std::getenv("SLURM_RESTART_COUNT");
-  return r ? std::strtoll(r, nullptr, 10) : 0;
+  return env_int("SLURM_RESTART_COUNT", 0, std::numeric_limits<int32_t>::max()).value_or(0);
+}
+
+std::optional<double> job_end_time(std::string* why_not) {
+  // The sbatch script sets STRATA_JOB_END_TIME from squeue at every attempt; a value already
+  // past is one inherited from somewhere else, and would stop every attempt after one step.
+  if (auto t = env_real("STRATA_JOB_END_TIME", 1, 1e12)) {
+    if (*t <= unix_now())
+      fail_input("environment variable STRATA_JOB_END_TIME={:.0f}: the job's end time is {:.0f} s "
+                 "in the past (unset it; slurm/train.sbatch sets it from squeue)", *t,
+                 unix_now() - *t);
+    return t;
+  }
+  const std::string id = slurm_job_id();
+  if (id.empty()) return std::nullopt;
+  // No shell: squeue gets the id as one argument (and only digits and '_' reach it).
+  auto out = run_program({"squeue", "-h", "-j", id, "-o", "%e"}, 10.0, why_not, 128);
+  if (!out) return std::nullopt;
+  std::string line = out->substr(0, out->find('\n'));
+  while (!line.empty() && line.back() == ' ') line.pop_back();
+  if (line.empty()) {
+    *why_not = fmt::format("squeue printed no end time for job {}", id);
+    return std::nullopt;
+  }
+  if (line == "N/A" || line == "NONE" || line == "Unknown") return std::nullopt;  // no limit
+  auto t = parse_slurm_time(line);
+  if (!t) *why_not = fmt::format("cannot parse squeue's end time '{}'", line.substr(0, 40));
+  return t;
+}
+
+void check_job_environment() {
+  slurm_job_id();
+  slurm_restart_count();
+  // The node-local rank picks this rank's GPU (backend.cpp); checked even where none is used.
+  for (const char* v : {"SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID"})
+    env_int(v, 0, 1 << 20);
+  std::string ignored;
+  if (std::getenv("STRATA_JOB_END_TIME")) job_end_time(&ignored);
 }
 
 double unix_now() {

@@ -51,6 +51,8 @@ int run_eval(const std::string& checkpoint, const std::string& data, bool json, 
       fail_input("{}: samples {} with {} classes do not fit the model in {} ({} with {} classes)",
                  data, shape_str(info.test.sample_shape), info.classes, checkpoint,
                  shape_str(lp.input_shape), lp.classes);
+    require_model_memory(Model::describe_layers(lp.spec, lp.input_shape, lp.classes), {}, 2, 1, 1,
+                         checkpoint);
     model = std::make_unique<Model>(lp.spec, lp.input_shape, lp.classes);
     model->check_backend(*be);
     copy_parameters_into(*model, lp, checkpoint);

@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "strata/error.h"
+#include "strata/memory.h"
 
 namespace strata {
 namespace {
@@ -20,19 +21,20 @@ std::vector<std::string> words(const std::string& s) {
   return w;
 }
 
-int int_arg(const std::string& spec, const std::string& w) {
+int int_arg(const std::string& where, const std::string& spec, const std::string& w) {
   try {
     size_t used = 0;
     int v = std::stoi(w, &used);
     if (used == w.size() && v > 0) return v;
   } catch (const std::exception&) {
   }
-  fail_input("model.layers: '{}': '{}' is not a positive integer", spec, w);
+  fail_input("{}: '{}': '{}' is not a positive integer", where, spec, w);
 }
 
 // The model-wide facts some layers need: the class (vocabulary) count and the number of
 // transformer blocks (GPT-2 scales its residual projections' init by it).
 struct BuildContext {
+  std::string where = "model.layers";  // where the spec came from, for messages
   int classes = 0;
   int blocks = 0;
   TensorSplit tp;  // the blocks' share of the tensor-parallel group
@@ -41,31 +43,31 @@ struct BuildContext {
 std::unique_ptr<Layer> parse_layer(const std::string& spec, const Shape& in, int index,
                                    const BuildContext& ctx) {
   auto w = words(spec);
-  if (w.empty()) fail_input("model.layers: empty layer spec");
+  if (w.empty()) fail_input("{}: empty layer spec", ctx.where);
   const std::string& k = w[0];
   auto nargs = [&](size_t lo, size_t hi) {
     if (w.size() - 1 < lo || w.size() - 1 > hi)
-      fail_input("model.layers: '{}': {} takes {} to {} arguments", spec, k, lo, hi);
+      fail_input("{}: '{}': {} takes {} to {} arguments", ctx.where, spec, k, lo, hi);
   };
   if (k == "linear") {
     nargs(1, 1);
     if (in.size() != 1)
-      fail_input("model.layers: '{}' needs a flat input but gets {}; add \"flatten\" before it",
+      fail_input("{}: '{}' needs a flat input but gets {}; add \"flatten\" before it", ctx.where,
                  spec, shape_str(in));
-    return make_linear(int(in[0]), int_arg(spec, w[1]));
+    return make_linear(int(in[0]), int_arg(ctx.where, spec, w[1]));
   }
   if (k == "conv") {
     nargs(2, 4);
-    if (in.size() != 3) fail_input("model.layers: '{}' needs a (C, H, W) input, gets {}", spec, shape_str(in));
-    int stride = w.size() > 3 ? int_arg(spec, w[3]) : 1;
+    if (in.size() != 3) fail_input("{}: '{}' needs a (C, H, W) input, gets {}", ctx.where, spec, shape_str(in));
+    int stride = w.size() > 3 ? int_arg(ctx.where, spec, w[3]) : 1;
     int pad = 0;
-    if (w.size() > 4) pad = w[4] == "0" ? 0 : int_arg(spec, w[4]);
-    return make_conv2d(int(in[0]), int_arg(spec, w[1]), int_arg(spec, w[2]), stride, pad);
+    if (w.size() > 4) pad = w[4] == "0" ? 0 : int_arg(ctx.where, spec, w[4]);
+    return make_conv2d(int(in[0]), int_arg(ctx.where, spec, w[1]), int_arg(ctx.where, spec, w[2]), stride, pad);
   }
   if (k == "maxpool") {
     nargs(1, 2);
-    int kk = int_arg(spec, w[1]);
-    return make_maxpool2d(kk, w.size() > 2 ? int_arg(spec, w[2]) : kk);
+    int kk = int_arg(ctx.where, spec, w[1]);
+    return make_maxpool2d(kk, w.size() > 2 ? int_arg(ctx.where, spec, w[2]) : kk);
   }
   if (k == "relu") { nargs(0, 0); return make_relu(); }
   if (k == "gelu") { nargs(0, 0); return make_gelu(); }
@@ -73,7 +75,7 @@ std::unique_ptr<Layer> parse_layer(const std::string& spec, const Shape& in, int
   auto prob = [&](const std::string& v) {
     float p = -1;
     try { p = std::stof(v); } catch (const std::exception&) {}
-    if (!(p >= 0 && p < 1)) fail_input("model.layers: '{}': p must be in [0, 1)", spec);
+    if (!(p >= 0 && p < 1)) fail_input("{}: '{}': p must be in [0, 1)", ctx.where, spec);
     return p;
   };
   if (k == "dropout") {
@@ -84,34 +86,35 @@ std::unique_ptr<Layer> parse_layer(const std::string& spec, const Shape& in, int
   if (k == "embedding") {
     nargs(1, 1);
     if (in.size() != 1)
-      fail_input("model.layers: '{}' needs token ids (T) per sample, gets {}", spec, shape_str(in));
-    return make_embedding(ctx.classes, int_arg(spec, w[1]), int(in[0]));
+      fail_input("{}: '{}' needs token ids (T) per sample, gets {}", ctx.where, spec, shape_str(in));
+    return make_embedding(ctx.classes, int_arg(ctx.where, spec, w[1]), int(in[0]));
   }
   if (k == "block") {
     nargs(1, 3);
-    if (in.size() != 2) fail_input("model.layers: '{}' needs (T, C) per sample, gets {}", spec, shape_str(in));
-    const int heads = int_arg(spec, w[1]), C = int(in[1]);
+    if (in.size() != 2) fail_input("{}: '{}' needs (T, C) per sample, gets {}", ctx.where, spec, shape_str(in));
+    const int heads = int_arg(ctx.where, spec, w[1]), C = int(in[1]);
     if (C % heads != 0)
-      fail_input("model.heads = {} does not divide model.dim = {}", heads, C);
+      fail_input("{}: '{}': {} heads do not divide the width {} (model.heads, model.dim)",
+                 ctx.where, spec, heads, C);
     if (heads % ctx.tp.size != 0)
       fail_input("parallel.tensor = {} does not divide model.heads = {} (each tensor-parallel "
                  "rank holds whole attention heads)", ctx.tp.size, heads);
     if (w.size() > 3 && w[3] != "recompute")
-      fail_input("model.layers: '{}': the third argument is 'recompute' or nothing", spec);
+      fail_input("{}: '{}': the third argument is 'recompute' or nothing", ctx.where, spec);
     return make_block(C, heads, ctx.blocks, w.size() > 2 ? prob(w[2]) : 0.0f, index, w.size() > 3,
                       ctx.tp);
   }
   if (k == "layernorm") {
     nargs(0, 0);
-    if (in.empty()) fail_input("model.layers: '{}' needs an input", spec);
+    if (in.empty()) fail_input("{}: '{}' needs an input", ctx.where, spec);
     return make_layernorm(int(in.back()));
   }
   if (k == "lmhead") {
     nargs(0, 0);
     return make_lm_head(ctx.classes);
   }
-  fail_input("model.layers: '{}': unknown layer '{}' (linear, conv, maxpool, relu, gelu, "
-             "flatten, dropout, embedding, block, layernorm, lmhead)", spec, k);
+  fail_input("{}: '{}': unknown layer '{}' (linear, conv, maxpool, relu, gelu, "
+             "flatten, dropout, embedding, block, layernorm, lmhead)", ctx.where, spec, k);
 }
 
 std::string short_kind(const std::string& spec) {
@@ -130,11 +133,11 @@ struct Built {
 };
 
 Built build_layers(const ModelSpec& spec, const Shape& input_shape, int classes,
-                   TensorSplit tp = {}) {
+                   TensorSplit tp = {}, const std::string& where = "model.layers") {
   Built b;
   Shape shape = input_shape;
   std::map<std::string, int> counts;
-  BuildContext ctx{.classes = classes, .tp = tp};
+  BuildContext ctx{.where = where, .classes = classes, .tp = tp};
   for (const auto& s : spec) ctx.blocks += short_kind(s) == "block";
   for (size_t i = 0; i < spec.size(); ++i) {
     // "relu, maxpool" runs as "maxpool, relu": max and ReLU commute exactly (ReLU is monotone,
@@ -171,8 +174,9 @@ Built build_layers(const ModelSpec& spec, const Shape& input_shape, int classes,
       if (p.whole_shape.empty()) p.whole_shape = p.shape;
   // A classifier gives (classes) per sample; a language model (T, vocab): a row per position.
   if (shape.empty() || shape.back() != classes)
-    fail_input("model: the last layer gives {} per sample; the data has {} classes (end the "
-               "model with \"linear {}\")", shape_str(shape), classes, classes);
+    fail_input("{}: the last layer gives {} per sample; the data has {} classes (end the "
+               "model with \"linear {}\")", where == "model.layers" ? "model" : where,
+               shape_str(shape), classes, classes);
   return b;
 }
 
@@ -206,9 +210,44 @@ void for_each_run(const Param& p, int t, int parts, F&& fn) {
 
 }  // namespace
 
+void require_model_memory(const std::vector<LayerInfo>& layers, LayerRange range, double copies,
+                          int tensor_parts, int64_t batch_samples, const std::string& who) {
+  const int last = range.last < 0 ? int(layers.size()) : range.last;
+  double params = 0, activations = 0;
+  const LayerInfo* largest = nullptr;
+  for (int i = range.first; i < last; ++i) {
+    const LayerInfo& l = layers[size_t(i)];
+    params += double(l.params);
+    activations += double(numel(l.out_shape));
+    if (!largest || l.params > largest->params) largest = &l;
+  }
+  if (!largest) return;
+  const double bytes = 4.0 * (params * copies / tensor_parts + activations * double(batch_samples));
+  const std::string what =
+      last - range.first == 1
+          ? fmt::format("layer {} = {} ({} parameters)", largest->name, largest->describe,
+                        largest->params)
+          : fmt::format("the model's {} layers ({:.0f} parameters; the largest, {} = {}, has {})",
+                        last - range.first, params, largest->name, largest->describe,
+                        largest->params);
+  require_memory(bytes, fmt::format("{}: {}, with gradients, optimizer state and one batch of "
+                                    "{} samples,", who, what, batch_samples));
+}
+
+std::vector<std::pair<std::string, Shape>> Model::describe_params(const ModelSpec& spec,
+                                                                 const Shape& input_shape,
+                                                                 int classes,
+                                                                 const std::string& where) {
+  Built b = build_layers(spec, input_shape, classes, {}, where);
+  std::vector<std::pair<std::string, Shape>> out;
+  for (auto& l : b.layers)
+    for (auto& p : l->params) out.emplace_back(l->name + "." + p.name, p.whole_shape);
+  return out;
+}
+
 std::vector<LayerInfo> Model::describe_layers(const ModelSpec& spec, const Shape& input_shape,
-                                              int classes) {
-  Built b = build_layers(spec, input_shape, classes);
+                                              int classes, const std::string& where) {
+  Built b = build_layers(spec, input_shape, classes, {}, where);
   std::vector<LayerInfo> out;
   for (size_t i = 0; i < b.layers.size(); ++i)
     out.push_back({.name = b.layers[i]->name, .describe = b.layers[i]->describe(),

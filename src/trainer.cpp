@@ -30,6 +30,11 @@ namespace strata {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+bool all_finite(const float* p, int64_t n) {
+  float acc = 0;  // NaN and Inf survive a product with zero; finite values give zero
+  for (int64_t i = 0; i < n; ++i) acc += p[i] * 0.0f;
+  return acc == 0.0f;
+}
 double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 double thread_cpu_seconds() {
   timespec t{};
@@ -180,6 +185,7 @@ int run_train(const RunConfig& cfg, Comm& comm) {
   std::vector<LayerRange> ranges;
   collectively(comm, [&] {
     validate(cfg);
+    check_job_environment();
     bep = &select_backend({.device = cfg.device, .threads = cfg.threads,
                            .precision = cfg.train.precision}, &device_note);
     if (ranks % (P * T) != 0)
@@ -210,6 +216,12 @@ int run_train(const RunConfig& cfg, Comm& comm) {
       fail_input("train.batch_size = {} is larger than the {} training samples in {}",
                  cfg.train.batch_size, info.train.n, cfg.data.path);
     layers = Model::describe_layers(cfg.model_spec(info.classes), info.train.sample_shape, info.classes);
+    // Whatever the partition, one rank holds the largest layer whole (its tensor part of it).
+    int largest = 0;
+    for (int i = 0; i < int(layers.size()); ++i)
+      if (layers[size_t(i)].params > layers[size_t(largest)].params) largest = i;
+    require_model_memory(layers, {largest, largest + 1}, cfg.train.optimizer == "adamw" ? 4 : 3, T,
+                         cfg.train.batch_size / D, fmt::format("rank {}", comm.rank()));
     if (lead && !cfg.trace.empty()) ensure_parent_dir(cfg.trace);
   });
   // The partition: rank 0 measures when asked (every rank must use the same costs).
@@ -237,6 +249,13 @@ int run_train(const RunConfig& cfg, Comm& comm) {
 
   std::unique_ptr<Model> model;
   collectively(comm, [&] {
+    // Values and gradients, the optimizer's state, and on rank 0 the whole model that
+    // checkpoints gather into: refused now, naming the layer, if it cannot fit.
+    const double states = cfg.train.optimizer == "adamw" ? 2 : 1;
+    const LayerRange all{0, int(layers.size())};
+    require_model_memory(layers, gathered && lead ? all : ranges[size_t(grid.stage)],
+                         2 + states, gathered && lead ? 1 : T,
+                         cfg.train.batch_size / D / M, fmt::format("rank {}", comm.rank()));
     model = std::make_unique<Model>(cfg.model_spec(info.classes), info.train.sample_shape,
                                     info.classes, ranges[size_t(grid.stage)],
                                     TensorSplit{grid.tensor, T, grid.tensor_comm.get()});
@@ -335,6 +354,7 @@ int run_train(const RunConfig& cfg, Comm& comm) {
   auto stop_margin = [&] { return 10 + 2 * ckpt_write_s + 3 * step_s; };
   auto last_ckpt_time = Clock::now();
   int64_t last_ckpt_step = start_step;
+  int64_t ckpt_failed = 0;  // rank 0: checkpoint writes that failed
   // Reports a finished write (metrics line, warning on failure); rank 0.
   auto report_checkpoint = [&](const Checkpointer::SaveResult& r) {
     if (r.ok) {
@@ -346,9 +366,31 @@ int run_train(const RunConfig& cfg, Comm& comm) {
                         {"write_s", json_number(r.seconds)}, {"stall_s", json_number(r.stall_s)},
                         {"mb_per_s", json_number(double(r.bytes) / 1e6 / std::max(r.seconds, 1e-9))}});
     }
+    // A failed write leaves the earlier checkpoints intact and training goes on; the run
+    // ends with kExitCheckpointsFailed rather than plain success.
+    if (!r.ok) ++ckpt_failed;
     if (lead && !r.error.empty())
-      fmt::print(stderr, "strata: {}: checkpoint at step {}: {}\n", r.ok ? "warning" : "error",
-                 r.step, r.error);
+      fmt::print(stderr, "strata: warning: checkpoint at step {}: {}\n", r.step, r.error);
+  };
+  // Nothing non-finite is published: the update after the last checked loss can still make
+  // parameters or optimizer state NaN/Inf (a rate that is too large), so the host copies are
+  // checked, on every rank, before anything is written. Collective; exit 3 when they are not.
+  ProgressLine progress(lead ? cfg.progress : "off");
+  auto require_finite_state = [&](int64_t steps_done) {
+    bool finite = all_finite(model->host_values().data(), model->host_values().size());
+    for (auto& [name, t] : opt.state()) finite = finite && all_finite(t->data(), t->size());
+    int64_t first_bad = finite ? INT_MAX : comm.rank();
+    comm.allreduce_min(&first_bad, 1);
+    if (first_bad == INT_MAX) return;
+    progress.finish();
+    if (metrics)
+      metrics->write({{"event", json_string("diverged")}, {"step", fmt::format("{}", steps_done)},
+                      {"loss", "null"}});
+    if (comm.rank() != first_bad) throw AgreedFailure(kExitDiverged, "");
+    throw UserError(kExitDiverged,
+                    fmt::format("step {}: the update made parameters or optimizer state NaN/Inf "
+                                "(training diverged; lower train.lr or set train.grad_clip); "
+                                "nothing was written", steps_done));
   };
   // wait = false: periodic checkpoints, written in the background when checkpoint.async.
   auto save_checkpoint = [&](int64_t steps_done, bool wait) {
@@ -362,6 +404,7 @@ int run_train(const RunConfig& cfg, Comm& comm) {
       if (auto prev = ckpt.finish()) report_checkpoint(*prev);
     model->pull(be);  // checkpoints are written from the host copies
     opt.pull(be);
+    require_finite_state(steps_done);
     if (gathered) gather_stages(comm, grid, layers, ranges, *model, opt, whole.get(), whole_opt.get());
     auto r = gathered && lead ? ckpt.save(*whole, *whole_opt, st, prov, wait)
                                : ckpt.save(*model, opt, st, prov, wait);
@@ -450,7 +493,6 @@ int run_train(const RunConfig& cfg, Comm& comm) {
       grid.tied_comm->allreduce_sum(t->grad, numel(t->shape));
     }
   };
-  ProgressLine progress(lead ? cfg.progress : "off");
   BatchOnBackend on_be;
   const bool update_in_backward = ranks == 1 && !pipelined && opt.can_update_in_backward();
   Tensor probs, dlogits;
@@ -637,6 +679,10 @@ int run_train(const RunConfig& cfg, Comm& comm) {
   if (pipelined) figures = pipeline_figures(comm, grid, pipe->stats(), idle_shares, M);
   tracer.write(comm, cfg.trace, fmt::format("rank {} · {} · {}", comm.rank(), grid.where(), comm.host()));
 
+  // The final parameters: finite, or nothing is evaluated or written.
+  model->pull(be);
+  opt.pull(be);
+  require_finite_state(total);
   // With a pipeline the test set goes through the stages, and the parameter file is written
   // from the whole model gathered on rank 0 (as for a checkpoint).
   EvalResult ev;
@@ -644,9 +690,19 @@ int run_train(const RunConfig& cfg, Comm& comm) {
     ev = pipelined ? evaluate_pipelined(*pipe, be, info, "test", comm, grid, rps)
                    : evaluate_replica(*model, be, info, "test", comm, grid.replica,
                                       grid.replicas, grid.tensor == 0, 1000);
+  // Finite parameters can still be a diverged model (logits that overflow): its test loss
+  // says so, and then nothing is written.
+  if (info.has_test && !std::isfinite(ev.loss)) {
+    if (metrics)
+      metrics->write({{"event", json_string("diverged")}, {"step", fmt::format("{}", total)},
+                      {"test_loss", "null"}});
+    if (!lead) throw AgreedFailure(kExitDiverged, "");
+    throw UserError(kExitDiverged,
+                    fmt::format("step {}: the test loss is {} (training diverged; lower train.lr "
+                                "or set train.grad_clip); {} was not written", total,
+                                std::isnan(ev.loss) ? "NaN" : "Inf", cfg.params_path()));
+  }
   Model* final_model = model.get();
-  model->pull(be);
-  opt.pull(be);
   if (gathered) {
     gather_stages(comm, grid, layers, ranges, *model, opt, whole.get(), whole_opt.get());
     final_model = whole.get();
@@ -696,6 +752,15 @@ int run_train(const RunConfig& cfg, Comm& comm) {
     else if (info.has_test)
       fmt::print(", test accuracy {:.4f}, test loss {:.4f}", ev.accuracy, ev.loss);
     fmt::print("\nparameters written to {}\n", cfg.params_path());
+  }
+  comm.broadcast(&ckpt_failed, sizeof ckpt_failed, 0);
+  if (ckpt_failed > 0) {
+    if (lead)
+      fmt::print(stderr, "strata: error: checkpoint.dir {}: {} checkpoint write{} failed during "
+                 "the run (each reported above); {} was written, but the run was not "
+                 "protected against faults\n", ckpt.dir(), ckpt_failed,
+                 ckpt_failed == 1 ? "" : "s", cfg.params_path());
+    return kExitCheckpointsFailed;
   }
   return kExitOk;
 }

@@ -13,6 +13,7 @@
 
 #include "strata/comm.h"
 #include "strata/error.h"
+#include "strata/parse.h"
 
 namespace strata {
 namespace {
@@ -89,16 +90,16 @@ Watchdog::Watchdog(Comm& comm, double timeout_s)
       }
       Hang h{-1, -1, -1.0, Hang::kSleep};
       bool ok = f.size() >= 2 && f.size() <= 4;
-      try {
-        if (ok) h.rank = std::stoi(f[0]), h.step = std::stoll(f[1]);
-        for (size_t i = 2; ok && i < f.size(); ++i) {
-          if (f[i] == "exempt") h.mode = Hang::kExempt;
-          else if (f[i] == "barrier") h.mode = Hang::kBarrier;
-          else if (i == 2) h.seconds = std::stod(f[i]);
-          else ok = false;
-        }
-      } catch (const std::exception&) {
-        ok = false;
+      std::string why;
+      std::optional<int64_t> r, st;
+      if (ok) r = parse_int(f[0], &why), st = parse_int(f[1], &why);
+      ok = ok && r && st && *r < (1 << 24);
+      if (ok) h.rank = int(*r), h.step = *st;
+      for (size_t i = 2; ok && i < f.size(); ++i) {
+        if (f[i] == "exempt") h.mode = Hang::kExempt;
+        else if (f[i] == "barrier") h.mode = Hang::kBarrier;
+        else if (auto sec = parse_real(f[i], &why); i == 2 && sec && *sec >= 0) h.seconds = *sec;
+        else ok = false;
       }
       if (!ok || h.rank < 0 || h.step < 0) {
         const std::string msg = fmt::format(

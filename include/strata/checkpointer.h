@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <atomic>
 #include <optional>
+#include <set>
 #include <thread>
 #include <string>
 #include <vector>
@@ -85,6 +86,7 @@ class Checkpointer {
   double every_seconds_;
   int64_t keep_last_, keep_every_;
   int64_t sequence_ = 0;
+  mutable std::set<std::string> warned_;  // stray names reported once
   // Background write (rank 0).
   Tensor snapshot_;
   std::thread writer_;

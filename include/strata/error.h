@@ -15,6 +15,8 @@ enum ExitCode : int {
   kExitDiverged = 3,    // loss became NaN/Inf; nothing already written was replaced
   kExitBadCheckpoint = 4,  // checkpoints exist but none verifies, or they do not fit the run
   kExitHung = 5,        // the watchdog found a rank that stopped making progress
+  kExitCheckpointsFailed = 6,  // training finished and model.h5 was written, but one or more
+                               // checkpoint writes failed (each reported when it happened)
   kExitResumable = 75,  // stopped early on purpose (signal/time limit); requeue (EX_TEMPFAIL)
 };
 

@@ -15,12 +15,16 @@ void install_stop_handlers();
 int stop_signal();  // the first stop signal received, 0 if none
 const char* signal_name(int sig);
 
-// Unix time at which the scheduler will end this job: $STRATA_JOB_END_TIME if set, else the
-// Slurm job's EndTime from `squeue` when $SLURM_JOB_ID is set; nullopt if unknown/unlimited.
-// `why_not` receives a one-line reason when it is unknown inside a Slurm job.
+// Unix time at which the scheduler will end this job: $STRATA_JOB_END_TIME if set (a value
+// that is not a time, or is already past, is a UserError), else the Slurm job's EndTime from
+// `squeue -j ID` (run without a shell, 10 s at most) when $SLURM_JOB_ID is set; nullopt if
+// unknown or unlimited. `why_not` receives a one-line reason when it is unknown in a Slurm job.
 std::optional<double> job_end_time(std::string* why_not);
 
-std::string slurm_job_id();  // "" outside Slurm
+// The variables above and below, validated (UserError naming the variable): call where all
+// ranks agree on input errors, before training.
+void check_job_environment();
+std::string slurm_job_id();  // "" outside Slurm; digits ("123", or "123_4" for an array task)
 int64_t slurm_restart_count();
 std::string utc_now_iso();   // 2026-11-22T04:58:00Z
 std::string local_clock_time(double unix_s);  // 14:05:00

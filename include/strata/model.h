@@ -31,6 +31,14 @@ struct LayerInfo {
   bool recomputes = false;     // recomputed in backward instead (train.recompute = block)
 };
 
+// Refuses, before anything is allocated, a model whose layers `range` cannot fit in this
+// node's memory: `copies` float copies of their parameters (values, gradients, optimizer
+// state), split over `tensor_parts` ranks, plus one batch of `batch_samples` samples'
+// activations. A lower bound of what the run will take, so it never refuses one that fits;
+// the message names the largest layer. Throws UserError(kExitBadInput).
+void require_model_memory(const std::vector<LayerInfo>& layers, LayerRange range, double copies,
+                          int tensor_parts, int64_t batch_samples, const std::string& who);
+
 class Model {
  public:
   // The layers `stage` of the model `spec` (all of them by default). Parameter names, shapes
@@ -39,8 +47,15 @@ class Model {
   // tp: this rank's part of the tensor-parallel group (transformer blocks are split over it).
   Model(const ModelSpec& spec, Shape input_shape, int classes, LayerRange stage = {},
         TensorSplit tp = {});
+  // `where` names the spec's source in errors: "model.layers", or "FILE: attribute model_layers".
   static std::vector<LayerInfo> describe_layers(const ModelSpec& spec, const Shape& input_shape,
-                                                int classes);
+                                                int classes,
+                                                const std::string& where = "model.layers");
+  // Every parameter's global name ("fc1.weight") and whole shape, in layer order; nothing is
+  // allocated (a file's tensors are checked against these before they are read).
+  static std::vector<std::pair<std::string, Shape>> describe_params(
+      const ModelSpec& spec, const Shape& input_shape, int classes,
+      const std::string& where = "model.layers");
 
   const ModelSpec& spec() const { return spec_; }
   const Shape& input_shape() const { return input_shape_; }  // of the whole model

@@ -49,8 +49,13 @@ class Optimizer {
   // State for checkpoints: named HOST buffers, each parallel to the flat parameter buffer
   // (momentum for SGD; exp_avg and exp_avg_sq for AdamW), and the count of steps taken.
   std::vector<std::pair<std::string, Tensor*>> state() {
-    if (c_.kind == "adamw") return {{"exp_avg", &h0_}, {"exp_avg_sq", &h1_}};
-    return {{"momentum", &h0_}};
+    const auto names = state_names(c_.kind);
+    if (names.size() == 2) return {{names[0], &h0_}, {names[1], &h1_}};
+    return {{names[0], &h0_}};
+  }
+  static std::vector<std::string> state_names(const std::string& kind) {
+    if (kind == "adamw") return {"exp_avg", "exp_avg_sq"};
+    return {"momentum"};
   }
   // As Model's: the state the updates use moves to the backend's memory (place), and is
   // copied to (pull) and from (push) the host buffers of state().
