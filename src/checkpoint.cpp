@@ -410,15 +410,22 @@ LoadedCheckpoint read_checkpoint(const std::string& path, bool tolerate_mismatch
       if (!want.count(ds))
         fail_checkpoint(fmt::format("{}: holds {}, which is not a tensor of the model in the "
                                     "file (model_layers)", path, ds));
-    int64_t bytes = 0;
-    for (const auto& [ds, shape] : want) bytes += numel(shape) * 4;
-    require_memory(double(bytes), fmt::format("{}: reading its {} tensors", path, want.size()));
+    // Every tensor's shape, type and storage first: the file holds what it claims before the
+    // memory for it is asked for.
+    std::map<std::string, H5Id> opened;
     for (const auto& [ds, shape] : want) {
       if (std::find(present.begin(), present.end(), ds) == present.end())
         fail_checkpoint(fmt::format("{}: tensor {} is missing", path, ds));
       H5Id d(H5Dopen2(f.get(), ds.c_str(), H5P_DEFAULT), H5Dclose);
       if (d.get() < 0) fail_checkpoint(fmt::format("{}: cannot open dataset {}", path, ds));
       check_dataset(d.get(), path, ds, shape);
+      opened[ds] = std::move(d);
+    }
+    int64_t bytes = 0;
+    for (const auto& [ds, shape] : want) bytes += numel(shape) * 4;
+    require_memory(double(bytes), fmt::format("{}: reading its {} tensors", path, want.size()));
+    for (const auto& [ds, shape] : want) {
+      const H5Id& d = opened.at(ds);
       std::vector<float> v(size_t(numel(shape)));
       if (H5Dread(d.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data()) < 0)
         fail_checkpoint(fmt::format("{}: cannot read {} (truncated or damaged: {})", path, ds,

@@ -25,6 +25,7 @@
 #include <fmt/format.h>
 
 #include "strata/error.h"
+#include "strata/memory.h"
 #include "strata/parse.h"
 #include "strata/rng.h"
 #include "hdf5_util.h"
@@ -202,6 +203,32 @@ std::vector<int64_t> read_labels(const Dataset& ds) {
   return v;
 }
 
+// float32 images must be finite: a NaN pixel would surface as a diverged loss blaming
+// train.lr (or, in /test, as a NaN test loss). Read a few MiB of rows at a time.
+void check_finite_images(const std::string& path, const Dataset& im, int64_t sample_elems) {
+  const hsize_t n = im.dims[0];
+  const hsize_t chunk = std::max<hsize_t>(1, hsize_t((int64_t(4) << 20) / sample_elems));
+  std::vector<float> buf(size_t(std::min(chunk, n) * hsize_t(sample_elems)));
+  H5Id file_space(H5_CHECK(H5Dget_space(im.id.get())), H5Sclose);
+  const int rank = int(im.dims.size());
+  for (hsize_t at = 0; at < n; at += chunk) {
+    std::vector<hsize_t> start(size_t(rank), 0), count = im.dims;
+    start[0] = at;
+    count[0] = std::min(chunk, n - at);
+    H5_CHECK(H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, start.data(), nullptr,
+                                 count.data(), nullptr));
+    H5Id mem(H5_CHECK(H5Screate_simple(rank, count.data(), nullptr)), H5Sclose);
+    H5_CHECK(H5Dread(im.id.get(), H5T_NATIVE_FLOAT, mem.get(), file_space.get(), H5P_DEFAULT,
+                     buf.data()));
+    const int64_t elems = int64_t(count[0]) * sample_elems;
+    for (int64_t i = 0; i < elems; ++i)
+      if (!std::isfinite(buf[size_t(i)]))
+        fail_input("{}: {} sample {} holds {} (element {}); images must be finite", path,
+                   im.name, int64_t(at) + i / sample_elems,
+                   std::isnan(buf[size_t(i)]) ? "NaN" : "Inf", i % sample_elems);
+  }
+}
+
 // One split, validated: its images dataset stays open (the Loader reads rows from it).
 struct Split {
   SplitInfo info;
@@ -232,11 +259,24 @@ Split read_split(const std::string& path, hid_t file, const std::string& name) {
   if (im.dims[0] == 0) fail_input("{}: {} has no rows", path, im.name);
   if (std::count(im.dims.begin(), im.dims.end(), hsize_t(0)))
     fail_input("{}: {} has shape {}; a sample must not be empty", path, im.name, dims_str(im.dims));
+  // Sizes reach int arithmetic in the kernels, and allocations: a sample's element count must
+  // fit an int, and the labels must fit in memory (a file can claim any row count).
+  int64_t sample_elems = 1;
+  for (size_t d = 1; d < im.dims.size(); ++d)
+    sample_elems = im.dims[d] > hsize_t(INT32_MAX) ? int64_t(INT32_MAX) + 1
+                                                   : std::min<int64_t>(sample_elems * int64_t(im.dims[d]), int64_t(INT32_MAX) + 1);
+  if (sample_elems > INT32_MAX)
+    fail_input("{}: {} has shape {}; a sample of more than 2^31 - 1 elements is not supported",
+               path, im.name, dims_str(im.dims));
+  if (im.dims[0] > hsize_t(INT64_MAX / 8))
+    fail_input("{}: {} claims {} rows", path, im.name, im.dims[0]);
+  require_memory(double(im.dims[0]) * 8, fmt::format("{}: {} ({} rows)", path, labels.name, im.dims[0]));
   s.info.n = int64_t(im.dims[0]);
   s.info.sample_shape.assign(im.dims.begin() + 1, im.dims.end());
   if (s.info.sample_shape.size() == 2) s.info.sample_shape.insert(s.info.sample_shape.begin(), 1);
   s.info.images_u8 = is_u8(it);
   s.labels = read_labels(labels);
+  if (!s.info.images_u8) check_finite_images(path, im, sample_elems);
   return s;
 }
 
@@ -436,13 +476,13 @@ DatasetInfo inspect_file(const std::string& path) {
                  shape_str(test.info.sample_shape), shape_str(train.info.sample_shape));
   }
   if (auto classes = read_int_attr(path, file.get(), "classes")) {
-    if (*classes < 1 || *classes > std::numeric_limits<int32_t>::max())
-      fail_input("{}: root attribute classes = {}; expected a positive class count", path,
-                 *classes);
+    if (*classes < 1 || *classes > kMaxVocab)
+      fail_input("{}: root attribute classes = {}; expected a class count in [1, 2^24] (labels "
+                 "travel as float32, exact up to 2^24)", path, *classes);
     info.classes = int(*classes);
   } else {
     int64_t top = *std::max_element(train.labels.begin(), train.labels.end());
-    info.classes = int(std::clamp<int64_t>(top + 1, 0, std::numeric_limits<int32_t>::max()));
+    info.classes = int(std::clamp<int64_t>(top + 1, 0, kMaxVocab));
   }
   check_labels(path, "train", train.labels, info.classes);
   if (info.has_test) check_labels(path, "test", test.labels, info.classes);

@@ -320,13 +320,15 @@ void Watchdog::detect() {
       for (int r : P.watched) {
         const Peers::Peer& p = P.v[size_t(r)];
         if (p.bye || secs(now - p.heard) <= timeout_s_) continue;
+        // Heartbeats are periodic: the last one may be several steps old. The step the rank
+        // is stuck in is the one its peers wait in (collectives keep ranks within a step).
+        const int64_t mine = act_.step.load(std::memory_order_relaxed);
         verdict = fmt::format(
             "rank {} (host {}) made no progress for {} s {} (its heartbeats stopped: the process "
             "was stopped or killed, or its node froze; {}; noticed by rank {})",
-            r, hosts_.at(size_t(r)), seconds_text(secs(now - p.heard)),
-            p.seen ? step_text(p.beat.step) : std::string("before its first heartbeat"),
-            p.seen ? "its last heartbeat said: " +
-                         describe_activity(p.beat.where, p.beat.exempt, p.beat.what)
+            r, hosts_.at(size_t(r)), seconds_text(secs(now - p.heard)), step_text(mine),
+            p.seen ? fmt::format("its last heartbeat ({}) said: {}", step_text(p.beat.step),
+                                 describe_activity(p.beat.where, p.beat.exempt, p.beat.what))
                    : std::string("no heartbeat ever arrived"),
             rank_);
         break;

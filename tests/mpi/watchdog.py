@@ -15,6 +15,7 @@ Usage: watchdog.py STRATA DATA.h5 WORKDIR CASE
                           waits 6 s in a collective), rank 0 is busy 1.5 s in one step: the
                           run finishes normally
 """
+import json
 import os
 import re
 import signal
@@ -162,7 +163,16 @@ elif case in ("stop-rank2", "stop-rank0"):
     elapsed = time.monotonic() - t0
     # Silence is counted from the last heartbeat, sent up to timeout/4 before the SIGSTOP.
     expect_named(rc, so, se, rank, r"in step \d+", rf"^its heartbeats stopped: .*; its last "
-                 rf"heartbeat said: .*; noticed by rank {watcher}$", T, elapsed, T + 15, slack=T / 4)
+                 rf"heartbeat \(in step \d+\) said: .*; noticed by rank {watcher}$", T, elapsed,
+                 T + 15, slack=T / 4)
+    # The step named is the one the job is stuck in, not the last heartbeat's (heartbeats come
+    # every timeout/4 s, many steps apart): at least the last step the metrics logged.
+    named = int(re.search(r"made no progress for [\d.]+ s in step (\d+)", se)[1])
+    with open(metrics_path) as f:
+        logged = [json.loads(l)["step"] for l in f if '"event"' not in l]
+    if logged and named < max(logged):
+        fail(f"named step {named}, but the metrics logged step {max(logged)} before the hang",
+             None, so, se)
 
 elif case == "deadlock":
     T = 3
