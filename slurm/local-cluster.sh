@@ -222,7 +222,7 @@ case "${1:-}" in
   down) down ;;
   status) status ;;
   env)
-    echo "export SLURM_CONF=$CONF"
+    printf 'export SLURM_CONF=%q\n' "$CONF"  # quoted for eval: the directory is the user's
     echo "export OMPI_MCA_btl=self,tcp OMPI_MCA_btl_tcp_if_include=lo"
     ;;
   *)

@@ -31,6 +31,31 @@ int threads_from(const CLI::Option* flag, int given) {
   return int(env_int("SLURM_CPUS_PER_TASK", 1, kMaxThreads).value_or(1));
 }
 
+// Run-level numbers, parsed as strictly as config values (parse.h): plain decimal integers,
+// finite numbers, in range. CLI11 alone takes "0x2" for 2 and "nan" for a double.
+CLI::Validator int_in(int64_t lo, int64_t hi) {
+  return CLI::Validator(
+      [=](std::string& v) -> std::string {
+        std::string why;
+        auto x = parse_int(v, &why);
+        if (!x) return why;
+        if (*x < lo || *x > hi) return fmt::format("must be in [{}, {}], got {}", lo, hi, *x);
+        return "";
+      },
+      fmt::format("INT in [{}, {}]", lo, hi));
+}
+CLI::Validator real_in(double lo, double hi) {
+  return CLI::Validator(
+      [=](std::string& v) -> std::string {
+        std::string why;
+        auto x = parse_real(v, &why);
+        if (!x) return why;
+        if (*x < lo || *x > hi) return fmt::format("must be in [{}, {}], got {}", lo, hi, v);
+        return "";
+      },
+      fmt::format("NUMBER in [{}, {}]", lo, hi));
+}
+
 // A JSON number; JSON has no NaN or infinity: those are null.
 std::string json_value(double x) { return std::isfinite(x) ? fmt::format("{}", x) : "null"; }
 
@@ -140,7 +165,7 @@ int main(int argc, char** argv) {
   auto* train = app.add_subcommand("train", "train a model (rank 0 prints progress)");
   add_config_flags(*train, config_flags);
   auto* train_threads = train->add_option("--threads", cfg.threads, "math threads per rank (default SLURM_CPUS_PER_TASK, else 1)")
-      ->check(CLI::Range(1, kMaxThreads));
+      ->check(int_in(1, kMaxThreads));
   train->add_option("--device", cfg.device,
                     "auto | cpu | cuda (auto: this node-local rank's GPU when one is visible)")
       ->capture_default_str();
@@ -155,7 +180,7 @@ int main(int argc, char** argv) {
   train->add_option("--trace", cfg.trace,
                     "write a Chrome trace (chrome://tracing, ui.perfetto.dev) of a few steps, all ranks, to PATH.json");
   train->add_option("--trace_steps", cfg.trace_steps, "steps in the trace, from the second step run")
-      ->check(CLI::Range(1, 100000))->capture_default_str();
+      ->check(int_in(1, 100000))->capture_default_str();
   train->add_flag_callback("--quiet", [&] { progress = "off"; }, "same as --progress off");
 
   auto* prepare = app.add_subcommand("prepare", "convert a dataset to strata's HDF5 layout");
@@ -184,20 +209,24 @@ int main(int argc, char** argv) {
   eval->add_option("--checkpoint", ckpt, "parameter file written by train")->required();
   eval->add_option("--data", eval_data, "HDF5 dataset with a /test split")->required();
   eval->add_flag("--json", json, "print {\"accuracy\": ..., \"loss\": ...}");
-  auto* eval_threads_flag = eval->add_option("--threads", eval_threads)->check(CLI::Range(1, kMaxThreads));
+  auto* eval_threads_flag = eval->add_option("--threads", eval_threads)->check(int_in(1, kMaxThreads));
   eval->add_option("--device", eval_device)->capture_default_str();
 
   auto* generate = app.add_subcommand("generate", "sample text from a trained GPT (model.type = \"gpt\")");
   GenerateOptions gen;
   generate->add_option("--checkpoint", gen.checkpoint, "model.h5 or a checkpoint of a gpt run")->required();
   generate->add_option("--prompt", gen.prompt, "text to continue (bytes)")->capture_default_str();
-  generate->add_option("--tokens", gen.tokens, "tokens (bytes) to generate")->capture_default_str();
+  generate->add_option("--tokens", gen.tokens, "tokens (bytes) to generate")
+      ->check(int_in(0, INT32_MAX))->capture_default_str();
   generate->add_option("--temperature", gen.temperature, "0 = always the most likely token")
+      ->check(real_in(0, 1e6))
       ->capture_default_str();
   generate->add_option("--top_k", gen.top_k, "sample among the k most likely (0 = all)")
+      ->check(int_in(0, INT32_MAX))
       ->capture_default_str();
-  generate->add_option("--seed", gen.seed, "the same seed gives the same text")->capture_default_str();
-  auto* gen_threads = generate->add_option("--threads", gen.threads)->check(CLI::Range(1, kMaxThreads));
+  generate->add_option("--seed", gen.seed, "the same seed gives the same text")
+      ->check(int_in(0, INT64_MAX))->capture_default_str();
+  auto* gen_threads = generate->add_option("--threads", gen.threads)->check(int_in(1, kMaxThreads));
 
   auto* inspect = app.add_subcommand("inspect", "print what a checkpoint holds and verify its checksums");
   std::string inspect_path;

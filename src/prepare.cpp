@@ -27,6 +27,7 @@
 
 #include "strata/data.h"
 #include "strata/error.h"
+#include "strata/memory.h"
 #include "strata/files.h"
 #include "strata/job.h"
 #include "hdf5_util.h"
@@ -122,6 +123,7 @@ Idx read_idx_gz(const std::string& path, int ndims) {
     total *= v;
     if (total > (uint64_t(1) << 34)) fail_input("{}: implausible IDX dimensions", path);
   }
+  require_memory(double(total), fmt::format("{}: {} bytes of IDX data", path, total));
   idx.data.resize(total);
   size_t got = gz_read(f.get(), path, idx.data.data(), total);
   if (got != total)
@@ -205,12 +207,23 @@ constexpr int kByteVocab = 256;
 std::string read_text_input(const std::string& path) {
   std::error_code ec;
   if (fs::is_directory(path, ec)) fail_input("{}: is a directory; --input takes files", path);
+  if (const auto st = fs::status(path, ec).type();
+      st == fs::file_type::character || st == fs::file_type::block || st == fs::file_type::socket)
+    fail_input("{}: is a device or socket; --input takes files (or pipes)", path);
   std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(path.c_str(), "rb"), std::fclose);
   if (!f) fail_input("{}: cannot open ({})", path, std::strerror(errno));
+  // The text is held three times (the input, then its train and val parts): a file, or a
+  // pipe or device that never ends (/dev/zero), must leave room for that.
+  const double room = double(available_memory_bytes()) / 3;
   std::string data;
   std::vector<char> buf(1 << 20);
   size_t n;
-  while ((n = std::fread(buf.data(), 1, buf.size(), f.get())) > 0) data.append(buf.data(), n);
+  while ((n = std::fread(buf.data(), 1, buf.size(), f.get())) > 0) {
+    data.append(buf.data(), n);
+    if (double(data.size()) > room)
+      fail_input("{}: more than {} of text; prepare text holds its inputs in memory, a third of "
+                 "what is available", path, format_bytes(room));
+  }
   if (std::ferror(f.get())) fail_input("{}: cannot read ({})", path, std::strerror(errno));
   if (data.empty()) fail_input("{}: is empty", path);
   return data;
