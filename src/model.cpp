@@ -222,6 +222,7 @@ void require_model_memory(const std::vector<LayerInfo>& layers, LayerRange range
     if (!largest || l.params > largest->params) largest = &l;
   }
   if (!largest) return;
+  activations += double(numel(layers[size_t(range.first)].in_shape));  // the batch itself
   const double bytes = 4.0 * (params * copies / tensor_parts + activations * double(batch_samples));
   const std::string what =
       last - range.first == 1
