@@ -77,9 +77,59 @@ void set_key(const ConfigKey& k, const toml::node& v, const std::string& where) 
       k.field);
 }
 
+// toml++ 3.3 (Debian's) reaches __builtin_unreachable on some non-ASCII code points where it
+// tests for whitespace: outside strings and comments, and after a line-ending backslash in a
+// multi-line basic string (tomlplusplus issues #190 and #295; fixed upstream in 2026, found
+// here by tests/fuzz). TOML allows non-ASCII text only in strings and comments; strata reads
+// it there, except in multi-line basic strings, which no strata key needs.
+void refuse_what_tomlpp_mishandles(std::string_view text, const std::string& source) {
+  enum { kCode, kComment, kBasic, kLiteral, kMultiBasic, kMultiLiteral } state = kCode;
+  int line = 1, column = 0;
+  auto starts = [&](size_t i, const char* three) { return text.compare(i, 3, three) == 0; };
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    ++column;
+    if (c == '\n') {
+      ++line, column = 0;
+      if (state != kMultiBasic && state != kMultiLiteral) state = kCode;
+      continue;
+    }
+    const bool ascii = static_cast<unsigned char>(c) < 0x80;
+    switch (state) {
+      case kCode:
+        if (!ascii)
+          fail_input("config {}:{}:{}: a non-ASCII character outside a string or comment (TOML "
+                     "allows them only there)", source, line, column);
+        if (c == '#') state = kComment;
+        else if (c == '"') state = starts(i, "\"\"\"") ? (i += 2, kMultiBasic) : kBasic;
+        else if (c == '\'') state = starts(i, "'''") ? (i += 2, kMultiLiteral) : kLiteral;
+        break;
+      case kComment: break;
+      case kBasic:
+        if (c == '\\') ++i;
+        else if (c == '"') state = kCode;
+        break;
+      case kLiteral:
+        if (c == '\'') state = kCode;
+        break;
+      case kMultiBasic:
+        if (!ascii)
+          fail_input("config {}:{}:{}: non-ASCII text in a multi-line string (\"\"\"...\"\"\") is "
+                     "not read; use a one-line string", source, line, column);
+        if (c == '\\') ++i;
+        else if (starts(i, "\"\"\"")) state = kCode, i += 2;
+        break;
+      case kMultiLiteral:
+        if (starts(i, "'''")) state = kCode, i += 2;
+        break;
+    }
+  }
+}
+
 }  // namespace
 
 void read_config_text(std::string_view text, const std::string& source, RunConfig& cfg) {
+  refuse_what_tomlpp_mishandles(text, source);
   toml::table root;
   try {
     root = toml::parse(text, source);
@@ -100,8 +150,10 @@ void read_config_text(std::string_view text, const std::string& source, RunConfi
                  near.empty() ? "" : fmt::format("; did you mean [{}] {}?", near.substr(0, near.find('.')),
                                                  near.substr(near.find('.') + 1)));
     }
-    const bool known = std::any_of(keys.begin(), keys.end(),
-                                   [&](const ConfigKey& k) { return k.section() == section.str(); });
+    const std::string name_of_section(section.str());
+    const bool known = std::any_of(keys.begin(), keys.end(), [&](const ConfigKey& k) {
+      return k.section() == name_of_section;
+    });
     if (!known)
       fail_input("{}: unknown section [{}]", at(source, section.source()), section.str());
     for (auto&& [name, v] : *t) {

@@ -87,6 +87,16 @@ TEST_CASE("config files: unknown, misplaced and duplicate keys are errors", "[co
   CHECK_THAT(toml_error("[data]\npath = \"\xff\"\n"), Contains("not valid TOML"));
 }
 
+TEST_CASE("config files: non-ASCII only in strings and comments", "[config]") {
+  // U+048F: a code point toml++ 3.3 mishandles where it tests for whitespace (found by fuzzing).
+  const std::string c = "\xd2\x8f";
+  CHECK(from_toml("# " + c + "\n[data]\npath = \"d" + c + ".h5\"  # " + c + "\n").data.path == "d" + c + ".h5");
+  CHECK(from_toml("[data]\npath = 'd" + c + ".h5'\n").data.path == "d" + c + ".h5");
+  CHECK_THAT(toml_error("[train]\nepochs = 3" + c + "\n"), Contains("t.toml:2:11: a non-ASCII character outside"));
+  CHECK_THAT(toml_error("[train" + c + "]\n"), Contains("non-ASCII character outside a string"));
+  CHECK_THAT(toml_error("[data]\npath = \"\"\"\\\n" + c + "\"\"\"\n"), Contains("multi-line string"));
+}
+
 TEST_CASE("the effective config reads back to the same config", "[config]") {
   RunConfig c;
   c.model.type = "gpt";
