@@ -27,8 +27,10 @@ void add_config_flags(CLI::App& sub, ConfigFlags& flags) {
     auto* o = sub.add_option("--" + k.name, flags.given[k.name], k.help);
     o->type_name(list ? "LIST" : k.expects().starts_with("an integer") ? "INT"
                        : k.expects().starts_with("a number") ? "NUMBER" : "TEXT");
-    // A scalar flag given twice: the last one counts (scripts append overrides to a command).
-    if (!list) o->expected(1)->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+    // A flag given twice: its last occurrence counts, all of its values for a list (scripts
+    // append overrides to a command). trigger_on_parse makes each occurrence replace the last.
+    if (!list) o->expected(1);
+    o->trigger_on_parse();
     o->default_str(k.to_toml());
   }
 }

@@ -85,42 +85,48 @@ void set_key(const ConfigKey& k, const toml::node& v, const std::string& where) 
 void refuse_what_tomlpp_mishandles(std::string_view text, const std::string& source) {
   enum { kCode, kComment, kBasic, kLiteral, kMultiBasic, kMultiLiteral } state = kCode;
   int line = 1, column = 0;
+  // A quote opens a string only where a key or value can begin: first on its line, or after
+  // = [ { , or . (elsewhere, as in `lr = -0'x`, toml++ reads it as part of a bad value).
+  char before = '\n';
   auto starts = [&](size_t i, const char* three) { return text.compare(i, 3, three) == 0; };
   for (size_t i = 0; i < text.size(); ++i) {
     const char c = text[i];
     ++column;
     if (c == '\n') {
       ++line, column = 0;
-      if (state != kMultiBasic && state != kMultiLiteral) state = kCode;
+      if (state != kMultiBasic && state != kMultiLiteral) state = kCode, before = '\n';
       continue;
     }
     const bool ascii = static_cast<unsigned char>(c) < 0x80;
     switch (state) {
-      case kCode:
+      case kCode: {
         if (!ascii)
           fail_input("config {}:{}:{}: a non-ASCII character outside a string or comment (TOML "
                      "allows them only there)", source, line, column);
+        const bool opens = std::string_view("\n=[{,.").find(before) != std::string_view::npos;
         if (c == '#') state = kComment;
-        else if (c == '"') state = starts(i, "\"\"\"") ? (i += 2, kMultiBasic) : kBasic;
-        else if (c == '\'') state = starts(i, "'''") ? (i += 2, kMultiLiteral) : kLiteral;
+        else if (c == '"' && opens) state = starts(i, "\"\"\"") ? (i += 2, kMultiBasic) : kBasic;
+        else if (c == '\'' && opens) state = starts(i, "'''") ? (i += 2, kMultiLiteral) : kLiteral;
+        if (c != ' ' && c != '\t' && c != '\r') before = c;
         break;
+      }
       case kComment: break;
       case kBasic:
         if (c == '\\') ++i;
-        else if (c == '"') state = kCode;
+        else if (c == '"') state = kCode, before = '"';
         break;
       case kLiteral:
-        if (c == '\'') state = kCode;
+        if (c == '\'') state = kCode, before = '\'';
         break;
       case kMultiBasic:
         if (!ascii)
           fail_input("config {}:{}:{}: non-ASCII text in a multi-line string (\"\"\"...\"\"\") is "
                      "not read; use a one-line string", source, line, column);
         if (c == '\\') ++i;
-        else if (starts(i, "\"\"\"")) state = kCode, i += 2;
+        else if (starts(i, "\"\"\"")) state = kCode, before = '"', i += 2;
         break;
       case kMultiLiteral:
-        if (starts(i, "'''")) state = kCode, i += 2;
+        if (starts(i, "'''")) state = kCode, before = '\'', i += 2;
         break;
     }
   }
@@ -141,7 +147,7 @@ void read_config_text(std::string_view text, const std::string& source, RunConfi
   }
   const auto keys = config_keys(cfg);
   for (auto&& [section, body] : root) {
-    const std::string where = at(source, body.source());
+    const std::string where = at(source, section.source());
     const toml::table* t = body.as_table();
     if (!t) {
       std::string near;

@@ -20,6 +20,8 @@ Range in(double lo, double hi) { return {.lo = lo, .hi = hi}; }
 const Range kCount = in(1, INT_MAX), kCountOrZero = in(0, INT_MAX);
 const Range kCount64 = at_least(1), kCountOrZero64 = at_least(0);
 const Range kFraction = in(0, 0.9999);
+// Layer sizes stay within 2^24 (model.cpp), so the layers' size products fit int arithmetic.
+const Range kSize = in(1, 1 << 24);
 
 ConfigKey key(std::string name, ConfigKey::Field field, Range range, std::string help) {
   ConfigKey k;
@@ -56,17 +58,17 @@ std::vector<ConfigKey> config_keys(RunConfig& c) {
       text("data.path", &c.data.path, {}, "HDF5 dataset (see README: Data format)"),
 
       text("model.type", &c.model.type, {"mlp", "cnn", "custom", "gpt"}, "mlp | cnn | custom | gpt"),
-      key("model.hidden", &c.model.hidden, kCount, "hidden linear widths"),
+      key("model.hidden", &c.model.hidden, kSize, "hidden linear widths"),
       text("model.activation", &c.model.activation, {"relu", "gelu"}, "relu | gelu"),
-      key("model.channels", &c.model.channels, kCount, "cnn: conv output channels"),
+      key("model.channels", &c.model.channels, kSize, "cnn: conv output channels"),
       key("model.kernel", &c.model.kernel, in(1, 15), "cnn: conv kernel size (odd)"),
       key("model.dropout", &c.model.dropout, in(0, 0.99), "dropout after hidden activations"),
       layers("model.layers", &c.model.layers,
              "custom: layer specs (README: Models); gpt: the number of blocks"),
-      key("model.heads", &c.model.heads, kCount, "gpt: attention heads"),
-      key("model.dim", &c.model.dim, kCount, "gpt: model width"),
-      key("model.context", &c.model.context, kCount, "gpt: tokens per sample"),
-      key("model.vocab", &c.model.vocab, kCountOrZero, "gpt: vocabulary (0 = the data's)"),
+      key("model.heads", &c.model.heads, kSize, "gpt: attention heads"),
+      key("model.dim", &c.model.dim, kSize, "gpt: model width"),
+      key("model.context", &c.model.context, kSize, "gpt: tokens per sample"),
+      key("model.vocab", &c.model.vocab, in(0, 1 << 24), "gpt: vocabulary (0 = the data's)"),
 
       key("train.epochs", &c.train.epochs, kCount64, "passes over the training split"),
       key("train.batch_size", &c.train.batch_size, kCount64, "GLOBAL batch over all ranks"),

@@ -41,7 +41,9 @@ namespace {
 
 // ---------------------------------------------------------------- HDF5 plumbing
 
-// Prefixes internal errors with the data file, so every message names it. UserErrors already do.
+// An HDF5 call that fails on a data file (H5_CHECK) means the file is damaged or cannot be
+// read: the user's to fix, named, exit 2 (fuzzing found such files reported as internal errors).
+// UserErrors already name the file.
 template <typename F>
 auto with_file_context(const std::string& path, F&& f) {
   try {
@@ -49,7 +51,7 @@ auto with_file_context(const std::string& path, F&& f) {
   } catch (const UserError&) {
     throw;
   } catch (const std::runtime_error& e) {
-    throw std::runtime_error(path + ": " + e.what());
+    throw UserError(kExitBadInput, fmt::format("{}: damaged or unreadable HDF5 file ({})", path, e.what()));
   }
 }
 

@@ -128,14 +128,20 @@ int run_inspect(const std::string& path) {
   for (const auto& [name, shape] : ck.shapes) {
     const std::string& status = ck.checksum.at(name);
     bytes += numel(shape) * 4;
-    bad += status.starts_with("MISMATCH");
+    bad += status != "ok" && status != "none";
     fmt::print("  {:<40} {:<14} float32  crc32 {}\n", name, shape_str(shape), status);
   }
   fmt::print("{} tensors, {:.2f} MB; {}\n", ck.shapes.size(), double(bytes) / 1e6,
              bad ? fmt::format("{} FAIL their checksum", bad) : std::string("all checksums verify"));
   fmt::print("read and verified in {:.3f} s ({:.0f} MB/s)\n", ck.read_seconds,
              double(ck.tensor_bytes) / 1e6 / std::max(ck.read_seconds, 1e-9));
-  return bad ? kExitBadCheckpoint : kExitOk;
+  if (bad) {
+    std::fflush(stdout);
+    fmt::print(stderr, "strata: error: {}: {} of {} tensors do not verify (listed above)\n", path,
+               bad, ck.shapes.size());
+    return kExitBadCheckpoint;
+  }
+  return kExitOk;
 }
 
 // CLI11's messages name the option; say that it is a flag.

@@ -10,6 +10,7 @@
 
 #include "strata/error.h"
 #include "strata/memory.h"
+#include "strata/parse.h"
 
 namespace strata {
 namespace {
@@ -21,14 +22,17 @@ std::vector<std::string> words(const std::string& s) {
   return w;
 }
 
+// A size in a layer spec: a positive integer of at most 2^24, so that the layers' products of
+// sizes (a block's 4 x width, conv channels x kernel^2, ...) stay within int arithmetic.
+constexpr int kMaxLayerSize = 1 << 24;
 int int_arg(const std::string& where, const std::string& spec, const std::string& w) {
-  try {
-    size_t used = 0;
-    int v = std::stoi(w, &used);
-    if (used == w.size() && v > 0) return v;
-  } catch (const std::exception&) {
-  }
-  fail_input("{}: '{}': '{}' is not a positive integer", where, spec, w);
+  std::string why;
+  auto v = parse_int(w, &why);
+  if (!v || *v < 1)
+    fail_input("{}: '{}': '{}' is not a positive integer", where, spec, w);
+  if (*v > kMaxLayerSize)
+    fail_input("{}: '{}': {} is larger than {} (2^24)", where, spec, *v, kMaxLayerSize);
+  return int(*v);
 }
 
 // The model-wide facts some layers need: the class (vocabulary) count and the number of

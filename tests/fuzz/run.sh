@@ -46,6 +46,7 @@ dict=()
 cmd=("$build/tests/fuzz/fuzz_$harness" "$work/corpus" "$seeds/$harness" "${dict[@]}"
      -max_total_time="$seconds" -rss_limit_mb=2048 -malloc_limit_mb=2048 -timeout=20
      -max_len=65536 -print_final_stats=1 -artifact_prefix="$work/findings/")
+export LSAN_OPTIONS="suppressions=$src/tests/fuzz/lsan.supp:print_suppressions=0"
 echo "run.sh: ${cmd[*]}${cg:+ (in cgroup $cg, $((limit >> 20)) MiB)}"
 if [ -n "$cg" ]; then
   bash -c 'echo $$ > "$1/cgroup.procs" && shift && exec "$@"' _ "$cg" "${cmd[@]}"

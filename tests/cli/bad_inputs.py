@@ -1,0 +1,710 @@
+#!/usr/bin/python3
+"""The bad-input corpus: what a hostile user or environment can hand strata, and what strata
+must do with it (README "Exit codes"; issue 14).
+
+Usage: bad_inputs.py CLASS --strata STRATA --work DIR [--list]
+  CLASS: config | flags | data | tokens | checkpoint | params | env | sbatch | all
+
+Every case runs one command and checks:
+  - its exit code;
+  - for an error, exactly one line `strata: error: ...` on stderr, matching the case's pattern
+    (which names the file, dataset, attribute, key, flag, variable or rank at fault);
+    for a case that must work, no error line;
+  - no crash text anywhere in its output (CRASH_TEXT below);
+  - no file that existed before was changed: the case's output directory holds a model.h5,
+    metrics.jsonl and a checkpoint directory beforehand, and every input file is hashed too;
+    no temporary file is left behind;
+  - it ends within 60 s;
+  - where a case says so, a marker file was never created (no shell ran).
+Prints a line per case and a summary; exits 1 if any case fails.
+"""
+import argparse
+import dataclasses
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import zlib
+from typing import Callable, Optional
+
+import h5py
+import numpy as np
+
+CRASH_TEXT = re.compile(r"terminate called|bad_alloc|what\(\):|Aborted|Segmentation fault|"
+                        r"core dumped|MPI_ABORT|internal error|HDF5-DIAG|Traceback|backtrace|"
+                        r"stack trace|AddressSanitizer|runtime error:")
+MARKER = "/tmp/strata-badinput-marker"
+ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+for v in ("SLURM_JOB_ID", "SLURM_CPUS_PER_TASK", "STRATA_JOB_END_TIME", "SLURM_RESTART_COUNT",
+          "SLURM_LOCALID", "STRATA_DATA_CACHE_MB", "STRATA_TEST_HANG", "SLURM_ARRAY_JOB_ID",
+          "SLURM_ARRAY_TASK_ID"):
+    ENV.pop(v, None)
+ERROR = "strata: error: "
+
+
+@dataclasses.dataclass
+class Case:
+    name: str
+    argv: list                      # {S} strata, {OUT} output dir, {W} work dir, {D} tiny data ...
+    code: int
+    pattern: str = ""               # the error line must match (re.search); "" for code 0
+    env: dict = dataclasses.field(default_factory=dict)
+    make: Optional[Callable] = None  # make(case_dir) writes the case's inputs
+    check_stdout: Optional[Callable] = None  # extra check of stdout for cases that must work
+    allow_changes: str = ""         # why files in the output dir may change (e.g. *.corrupt)
+    error_line_prefix: str = ERROR  # the sbatch script's own errors say "train.sbatch: error: "
+
+
+# ----------------------------------------------------------------------------- fixtures
+
+class Fixtures:
+    """Small valid inputs written once per work dir: a tiny image dataset, a token file, and the
+    outputs of short strata runs (parameter files and checkpoints of an MLP and a GPT)."""
+
+    def __init__(self, strata, work):
+        self.strata, self.work = strata, work
+        self.base = os.path.join(work, "fixtures")
+        os.makedirs(self.base, exist_ok=True)
+        self.tiny = self.path("tiny.h5")
+        self.tokens = self.path("tokens.h5")
+        if not os.path.exists(self.path("done")):
+            self._make()
+            open(self.path("done"), "w").close()
+
+    def path(self, *p):
+        return os.path.join(self.base, *p)
+
+    def _run(self, args):
+        p = subprocess.run([self.strata] + args, env=ENV, capture_output=True, text=True, timeout=300)
+        if p.returncode != 0:
+            sys.exit(f"fixture run failed: {args}\n{p.stderr}")
+
+    def _make(self):
+        rng = np.random.default_rng(0)
+        with h5py.File(self.tiny, "w") as f:
+            f["train/images"] = rng.integers(0, 255, (64, 8, 8)).astype(np.uint8)
+            f["train/labels"] = rng.integers(0, 4, 64).astype(np.uint8)
+            f["test/images"] = rng.integers(0, 255, (16, 8, 8)).astype(np.uint8)
+            f["test/labels"] = rng.integers(0, 4, 16).astype(np.uint8)
+            f.attrs["classes"] = 4
+        text = self.path("text.txt")
+        with open(text, "w") as f:
+            words = ["alpha", "beta", "gamma", "delta", "pipeline", "stage", "rank", "loss"]
+            f.write(" ".join(words[i % 8] for i in range(4000)) + "\n")
+        self._run(["prepare", "text", "--input", text, "--out", self.tokens])
+        self._run(["train"] + self.mlp_args() + ["--train.max_steps", "2", "--checkpoint.every_steps", "1",
+                   "--output.dir", self.path("mlp"), "--quiet"])
+        self._run(["train"] + self.gpt_args() + ["--train.max_steps", "2", "--checkpoint.every_steps", "1",
+                   "--output.dir", self.path("gpt"), "--quiet"])
+
+    def mlp_args(self):
+        return ["--data.path", self.tiny, "--model.hidden", "8", "--train.batch_size", "8"]
+
+    def gpt_args(self):
+        return ["--data.path", self.tokens, "--model.type", "gpt", "--model.layers", "1", "--model.heads", "1",
+                "--model.dim", "8", "--model.context", "8", "--train.batch_size", "2"]
+
+    @property
+    def mlp_params(self):
+        return self.path("mlp", "model.h5")
+
+    @property
+    def mlp_ckpt(self):
+        return self.path("mlp", "checkpoints", "ckpt-000000002.h5")
+
+    @property
+    def gpt_params(self):
+        return self.path("gpt", "model.h5")
+
+
+# ----------------------------------------------------------------------------- helpers
+
+def crc(a):
+    return np.int64(zlib.crc32(np.ascontiguousarray(a, dtype="<f4").tobytes()))
+
+
+def replace_tensor(f, name, value):
+    """Replaces dataset `name` by `value` (float32) with a valid CRC, as strata would write it."""
+    del f[name]
+    d = f.create_dataset(name, data=np.asarray(value, dtype=np.float32))
+    d.attrs["crc32"] = crc(d[()])
+
+
+def mutated(src, fn):
+    """make(): copies a file strata wrote to CASE/in.h5 and applies fn(h5py.File) to the copy."""
+    def make(case_dir):
+        dst = os.path.join(case_dir, "in.h5")
+        shutil.copy(src, dst)
+        with h5py.File(dst, "r+") as f:
+            fn(f)
+    return make
+
+
+def file_with(text, name="c.toml", binary=False):
+    def make(case_dir):
+        with open(os.path.join(case_dir, name), "wb" if binary else "w") as f:
+            f.write(text)
+    return make
+
+
+def dataset(images=None, labels=None, test=None, attrs=None, name="in.h5"):
+    """make(): an image dataset (h5py) with the given arrays; None leaves a dataset out."""
+    def make(case_dir):
+        with h5py.File(os.path.join(case_dir, name), "w") as f:
+            if images is not None:
+                f["train/images"] = images
+            if labels is not None:
+                f["train/labels"] = labels
+            for k, v in (test or {}).items():
+                f[k] = v
+            for k, v in (attrs or {}).items():
+                f.attrs[k] = v
+    return make
+
+
+# ----------------------------------------------------------------------------- the corpus
+
+def cases(fx: Fixtures):
+    S, D = fx.strata, fx.tiny
+    train = [S, "train"] + fx.mlp_args() + ["--train.max_steps", "1", "--output.dir", "{OUT}", "--quiet"]
+    gtrain = [S, "train"] + fx.gpt_args() + ["--train.max_steps", "1", "--output.dir", "{OUT}", "--quiet"]
+    cfg = train + ["--config", "{C}/c.toml"]
+    rng = np.random.default_rng(1)
+    img = rng.integers(0, 255, (16, 8, 8)).astype(np.uint8)
+    lab = rng.integers(0, 4, 16).astype(np.uint8)
+    out = {k: [] for k in ("config", "flags", "data", "tokens", "checkpoint", "params", "env", "sbatch")}
+
+    # ---- config files: types, ranges, structure, syntax (TOML 1.0, strict) ----
+    def conf(name, text, pattern, code=2):
+        out["config"].append(Case(f"config: {name}", cfg, code, pattern, make=file_with(text)))
+    key_re = r"config .*c\.toml:\d+:\d+: key "
+    for key, value, why in [
+            ("train.lr", "nan", "finite"), ("train.lr", "inf", "finite"), ("train.lr", "-inf", "finite"),
+            ("train.lr", "1e39", "32-bit float"), ("train.lr", "-0.1", r"must be > 0"),
+            ("train.lr", "0", r"must be > 0"), ("train.momentum", "nan", "finite"),
+            ("train.momentum", "1.5", r"must be in \[0, 0.9999\]"), ("train.grad_clip", "nan", "finite"),
+            ("train.grad_clip", "-1", ">= 0"), ("train.weight_decay", "inf", "finite"),
+            ("train.eps", "1e-50", "32-bit float"), ("train.beta2", "1.0", "must be in"),
+            ("model.dropout", "nan", "finite"), ("model.dropout", "1.0", "must be in"),
+            ("dp.bucket_mb", "nan", "finite"), ("dp.bucket_mb", "0", "must be in"),
+            ("watchdog.timeout_s", "nan", "finite"), ("watchdog.timeout_s", "-5", "must be in"),
+            ("checkpoint.every_seconds", "inf", "finite"), ("train.batch_size", "0", ">= 1"),
+            ("train.batch_size", "-64", ">= 1"), ("train.epochs", "0", ">= 1"),
+            ("train.seed", "-1", ">= 0"), ("model.kernel", "16", r"in \[1, 15\]"),
+            ("model.heads", "3000000000", "must be in"), ("model.dim", "20000000", r"must be in \[1, 16777216\]"), ("parallel.pipeline_stages", "0", "must be in"),
+            ("parallel.microbatches", "5000", "must be in"), ("model.hidden", "[256, 0]", "element 2"),
+            ("checkpoint.keep_last", "0", ">= 1"), ("train.warmup_steps", "-1", ">= 0")]:
+        sec, k = key.split(".")
+        conf(f"{key} = {value}", f"[{sec}]\n{k} = {value}\n", key_re + re.escape(key) + ": .*" + why)
+    conf("integer overflows int64", "[train]\nbatch_size = 99999999999999999999\n", r"c\.toml:2:\d+: not valid TOML")
+    conf("float overflows double", "[train]\nlr = 1e400\n", r"c\.toml:2:\d+: (not valid TOML|key train\.lr)")
+    for key, value, got in [("train.batch_size", '"32"', "a string"), ("train.batch_size", "[32]", "an array"),
+                            ("train.epochs", "3.0", "a float"), ("train.nesterov", '"yes"', "a string"),
+                            ("train.nesterov", "1", "an integer"), ("train.lr", '"0.1"', "a string"),
+                            ("model.type", "3", "an integer"), ("model.hidden", "256", "an integer"),
+                            ("model.hidden", '["256"]', "an array holding a string"),
+                            ("train.lr", "{ x = 1 }", "a table"), ("data.path", "1979-05-27", "a date"),
+                            ("model.layers", "[1, 2]", "an array holding an integer"),
+                            ("train.optimizer", '"adam"', "expected one of sgd, adamw")]:
+        sec, k = key.split(".")
+        conf(f"{key} = {value}", f"[{sec}]\n{k} = {value}\n", key_re + re.escape(key) + ": .*" + re.escape(got))
+    conf("duplicate key", "[train]\nepochs = 1\nepochs = 2\n", r"c\.toml:3:\d+: not valid TOML")
+    conf("duplicate section", "[train]\nepochs = 1\n[train]\nlr = 0.1\n", r"c\.toml:3:\d+: not valid TOML")
+    conf("unknown key", "[train]\nepoch = 3\n", r"c\.toml:2:1: unknown key 'train\.epoch' \(did you mean 'train\.epochs'\?\)")
+    conf("unknown section", "[trian]\nepochs = 3\n", r"c\.toml:1:2: unknown section \[trian\]")
+    conf("empty unknown section", "[extra]\n", r"unknown section \[extra\]")
+    conf("key outside a section", "epochs = 3\n", r"c\.toml:1:1: unknown key 'epochs' \(keys belong in a \[section\]")
+    conf("nested table in a section", "[train.opt]\nx = 1\n", r"unknown key 'train\.opt'")
+    conf("table nested 500 deep", "[train" + ".x" * 500 + "]\ny = 1\n", r"c\.toml:\d+:\d+: (unknown key 'train\.x'|not valid TOML)")
+    conf("array nested 600 deep", "[train]\nlr = " + "[" * 600 + "\n", r"not valid TOML")
+    conf("dotted key into a number", "[train]\nlr.x = 1\n", r"key train\.lr: expected a number")
+    conf("array of tables", "[[train]]\nepochs = 1\n", r"unknown key 'train'")
+    conf("unterminated string", '[data]\npath = "data.h5\n', r"c\.toml:2:\d+: not valid TOML")
+    conf("bad escape", '[data]\npath = "a\\qb"\n', r"c\.toml:2:\d+: not valid TOML")
+    conf("control character in a string", '[data]\npath = "a\\u0001b"\n', r"key data\.path: contains a control character")
+    conf("missing value", "[train]\nepochs =\n", r"c\.toml:2:\d+: not valid TOML")
+    conf("missing bracket", "[train\nepochs = 1\n", r"c\.toml:1:\d+: not valid TOML")
+    conf("non-ASCII outside strings (toml++ 3.3 unreachable)", "[train]\nepochs = 3\u048f\n",
+         r"c\.toml:2:\d+: a non-ASCII character outside a string or comment")
+    conf("non-ASCII in a multi-line string", '[data]\npath = """\\\n\u048f"""\n', r"multi-line string")
+    out["config"].append(Case("config: invalid UTF-8", cfg, 2, r"c\.toml:\d+:\d+: not valid TOML",
+                              make=file_with(b"[data]\npath = \"\xff\xfe\"\n", binary=True)))
+    out["config"].append(Case("config: binary garbage", cfg, 2, r"c\.toml:\d+:\d+: ",
+                              make=file_with(bytes(range(256)) * 4, binary=True)))
+    out["config"].append(Case("config: larger than 1 MiB", cfg, 2, r"c\.toml: \d+ bytes is too large",
+                              make=file_with("# x\n" * 300000)))
+    out["config"].append(Case("config: a directory", train + ["--config", "{C}"], 2, r"config .*: not a regular file"))
+    out["config"].append(Case("config: /dev/zero", train + ["--config", "/dev/zero"], 2, r"config /dev/zero: not a regular file"))
+    out["config"].append(Case("config: missing file", train + ["--config", "{C}/none.toml"], 2, r"config .*none\.toml: cannot open \(No such file"))
+    conf("min_lr above lr", "[train]\nlr = 0.01\nmin_lr = 0.1\n", r"train\.min_lr: 0\.1 is larger than train\.lr")
+    conf("even cnn kernel", '[model]\ntype = "cnn"\nkernel = 4\n', r"model\.kernel: 4 is even")
+    conf("custom model without layers", '[model]\ntype = "custom"\n', r"model\.layers: model\.type = \"custom\" needs")
+    conf("custom layer unknown", '[model]\ntype = "custom"\nlayers = ["flatten", "dense 4"]\n', r"model\.layers: 'dense 4': unknown layer 'dense'")
+    conf("custom layer with newline", '[model]\ntype = "custom"\nlayers = ["flatten\\nlinear 4"]\n', r"key model\.layers: contains a control character")
+    # The effective config strata stores in its files runs again as it is (item 12).
+    def effective(src):
+        def make(case_dir):
+            with h5py.File(src) as f:
+                text = f.attrs["config"]
+            with open(os.path.join(case_dir, "c.toml"), "w") as f:
+                f.write(text.decode() if isinstance(text, bytes) else text)
+        return make
+    for name, src, base in (("mlp model.h5", fx.mlp_params, train), ("mlp checkpoint", fx.mlp_ckpt, train),
+                            ("gpt model.h5", fx.gpt_params, gtrain)):
+        out["config"].append(Case(f"config: the effective config of a {name} runs again",
+                                  [S, "train", "--config", "{C}/c.toml", "--train.max_steps", "1",
+                                   "--output.dir", "{OUT}", "--quiet"], 0, make=effective(src)))
+
+    # ---- flags: the same rules on the command line, and the run-level flags ----
+    def flag(name, args, pattern, base=None):
+        out["flags"].append(Case(f"flags: {name}", (base or train) + args, 2, pattern))
+    for f_, v, why in [("--train.lr", "nan", "finite"), ("--train.lr", "inf", "finite"), ("--train.lr", "-inf", "finite"),
+                       ("--train.lr", "1e39", "32-bit float"), ("--train.lr", "1e400", "out of range"),
+                       ("--train.lr", "abc", "expected a number, got 'abc'"), ("--train.lr", "", "expected a number"),
+                       ("--train.lr", "0.1x", "expected a number"), ("--train.lr", "0", "must be > 0"),
+                       ("--train.batch_size", "0", ">= 1"), ("--train.batch_size", "1e3", "expected an integer, got '1e3'"),
+                       ("--train.batch_size", "0x10", "expected an integer, got '0x10'"),
+                       ("--train.batch_size", "99999999999999999999", "out of range for a 64-bit integer"),
+                       ("--train.batch_size", "9223372036854775808", "out of range for a 64-bit integer"),
+                       ("--train.batch_size", "32abc", "expected an integer"), ("--train.batch_size", "1.5", "expected an integer"),
+                       ("--train.momentum", "nan", "finite"), ("--train.momentum", "1.5", "must be in"),
+                       ("--model.dropout", "nan", "finite"), ("--dp.bucket_mb", "nan", "finite"),
+                       ("--dp.bucket_mb", "5000", "must be in"), ("--watchdog.timeout_s", "nan", "finite"),
+                       ("--checkpoint.every_seconds", "-1", ">= 0"), ("--train.nesterov", "yes", "expected true or false"),
+                       ("--dp.overlap", "1", "expected true or false"), ("--model.type", "rnn", "expected one of"),
+                       ("--train.optimizer", "adam", "expected one of sgd, adamw"), ("--model.kernel", "0", "must be in"),
+                       ("--parallel.pipeline_stages", "5000", "must be in"), ("--train.seed", "-1", ">= 0")]:
+        flag(f"{f_} {v!r}", [f_, v], re.escape("flag " + f_) + ": .*" + re.escape(why).replace("\\.\\*", ".*"))
+    flag("--model.hidden with a negative width", ["--model.hidden", "8", "-3"], r"flag --model\.hidden: element 2: must be in")
+    flag("--model.hidden with a zero width", ["--model.hidden", "0"], r"flag --model\.hidden: element 1: must be in")
+    flag("--data.path with a newline", ["--data.path", "a\nb"], r"flag --data\.path: contains a control character")
+    flag("--threads 0", ["--threads", "0"], r"flag --threads: must be in \[1, 1024\]")
+    flag("--threads 2000", ["--threads", "2000"], r"flag --threads: must be in \[1, 1024\]")
+    flag("--threads 0x2", ["--threads", "0x2"], r"flag --threads: expected an integer, got '0x2'")
+    flag("--threads 1.5", ["--threads", "1.5"], r"flag --threads: expected an integer")
+    flag("--trace_steps 0", ["--trace_steps", "0"], r"flag --trace_steps: must be in")
+    flag("--device tpu", ["--device", "tpu"], r"--device tpu: expected auto, cpu or cuda")
+    flag("--progress fancy", ["--progress", "fancy"], r"--progress")
+    flag("--resume of a missing file", ["--resume", "{C}/none.h5"], r"none\.h5: cannot open \(No such file")
+    flag("unknown flag", ["--train.epoch", "3"], r"train\.epoch")
+    flag("--config given twice", ["--config", "{C}/a.toml", "--config", "{C}/b.toml"], r"--config")
+    gen = [S, "generate", "--checkpoint", fx.gpt_params, "--tokens", "2"]
+    for f_, v, why in [("--temperature", "nan", "finite"), ("--temperature", "-1", "must be in"),
+                       ("--tokens", "-1", "must be in"), ("--top_k", "1e3", "expected an integer"),
+                       ("--seed", "-1", "must be in"), ("--threads", "0", "must be in")]:
+        out["flags"].append(Case(f"flags: generate {f_} {v}", gen + [f_, v], 2, re.escape("flag " + f_) + ": .*" + why))
+    ev = [S, "eval", "--checkpoint", fx.mlp_params, "--data", D]
+    out["flags"].append(Case("flags: eval --threads nan", ev + ["--threads", "nan"], 2, r"flag --threads: expected an integer"))
+    out["flags"].append(Case("flags: eval --device tpu", ev + ["--device", "tpu"], 2, r"--device tpu"))
+    out["flags"].append(Case("flags: prepare text --val_fraction nan",
+                             [S, "prepare", "text", "--input", fx.path("text.txt"), "--out", "{C}/x.h5", "--val_fraction", "nan"],
+                             2, r"--val_fraction nan: expected a fraction"))
+    out["flags"].append(Case("flags: prepare text from /dev/zero",
+                             [S, "prepare", "text", "--input", "/dev/zero", "--out", "{C}/x.h5"], 2,
+                             r"/dev/zero: is a device or socket"))
+    out["flags"].append(Case("flags: a scalar flag given twice takes the last", train + ["--train.lr", "nan", "--train.lr", "0.1"], 0))
+    out["flags"].append(Case("flags: a list flag given twice takes the last",
+                             train + ["--model.hidden", "0", "-1", "--model.hidden", "8"], 0))
+
+    # ---- inputs the fuzzers found (tests/fuzz/regressions) ----
+    reg = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fuzz", "regressions")
+    for name in sorted(os.listdir(os.path.join(reg, "config"))):
+        out["config"].append(Case(f"config: fuzzer regression {name}", train + ["--config", os.path.join(reg, "config", name)],
+                                  2, re.escape(name) + r":\d+:\d+: a non-ASCII character outside a string or comment"))
+
+    # ---- data files (images) ----
+    def data(name, make, pattern, extra=()):
+        out["data"].append(Case(f"data: {name}", train + ["--data.path", "{C}/in.h5"] + list(extra), 2, pattern, make=make))
+    f32 = img.astype(np.float32) / 255
+    data("not HDF5", file_with("not an HDF5 file\n", "in.h5"), r"in\.h5: not an HDF5 file")
+    data("empty file", file_with("", "in.h5"), r"in\.h5: (not an HDF5 file|cannot open)")
+    data("missing labels", dataset(img, None), r"in\.h5: missing dataset /train/labels")
+    data("missing images", dataset(None, lab), r"in\.h5: missing dataset /train/images")
+    data("float64 images", dataset(img.astype(np.float64), lab), r"in\.h5: /train/images has dtype float64")
+    data("int16 images", dataset(img.astype(np.int16), lab), r"in\.h5: /train/images has dtype")
+    data("float labels", dataset(img, lab.astype(np.float32)), r"in\.h5: /train/labels has dtype")
+    data("images of rank 1", dataset(img.reshape(-1), lab), r"in\.h5: /train/images has shape")
+    data("images of rank 5", dataset(img.reshape(16, 1, 1, 8, 8), lab), r"in\.h5: /train/images has shape")
+    data("labels of rank 2", dataset(img, lab.reshape(16, 1)), r"in\.h5: /train/labels has shape")
+    data("zero rows", dataset(np.zeros((0, 8, 8), np.uint8), np.zeros(0, np.uint8)), r"in\.h5: /train/images has no rows")
+    data("empty samples", dataset(np.zeros((16, 0, 8), np.uint8), lab), r"in\.h5: /train/images has shape")
+    data("row mismatch", dataset(img, lab[:15]), r"in\.h5: /train/labels has 15 rows")
+    bad = lab.copy()
+    bad[3] = 4
+    data("label out of range", dataset(img, bad, attrs={"classes": 4}), r"in\.h5: /train/labels\[3\] = 4 is out of range")
+    neg = lab.astype(np.int32)
+    neg[5] = -1
+    data("negative label", dataset(img, neg), r"in\.h5: /train/labels\[5\] = -1 is out of range")
+    for c in (0, -1, 10**9):
+        data(f"classes = {c}", dataset(img, lab, attrs={"classes": np.int64(c)}), r"in\.h5: root attribute classes = ")
+    data("classes as a string", dataset(img, lab, attrs={"classes": "four"}), r"in\.h5: root attribute classes has dtype")
+    nan = f32.copy()
+    nan[2, 3, 4] = np.nan
+    data("NaN in /train/images", dataset(nan, lab), r"in\.h5: /train/images sample 2 holds NaN")
+    inf = f32.copy()
+    inf[7, 0, 0] = np.inf
+    data("Inf in /test/images", dataset(f32, lab, test={"test/images": inf, "test/labels": lab}),
+         r"in\.h5: /test/images sample 7 holds Inf")
+    data("test sample shape differs", dataset(img, lab, test={"test/images": img[:, :4, :], "test/labels": lab}),
+         r"in\.h5: /test/images has sample shape")
+    data("kind attribute unknown", dataset(img, lab, attrs={"kind": "video"}), r"in\.h5: root attribute kind = \"video\"")
+    data("a directory", None, r"(cannot open|not an HDF5)", ())
+    out["data"][-1].argv = train + ["--data.path", "{C}"]
+    data("damaged HDF5 metadata (found by fuzz_dataset)",
+         lambda d: shutil.copy(os.path.join(reg, "dataset", "hdf5-message-not-aligned.h5"), os.path.join(d, "in.h5")),
+         r"in\.h5: damaged or unreadable HDF5 file \(HDF5 call H5Oopen failed")
+    data("model does not fit the data", dataset(img, lab), r"model: the last layer gives",
+         ["--model.type", "custom", "--model.layers", "flatten", "linear 3"])
+    data("model larger than memory", dataset(img, lab), r"rank 0: layer fc2 = .* needs .*; this node has .* available",
+         ["--model.hidden", "16000000", "16000000"])
+    data("batch larger than the data", dataset(img, lab), r"train\.batch_size = 32 is larger than the 16 training samples",
+         ["--train.batch_size", "32"])
+
+    # ---- token files ----
+    def tok(name, fn, pattern, extra=()):
+        out["tokens"].append(Case(f"tokens: {name}", gtrain + ["--data.path", "{C}/in.h5"] + list(extra), 2, pattern,
+                                  make=mutated(fx.tokens, fn)))
+
+    def set_tokens(split, arr):
+        def fn(f):
+            del f[f"{split}/tokens"]
+            f[f"{split}/tokens"] = arr
+        return fn
+    n = 12000
+    tok("id beyond the vocabulary", set_tokens("train", np.full(n, 300, np.uint16)), r"in\.h5: /train/tokens\[0\] = 300 is out of range \[0, 256\)")
+    tok("negative id", set_tokens("train", np.full(n, -2, np.int32)), r"in\.h5: /train/tokens\[0\] = -2 is out of range")
+    tok("float tokens", set_tokens("train", np.zeros(n, np.float32)), r"in\.h5: /train/tokens has dtype float32")
+    tok("int64 tokens", set_tokens("train", np.zeros(n, np.int64)), r"in\.h5: /train/tokens has dtype int64")
+    tok("2-D tokens", set_tokens("train", np.zeros((n // 4, 4), np.uint8)), r"in\.h5: /train/tokens has shape")
+    tok("no tokens", set_tokens("train", np.zeros(0, np.uint8)), r"in\.h5: /train/tokens has no tokens")
+    tok("val tokens out of range", set_tokens("val", np.full(2000, 256, np.uint16)), r"in\.h5: /val/tokens\[0\] = 256 is out of range")
+
+    def set_attr(k, v):
+        return lambda f: f.attrs.__setitem__(k, v)
+    tok("vocab 0", set_attr("vocab", np.int64(0)), r"in\.h5: root attribute vocab = 0")
+    tok("vocab -1", set_attr("vocab", np.int64(-1)), r"in\.h5: root attribute vocab = -1")
+    tok("vocab 2^25", set_attr("vocab", np.int64(1 << 25)), r"in\.h5: root attribute vocab = 33554432")
+    tok("vocab as a float", set_attr("vocab", 256.0), r"in\.h5: root attribute vocab has dtype")
+    tok("entropy NaN", set_attr("unigram_entropy_nats", np.nan), r"in\.h5: root attribute unigram_entropy_nats = nan")
+    tok("shorter than the context", lambda f: None, r"in\.h5: /train/tokens has \d+ tokens; model\.context = 100000",
+        ["--model.context", "100000"])
+    tok("model.vocab differs", lambda f: None, r"model\.vocab = 100, but .*in\.h5 has a vocabulary of 256", ["--model.vocab", "100"])
+    tok("tokens for an mlp", lambda f: None, r"in\.h5: holds tokens, which model\.type = \"mlp\"", ["--model.type", "mlp"])
+    tok("model.dim beyond 2^24", lambda f: None, r"flag --model\.dim: must be in \[1, 16777216\]", ["--model.dim", "100000000"])
+    tok("blocks larger than memory", lambda f: None, r"needs .*; this node has .* available", ["--model.dim", "16000000",
+        "--model.heads", "1"])
+
+    # ---- checkpoints: train --resume PATH / auto, inspect ----
+    resume = train + ["--train.max_steps", "3", "--resume", "{C}/in.h5"]
+
+    def ck(name, fn, pattern, code=4, also_inspect=True, src=None):
+        out["checkpoint"].append(Case(f"checkpoint: {name} (train --resume)", resume, code, pattern,
+                                      make=mutated(src or fx.mlp_ckpt, fn)))
+        if also_inspect:
+            out["checkpoint"].append(Case(f"checkpoint: {name} (inspect)", [S, "inspect", "{C}/in.h5"], code,
+                                          pattern, make=mutated(src or fx.mlp_ckpt, fn)))
+    ck("missing /params/fc2/bias", lambda f: f.__delitem__("params/fc2/bias"), r"in\.h5: tensor /params/fc2/bias is missing")
+    ck("fc2/bias of shape (20,) with a valid CRC", lambda f: replace_tensor(f, "params/fc2/bias", np.zeros(20)),
+       r"in\.h5: /params/fc2/bias has shape \(20,\); the model in the file \(model_layers\) needs \(4,\)")
+    ck("bad CRC", lambda f: f["params/fc1/weight"].__setitem__((0, 0), 5.0), r"in\.h5: tensor /params/fc1/weight fails its checksum",
+       also_inspect=False)
+    out["checkpoint"].append(Case("checkpoint: bad CRC (inspect lists it, exit 4)", [S, "inspect", "{C}/in.h5"], 4,
+                                  r"in\.h5: 1 of \d+ tensors do not verify", make=mutated(fx.mlp_ckpt, lambda f: f["params/fc1/weight"].__setitem__((0, 0), 5.0))))
+    ck("NaN with a valid CRC", lambda f: replace_tensor(f, "params/fc1/bias", np.full(8, np.nan)),
+       r"in\.h5: tensor /params/fc1/bias holds 8 NaN/Inf values", also_inspect=False)
+    ck("float64 tensor", lambda f: (f.__delitem__("params/fc2/bias"), f.create_dataset("params/fc2/bias", data=np.zeros(4))),
+       r"in\.h5: /params/fc2/bias is not float32")
+    ck("format_version 999", set_attr("format_version", np.int64(999)), r"in\.h5: format_version 999 is not one this strata reads")
+    ck("format_version missing", lambda f: f.attrs.__delitem__("format_version"), r"in\.h5: root attribute 'format_version' is missing")
+    ck("step -5", set_attr("step", np.int64(-5)), r"in\.h5: root attribute step = -5 is out of range")
+    ck("epoch -1", set_attr("epoch", np.int64(-1)), r"in\.h5: root attribute epoch = -1 is out of range")
+    ck("batch_in_epoch -1", set_attr("batch_in_epoch", np.int64(-1)), r"in\.h5: root attribute batch_in_epoch = -1")
+    ck("sequence 0", set_attr("sequence", np.int64(0)), r"in\.h5: root attribute sequence = 0 is out of range")
+    ck("global_batch 0", set_attr("global_batch", np.int64(0)), r"in\.h5: root attribute global_batch = 0")
+    ck("optimizer adam", set_attr("optimizer", "adam"), r"in\.h5: root attribute optimizer = 'adam' is not sgd or adamw")
+    ck("momentum state missing", lambda f: f.__delitem__("optimizer/momentum/fc1/weight"),
+       r"in\.h5: tensor /optimizer/momentum/fc1/weight is missing")
+    ck("momentum state of the wrong shape", lambda f: replace_tensor(f, "optimizer/momentum/fc1/bias", np.zeros(3)),
+       r"in\.h5: /optimizer/momentum/fc1/bias has shape \(3,\)")
+    ck("model_layers garbage", set_attr("model_layers", "\x01\x02 zz"), r"in\.h5: root attribute model_layers: ")
+    ck("model_layers unknown layer", set_attr("model_layers", "flatten\ndense 8\nrelu\nlinear 4\n"),
+       r"in\.h5: root attribute model_layers: 'dense 8': unknown layer 'dense'")
+    ck("model_layers linear 10000000", set_attr("model_layers", "flatten\nlinear 10000000\nrelu\nlinear 4\n"),
+       r"in\.h5: /(params|optimizer/momentum)/fc1/bias has shape \(8,\); the model in the file \(model_layers\) needs \(10000000,\)")
+    ck("model_layers linear 1000000000", set_attr("model_layers", "flatten\nlinear 1000000000\nrelu\nlinear 4\n"),
+       r"in\.h5: root attribute model_layers: 'linear 1000000000': 1000000000 is larger than 16777216")
+    ck("input_shape empty", set_attr("input_shape", np.zeros(0, np.int64)),
+       r"in\.h5: (root attribute input_shape = .* is not a sample shape|missing model description attributes)")
+    ck("input_shape huge", set_attr("input_shape", np.array([1, 100000, 100000], np.int64)), r"in\.h5: root attribute input_shape")
+    ck("classes 0", set_attr("classes", np.int64(0)), r"in\.h5: root attribute classes = 0 is out of range")
+    ck("a foreign dataset", lambda f: f.create_dataset("params/extra", data=np.zeros(2, np.float32)),
+       r"in\.h5: holds /params/extra, which is not a tensor of the model")
+    ck("not a strata file (a dataset)", None, r"in\.h5: not a strata checkpoint or parameter file", code=2, src=None)
+    out["checkpoint"][-2].make = out["checkpoint"][-1].make = lambda d: shutil.copy(fx.tiny, os.path.join(d, "in.h5"))
+
+    def truncated(case_dir):
+        with open(fx.mlp_ckpt, "rb") as f:
+            data_ = f.read()
+        with open(os.path.join(case_dir, "in.h5"), "wb") as f:
+            f.write(data_[: len(data_) // 2])
+    out["checkpoint"].append(Case("checkpoint: truncated (train --resume)", resume, 4, r"in\.h5: ", make=truncated))
+    for cmd in (resume, [S, "inspect", "{C}/in.h5"]):
+        out["checkpoint"].append(Case(f"checkpoint: damaged metadata found by fuzz_checkpoint ({cmd[1]})", cmd, 4,
+                                      r"in\.h5: damaged file: HDF5 call H5Ovisit failed",
+                                      make=lambda d: shutil.copy(os.path.join(reg, "checkpoint", "hdf5-leak-in-ovisit.h5"),
+                                                                 os.path.join(d, "in.h5"))))
+    out["checkpoint"].append(Case("checkpoint: empty (inspect)", [S, "inspect", "{C}/in.h5"], 4, r"in\.h5: not an HDF5 file",
+                                  make=file_with("", "in.h5")))
+    out["checkpoint"].append(Case("checkpoint: a directory (inspect)", [S, "inspect", "{C}"], 2, r"cannot open \(not a regular file\)"))
+    out["checkpoint"].append(Case("checkpoint: a missing path (train --resume)", train + ["--resume", "{C}/none.h5"], 2,
+                                  r"none\.h5: cannot open \(No such file"))
+    out["checkpoint"].append(Case("checkpoint: written with another seed", resume + ["--train.seed", "7"], 4,
+                                  r"in\.h5: cannot continue this run from it: it was written with train\.seed = 0",
+                                  make=mutated(fx.mlp_ckpt, lambda f: None)))
+    out["checkpoint"].append(Case("checkpoint: of another model", resume + ["--model.hidden", "16"], 4,
+                                  r"in\.h5: cannot continue this run from it: it holds a different model",
+                                  make=mutated(fx.mlp_ckpt, lambda f: None)))
+
+    # --resume auto over a checkpoint directory
+    def ckdir(entries):
+        def make(case_dir):
+            d = os.path.join(case_dir, "ck")
+            os.makedirs(d)
+            for name, content in entries.items():
+                p = os.path.join(d, name)
+                if content == "good":
+                    shutil.copy(fx.mlp_ckpt, p)
+                elif content == "bad":
+                    shutil.copy(fx.mlp_ckpt, p)
+                    with h5py.File(p, "r+") as f:
+                        f["params/fc1/weight"][0, 0] = 9.0
+                else:
+                    with open(p, "w") as f:
+                        f.write(content)
+        return make
+    auto = train + ["--train.max_steps", "3", "--resume", "auto", "--checkpoint.dir", "{C}/ck"]
+    out["checkpoint"].append(Case("checkpoint: a stray ckpt-<23 digits>.h5 and a latest naming it are ignored (resume auto)",
+                                  auto, 0, make=ckdir({"ckpt-000000002.h5": "good", "ckpt-99999999999999999999999.h5": "good",
+                                                       "latest": "ckpt-99999999999999999999999.h5\n"})))
+    out["checkpoint"].append(Case("checkpoint: latest naming ../x is ignored (resume auto)", auto, 0,
+                                  make=ckdir({"ckpt-000000002.h5": "good", "latest": "../x\n"})))
+    out["checkpoint"].append(Case("checkpoint: none of them verifies (resume auto)", auto, 4,
+                                  r"checkpoint\.dir .*ck: none of the 2 checkpoints verifies",
+                                  make=ckdir({"ckpt-000000001.h5": "bad", "ckpt-000000002.h5": "bad", "latest": "ckpt-000000002.h5\n"}),
+                                  allow_changes="damaged checkpoints are renamed *.corrupt, by design"))
+    out["checkpoint"].append(Case("checkpoint: checkpoint.dir is a file", train + ["--checkpoint.dir", "{C}/f", "--checkpoint.every_steps", "1"],
+                                  2, r"checkpoint\.dir .*f: exists and is not a directory", make=file_with("x", "f")))
+
+    # ---- parameter files: eval, generate, inspect ----
+    evc = [S, "eval", "--checkpoint", "{C}/in.h5", "--data", D]
+    genc = [S, "generate", "--checkpoint", "{C}/in.h5", "--tokens", "2"]
+
+    def pf(name, fn, pattern, code=4, cmd=None, src=None):
+        out["params"].append(Case(f"params: {name}", cmd or evc, code, pattern, make=mutated(src or fx.mlp_params, fn)))
+    pf("eval: missing tensor", lambda f: f.__delitem__("params/fc2/bias"), r"in\.h5: tensor /params/fc2/bias is missing")
+    pf("eval: bad CRC exits 4 like inspect", lambda f: f["params/fc1/weight"].__setitem__((0, 0), 5.0),
+       r"in\.h5: tensor /params/fc1/weight fails its checksum")
+    pf("eval: NaN with a valid CRC", lambda f: replace_tensor(f, "params/fc2/weight", np.full((4, 8), np.inf)),
+       r"in\.h5: tensor /params/fc2/weight holds 32 NaN/Inf values")
+    pf("eval: unknown layer names the file and model_layers", set_attr("model_layers", "flatten\nfoo 3\nlinear 4\n"),
+       r"in\.h5: root attribute model_layers: 'foo 3': unknown layer 'foo'")
+    pf("eval: linear 1000000000", set_attr("model_layers", "flatten\nlinear 1000000000\nrelu\nlinear 4\n"),
+       r"in\.h5: root attribute model_layers: 'linear 1000000000': 1000000000 is larger than 16777216")
+    pf("eval: linear 10000000", set_attr("model_layers", "flatten\nlinear 10000000\nrelu\nlinear 4\n"),
+       r"in\.h5: /params/fc1/bias has shape \(8,\); the model in the file \(model_layers\) needs \(10000000,\)")
+    pf("eval: shape (20,) with a valid CRC", lambda f: replace_tensor(f, "params/fc2/bias", np.zeros(20)),
+       r"in\.h5: /params/fc2/bias has shape \(20,\)")
+    pf("eval: format missing", lambda f: f.attrs.__delitem__("format"), r"in\.h5: not a strata checkpoint or parameter file", code=2)
+    pf("eval: format unknown", set_attr("format", "strata-other"), r"in\.h5: not a strata checkpoint or parameter file", code=2)
+    pf("eval: format_version 2", set_attr("format_version", np.int64(2)), r"format_version 2 is not one this strata reads")
+    pf("eval: classes 2^30", set_attr("classes", np.int64(1 << 30)), r"in\.h5: root attribute classes = 1073741824 is out of range")
+    pf("eval: data of another shape", lambda f: None, r"samples .* do not fit the model in .*in\.h5", code=2,
+       cmd=[S, "eval", "--checkpoint", "{C}/in.h5", "--data", fx.tokens])
+    pf("generate: embedding 1000000000", set_attr("model_layers", "embedding 1000000000\nblock 1\nlayernorm\nlmhead\n"),
+       r"in\.h5: root attribute model_layers: 'embedding 1000000000': 1000000000 is larger than 16777216", cmd=genc,
+       src=fx.gpt_params)
+    pf("generate: an MLP's parameters", lambda f: None, r"in\.h5: not a language model", code=2, cmd=genc)
+    pf("generate: missing tensor", lambda f: f.__delitem__("params/layernorm1/weight"), r"in\.h5: tensor /params/layernorm1/weight is missing",
+       cmd=genc, src=fx.gpt_params)
+    pf("inspect: step -5", set_attr("step", np.int64(-5)), r"in\.h5: root attribute step = -5", cmd=[S, "inspect", "{C}/in.h5"])
+    out["params"].append(Case("params: eval of a missing path", [S, "eval", "--checkpoint", "{C}/none.h5", "--data", D], 2,
+                              r"none\.h5: cannot open \(No such file"))
+    out["params"].append(Case("params: eval of a directory", [S, "eval", "--checkpoint", "{C}", "--data", D], 2,
+                              r"cannot open \(not a regular file\)"))
+    out["params"].append(Case("params: eval of a data file", [S, "eval", "--checkpoint", D, "--data", D], 2,
+                              r"tiny\.h5: not a strata checkpoint or parameter file"))
+
+    def json_ok(stdout):
+        r = json.loads(stdout.strip().splitlines()[-1])
+        return set(r) == {"accuracy", "loss", "samples"}
+    out["params"].append(Case("params: eval --json prints valid JSON", evc + ["--json"], 0,
+                              make=mutated(fx.mlp_params, lambda f: None), check_stdout=json_ok))
+
+    def huge_logits(f):
+        replace_tensor(f, "params/fc2/weight", np.full((4, 8), 3e38))
+        replace_tensor(f, "params/fc2/bias", np.array([3e38, -3e38, 3e38, -3e38]))
+
+    def json_null_loss(stdout):
+        r = json.loads(stdout.strip().splitlines()[-1])
+        return r["loss"] is None
+    out["params"].append(Case("params: eval --json writes null for a non-finite loss", evc + ["--json"], 0,
+                              make=mutated(fx.mlp_params, huge_logits), check_stdout=json_null_loss))
+
+    # ---- environment variables ----
+    def envc(name, env, pattern, code=2, argv=None, marker=False):
+        c = Case(f"env: {name}", argv or train, code, pattern, env=env)
+        out["env"].append(c)
+    for v in ("5000", "0", "-1", "abc", "1e3", "99999999999999999999"):
+        envc(f"SLURM_CPUS_PER_TASK={v}", {"SLURM_CPUS_PER_TASK": v}, r"environment variable SLURM_CPUS_PER_TASK=")
+    envc("SLURM_CPUS_PER_TASK=5000 with --threads 1", {"SLURM_CPUS_PER_TASK": "5000"}, "", 0, train + ["--threads", "1"])
+    envc("SLURM_CPUS_PER_TASK=5000 for eval", {"SLURM_CPUS_PER_TASK": "5000"}, r"SLURM_CPUS_PER_TASK=5000",
+         argv=[S, "eval", "--checkpoint", fx.mlp_params, "--data", D])
+    for v in ("abc", "nan", "inf", "-1", "0x10"):
+        envc(f"STRATA_JOB_END_TIME={v}", {"STRATA_JOB_END_TIME": v}, r"environment variable STRATA_JOB_END_TIME=")
+    envc("STRATA_JOB_END_TIME an hour ago", {"STRATA_JOB_END_TIME": str(int(time.time()) - 3600)},
+         r"STRATA_JOB_END_TIME=\d+: the job's end time is \d+ s in the past")
+    for v in ("1'; touch %s; echo '" % MARKER, "$(touch %s)" % MARKER, "`touch %s`" % MARKER, "12 34", "-1", "abc"):
+        envc(f"SLURM_JOB_ID={v!r}", {"SLURM_JOB_ID": v}, r"environment variable SLURM_JOB_ID=.*not a Slurm job id")
+    envc("SLURM_ARRAY_JOB_ID with a quote", {"SLURM_ARRAY_JOB_ID": "1'x", "SLURM_ARRAY_TASK_ID": "2"},
+         r"SLURM_ARRAY_JOB_ID='1'x': not a Slurm job id")
+    envc("SLURM_RESTART_COUNT=abc", {"SLURM_RESTART_COUNT": "abc"}, r"SLURM_RESTART_COUNT='abc': expected an integer")
+    envc("SLURM_RESTART_COUNT=-1", {"SLURM_RESTART_COUNT": "-1"}, r"SLURM_RESTART_COUNT=-1: must be in")
+    envc("SLURM_LOCALID=abc", {"SLURM_LOCALID": "abc"}, r"SLURM_LOCALID='abc'")
+    envc("OMPI_COMM_WORLD_LOCAL_RANK=-3", {"OMPI_COMM_WORLD_LOCAL_RANK": "-3"}, r"OMPI_COMM_WORLD_LOCAL_RANK=-3")
+    for v in ("-1", "abc", "99999999999999999999"):
+        envc(f"STRATA_DATA_CACHE_MB={v}", {"STRATA_DATA_CACHE_MB": v}, r"STRATA_DATA_CACHE_MB=")
+    envc("STRATA_TEST_HANG garbage", {"STRATA_TEST_HANG": "x:y"}, r"STRATA_TEST_HANG: 'x:y' is not RANK:STEP")
+    envc("STRATA_TEST_HANG NaN seconds", {"STRATA_TEST_HANG": "0:5:nan"}, r"STRATA_TEST_HANG: '0:5:nan'")
+    envc("a valid SLURM_JOB_ID whose squeue fails (no cluster) warns and runs", {"SLURM_JOB_ID": "12345",
+         "SLURM_CONF": "/nonexistent/slurm.conf"}, "", 0)
+    return out
+
+
+# ----------------------------------------------------------------------------- the runner
+
+def snapshot(*dirs):
+    state = {}
+    for d in dirs:
+        for root, _, files in os.walk(d):
+            for n in files:
+                p = os.path.join(root, n)
+                try:
+                    st = os.stat(p)
+                    with open(p, "rb") as f:
+                        state[p] = (st.st_size, st.st_mtime_ns, hashlib.sha256(f.read()).hexdigest())
+                except OSError:
+                    pass
+    return state
+
+
+def prepare_output(out, fx):
+    """A run directory with files from an earlier run: none of them may change."""
+    os.makedirs(os.path.join(out, "checkpoints"))
+    shutil.copy(fx.mlp_params, os.path.join(out, "model.h5"))
+    shutil.copy(fx.mlp_ckpt, os.path.join(out, "checkpoints", "ckpt-000000002.h5"))
+    with open(os.path.join(out, "checkpoints", "latest"), "w") as f:
+        f.write("ckpt-000000002.h5\n")
+    with open(os.path.join(out, "metrics.jsonl"), "w") as f:
+        f.write('{"earlier": "line"}\n')
+
+
+def run_case(case, fx, work):
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", case.name).strip("-")[:80]
+    case_dir = os.path.join(work, "cases", slug)
+    shutil.rmtree(case_dir, ignore_errors=True)
+    os.makedirs(case_dir)
+    out = os.path.join(case_dir, "out")
+    prepare_output(out, fx)
+    if case.make:
+        case.make(case_dir)
+    if os.path.exists(MARKER):
+        os.remove(MARKER)
+    argv = [a.replace("{OUT}", out).replace("{C}", case_dir) for a in case.argv]
+    before = snapshot(case_dir, fx.base)
+    try:
+        p = subprocess.run(argv, env=dict(ENV, **case.env), capture_output=True, text=True, timeout=60,
+                           errors="replace")
+    except subprocess.TimeoutExpired:
+        return "did not end within 60 s"
+    problems = []
+    errors = [l for l in p.stderr.splitlines() if l.startswith(case.error_line_prefix)]
+    if p.returncode != case.code:
+        problems.append(f"exit {p.returncode}, expected {case.code}")
+    if case.code == 0:
+        if errors:
+            problems.append(f"error line(s) in a run that must work: {errors[:2]}")
+        if case.check_stdout:
+            try:
+                if not case.check_stdout(p.stdout):
+                    problems.append("stdout check failed")
+            except Exception as e:  # noqa: BLE001 (a parse failure is the finding)
+                problems.append(f"stdout check failed: {e}")
+    else:
+        if len(errors) != 1:
+            problems.append(f"{len(errors)} error lines, expected 1")
+        elif case.pattern and not re.search(case.pattern, errors[0]):
+            problems.append(f"error line does not match /{case.pattern}/")
+    if CRASH_TEXT.search(p.stdout + p.stderr):
+        problems.append(f"crash text: {CRASH_TEXT.search(p.stdout + p.stderr).group(0)!r}")
+    if os.path.exists(MARKER):
+        problems.append("a shell ran: the marker file was created")
+    after = snapshot(case_dir, fx.base)
+    changed = [k for k, v in before.items() if after.get(k) != v]
+    if changed and not (case.allow_changes and all(k.startswith(os.path.join(case_dir, "ck")) for k in changed)):
+        if case.code != 0 or any(k.startswith(fx.base) for k in changed):
+            problems.append(f"changed: {[os.path.relpath(k, work) for k in changed][:3]}")
+    leftovers = [k for k in after if ".tmp." in os.path.basename(k)]
+    if leftovers:
+        problems.append(f"temporary files left: {leftovers[:2]}")
+    if problems:
+        tail = "\n".join("    | " + l for l in p.stderr.splitlines()[-6:])
+        return "; ".join(problems) + ("\n" + tail if tail else "")
+    return None
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("cls")
+    ap.add_argument("--strata", required=True)
+    ap.add_argument("--work", required=True)
+    ap.add_argument("--list", action="store_true", help="list the cases and exit")
+    ap.add_argument("--only", default="", help="run the cases whose name contains this")
+    a = ap.parse_args()
+    strata = os.path.abspath(a.strata)
+    work = os.path.abspath(os.path.join(a.work, a.cls))
+    fx = Fixtures(strata, work)  # per class: ctest runs classes side by side
+    table = cases(fx)
+    classes = list(table) if a.cls == "all" else [a.cls]
+    if any(c not in table for c in classes):
+        sys.exit(f"unknown class {a.cls}: one of {', '.join(table)}, all")
+    if a.list:
+        for c in classes:
+            for case in table[c]:
+                print(f"{c}: {case.name}")
+        print(f"{sum(len(table[c]) for c in classes)} cases")
+        return
+    failed, total = [], 0
+    for c in classes:
+        t0 = time.monotonic()
+        n = 0
+        for case in table[c]:
+            if a.only and a.only not in case.name:
+                continue
+            n += 1
+            why = run_case(case, fx, work)
+            print(f"{'ok  ' if why is None else 'FAIL'} {case.name}" + ("" if why is None else f": {why}"), flush=True)
+            if why is not None:
+                failed.append(case.name)
+        total += n
+        print(f"== {c}: {n} cases, {n - sum(1 for f in failed if f.startswith(c))} passed, "
+              f"{time.monotonic() - t0:.0f} s")
+    print(f"{total - len(failed)} of {total} cases passed")
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
