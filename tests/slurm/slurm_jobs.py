@@ -7,7 +7,8 @@ that it stops without requeueing). On any failure the job's log is printed.
 
     slurm_jobs.py SCENARIO --strata BIN --data FILE --work DIR --sbatch FILE --cluster DIR
 
-SCENARIO: reference | node-failure | preempt-signal | time-limit | no-requeue
+SCENARIO: reference | node-failure | preempt-signal | time-limit | no-requeue |
+          inherited-end-time
 """
 import argparse
 import os
@@ -517,12 +518,35 @@ def scenario_no_requeue(ctx):
     print("scancel: the job stays CANCELLED", flush=True)
 
 
+def scenario_inherited_end_time(ctx):
+    """An end time inherited from the submitting shell (an hour ago) is not this job's: the
+    script takes the job's own from squeue, and the job completes without a restart (it used to
+    stop after one step with exit 75 at every attempt and requeue for ever)."""
+    d = fresh(os.path.join(ctx.work, "inherited-end-time"))
+    cfg = os.path.join(d, "config.toml")
+    out = os.path.join(d, "out")
+    write_config(cfg, out, 300, ctx.data)
+    past = int(time.time()) - 3600
+    job, log = submit(ctx, "inherited-end-time", cfg, extra_env={"STRATA_JOB_END_TIME": str(past)})
+    info = wait_job(ctx, job, timeout=240, release=False)
+    text = read(log)
+    expect(info.get("JobState") == "COMPLETED" and info.get("ExitCode") == "0:0",
+           f"job ended {info.get('JobState')} {info.get('ExitCode')}, expected COMPLETED 0:0")
+    expect(info.get("Restarts") == "0", f"job was restarted {info.get('Restarts')} times, expected 0")
+    expect(f"ignoring the inherited STRATA_JOB_END_TIME={past}" in text,
+           "the script did not say it ignores the inherited end time")
+    expect(latest_step(os.path.join(out, "checkpoints")) == 300,
+           "the run did not reach its last step (300)")
+    print("inherited end time an hour ago: ignored, the job completed without a restart", flush=True)
+
+
 SCENARIOS = {
     "reference": scenario_reference,
     "node-failure": scenario_node_failure,
     "preempt-signal": scenario_preempt_signal,
     "time-limit": scenario_time_limit,
     "no-requeue": scenario_no_requeue,
+    "inherited-end-time": scenario_inherited_end_time,
 }
 
 
