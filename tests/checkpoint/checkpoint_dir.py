@@ -1,6 +1,7 @@
 """The checkpoint directory is checked before training starts (exit 2, one line naming it): not a
-directory, read-only, too little space for one checkpoint. Files strata writes follow the umask
-but are never world-writable. Usage: checkpoint_dir.py STRATA DATA WORKDIR
+directory, read-only, too little space for one checkpoint. A directory that fills up during the run ends it with
+exit 6 (model.h5 written, the checkpoints that were written intact). Files strata writes follow
+the umask but are never world-writable. Usage: checkpoint_dir.py STRATA DATA WORKDIR
 (The read-only and no-space cases mount small tmpfs file systems: they need root, and are
 skipped with exit 77 where mounting is not allowed.)"""
 import os
@@ -85,6 +86,46 @@ for name, opts, needle in (("read-only", "ro,size=4m", "not writable"),
                      f"checkpoint.dir {mnt}: ", needle)
     finally:
         subprocess.run(["umount", mnt])
+
+
+def fills_up_mid_run():
+    """Room for one checkpoint at the start, none later: the run trains to the end and writes
+    model.h5, but exits 6 (not plain success) with one error line naming the directory; the one
+    checkpoint that was written stays intact and named by `latest`, and no temporary is left."""
+    mnt = os.path.join(work, "fills-up")
+    os.makedirs(mnt)
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", mnt], capture_output=True).returncode:
+        print("fills up mid-run: SKIPPED (cannot mount a tmpfs here)")
+        return False
+    try:
+        out = os.path.join(work, "o-fills-up")
+        r = train(["--output.dir", out, "--checkpoint.dir", mnt, "--train.max_steps", "40",
+                   "--checkpoint.keep_last", "1"])
+        errs = [l for l in r.stderr.splitlines() if l.startswith("strata: error:")]
+        warns = [l for l in r.stderr.splitlines() if "writing failed" in l]
+        if r.returncode != 6 or len(errs) != 1 or f"checkpoint.dir {mnt}: 3 checkpoint writes failed" not in errs[0]:
+            fail(f"fills up mid-run: expected exit 6 and one error line naming {mnt}, got {r.returncode}:\n{r.stderr}")
+        if len(warns) != 3:
+            fail(f"fills up mid-run: expected a warning for each of the 3 failed writes:\n{r.stderr}")
+        if not os.path.exists(os.path.join(out, "model.h5")):
+            fail("fills up mid-run: model.h5 was not written")
+        left = sorted(os.listdir(mnt))
+        if left != ["ckpt-000000010.h5", "latest"]:
+            fail(f"fills up mid-run: expected the step-10 checkpoint and latest, found {left}")
+        with open(os.path.join(mnt, "latest")) as f:
+            if f.read().strip() != "ckpt-000000010.h5":
+                fail("fills up mid-run: latest does not name the step-10 checkpoint")
+        i = subprocess.run([strata, "inspect", os.path.join(mnt, "ckpt-000000010.h5")], capture_output=True, text=True)
+        if i.returncode != 0:
+            fail(f"fills up mid-run: the step-10 checkpoint does not verify:\n{i.stdout}{i.stderr}")
+        print(f"fills up mid-run: exit 6, {errs[0]}")
+        return True
+    finally:
+        subprocess.run(["umount", mnt])
+
+
+if not fills_up_mid_run():
+    skipped = True
 if skipped:
     sys.exit(77)
 print("PASS")
