@@ -32,7 +32,7 @@
 
 namespace {
 
-using strata::cpu::Conv2dShape;
+using strata::Conv2dShape;
 
 #define BENCH_CHECK(call)                                                                  \
   do {                                                                                     \

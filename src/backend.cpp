@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "strata/error.h"
+#include "strata/kernels_cpu.h"
 #include "strata/parse.h"
 
 namespace strata {
@@ -39,46 +40,35 @@ const Backend& staged_backend() {
 }  // namespace
 
 const Backend& cpu_backend() {
-  static const Backend b{
-      .name = "cpu",
-      .memory = &host_memory(),
-      .upload = host_copy,
-      .download = host_copy,
-      .copy = host_copy,
-      .synchronize = host_sync,
-      .conv_pool_chunk_bytes = 256 << 10,  // L2-sized (see ConvPool in layers.cpp)
-      .add_inplace = cpu::add_inplace,
-      .linear_forward = cpu::linear_forward,
-      .linear_backward = cpu::linear_backward,
-      .linear_relu_forward = cpu::linear_relu_forward,
-      .linear_relu_backward = cpu::linear_relu_backward,
-      .conv2d_scratch_size = cpu::conv2d_scratch_size,
-      .conv2d_forward = cpu::conv2d_forward,
-      .conv2d_backward = cpu::conv2d_backward,
-      .maxpool2d_forward = cpu::maxpool2d_forward,
-      .maxpool2d_backward = cpu::maxpool2d_backward,
-      .relu_forward = cpu::relu_forward,
-      .relu_backward = cpu::relu_backward,
-      .gelu_forward = cpu::gelu_forward,
-      .gelu_backward = cpu::gelu_backward,
-      .dropout_forward = cpu::dropout_forward,
-      .dropout_backward = cpu::dropout_backward,
-      .softmax_xent_forward = cpu::softmax_xent_forward,
-      .softmax_xent_backward = cpu::softmax_xent_backward,
-      .count_correct = cpu::count_correct,
-      .sgd_update = cpu::sgd_update,
-      .adamw_update = cpu::adamw_update,
-      .sum_squares = cpu::sum_squares,
-      .scale_inplace = cpu::scale_inplace,
-      .embedding_forward = cpu::embedding_forward,
-      .embedding_backward = cpu::embedding_backward,
-      .layernorm_forward = cpu::layernorm_forward,
-      .layernorm_backward = cpu::layernorm_backward,
-      .residual_forward = cpu::residual_forward,
-      .attention_forward = cpu::attention_forward,
-      .attention_backward = cpu::attention_backward,
-  };
+  static const Backend b = [] {
+    Backend t{.name = "cpu", .memory = &host_memory(), .upload = host_copy,
+              .download = host_copy, .copy = host_copy, .synchronize = host_sync,
+              .conv_pool_chunk_bytes = 256 << 10};  // L2-sized (see ConvPool in layers.cpp)
+#define STRATA_OP(name, ret, params) t.name = cpu::name;
+#include "strata/ops.def"
+    return t;
+  }();
   return b;
+}
+
+bool Backend::supports(Op op) const {
+  switch (op) {
+#define STRATA_OP(name, ret, params) \
+  case Op::name:                     \
+    return name != nullptr;
+#include "strata/ops.def"
+  }
+  return false;
+}
+
+const char* op_name(Op op) {
+  switch (op) {
+#define STRATA_OP(name, ret, params) \
+  case Op::name:                     \
+    return #name;
+#include "strata/ops.def"
+  }
+  return "?";
 }
 
 const Backend& select_backend(const DeviceRequest& req, std::string* why) {

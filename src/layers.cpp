@@ -17,6 +17,9 @@ class Linear final : public Layer {
     params = {{.name = "weight", .shape = {out, in}, .fan_in = in},
               {.name = "bias", .shape = {out}, .fan_in = in}};
   }
+  std::vector<Op> ops() const override {
+    return {Op::linear_forward, Op::linear_backward};
+  }
   std::string describe() const override { return fmt::format("Linear({} -> {})", in_, out_); }
   Shape output_shape(const Shape& in) const override {
     if (in.size() != 1 || in[0] != in_)
@@ -44,6 +47,9 @@ class Conv2d final : public Layer {
   Conv2d(int c, int oc, int k, int stride, int pad) : c_(c), oc_(oc), k_(k), stride_(stride), pad_(pad) {
     params = {{.name = "weight", .shape = {oc, c, k, k}, .fan_in = c * k * k},
               {.name = "bias", .shape = {oc}, .fan_in = c * k * k}};
+  }
+  std::vector<Op> ops() const override {
+    return {Op::conv2d_scratch_size, Op::conv2d_forward, Op::conv2d_backward};
   }
   std::string describe() const override {
     return fmt::format("Conv2d({} -> {}, {}x{}, stride {}, pad {})", c_, oc_, k_, k_, stride_, pad_);
@@ -73,7 +79,7 @@ class Conv2d final : public Layer {
     auto s = conv_shape(1, in);
     return 2.0 * oc_ * s.OH() * s.OW() * c_ * k_ * k_;
   }
-  cpu::Conv2dShape conv_shape(int b, const Shape& in) const {
+  Conv2dShape conv_shape(int b, const Shape& in) const {
     return {.B = b, .C = int(in[0]), .H = int(in[1]), .W = int(in[2]), .OC = oc_, .KH = k_,
             .KW = k_, .stride = stride_, .pad = pad_};
   }
@@ -86,6 +92,9 @@ class Conv2d final : public Layer {
 class MaxPool2d final : public Layer {
  public:
   MaxPool2d(int k, int st) : k_(k), st_(st) {}
+  std::vector<Op> ops() const override {
+    return {Op::maxpool2d_forward, Op::maxpool2d_backward};
+  }
   std::string describe() const override { return fmt::format("MaxPool2d({}, stride {})", k_, st_); }
   Shape output_shape(const Shape& in) const override {
     if (in.size() != 3 || in[1] < k_ || in[2] < k_)
@@ -113,6 +122,9 @@ class MaxPool2d final : public Layer {
 
 class Relu final : public Layer {
  public:
+  std::vector<Op> ops() const override {
+    return {Op::relu_forward, Op::relu_backward};
+  }
   std::string describe() const override { return "ReLU"; }
   Shape output_shape(const Shape& in) const override { return in; }
   void forward(const Backend& be, const Tensor& x, Tensor& y, const StepInfo&) override {
@@ -126,6 +138,9 @@ class Relu final : public Layer {
 
 class Gelu final : public Layer {
  public:
+  std::vector<Op> ops() const override {
+    return {Op::gelu_forward, Op::gelu_backward};
+  }
   std::string describe() const override { return "GELU"; }
   Shape output_shape(const Shape& in) const override { return in; }
   void forward(const Backend& be, const Tensor& x, Tensor& y, const StepInfo&) override {
@@ -141,6 +156,7 @@ class Gelu final : public Layer {
 // (is_reshape); forward/backward copy only when called on separate buffers.
 class Flatten final : public Layer {
  public:
+  std::vector<Op> ops() const override { return {}; }
   std::string describe() const override { return "Flatten"; }
   Shape output_shape(const Shape& in) const override { return {numel(in)}; }
   bool is_reshape() const override { return true; }
@@ -156,6 +172,9 @@ class Flatten final : public Layer {
 class Dropout final : public Layer {
  public:
   Dropout(float p, int index) : p_(p), index_(index) {}
+  std::vector<Op> ops() const override {
+    return {Op::dropout_forward, Op::dropout_backward};
+  }
   std::string describe() const override { return fmt::format("Dropout(p={})", p_); }
   Shape output_shape(const Shape& in) const override { return in; }
   void forward(const Backend& be, const Tensor& x, Tensor& y, const StepInfo& s) override {
@@ -194,6 +213,10 @@ class ConvPool final : public Layer {
  public:
   ConvPool(std::unique_ptr<Conv2d> conv, int k, int st) : conv_(std::move(conv)), k_(k), st_(st) {
     params = std::move(conv_->params);
+  }
+  std::vector<Op> ops() const override {
+    return {Op::conv2d_scratch_size, Op::conv2d_forward, Op::conv2d_backward,
+            Op::maxpool2d_forward, Op::maxpool2d_backward, Op::add_inplace};
   }
   std::string describe() const override {
     return fmt::format("{} + MaxPool2d({}, stride {})", conv_->describe(), k_, st_);
@@ -247,7 +270,7 @@ class ConvPool final : public Layer {
 
  private:
   struct Geometry {
-    cpu::Conv2dShape conv;
+    Conv2dShape conv;
     int B, nb;
     int64_t in, out;  // floats per sample of x and y
   };
@@ -280,6 +303,9 @@ class LinearRelu final : public Layer {
  public:
   LinearRelu(std::unique_ptr<Linear> lin) : lin_(std::move(lin)) {
     params = std::move(lin_->params);
+  }
+  std::vector<Op> ops() const override {
+    return {Op::linear_relu_forward, Op::linear_relu_backward};
   }
   std::string describe() const override { return lin_->describe() + " + ReLU"; }
   Shape output_shape(const Shape& in) const override { return lin_->output_shape(in); }

@@ -24,6 +24,9 @@ class Embedding final : public Layer {
     params = {{.name = "wte", .shape = {V, C}, .fan_in = C, .init = Init::kNormal},
               {.name = "wpe", .shape = {T, C}, .fan_in = C, .init = Init::kNormal}};
   }
+  std::vector<Op> ops() const override {
+    return {Op::embedding_forward, Op::embedding_backward};
+  }
   std::string describe() const override {
     return fmt::format("Embedding(vocab {}, dim {}, context {})", V_, C_, T_);
   }
@@ -92,6 +95,9 @@ class LayerNorm final : public Layer {
     params = {{.name = "weight", .shape = {C}, .init = Init::kOnes},
               {.name = "bias", .shape = {C}, .init = Init::kZeros}};
   }
+  std::vector<Op> ops() const override {
+    return {Op::layernorm_forward, Op::layernorm_backward};
+  }
   std::string describe() const override { return fmt::format("LayerNorm({})", C_); }
   Shape output_shape(const Shape& in) const override {
     if (in.empty() || in.back() != C_)
@@ -126,6 +132,9 @@ class LayerNorm final : public Layer {
 class LmHead final : public Layer {
  public:
   explicit LmHead(int V) : V_(V) {}
+  std::vector<Op> ops() const override {
+    return {Op::linear_forward, Op::linear_backward};
+  }
   std::string describe() const override { return fmt::format("LM head (vocab {}, tied)", V_); }
   Shape output_shape(const Shape& in) const override {
     if (in.size() != 2) fail_input("model: {} needs (T, C) per sample, got {}", describe(), shape_str(in));
@@ -205,6 +214,12 @@ class Block final : public Layer {
               param("mlp.c_fc.bias", rows(1, 4 * C, {}), 1, Init::kZeros),
               param("mlp.c_proj.weight", cols(C, 4 * C), 4 * C, Init::kNormal, proj_std),
               param("mlp.c_proj.bias", whole({C}), 1, Init::kZeros)};
+  }
+  std::vector<Op> ops() const override {
+    return {Op::layernorm_forward, Op::layernorm_backward, Op::linear_forward,
+            Op::linear_backward, Op::attention_forward, Op::attention_backward,
+            Op::gelu_forward, Op::gelu_backward, Op::residual_forward,
+            Op::dropout_forward, Op::dropout_backward};
   }
   std::string describe() const override {
     return fmt::format("Block(dim {}, heads {}{}{}{})", C_, NH_,

@@ -414,13 +414,11 @@ std::string Model::summary() const {
 }
 
 void Model::check_backend(const Backend& be) const {
-  for (auto& l : layers_) {
-    const std::string d = l->describe();
-    const bool transformer = d.starts_with("Embedding") || d.starts_with("Block") ||
-                             d.starts_with("LayerNorm") || d.starts_with("LM head");
-    if (transformer && !be.attention_forward)
-      fail_input("model: {} has no kernels on the {} backend yet (use --device cpu)", d, be.name);
-  }
+  for (auto& l : layers_)
+    for (Op op : l->ops())
+      if (!be.supports(op))
+        fail_input("model: {} ({}) needs the op {}, which the {} backend does not have (use "
+                   "--device cpu)", l->name, l->describe(), op_name(op), be.name);
 }
 
 double Model::flops_per_sample() const {

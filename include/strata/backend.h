@@ -1,6 +1,6 @@
 // Backend seam: the table of ops layers call, chosen at run time (--device auto|cpu|cuda).
-// The CPU table points at kernels/cpu, the CUDA table (src/cuda) at kernels/cuda, same
-// entries. Which backends exist is decided in CMake (STRATA_CUDA), not by #ifdefs through the
+// Its fields are generated from the one op list (strata/ops.def); the CPU table points at
+// kernels/cpu, the CUDA table (src/cuda) at kernels/cuda. Which backends exist is decided in CMake (STRATA_CUDA), not by #ifdefs through the
 // code: a build without CUDA links src/nocuda, whose answers say so.
 //
 // A backend's ops read and write ITS memory: tensors they touch are allocated in `memory`
@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <string>
 
-#include "strata/kernels_cpu.h"
+#include "strata/ops.h"
 #include "strata/tensor.h"
 
 namespace strata {
@@ -28,38 +28,12 @@ struct Backend {
   // The conv+pool layer convolves this many bytes of output per chunk before pooling it (the
   // CPU keeps a chunk in cache; a GPU wants the whole batch at once).
   int64_t conv_pool_chunk_bytes;
-  decltype(&cpu::add_inplace) add_inplace;
-  decltype(&cpu::linear_forward) linear_forward;
-  decltype(&cpu::linear_backward) linear_backward;
-  decltype(&cpu::linear_relu_forward) linear_relu_forward;  // linear then ReLU, fused
-  decltype(&cpu::linear_relu_backward) linear_relu_backward;
-  decltype(&cpu::conv2d_scratch_size) conv2d_scratch_size;
-  decltype(&cpu::conv2d_forward) conv2d_forward;
-  decltype(&cpu::conv2d_backward) conv2d_backward;
-  decltype(&cpu::maxpool2d_forward) maxpool2d_forward;
-  decltype(&cpu::maxpool2d_backward) maxpool2d_backward;
-  decltype(&cpu::relu_forward) relu_forward;
-  decltype(&cpu::relu_backward) relu_backward;
-  decltype(&cpu::gelu_forward) gelu_forward;
-  decltype(&cpu::gelu_backward) gelu_backward;
-  decltype(&cpu::dropout_forward) dropout_forward;
-  decltype(&cpu::dropout_backward) dropout_backward;
-  decltype(&cpu::softmax_xent_forward) softmax_xent_forward;
-  decltype(&cpu::softmax_xent_backward) softmax_xent_backward;
-  decltype(&cpu::count_correct) count_correct;
-  decltype(&cpu::sgd_update) sgd_update;
-  decltype(&cpu::adamw_update) adamw_update;
-  decltype(&cpu::sum_squares) sum_squares;
-  decltype(&cpu::scale_inplace) scale_inplace;
-  // The transformer's ops (GPT). A backend may leave them null: the model then refuses to run
-  // there (Model::check_backend).
-  decltype(&cpu::embedding_forward) embedding_forward;
-  decltype(&cpu::embedding_backward) embedding_backward;
-  decltype(&cpu::layernorm_forward) layernorm_forward;
-  decltype(&cpu::layernorm_backward) layernorm_backward;
-  decltype(&cpu::residual_forward) residual_forward;
-  decltype(&cpu::attention_forward) attention_forward;
-  decltype(&cpu::attention_backward) attention_backward;
+  // The ops of strata/ops.def, one field each. A backend may leave some null: supports()
+  // says which it has, and a model refuses to run where a layer's op is missing.
+#define STRATA_OP(name, ret, params) ret(*name) params = nullptr;
+#include "strata/ops.def"
+
+  bool supports(Op op) const;
 };
 
 const Backend& cpu_backend();
@@ -79,7 +53,6 @@ const Backend& select_backend(const DeviceRequest& req, std::string* why);
 Tensor to_backend(const Backend& be, const Tensor& t);
 
 // ---- The CUDA backend (src/cuda in builds with STRATA_CUDA, else src/nocuda) -------------
-bool cuda_built();
 // GPUs this process sees; 0 (with the reason in *why) when none or not built.
 int cuda_devices(std::string* why);
 // Takes GPU `device` (the caller picks it from the node-local rank) and returns the table.

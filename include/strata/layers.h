@@ -61,6 +61,8 @@ class Layer {
   std::string name;               // "fc1", "conv2", "relu3"
   std::vector<Param> params;      // filled by the constructor (shapes); bound by the model
   virtual std::string describe() const = 0;  // "Linear(784 -> 256)"
+  // The backend ops forward and backward call (a model checks them with Backend::supports).
+  virtual std::vector<Op> ops() const = 0;
   // Shape of one sample's output given one sample's input shape (without the batch dim).
   virtual Shape output_shape(const Shape& in) const = 0;
   // x: (B, in...), y: (B, out...) already sized by the model.

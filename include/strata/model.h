@@ -109,7 +109,7 @@ class Model {
   double flops_per_sample() const;  // forward
   // Rows of logits per sample: 1 for a classifier, T for a language model (one per position).
   int64_t rows_per_sample() const { return numel(shapes_.back()) / classes_; }
-  // Throws UserError when a layer has no kernels on `be` (the transformer on CUDA, for now).
+  // Throws UserError naming the layer and the op when `be` lacks an op a layer calls.
   void check_backend(const Backend& be) const;
 
   // PyTorch's default initialisation (uniform ±1/sqrt(fan_in) for weights and biases), each

@@ -8,8 +8,6 @@
 
 namespace strata {
 
-bool cuda_built() { return false; }
-
 int cuda_devices(std::string* why) {
   if (why) *why = "this build of strata has no CUDA backend (built with STRATA_CUDA=OFF, or "
                   "without the CUDA toolkit, cuDNN or NCCL)";

@@ -18,14 +18,14 @@ using namespace strata::cuda_test;
 
 namespace {
 
-std::string label(const char* op, const cpu::Conv2dShape& s) {
+std::string label(const char* op, const Conv2dShape& s) {
   char buf[160];
   std::snprintf(buf, sizeof buf, "%s %dx%dx%dx%d oc%d k%dx%d s%d p%d", op, s.B, s.C, s.H, s.W,
                 s.OC, s.KH, s.KW, s.stride, s.pad);
   return buf;
 }
 
-void check_conv(const cpu::Conv2dShape& s, bool bf16) {
+void check_conv(const Conv2dShape& s, bool bf16) {
   use_precision(bf16);
   const double tol = bf16 ? 1.5e-2 : 1e-4, tol_bias = 1e-5;
   const size_t n_in = size_t(s.B) * s.C * s.H * s.W, n_w = size_t(s.OC) * s.C * s.KH * s.KW;
@@ -84,7 +84,7 @@ void check_conv(const cpu::Conv2dShape& s, bool bf16) {
 }  // namespace
 
 TEST_CASE("conv2d forward/backward match the CPU", "[conv]") {
-  const cpu::Conv2dShape shapes[] = {
+  const Conv2dShape shapes[] = {
       {4, 3, 17, 17, 8, 3, 3, 1, 1},    // stride 1, pad 1 ("same"), odd size
       {3, 8, 16, 16, 16, 3, 3, 2, 0},   // stride 2, no padding
       {2, 16, 9, 11, 5, 5, 3, 1, 2},    // rectangular image and kernel, pad 2
@@ -99,7 +99,7 @@ TEST_CASE("conv2d forward/backward match the CPU", "[conv]") {
 
 TEST_CASE("conv2d backward of an empty batch zeroes or keeps the parameter gradients", "[conv]") {
   use_precision(false);
-  const cpu::Conv2dShape s{0, 3, 8, 8, 4, 3, 3, 1, 1};
+  const Conv2dShape s{0, 3, 8, 8, 4, 3, 3, 1, 1};
   const size_t n_w = size_t(s.OC) * s.C * s.KH * s.KW;
   const auto prior = random_vector(1, n_w), db_prior = random_vector(2, s.OC);
   DeviceBuffer<float> dgrad_w(prior), dgrad_b(db_prior), w(n_w), dummy(1);
