@@ -19,7 +19,7 @@
 #include "strata/error.h"
 #include "strata/files.h"
 #include "strata/parse.h"
-#include "strata/trainer.h"
+#include "strata/comm.h"
 #include "hdf5_util.h"
 
 namespace strata {

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "strata/error.h"
-#include "strata/watchdog.h"
+#include "strata/activity.h"
 
 namespace strata {
 

@@ -164,7 +164,8 @@ constexpr int kEvalTag = 30000;
 PipelineStage::PipelineStage(Model& model, Comm& pipe, int stages, int micros,
                              std::string schedule, Tracer& tracer)
     : model_(model), pipe_(pipe), stage_(pipe.rank()), stages_(stages), micros_(micros),
-      schedule_(std::move(schedule)), tracer_(&tracer) {
+      schedule_(std::move(schedule)), tracer_(&tracer),
+      head_(model.classes(), model.rows_per_sample()) {
   STRATA_CHECK(pipe.size() == stages, "pipeline communicator of {} ranks for {} stages", pipe.size(), stages);
   ops_ = pipeline_schedule(schedule_, stages_, stage_, micros_);
   first_ = stage_ == 0;
@@ -199,7 +200,6 @@ int PipelineStage::alloc_slot() {
     slot = slots_++;
     in_.emplace_back();
     dout_.emplace_back();
-    probs_.emplace_back();
     sends_.emplace_back();
     slot_bytes_.push_back(0);
   }
@@ -262,7 +262,6 @@ double PipelineStage::run(const Backend& be, const Tensor& x, const int32_t* lab
   double loss = 0;
   int backwards = 0;
   const int64_t in_per_sample = numel(model_.stage_input_shape());
-  const int classes = model_.classes();
   for (const PipeOp& op : ops_) {
     const int m = op.micro;
     if (op.forward) {
@@ -286,16 +285,9 @@ double PipelineStage::run(const Backend& be, const Tensor& x, const int32_t* lab
         Tracer::Scope span(*tracer_, "compute", fmt::format("forward {}", m), m);
         out = &model_.forward(be, in_[size_t(slot)], sm);
         if (last_) {
-          Tensor& probs = probs_[size_t(slot)];
-          Tensor& dlogits = dout_[size_t(slot)];
-          probs.resize(out->shape, *be.memory);
-          dlogits.resize(out->shape, *be.memory);
           // A row of logits per sample, or per position for a language model.
-          const int64_t rps = model_.rows_per_sample();
-          const int32_t* y = labels + m * bm * rps;
-          loss += be.softmax_xent_forward(probs.data(), out->data(), y, int(bm * rps), classes);
-          be.softmax_xent_backward(dlogits.data(), probs.data(), y, int(bm * rps), classes,
-                                   1.0f / float(global_batch * rps));
+          loss += head_.loss_and_gradient(be, *out, labels + m * bm * head_.rows_per_sample(),
+                                          bm, global_batch, dout_[size_t(slot)]);
         }
       }
       slot_bytes_[size_t(slot)] = model_.activation_bytes(slot) + (first_ ? 0 : in_[size_t(slot)].size() * 4);
@@ -412,11 +404,7 @@ std::pair<double, int64_t> PipelineStage::forward_only(const Backend& be, const 
     pipe_.wait(h);
     return {0.0, 0};
   }
-  eval_probs_.resize(out.shape, *be.memory);
-  const int classes = model_.classes();
-  const int rows = int(batch * model_.rows_per_sample());
-  return {be.softmax_xent_forward(eval_probs_.data(), out.data(), labels, rows, classes),
-          be.count_correct(out.data(), labels, rows, classes)};
+  return head_.loss_and_correct(be, out, labels, batch);
 }
 
 }  // namespace strata

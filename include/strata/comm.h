@@ -2,13 +2,14 @@
 // One interface; an MPI implementation and a single-process one (size 1, no MPI calls).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 namespace strata {
 
-struct Activity;  // watchdog.h: where the training thread is
+struct Activity;  // activity.h: where the training thread is
 struct Backend;   // backend.h
 
 // A side channel for the watchdog thread: fixed-size messages on a DUPLICATE of the
@@ -94,6 +95,11 @@ std::unique_ptr<Comm> make_single_comm();
 // pipeline sends and receives staged through host memory over `host` (MPI). Everything else
 // goes to `host`. Collective over `host`. On a host-memory backend, `host` itself.
 std::unique_ptr<Comm> make_device_comm(std::unique_ptr<Comm> host, const Backend& be);
+
+// Runs fn on every rank of comm; if it throws UserError on any rank, the lowest such rank
+// throws its error (its message is the one printed) and every other rank throws an
+// AgreedFailure with the same exit code, so no rank is left waiting in a later collective.
+void collectively(Comm& comm, const std::function<void()>& fn);
 
 // MPI life cycle: init asking for MPI_THREAD_MULTIPLE (the watchdog's heartbeat thread calls
 // MPI while the training thread does); whatever level MPI grants is accepted, and

@@ -26,6 +26,7 @@
 #include "strata/backend.h"
 #include "strata/comm.h"
 #include "strata/grid.h"
+#include "strata/loss.h"
 #include "strata/model.h"
 #include "strata/trace.h"
 
@@ -107,10 +108,11 @@ class PipelineStage {
   Tracer* tracer_;
   std::vector<PipeOp> ops_;
   bool first_, last_;
+  SoftmaxXentHead head_;  // the last stage's loss
   // Per activation slot: the stage's input (received), the gradient at its output
-  // (received, or dlogits on the last stage), softmax scratch, and sends not yet complete.
-  std::deque<Tensor> in_, dout_, probs_;
-  Tensor eval_in_, eval_probs_;  // a deque: the model keeps pointers to in_[slot]
+  // (received, or dlogits on the last stage), and sends not yet complete.
+  std::deque<Tensor> in_, dout_;  // a deque: the model keeps pointers to in_[slot]
+  Tensor eval_in_;
   std::vector<std::vector<int>> sends_;
   std::vector<int> free_slots_;
   int slots_ = 0;

@@ -31,8 +31,4 @@ EvalResult evaluate_pipelined(PipelineStage& pipe, const Backend& be, const Data
                               const std::string& split, Comm& world, const ProcessGrid& grid,
                               int64_t rows_per_sample, int64_t batch = 1000);
 
-// Runs fn on every rank; if it throws UserError on any rank, the lowest such rank prints its
-// message and every rank throws the same exit code (so no rank hangs in a later collective).
-void collectively(Comm& comm, const std::function<void()>& fn);
-
 }  // namespace strata

@@ -31,34 +31,12 @@
 #include <thread>
 #include <vector>
 
+#include "strata/activity.h"
+
 namespace strata {
 
 class Comm;
 class SideChannel;
-
-// Where the training thread is. Written by the training thread only (relaxed atomics: a
-// plain store each), read by the watchdog thread.
-struct Activity {
-  // `where`: 0 = working since the step began; +op = blocked in op; -op = working since it
-  // left op.
-  enum Op : int32_t { kAllreduce = 1, kBroadcast, kBarrier, kWait, kShutdown, kNumOps };
-
-  std::atomic<uint64_t> ticks{0};  // changes at every mark: "made progress"
-  std::atomic<int64_t> step{-1};
-  std::atomic<int32_t> where{0};
-  std::atomic<int32_t> exempt{0};  // nesting depth of Exempt phases
-  std::atomic<const char*> exempt_what{nullptr};
-
-  void bump() { ticks.store(ticks.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed); }
-  void enter(Op op) {
-    where.store(op, std::memory_order_relaxed);
-    bump();
-  }
-  void leave(Op op) {
-    where.store(-op, std::memory_order_relaxed);
-    bump();
-  }
-};
 
 // What a rank was doing, in words ("waiting in MPI_Allreduce", ...), for the error message.
 std::string describe_activity(int32_t where, int32_t exempt, const char* exempt_what);

@@ -26,7 +26,7 @@
 #include "strata/backend.h"
 #include "strata/comm.h"
 #include "strata/kernels_cuda.h"
-#include "strata/watchdog.h"
+#include "strata/activity.h"
 
 namespace strata {
 namespace {
