@@ -1,0 +1,161 @@
+// The bucketed gradient allreducer (data_parallel.h) on 1..4 in-process ranks: after finish()
+// every rank holds the serial sum of every rank's gradients, exactly (integer-valued floats:
+// any order of addition gives the same sum, so only a missed, doubled or early bucket can
+// change it), and the buckets tile the buffer once each, in order, started during backward
+// when overlapping.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+
+#include "ranks_util.h"
+#include "strata/data_parallel.h"
+
+using namespace strata;
+using namespace strata::test;
+
+namespace {
+
+// What a gradient holds before backward writes it: far from any sum of real ones.
+constexpr float kSentinel = 1e6f;
+
+// Forwards to a comm, recording the non-blocking sums started: (offset in grads, count).
+class RecordingComm final : public Comm {
+ public:
+  RecordingComm(Comm& c, const float* grads) : c_(c), grads_(grads) {}
+  std::vector<std::pair<int64_t, int64_t>> started;
+  bool started_unready = false;  // a bucket started while it held a sentinel
+
+  int rank() const override { return c_.rank(); }
+  int size() const override { return c_.size(); }
+  void allreduce_sum(float* x, int64_t n) override { c_.allreduce_sum(x, n); }
+  void allreduce_sum(double* x, int64_t n) override { c_.allreduce_sum(x, n); }
+  void allreduce_sum(int64_t* x, int64_t n) override { c_.allreduce_sum(x, n); }
+  void allreduce_min(int64_t* x, int64_t n) override { c_.allreduce_min(x, n); }
+  void allreduce_max(double* x, int64_t n) override { c_.allreduce_max(x, n); }
+  void broadcast(void* b, int64_t bytes, int root) override { c_.broadcast(b, bytes, root); }
+  void barrier() override { c_.barrier(); }
+  int start_allreduce_sum(float* x, int64_t n) override {
+    started.emplace_back(x - grads_, n);
+    for (int64_t i = 0; i < n; ++i) started_unready = started_unready || x[i] >= kSentinel;
+    return c_.start_allreduce_sum(x, n);
+  }
+  int start_send(const float* x, int64_t n, int to, int tag) override { return c_.start_send(x, n, to, tag); }
+  int start_recv(float* x, int64_t n, int from, int tag) override { return c_.start_recv(x, n, from, tag); }
+  bool test(int h) override { return c_.test(h); }
+  void wait(int h) override { c_.wait(h); }
+  std::unique_ptr<Comm> split(int color, int key) override { return c_.split(color, key); }
+  std::string host() const override { return c_.host(); }
+  std::vector<std::string> all_hosts() override { return c_.all_hosts(); }
+  std::unique_ptr<SideChannel> open_side_channel(int b, bool r, std::string* why) override {
+    return c_.open_side_channel(b, r, why);
+  }
+
+ private:
+  Comm& c_;
+  const float* grads_;
+};
+
+// Rank r's gradient element i in step s: an integer (sums of a few are exact in fp32).
+float grad(int s, int r, int64_t i) { return float((i * 7 + r * 13 + s * 5) % 23 - 11); }
+
+// What one rank saw over two steps.
+struct Seen {
+  std::vector<std::vector<float>> grads;                         // per step, after finish()
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> started;  // per step
+  std::vector<size_t> started_in_backward;                        // per step
+  int64_t buckets = 0, stat_buckets = 0, stat_bytes = 0;
+  bool started_unready = false;
+};
+
+// Two steps of a simulated backward: parameter k's gradient is written (over a sentinel that
+// would show in the sum) just before backward reports it ready, last parameter first in the
+// flat buffer's order, as Model::backward does.
+Seen two_steps(Comm& comm, const ModelSpec& spec, const Shape& input, int classes,
+               double bucket_bytes, bool overlap) {
+  Model model(spec, input, classes);
+  std::vector<std::pair<int64_t, int64_t>> spans;  // (offset, end) of each parameter
+  for (Param* p : model.params()) spans.emplace_back(p->offset, p->offset + numel(p->shape));
+  std::sort(spans.begin(), spans.end());
+  float* g = model.grads().data();
+  RecordingComm rec(comm, g);
+  GradientAllreducer reducer(rec, model, g, bucket_bytes, overlap);
+  Seen seen;
+  seen.buckets = reducer.num_buckets();
+  for (int s = 0; s < 2; ++s) {
+    rec.started.clear();
+    std::fill(g, g + model.num_params(), kSentinel * float(comm.rank() + 1));
+    for (auto [begin, end] : spans) {
+      for (int64_t i = begin; i < end; ++i) g[i] = grad(s, comm.rank(), i);
+      reducer.on_grads_ready(end);
+    }
+    seen.started_in_backward.push_back(rec.started.size());
+    reducer.finish();
+    seen.grads.emplace_back(g, g + model.num_params());
+    seen.started.push_back(rec.started);
+  }
+  seen.started_unready = rec.started_unready;
+  seen.stat_buckets = reducer.stats().buckets;
+  seen.stat_bytes = reducer.stats().bytes;
+  return seen;
+}
+
+struct Net {
+  const char* name;
+  ModelSpec spec;
+  Shape input;
+  int classes;
+};
+
+}  // namespace
+
+TEST_CASE("gradient allreducer: every rank gets the serial sum, every bucket started once, in order", "[ranks]") {
+  const Net nets[] = {
+      // Parameters of 30, 5, 15, 3, 12 and 4 floats (69 in all).
+      {"mlp", {"flatten", "linear 5", "relu", "linear 3", "linear 4"}, {2, 3}, 4},
+      {"no parameters", {"relu"}, {6}, 6},
+  };
+  // 4 bytes: smaller than any parameter, so every parameter is a bucket of its own; 40: a
+  // few parameters each (the first bucket is an eighth); 1 MiB: one bucket for everything.
+  for (const Net& net : nets)
+    for (double bucket_bytes : {4.0, 40.0, 1048576.0})
+      for (bool overlap : {true, false})
+        for (int n : {1, 2, 3, 4}) {
+          INFO(net.name << ", bucket " << bucket_bytes << " bytes, overlap " << overlap << ", "
+                        << n << " ranks");
+          auto seen = on_ranks(n, [&](Comm& c) {
+            return two_steps(c, net.spec, net.input, net.classes, bucket_bytes, overlap);
+          });
+          const Model model(net.spec, net.input, net.classes);
+          const int64_t total = model.num_params();
+          const int64_t params = int64_t(model.params().size());
+          if (bucket_bytes == 4.0) CHECK(seen[0].buckets == params);
+          if (bucket_bytes == 1048576.0) CHECK(seen[0].buckets == (total > 0 ? 1 : 0));
+          for (int r = 0; r < n; ++r) {
+            INFO("rank " << r);
+            const Seen& s = seen[size_t(r)];
+            CHECK(s.buckets == seen[0].buckets);
+            for (int step = 0; step < 2; ++step) {
+              INFO("step " << step);
+              std::vector<float> sum(size_t(total), 0.0f);
+              for (int q = 0; q < n; ++q)
+                for (int64_t i = 0; i < total; ++i) sum[size_t(i)] += grad(step, q, i);
+              CHECK(same_bits(s.grads[size_t(step)], sum));
+              // One rank allreduces nothing; otherwise every bucket once, in buffer order.
+              const auto& st = s.started[size_t(step)];
+              CHECK(int64_t(st.size()) == (n == 1 ? 0 : s.buckets));
+              int64_t at = 0;
+              for (auto [off, count] : st) {
+                CHECK(off == at);
+                CHECK(count > 0);
+                at += count;
+              }
+              if (n > 1) CHECK(at == total);
+              // Overlap: all started during backward (the last report covers everything).
+              CHECK(s.started_in_backward[size_t(step)] == (overlap && n > 1 ? st.size() : 0u));
+            }
+            CHECK_FALSE(s.started_unready);
+            CHECK(s.stat_buckets == (n == 1 ? 0 : 2 * s.buckets));
+            CHECK(s.stat_bytes == (n == 1 ? 0 : 2 * total * 4));
+          }
+        }
+}
