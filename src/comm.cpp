@@ -42,21 +42,6 @@ void chunked(int64_t n, F&& f) {
   for (int64_t off = 0; off < n; off += INT_MAX / 2) f(off, int(std::min<int64_t>(n - off, INT_MAX / 2)));
 }
 
-// Marks the calling thread as blocked in a collective for the watchdog (two relaxed stores).
-class Blocked {
- public:
-  Blocked(Activity* a, Activity::Op op) : a_(a), op_(op) {
-    if (a_) a_->enter(op_);
-  }
-  ~Blocked() {
-    if (a_) a_->leave(op_);
-  }
-
- private:
-  Activity* a_;
-  Activity::Op op_;
-};
-
 bool g_mpi_inited = false;
 int g_thread_level = -1;
 

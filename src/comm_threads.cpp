@@ -15,7 +15,7 @@
 #include <fmt/format.h>
 
 #include "strata/error.h"
-#include "strata/watchdog.h"
+#include "strata/activity.h"
 
 namespace strata {
 namespace {
@@ -159,21 +159,6 @@ void stop_world(World& w, const std::string& why) {
   std::lock_guard lk(w.mu);
   abort_locked(w, why);
 }
-
-// Marks the calling thread as blocked for the watchdog, as MpiComm does.
-class Blocked {
- public:
-  Blocked(Activity* a, Activity::Op op) : a_(a), op_(op) {
-    if (a_) a_->enter(op_);
-  }
-  ~Blocked() {
-    if (a_) a_->leave(op_);
-  }
-
- private:
-  Activity* a_;
-  Activity::Op op_;
-};
 
 class ThreadComm final : public Comm {
  public:

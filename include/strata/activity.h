@@ -31,4 +31,22 @@ struct Activity {
   }
 };
 
+// Marks the scope of a blocking call in which the thread waits for other ranks (a null
+// Activity: no marks).
+class Blocked {
+ public:
+  Blocked(Activity* a, Activity::Op op) : a_(a), op_(op) {
+    if (a_) a_->enter(op_);
+  }
+  ~Blocked() {
+    if (a_) a_->leave(op_);
+  }
+  Blocked(const Blocked&) = delete;
+  Blocked& operator=(const Blocked&) = delete;
+
+ private:
+  Activity* a_;
+  Activity::Op op_;
+};
+
 }  // namespace strata
