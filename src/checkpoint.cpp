@@ -19,6 +19,7 @@
 
 #include "strata/data.h"
 #include "strata/error.h"
+#include "strata/read_deadline.h"
 #include "strata/files.h"
 #include "strata/memory.h"
 #include "strata/optim.h"
@@ -382,7 +383,8 @@ void read_state_attrs(hid_t f, const std::string& path, LoadedCheckpoint& out) {
 
 }  // namespace
 
-LoadedCheckpoint read_checkpoint(const std::string& path, bool tolerate_mismatch) {
+LoadedCheckpoint read_checkpoint(const std::string& path, bool tolerate_mismatch,
+                                 bool quarantine_on_hang) {
   const auto t0 = std::chrono::steady_clock::now();
   // A path that is not there or not a file is the user's to fix (exit 2); a file that is there
   // but cannot be used is a bad checkpoint (exit 4).
@@ -391,6 +393,7 @@ LoadedCheckpoint read_checkpoint(const std::string& path, bool tolerate_mismatch
     fail_input("{}: cannot open ({})", path, std::strerror(errno));
   if (!S_ISREG(sb.st_mode)) fail_input("{}: cannot open (not a regular file)", path);
   std::lock_guard lock(hdf5_mutex());
+  ReadDeadline deadline(path, int64_t(sb.st_size), kExitBadCheckpoint, quarantine_on_hang);
   h5_quiet();
   if (H5Fis_hdf5(path.c_str()) <= 0)
     fail_checkpoint(fmt::format("{}: not an HDF5 file (truncated or overwritten?)", path));

@@ -2,6 +2,7 @@
 #include "strata/data.h"
 
 #include <hdf5.h>
+#include <sys/stat.h>
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -25,6 +26,7 @@
 #include <fmt/format.h>
 
 #include "strata/error.h"
+#include "strata/read_deadline.h"
 #include "strata/memory.h"
 #include "strata/parse.h"
 #include "strata/rng.h"
@@ -496,6 +498,9 @@ DatasetInfo inspect_file(const std::string& path) {
 
 DatasetInfo open_dataset(const std::string& path) {
   std::lock_guard lock(hdf5_mutex());
+  struct stat sb{};
+  ReadDeadline deadline(path, ::stat(path.c_str(), &sb) == 0 ? int64_t(sb.st_size) : 0,
+                        kExitBadInput, /*quarantine=*/false);
   h5_quiet();
   return with_file_context(path, [&] { return inspect_file(path); });
 }

@@ -46,6 +46,11 @@ for v in ("SLURM_JOB_ID", "SLURM_CPUS_PER_TASK", "STRATA_JOB_END_TIME", "SLURM_R
 ERROR = "strata: error: "
 
 
+# A checkpoint whose damaged global heap sends HDF5 1.10's H5Aread into an endless loop.
+HEAP_LOOP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fuzz", "hangs", "checkpoint",
+                         "hdf5-global-heap-loop.h5")
+
+
 @dataclasses.dataclass
 class Case:
     name: str
@@ -478,6 +483,8 @@ def cases(fx: Fixtures):
                 p = os.path.join(d, name)
                 if content == "good":
                     shutil.copy(fx.mlp_ckpt, p)
+                elif content == "heap-loop":
+                    shutil.copy(HEAP_LOOP, p)
                 elif content == "bad":
                     shutil.copy(fx.mlp_ckpt, p)
                     with h5py.File(p, "r+") as f:
@@ -492,6 +499,18 @@ def cases(fx: Fixtures):
                                                        "latest": "ckpt-99999999999999999999999.h5\n"})))
     out["checkpoint"].append(Case("checkpoint: latest naming ../x is ignored (resume auto)", auto, 0,
                                   make=ckdir({"ckpt-000000002.h5": "good", "latest": "../x\n"})))
+    # A checkpoint on which HDF5 1.10 loops for ever (found by fuzz_checkpoint): the read's
+    # deadline (2 s here) ends the run with exit 4, the file renamed *.corrupt for the next attempt.
+    fast = {"STRATA_TEST_READ_DEADLINE_S": "2"}
+    out["checkpoint"].append(Case("checkpoint: HDF5 loops on it: deadline, renamed *.corrupt (resume auto)", auto, 4,
+                                  r"ck/ckpt-000000003\.h5: reading it did not finish in 2 s: .*renamed it .*\.corrupt",
+                                  env=fast, make=ckdir({"ckpt-000000003.h5": "heap-loop", "latest": "ckpt-000000003.h5\n"}),
+                                  allow_changes="the damaged checkpoint is renamed *.corrupt, by design"))
+    for cmd in ("inspect", "eval"):
+        argv = [S, "inspect", "{C}/in.h5"] if cmd == "inspect" else [S, "eval", "--checkpoint", "{C}/in.h5", "--data", D]
+        out["checkpoint"].append(Case(f"checkpoint: HDF5 loops on it: {cmd} ends at the deadline", argv, 4,
+                                      r"in\.h5: reading it did not finish in 2 s: its HDF5 structures are damaged",
+                                      env=fast, make=lambda d: shutil.copy(HEAP_LOOP, os.path.join(d, "in.h5"))))
     out["checkpoint"].append(Case("checkpoint: none of them verifies (resume auto)", auto, 4,
                                   r"checkpoint\.dir .*ck: none of the 2 checkpoints verifies",
                                   make=ckdir({"ckpt-000000001.h5": "bad", "ckpt-000000002.h5": "bad", "latest": "ckpt-000000002.h5\n"}),
