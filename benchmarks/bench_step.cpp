@@ -75,7 +75,7 @@ int main(int argc, char** argv) {
                              1.0f / float(G));
     const double t3 = thread_us();
     int64_t updated = 0;
-    model.backward(be, dlogits, [&](int64_t ready) {
+    model.backward(be, dlogits, 0, [&](int64_t ready) {
       opt.apply(be, model.values(), model.grads(), updated, ready, step);
       updated = ready;
     });

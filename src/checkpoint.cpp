@@ -19,7 +19,7 @@
 
 #include "strata/data.h"
 #include "strata/error.h"
-#include "strata/read_deadline.h"
+#include "strata/read_guard.h"
 #include "strata/files.h"
 #include "strata/memory.h"
 #include "strata/optim.h"
@@ -205,7 +205,7 @@ void write_model_attrs(hid_t f, const Model& model, const char* format) {
   write_str_attr(f, "strata_version", STRATA_VERSION);
   write_str_attr(f, "git_commit", STRATA_GIT_COMMIT);
   std::string layers;
-  for (auto& l : model.spec()) layers += l + "\n";
+  for (auto& l : model.spec()) layers += l.text() + "\n";
   write_str_attr(f, "model_layers", layers);
   write_int_attr(f, "input_shape", model.input_shape());
   write_int_attr(f, "classes", int64_t(model.classes()));
@@ -304,13 +304,13 @@ std::map<std::string, Shape> expected_tensors(hid_t f, const std::string& path,
       numel(shape) > INT32_MAX)
     fail_checkpoint(fmt::format("{}: root attribute input_shape = {} is not a sample shape", path,
                                 shape_str(shape)));
-  out.spec = split(layers, '\n');
   out.input_shape = shape;
   out.classes = int(checked_int_attr(f, "classes", path, 1, kMaxClasses));
   std::vector<std::pair<std::string, Shape>> params;
   try {
-    params = Model::describe_params(out.spec, out.input_shape, out.classes,
-                                    fmt::format("{}: root attribute model_layers", path));
+    const std::string where = fmt::format("{}: root attribute model_layers", path);
+    out.spec = parse_model_spec(split(layers, '\n'), where);
+    params = Model::describe_params(out.spec, out.input_shape, out.classes, where);
   } catch (const UserError& e) {
     throw UserError(kExitBadCheckpoint, e.what());
   }
@@ -384,7 +384,7 @@ void read_state_attrs(hid_t f, const std::string& path, LoadedCheckpoint& out) {
 }  // namespace
 
 LoadedCheckpoint read_checkpoint(const std::string& path, bool tolerate_mismatch,
-                                 bool quarantine_on_hang) {
+                                 bool quarantine_if_damaged) {
   const auto t0 = std::chrono::steady_clock::now();
   // A path that is not there or not a file is the user's to fix (exit 2); a file that is there
   // but cannot be used is a bad checkpoint (exit 4).
@@ -393,7 +393,7 @@ LoadedCheckpoint read_checkpoint(const std::string& path, bool tolerate_mismatch
     fail_input("{}: cannot open ({})", path, std::strerror(errno));
   if (!S_ISREG(sb.st_mode)) fail_input("{}: cannot open (not a regular file)", path);
   std::lock_guard lock(hdf5_mutex());
-  ReadDeadline deadline(path, int64_t(sb.st_size), kExitBadCheckpoint, quarantine_on_hang);
+  ReadGuard guard(path, int64_t(sb.st_size), kExitBadCheckpoint, quarantine_if_damaged);
   h5_quiet();
   if (H5Fis_hdf5(path.c_str()) <= 0)
     fail_checkpoint(fmt::format("{}: not an HDF5 file (truncated or overwritten?)", path));

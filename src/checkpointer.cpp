@@ -206,7 +206,7 @@ std::optional<TrainState> Checkpointer::resume(Model& model, Optimizer& opt, con
     for (const std::string& path : candidates) {
       LoadedCheckpoint ck;
       try {
-        ck = read_checkpoint(path, /*tolerate_mismatch=*/false, /*quarantine_on_hang=*/true);
+        ck = read_checkpoint(path, /*tolerate_mismatch=*/false, /*quarantine_if_damaged=*/true);
       } catch (const UserError& e) {
         // Only a damaged file is set aside; anything else (no memory for it, a file that is
         // not a strata checkpoint at all) is for the user to look at.

@@ -90,36 +90,31 @@ std::string RunConfig::metrics_path() const {
 }
 
 ModelSpec RunConfig::model_spec(int classes) const {
-  if (model.type == "custom") return model.layers;
+  if (model.type == "custom") return parse_model_spec(model.layers, "model.layers");
+  const float dropout = float(model.dropout);
   ModelSpec s;
   if (model.type == "gpt") {
-    const std::string drop = model.dropout > 0 ? fmt::format(" {}", model.dropout) : "";
-    s.push_back(fmt::format("embedding {}", model.dim));
-    if (model.dropout > 0) s.push_back(fmt::format("dropout {}", model.dropout));
+    s.push_back(embedding_spec(model.dim));
+    if (dropout > 0) s.push_back(dropout_spec(dropout));
     for (int i = 0, n = model.gpt_blocks(); i < n; ++i)
-      s.push_back(fmt::format("block {}{}{}", model.heads,
-                              train.recompute == "block" ? fmt::format(" {}", model.dropout) : drop,
-                              train.recompute == "block" ? " recompute" : ""));
-    s.push_back("layernorm");
-    s.push_back("lmhead");
+      s.push_back(block_spec(model.heads, dropout, train.recompute == "block"));
+    s.push_back(layernorm_spec());
+    s.push_back(lmhead_spec());
     return s;
   }
-  auto hidden_stack = [&] {
-    for (int h : model.hidden) {
-      s.push_back(fmt::format("linear {}", h));
-      s.push_back(model.activation);
-      if (model.dropout > 0) s.push_back(fmt::format("dropout {}", model.dropout));
-    }
-    s.push_back(fmt::format("linear {}", classes));
-  };
   if (model.type == "cnn")
     for (int ch : model.channels) {
-      s.push_back(fmt::format("conv {} {} 1 {}", ch, model.kernel, model.kernel / 2));
-      s.push_back(model.activation);
-      s.push_back("maxpool 2");
+      s.push_back(conv_spec(ch, model.kernel, 1, model.kernel / 2));
+      s.push_back(activation_spec(model.activation));
+      s.push_back(maxpool_spec(2));
     }
-  s.push_back("flatten");
-  hidden_stack();
+  s.push_back(flatten_spec());
+  for (int h : model.hidden) {
+    s.push_back(linear_spec(h));
+    s.push_back(activation_spec(model.activation));
+    if (dropout > 0) s.push_back(dropout_spec(dropout));
+  }
+  s.push_back(linear_spec(classes));
   return s;
 }
 

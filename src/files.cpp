@@ -41,4 +41,16 @@ void publish_file(const std::string& tmp, const std::string& path) {
   }
 }
 
+void ensure_parent_dir(const std::string& file) {
+  const std::string parent = std::filesystem::path(file).parent_path().string();
+  const std::string dir = parent.empty() ? std::string(".") : parent;
+  std::error_code ec;
+  if (!std::filesystem::exists(dir, ec)) {
+    std::filesystem::create_directories(dir, ec);
+    if (ec) fail_input("{}: cannot create directory {} ({})", file, dir, ec.message());
+    drop_world_write(dir);
+  }
+  if (::access(dir.c_str(), W_OK) != 0) fail_input("{}: directory {} is not writable", file, dir);
+}
+
 }  // namespace strata

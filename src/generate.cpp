@@ -24,7 +24,7 @@ int run_generate(const GenerateOptions& o) {
   std::string note;
   const Backend& be = select_backend({.device = o.device, .threads = o.threads}, &note);
   const LoadedParams lp = load_parameters(o.checkpoint);
-  if (lp.spec.empty() || !lp.spec.front().starts_with("embedding") || lp.input_shape.size() != 1)
+  if (lp.spec.empty() || lp.spec.front().kind != LayerSpec::Kind::kEmbedding || lp.input_shape.size() != 1)
     fail_input("{}: not a language model (strata generate takes a model.type = \"gpt\" run's "
                "model.h5 or checkpoint)", o.checkpoint);
   if (lp.classes != 256)

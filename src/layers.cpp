@@ -28,11 +28,11 @@ class Linear final : public Layer {
     return {out_};
   }
   // y (B,O) = x (B,I) W^T + b
-  void forward(const Backend& be, const Tensor& x, Tensor& y, const StepInfo&) override {
+  void forward(const Backend& be, const Tensor& x, Tensor& y, const StepInfo& si) override {
     be.linear_forward(y.data(), x.data(), params[0].value, params[1].value, batch_of(x), in_, out_);
   }
   void backward(const Backend& be, const Tensor& x, const Tensor&, const Tensor& dy,
-                Tensor* dx, bool accumulate) override {
+                Tensor* dx, int slot, bool accumulate) override {
     be.linear_backward(dx ? dx->data() : nullptr, params[0].grad, params[1].grad, dy.data(),
                        x.data(), params[0].value, batch_of(x), in_, out_, accumulate);
   }
@@ -63,13 +63,13 @@ class Conv2d final : public Layer {
       fail_input("model: {} does not fit a {}x{} input", describe(), in[1], in[2]);
     return {oc_, s.OH(), s.OW()};
   }
-  void forward(const Backend& be, const Tensor& x, Tensor& y, const StepInfo&) override {
+  void forward(const Backend& be, const Tensor& x, Tensor& y, const StepInfo& si) override {
     auto s = conv_shape(batch_of(x), {x.dim(1), x.dim(2), x.dim(3)});
     scratch_.resize({be.conv2d_scratch_size(s)}, *be.memory);
     be.conv2d_forward(y.data(), x.data(), params[0].value, params[1].value, s, scratch_.data());
   }
   void backward(const Backend& be, const Tensor& x, const Tensor&, const Tensor& dy,
-                Tensor* dx, bool accumulate) override {
+                Tensor* dx, int slot, bool accumulate) override {
     auto s = conv_shape(batch_of(x), {x.dim(1), x.dim(2), x.dim(3)});
     scratch_.resize({be.conv2d_scratch_size(s)}, *be.memory);
     be.conv2d_backward(dx ? dx->data() : nullptr, params[0].grad, params[1].grad, dy.data(),
@@ -102,16 +102,16 @@ class MaxPool2d final : public Layer {
                  shape_str(in));
     return {in[0], (in[1] - k_) / st_ + 1, (in[2] - k_) / st_ + 1};
   }
-  void forward(const Backend& be, const Tensor& x, Tensor& y, const StepInfo&) override {
-    auto& argmax = argmax_[slot_];
+  void forward(const Backend& be, const Tensor& x, Tensor& y, const StepInfo& si) override {
+    auto& argmax = argmax_[si.slot];
     argmax.resize(y.shape, *be.memory);
     be.maxpool2d_forward(y.data(), argmax.i32(), x.data(), batch_of(x), int(x.dim(1)),
                          int(x.dim(2)), int(x.dim(3)), k_, st_);
   }
   void backward(const Backend& be, const Tensor& x, const Tensor&, const Tensor& dy,
-                Tensor* dx, bool) override {
+                Tensor* dx, int slot, bool) override {
     if (!dx) return;
-    be.maxpool2d_backward(dx->data(), dy.data(), argmax_[slot_].i32(), batch_of(x), int(x.dim(1)),
+    be.maxpool2d_backward(dx->data(), dy.data(), argmax_[slot].i32(), batch_of(x), int(x.dim(1)),
                           int(x.dim(2)), int(x.dim(3)), k_, st_);
   }
   int k_, st_;
@@ -127,11 +127,11 @@ class Relu final : public Layer {
   }
   std::string describe() const override { return "ReLU"; }
   Shape output_shape(const Shape& in) const override { return in; }
-  void forward(const Backend& be, const Tensor& x, Tensor& y, const StepInfo&) override {
+  void forward(const Backend& be, const Tensor& x, Tensor& y, const StepInfo& si) override {
     be.relu_forward(y.data(), x.data(), x.size());
   }
   void backward(const Backend& be, const Tensor&, const Tensor& y, const Tensor& dy,
-                Tensor* dx, bool) override {
+                Tensor* dx, int, bool) override {
     if (dx) be.relu_backward(dx->data(), dy.data(), y.data(), y.size());
   }
 };
@@ -143,11 +143,11 @@ class Gelu final : public Layer {
   }
   std::string describe() const override { return "GELU"; }
   Shape output_shape(const Shape& in) const override { return in; }
-  void forward(const Backend& be, const Tensor& x, Tensor& y, const StepInfo&) override {
+  void forward(const Backend& be, const Tensor& x, Tensor& y, const StepInfo& si) override {
     be.gelu_forward(y.data(), x.data(), x.size());
   }
   void backward(const Backend& be, const Tensor& x, const Tensor&, const Tensor& dy,
-                Tensor* dx, bool) override {
+                Tensor* dx, int, bool) override {
     if (dx) be.gelu_backward(dx->data(), dy.data(), x.data(), x.size());
   }
 };
@@ -160,11 +160,11 @@ class Flatten final : public Layer {
   std::string describe() const override { return "Flatten"; }
   Shape output_shape(const Shape& in) const override { return {numel(in)}; }
   bool is_reshape() const override { return true; }
-  void forward(const Backend& be, const Tensor& x, Tensor& y, const StepInfo&) override {
+  void forward(const Backend& be, const Tensor& x, Tensor& y, const StepInfo& si) override {
     be.copy(y.data(), x.data(), sizeof(float) * size_t(x.size()));
   }
   void backward(const Backend& be, const Tensor&, const Tensor&, const Tensor& dy, Tensor* dx,
-                bool) override {
+                int, bool) override {
     if (dx) be.copy(dx->data(), dy.data(), sizeof(float) * size_t(dy.size()));
   }
 };
@@ -180,21 +180,21 @@ class Dropout final : public Layer {
   void forward(const Backend& be, const Tensor& x, Tensor& y, const StepInfo& s) override {
     if (!s.training || p_ == 0.0f) {
       be.copy(y.data(), x.data(), sizeof(float) * size_t(x.size()));
-      active_[slot_] = false;
+      active_[s.slot] = false;
       return;
     }
-    active_[slot_] = true;
-    Tensor& mask = mask_[slot_];
+    active_[s.slot] = true;
+    Tensor& mask = mask_[s.slot];
     mask.resize(x.shape, *be.memory);
     int b = batch_of(x);
     be.dropout_forward(y.data(), mask.data(), x.data(), b, b ? x.size() / b : 0, p_,
                        hash_combine(s.seed, uint64_t(index_) + 0xD50D), s.step, s.first_sample);
   }
   void backward(const Backend& be, const Tensor&, const Tensor&, const Tensor& dy,
-                Tensor* dx, bool) override {
+                Tensor* dx, int slot, bool) override {
     if (!dx) return;
-    if (!active_[slot_]) be.copy(dx->data(), dy.data(), sizeof(float) * size_t(dy.size()));
-    else be.dropout_backward(dx->data(), dy.data(), mask_[slot_].data(), dy.size());
+    if (!active_[slot]) be.copy(dx->data(), dy.data(), sizeof(float) * size_t(dy.size()));
+    else be.dropout_backward(dx->data(), dy.data(), mask_[slot].data(), dy.size());
   }
 
  private:
@@ -230,9 +230,9 @@ class ConvPool final : public Layer {
   double flops_per_sample(const Shape& in) const override { return conv_->flops_per_sample(in); }
 
   // x (B,C,H,W) -> y (B,OC,PH,PW)
-  void forward(const Backend& be, const Tensor& x, Tensor& y, const StepInfo&) override {
+  void forward(const Backend& be, const Tensor& x, Tensor& y, const StepInfo& si) override {
     const Geometry g = geometry(be, x);
-    auto& argmax = argmax_[slot_];
+    auto& argmax = argmax_[si.slot];
     argmax.resize(y.shape, *be.memory);
     for (int b0 = 0; b0 < g.B; b0 += g.nb) {
       const int nb = std::min(g.nb, g.B - b0);
@@ -245,7 +245,7 @@ class ConvPool final : public Layer {
     }
   }
   void backward(const Backend& be, const Tensor& x, const Tensor&, const Tensor& dy,
-                Tensor* dx, bool accumulate) override {
+                Tensor* dx, int slot, bool accumulate) override {
     const Geometry g = geometry(be, x);
     const int64_t nw = numel(params[0].shape), nbias = numel(params[1].shape);
     dw_.resize({nw + nbias}, *be.memory);
@@ -254,7 +254,7 @@ class ConvPool final : public Layer {
       auto s = g.conv;
       s.B = nb;
       be.maxpool2d_backward(conv_out_.data(), dy.data() + int64_t(b0) * g.out,
-                            argmax_[slot_].i32() + int64_t(b0) * g.out, nb, s.OC, s.OH(), s.OW(), k_, st_);
+                            argmax_[slot].i32() + int64_t(b0) * g.out, nb, s.OC, s.OH(), s.OW(), k_, st_);
       // The first chunk writes the gradient (unless accumulating); the others add to it.
       const bool writes = b0 == 0 && !accumulate;
       float* gw = writes ? params[0].grad : dw_.data();
@@ -310,12 +310,12 @@ class LinearRelu final : public Layer {
   std::string describe() const override { return lin_->describe() + " + ReLU"; }
   Shape output_shape(const Shape& in) const override { return lin_->output_shape(in); }
   double flops_per_sample(const Shape& in) const override { return lin_->flops_per_sample(in); }
-  void forward(const Backend& be, const Tensor& x, Tensor& y, const StepInfo&) override {
+  void forward(const Backend& be, const Tensor& x, Tensor& y, const StepInfo& si) override {
     const int B = batch_of(x), I = int(x.size() / std::max(B, 1)), O = int(y.size() / std::max(B, 1));
     be.linear_relu_forward(y.data(), x.data(), params[0].value, params[1].value, B, I, O);
   }
   void backward(const Backend& be, const Tensor& x, const Tensor& y, const Tensor& dy,
-                Tensor* dx, bool accumulate) override {
+                Tensor* dx, int slot, bool accumulate) override {
     const int B = batch_of(x), I = int(x.size() / std::max(B, 1)), O = int(y.size() / std::max(B, 1));
     dpre_.resize(y.shape, *be.memory);
     be.linear_relu_backward(dx ? dx->data() : nullptr, params[0].grad, params[1].grad, dy.data(),

@@ -41,10 +41,10 @@ class Embedding final : public Layer {
   // Kept as int32 per slot for backward: on the host, converted straight from x; in device
   // memory, x is downloaded (B*t floats), converted and checked on the host (a kernel cannot
   // report a bad id), and the int32 ids uploaded.
-  void forward(const Backend& be, const Tensor& x, Tensor& y, const StepInfo&) override {
+  void forward(const Backend& be, const Tensor& x, Tensor& y, const StepInfo& si) override {
     const int B = int(x.dim(0)), t = int(x.dim(1));
     const size_t n = size_t(B) * size_t(t);
-    auto& tok = tokens_[slot_];
+    auto& tok = tokens_[si.slot];
     tok.resize(n);
     if (be.host_memory()) {
       for (size_t i = 0; i < n; ++i) tok[i] = int32_t(x.data()[i]);  // the kernel checks them
@@ -58,20 +58,20 @@ class Embedding final : public Layer {
                      id, i / size_t(t), i % size_t(t), V_);
         tok[i] = int32_t(id);
       }
-      Tensor& d = device_tokens_[slot_];
+      Tensor& d = device_tokens_[si.slot];
       d.resize({int64_t(n)}, *be.memory);
       be.upload(d.i32(), tok.data(), sizeof(int32_t) * n);
     }
-    be.embedding_forward(y.data(), token_ids(be), params[0].value, params[1].value, B, t, C_, V_);
+    be.embedding_forward(y.data(), token_ids(be, si.slot), params[0].value, params[1].value, B, t, C_, V_);
   }
   void backward(const Backend& be, const Tensor& x, const Tensor&, const Tensor& dy, Tensor*,
-                bool accumulate) override {
+                int slot, bool accumulate) override {
     const int B = int(x.dim(0)), t = int(x.dim(1));
     // A tied head has already written its share of the token table's gradient: add to it.
     be.embedding_backward(tied_ ? nullptr : params[0].grad, params[1].grad, dy.data(),
-                          token_ids(be), B, t, C_, V_, accumulate);
+                          token_ids(be, slot), B, t, C_, V_, accumulate);
     if (tied_)
-      be.embedding_backward(params[0].grad, nullptr, dy.data(), token_ids(be), B, t, C_, V_,
+      be.embedding_backward(params[0].grad, nullptr, dy.data(), token_ids(be, slot), B, t, C_, V_,
                             /*accumulate=*/true);
     if (t < T_ && !accumulate)  // positions this batch did not reach get no gradient
       be.memory->zero(params[1].grad + int64_t(t) * C_, sizeof(float) * size_t(T_ - t) * C_);
@@ -81,8 +81,8 @@ class Embedding final : public Layer {
 
  private:
   // This slot's ids where the backend's kernels read them.
-  const int32_t* token_ids(const Backend& be) {
-    return be.host_memory() ? tokens_[slot_].data() : device_tokens_[slot_].i32();
+  const int32_t* token_ids(const Backend& be, int slot) {
+    return be.host_memory() ? tokens_[slot].data() : device_tokens_[slot].i32();
   }
   PerSlot<std::vector<int32_t>> tokens_;
   PerSlot<Tensor> device_tokens_;  // in the backend's memory, when that is not the host's
@@ -104,18 +104,18 @@ class LayerNorm final : public Layer {
       fail_input("model: {} needs {} features last, got shape {}", describe(), C_, shape_str(in));
     return in;
   }
-  void forward(const Backend& be, const Tensor& x, Tensor& y, const StepInfo&) override {
+  void forward(const Backend& be, const Tensor& x, Tensor& y, const StepInfo& si) override {
     const int N = rows_of(x);
-    auto& s = stats_[slot_];
+    auto& s = stats_[si.slot];
     s.resize({2, int64_t(N)}, *be.memory);
     be.layernorm_forward(y.data(), s.data(), s.data() + N, x.data(), params[0].value,
                          params[1].value, N, C_);
   }
   void backward(const Backend& be, const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx,
-                bool accumulate) override {
+                int slot, bool accumulate) override {
     const int N = rows_of(x);
     dscratch_.resize(x.shape, *be.memory);
-    const auto& s = stats_[slot_];
+    const auto& s = stats_[slot];
     be.layernorm_backward(dx ? dx->data() : dscratch_.data(), params[0].grad, params[1].grad,
                           dy.data(), x.data(), params[0].value, s.data(), s.data() + N, N, C_,
                           accumulate);
@@ -141,12 +141,12 @@ class LmHead final : public Layer {
     return {in[0], V_};
   }
   double flops_per_sample(const Shape& in) const override { return 2.0 * double(numel(in)) * V_; }
-  void forward(const Backend& be, const Tensor& x, Tensor& y, const StepInfo&) override {
+  void forward(const Backend& be, const Tensor& x, Tensor& y, const StepInfo& si) override {
     STRATA_CHECK(wte_, "{} is not tied to an embedding", name);
     be.linear_forward(y.data(), x.data(), wte_->value, nullptr, rows_of(x), int(x.dim(2)), V_);
   }
   void backward(const Backend& be, const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx,
-                bool accumulate) override {
+                int slot, bool accumulate) override {
     // Runs before the embedding's backward, which adds its part to the same gradient.
     be.linear_backward(dx ? dx->data() : nullptr, wte_->grad, nullptr, dy.data(), x.data(),
                        wte_->value, rows_of(x), int(x.dim(2)), V_, accumulate);
@@ -202,18 +202,19 @@ class Block final : public Layer {
       return Param{.name = std::move(name), .shape = here, .fan_in = fan_in, .init = init,
                    .std = sd, .whole_shape = w, .split_dim = dim, .split_groups = groups};
     };
-    params = {param("ln_1.weight", whole({C}), 1, Init::kOnes),
-              param("ln_1.bias", whole({C}), 1, Init::kZeros),
-              param("attn.c_attn.weight", rows(3, 3 * C, {C}), C, Init::kNormal),
-              param("attn.c_attn.bias", rows(3, 3 * C, {}), 1, Init::kZeros),
-              param("attn.c_proj.weight", cols(C, C), C, Init::kNormal, proj_std),
-              param("attn.c_proj.bias", whole({C}), 1, Init::kZeros),
-              param("ln_2.weight", whole({C}), 1, Init::kOnes),
-              param("ln_2.bias", whole({C}), 1, Init::kZeros),
-              param("mlp.c_fc.weight", rows(1, 4 * C, {C}), C, Init::kNormal),
-              param("mlp.c_fc.bias", rows(1, 4 * C, {}), 1, Init::kZeros),
-              param("mlp.c_proj.weight", cols(C, 4 * C), 4 * C, Init::kNormal, proj_std),
-              param("mlp.c_proj.bias", whole({C}), 1, Init::kZeros)};
+    params.resize(kNumParams);
+    params[kLn1W] = param("ln_1.weight", whole({C}), 1, Init::kOnes);
+    params[kLn1B] = param("ln_1.bias", whole({C}), 1, Init::kZeros);
+    params[kAttnW] = param("attn.c_attn.weight", rows(3, 3 * C, {C}), C, Init::kNormal);
+    params[kAttnB] = param("attn.c_attn.bias", rows(3, 3 * C, {}), 1, Init::kZeros);
+    params[kAttnProjW] = param("attn.c_proj.weight", cols(C, C), C, Init::kNormal, proj_std);
+    params[kAttnProjB] = param("attn.c_proj.bias", whole({C}), 1, Init::kZeros);
+    params[kLn2W] = param("ln_2.weight", whole({C}), 1, Init::kOnes);
+    params[kLn2B] = param("ln_2.bias", whole({C}), 1, Init::kZeros);
+    params[kFcW] = param("mlp.c_fc.weight", rows(1, 4 * C, {C}), C, Init::kNormal);
+    params[kFcB] = param("mlp.c_fc.bias", rows(1, 4 * C, {}), 1, Init::kZeros);
+    params[kMlpProjW] = param("mlp.c_proj.weight", cols(C, 4 * C), 4 * C, Init::kNormal, proj_std);
+    params[kMlpProjB] = param("mlp.c_proj.bias", whole({C}), 1, Init::kZeros);
   }
   std::vector<Op> ops() const override {
     return {Op::layernorm_forward, Op::layernorm_backward, Op::linear_forward,
@@ -235,28 +236,28 @@ class Block final : public Layer {
     const double T = double(in[0]), C = C_;
     return (2.0 * T * 12.0 * C * C + 4.0 * T * T * C) / tp_.size;  // the GEMMs, QK^T and att@V
   }
-  int64_t internal_bytes_per_sample(const Shape& in) const override {  // BlockActs' sizes
-    const int64_t T = in[0], C = C_, S = tp_.size;
-    return int64_t(sizeof(float)) * (T * C * 3 + 4 * T + 3 * T * C / S + NH_ / S * T * T +
-                                      T * C / S + 8 * T * C / S);  // ln1 res1 ln2, st1 st2,
-  }                                                                // qkv, att, y, fc fcg
+  int64_t internal_bytes_per_sample(const Shape& in) const override {
+    int64_t n = 0;
+    for (const auto& [t, shape] : act_shapes(1, int(in[0]))) n += numel(shape);
+    return int64_t(sizeof(float)) * n;
+  }
   bool recomputes() const override { return recompute_; }
 
   void forward(const Backend& be, const Tensor& x, Tensor& y, const StepInfo& s) override {
-    step_[slot_] = s;
-    BlockActs& a = recompute_ ? block_workspace().recomputed : acts_[slot_];
-    run_forward(be, x, y.data(), s, a, masks_[slot_]);
+    step_[s.slot] = s;
+    BlockActs& a = recompute_ ? block_workspace().recomputed : acts_[s.slot];
+    run_forward(be, x, y.data(), s, a, masks_[s.slot]);
   }
 
   void backward(const Backend& be, const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx,
-                bool accumulate) override {
+                int slot, bool accumulate) override {
     BlockWorkspace& w = block_workspace();
-    BlockActs& a = recompute_ ? w.recomputed : acts_[slot_];
+    BlockActs& a = recompute_ ? w.recomputed : acts_[slot];
     if (recompute_) {  // the activations again, from the block's input (same masks: same keys)
       w.out.resize(x.shape, *be.memory);
-      run_forward(be, x, w.out.data(), step_[slot_], a, masks_[slot_]);
+      run_forward(be, x, w.out.data(), step_[slot], a, masks_[slot]);
     }
-    const Masks& mk = masks_[slot_];
+    const Masks& mk = masks_[slot];
     const int B = int(x.dim(0)), T = int(x.dim(1)), N = B * T, C = C_;
     const int Cl = C / tp_.size, NHl = NH_ / tp_.size, Hl = 4 * Cl;  // this rank's share
     const int64_t n = int64_t(N) * C;
@@ -267,19 +268,17 @@ class Block final : public Layer {
     float* gc = ws(w.gc, {N, C});      // gradient at a LayerNorm's output
     float* gr = ws(w.gr, {N, C});      // gradient at res1 (the stream between the branches)
     float* g3 = ws(w.g3, {N, 3 * Cl});
-    auto P = [&](int i) { return params[size_t(i)].value; };
-    auto G = [&](int i) { return params[size_t(i)].grad; };
     // MLP branch: out = res1 + drop(c_proj(gelu(c_fc(ln_2(res1)))))
     const float* d = dy.data();
     if (mk.active) {
       be.dropout_backward(g, d, mk.m2.data(), n);
       d = g;
     }
-    be.linear_backward(g4, G(10), G(11), d, a.fcg.data(), P(10), N, Hl, C, accumulate);
+    be.linear_backward(g4, grad(kMlpProjW), grad(kMlpProjB), d, a.fcg.data(), value(kMlpProjW), N, Hl, C, accumulate);
     be.gelu_backward(g4b, g4, a.fc.data(), int64_t(N) * Hl);
-    be.linear_backward(gc, G(8), G(9), g4b, a.ln2.data(), P(8), N, C, Hl, accumulate);
+    be.linear_backward(gc, grad(kFcW), grad(kFcB), g4b, a.ln2.data(), value(kFcW), N, C, Hl, accumulate);
     tensor_sum(gc, n);
-    be.layernorm_backward(gr, G(6), G(7), gc, a.res1.data(), P(6), a.st2.data(),
+    be.layernorm_backward(gr, grad(kLn2W), grad(kLn2B), gc, a.res1.data(), value(kLn2W), a.st2.data(),
                           a.st2.data() + N, N, C, accumulate);
     be.residual_forward(gr, gr, dy.data(), n);  // + the stream's own path
     // Attention branch: res1 = x + drop(c_proj(attn(c_attn(ln_1(x)))))
@@ -288,17 +287,37 @@ class Block final : public Layer {
       be.dropout_backward(g, gr, mk.m1.data(), n);
       d = g;
     }
-    be.linear_backward(gc, G(4), G(5), d, a.y.data(), P(4), N, Cl, C, accumulate);
+    be.linear_backward(gc, grad(kAttnProjW), grad(kAttnProjB), d, a.y.data(), value(kAttnProjW), N, Cl, C, accumulate);
     be.attention_backward(g3, gc, a.qkv.data(), a.att.data(), B, T, Cl, NHl);
-    be.linear_backward(gc, G(2), G(3), g3, a.ln1.data(), P(2), N, C, 3 * Cl, accumulate);
+    be.linear_backward(gc, grad(kAttnW), grad(kAttnB), g3, a.ln1.data(), value(kAttnW), N, C, 3 * Cl, accumulate);
     tensor_sum(gc, n);
     float* dxp = dx ? dx->data() : ws(w.g, {N, C});
-    be.layernorm_backward(dxp, G(0), G(1), gc, x.data(), P(0), a.st1.data(), a.st1.data() + N,
+    be.layernorm_backward(dxp, grad(kLn1W), grad(kLn1B), gc, x.data(), value(kLn1W), a.st1.data(), a.st1.data() + N,
                           N, C, accumulate);
     if (dx) be.residual_forward(dxp, dxp, gr, n);
   }
 
  private:
+  // The block's parameters, by name: their places in `params`.
+  enum Which : size_t {
+    kLn1W, kLn1B, kAttnW, kAttnB, kAttnProjW, kAttnProjB,  // ln_1, attn.c_attn, attn.c_proj
+    kLn2W, kLn2B, kFcW, kFcB, kMlpProjW, kMlpProjB,        // ln_2, mlp.c_fc, mlp.c_proj
+    kNumParams
+  };
+  float* value(Which i) const { return params[i].value; }
+  float* grad(Which i) const { return params[i].grad; }
+
+  // What forward keeps for backward (BlockActs), with its shapes for B samples of T positions
+  // (this rank's tensor part): the buffers' sizes and the reports of what recompute saves.
+  std::vector<std::pair<Tensor BlockActs::*, Shape>> act_shapes(int64_t B, int64_t T) const {
+    const int64_t N = B * T, C = C_, Cl = C / tp_.size, NHl = NH_ / tp_.size, Hl = 4 * Cl;
+    return {{&BlockActs::ln1, {N, C}},       {&BlockActs::st1, {2, N}},
+            {&BlockActs::qkv, {N, 3 * Cl}},  {&BlockActs::att, {B, NHl, T, T}},
+            {&BlockActs::y, {N, Cl}},        {&BlockActs::res1, {N, C}},
+            {&BlockActs::ln2, {N, C}},       {&BlockActs::st2, {2, N}},
+            {&BlockActs::fc, {N, Hl}},       {&BlockActs::fcg, {N, Hl}}};
+  }
+
   struct Masks {
     bool active = false;
     Tensor m1, m2;  // dropout masks of the two residual branches
@@ -315,13 +334,9 @@ class Block final : public Layer {
     const int Cl = C / tp_.size, NHl = NH_ / tp_.size, Hl = 4 * Cl;
     const int64_t n = int64_t(N) * C;
     auto ws = [&](Tensor& t, Shape sh) { t.resize(std::move(sh), *be.memory); return t.data(); };
-    auto P = [&](int i) { return params[size_t(i)].value; };
     // The row-parallel layers' bias, added by one rank of the group (before the sum).
-    auto bias = [&](int i) { return tp_.rank == 0 ? P(i) : nullptr; };
-    for (auto [t, sh] : {std::pair{&a.ln1, Shape{N, C}}, {&a.st1, {2, N}}, {&a.qkv, {N, 3 * Cl}},
-                         {&a.att, {B, NHl, T, T}}, {&a.y, {N, Cl}}, {&a.res1, {N, C}},
-                         {&a.ln2, {N, C}}, {&a.st2, {2, N}}, {&a.fc, {N, Hl}}, {&a.fcg, {N, Hl}}})
-      ws(*t, sh);
+    auto bias = [&](Which i) { return tp_.rank == 0 ? value(i) : nullptr; };
+    for (const auto& [t, shape] : act_shapes(B, T)) ws(a.*t, shape);
     float* tmp = ws(block_workspace().tmp, {N, C});
     mk.active = s.training && p_ > 0;
     auto drop = [&](Tensor& mask, int k) {  // in place on tmp; keyed like Dropout, per branch
@@ -331,17 +346,17 @@ class Block final : public Layer {
                          hash_combine(s.seed, 0xB10C0000ull + uint64_t(index_) * 2 + uint64_t(k)),
                          s.step, s.first_sample);
     };
-    be.layernorm_forward(a.ln1.data(), a.st1.data(), a.st1.data() + N, x.data(), P(0), P(1), N, C);
-    be.linear_forward(a.qkv.data(), a.ln1.data(), P(2), P(3), N, C, 3 * Cl);
+    be.layernorm_forward(a.ln1.data(), a.st1.data(), a.st1.data() + N, x.data(), value(kLn1W), value(kLn1B), N, C);
+    be.linear_forward(a.qkv.data(), a.ln1.data(), value(kAttnW), value(kAttnB), N, C, 3 * Cl);
     be.attention_forward(a.y.data(), a.att.data(), a.qkv.data(), B, T, Cl, NHl);
-    be.linear_forward(tmp, a.y.data(), P(4), bias(5), N, Cl, C);
+    be.linear_forward(tmp, a.y.data(), value(kAttnProjW), bias(kAttnProjB), N, Cl, C);
     tensor_sum(tmp, n);
     drop(mk.m1, 0);
     be.residual_forward(a.res1.data(), x.data(), tmp, n);
-    be.layernorm_forward(a.ln2.data(), a.st2.data(), a.st2.data() + N, a.res1.data(), P(6), P(7), N, C);
-    be.linear_forward(a.fc.data(), a.ln2.data(), P(8), P(9), N, C, Hl);
+    be.layernorm_forward(a.ln2.data(), a.st2.data(), a.st2.data() + N, a.res1.data(), value(kLn2W), value(kLn2B), N, C);
+    be.linear_forward(a.fc.data(), a.ln2.data(), value(kFcW), value(kFcB), N, C, Hl);
     be.gelu_forward(a.fcg.data(), a.fc.data(), int64_t(N) * Hl);
-    be.linear_forward(tmp, a.fcg.data(), P(10), bias(11), N, Hl, C);
+    be.linear_forward(tmp, a.fcg.data(), value(kMlpProjW), bias(kMlpProjB), N, Hl, C);
     tensor_sum(tmp, n);
     drop(mk.m2, 1);
     be.residual_forward(out, a.res1.data(), tmp, n);

@@ -17,7 +17,8 @@
 #include "strata/parse.h"
 #include "strata/generate.h"
 #include "strata/prepare.h"
-#include "strata/trainer.h"
+#include "strata/evaluate.h"
+#include "strata/session.h"
 
 using namespace strata;
 
@@ -113,7 +114,7 @@ int run_inspect(const std::string& path) {
   } else {
     fmt::print("step {}\n", s.step);
   }
-  fmt::print("model: {} -> {} classes: {}\n", shape_str(ck.input_shape), ck.classes, fmt::join(ck.spec, ", "));
+  fmt::print("model: {} -> {} classes: {}\n", shape_str(ck.input_shape), ck.classes, fmt::join(spec_texts(ck.spec), ", "));
   // The config summary: the keys that define the run.
   for (const char* key : {"lr =", "lr_schedule", "epochs", "max_steps", "weight_decay", "momentum"})
     for (size_t a = 0, b; a < p.config_toml.size(); a = b + 1) {

@@ -15,26 +15,6 @@
 namespace strata {
 namespace {
 
-std::vector<std::string> words(const std::string& s) {
-  std::istringstream in(s);
-  std::vector<std::string> w;
-  for (std::string t; in >> t;) w.push_back(t);
-  return w;
-}
-
-// A size in a layer spec: a positive integer of at most 2^24, so that the layers' products of
-// sizes (a block's 4 x width, conv channels x kernel^2, ...) stay within int arithmetic.
-constexpr int kMaxLayerSize = 1 << 24;
-int int_arg(const std::string& where, const std::string& spec, const std::string& w) {
-  std::string why;
-  auto v = parse_int(w, &why);
-  if (!v || *v < 1)
-    fail_input("{}: '{}': '{}' is not a positive integer", where, spec, w);
-  if (*v > kMaxLayerSize)
-    fail_input("{}: '{}': {} is larger than {} (2^24)", where, spec, *v, kMaxLayerSize);
-  return int(*v);
-}
-
 // The model-wide facts some layers need: the class (vocabulary) count and the number of
 // transformer blocks (GPT-2 scales its residual projections' init by it).
 struct BuildContext {
@@ -44,89 +24,51 @@ struct BuildContext {
   TensorSplit tp;  // the blocks' share of the tensor-parallel group
 };
 
-std::unique_ptr<Layer> parse_layer(const std::string& spec, const Shape& in, int index,
+// The layer `s` describes, for input `in` (per sample): sizes inferred, shapes checked.
+std::unique_ptr<Layer> build_layer(const LayerSpec& s, const Shape& in, int index,
                                    const BuildContext& ctx) {
-  auto w = words(spec);
-  if (w.empty()) fail_input("{}: empty layer spec", ctx.where);
-  const std::string& k = w[0];
-  auto nargs = [&](size_t lo, size_t hi) {
-    if (w.size() - 1 < lo || w.size() - 1 > hi)
-      fail_input("{}: '{}': {} takes {} to {} arguments", ctx.where, spec, k, lo, hi);
-  };
-  if (k == "linear") {
-    nargs(1, 1);
-    if (in.size() != 1)
-      fail_input("{}: '{}' needs a flat input but gets {}; add \"flatten\" before it", ctx.where,
-                 spec, shape_str(in));
-    return make_linear(int(in[0]), int_arg(ctx.where, spec, w[1]));
+  const std::string& where = ctx.where;
+  const std::string& spec = s.source;
+  switch (s.kind) {
+    case LayerSpec::Kind::kLinear:
+      if (in.size() != 1)
+        fail_input("{}: '{}' needs a flat input but gets {}; add \"flatten\" before it", where,
+                   spec, shape_str(in));
+      return make_linear(int(in[0]), s.size);
+    case LayerSpec::Kind::kConv:
+      if (in.size() != 3) fail_input("{}: '{}' needs a (C, H, W) input, gets {}", where, spec, shape_str(in));
+      return make_conv2d(int(in[0]), s.size, s.kernel, s.stride, s.pad);
+    case LayerSpec::Kind::kMaxPool: return make_maxpool2d(s.kernel, s.stride);
+    case LayerSpec::Kind::kRelu: return make_relu();
+    case LayerSpec::Kind::kGelu: return make_gelu();
+    case LayerSpec::Kind::kFlatten: return make_flatten();
+    case LayerSpec::Kind::kDropout: return make_dropout(s.p, index);
+    case LayerSpec::Kind::kEmbedding:
+      if (in.size() != 1)
+        fail_input("{}: '{}' needs token ids (T) per sample, gets {}", where, spec, shape_str(in));
+      return make_embedding(ctx.classes, s.size, int(in[0]));
+    case LayerSpec::Kind::kBlock: {
+      if (in.size() != 2) fail_input("{}: '{}' needs (T, C) per sample, gets {}", where, spec, shape_str(in));
+      const int heads = s.size, C = int(in[1]);
+      if (C % heads != 0)
+        fail_input("{}: '{}': {} heads do not divide the width {} (model.heads, model.dim)",
+                   where, spec, heads, C);
+      if (heads % ctx.tp.size != 0)
+        fail_input("parallel.tensor = {} does not divide model.heads = {} (each tensor-parallel "
+                   "rank holds whole attention heads)", ctx.tp.size, heads);
+      return make_block(C, heads, ctx.blocks, s.p, index, s.recompute, ctx.tp);
+    }
+    case LayerSpec::Kind::kLayerNorm:
+      if (in.empty()) fail_input("{}: '{}' needs an input", where, spec);
+      return make_layernorm(int(in.back()));
+    case LayerSpec::Kind::kLmHead: return make_lm_head(ctx.classes);
   }
-  if (k == "conv") {
-    nargs(2, 4);
-    if (in.size() != 3) fail_input("{}: '{}' needs a (C, H, W) input, gets {}", ctx.where, spec, shape_str(in));
-    int stride = w.size() > 3 ? int_arg(ctx.where, spec, w[3]) : 1;
-    int pad = 0;
-    if (w.size() > 4) pad = w[4] == "0" ? 0 : int_arg(ctx.where, spec, w[4]);
-    return make_conv2d(int(in[0]), int_arg(ctx.where, spec, w[1]), int_arg(ctx.where, spec, w[2]), stride, pad);
-  }
-  if (k == "maxpool") {
-    nargs(1, 2);
-    int kk = int_arg(ctx.where, spec, w[1]);
-    return make_maxpool2d(kk, w.size() > 2 ? int_arg(ctx.where, spec, w[2]) : kk);
-  }
-  if (k == "relu") { nargs(0, 0); return make_relu(); }
-  if (k == "gelu") { nargs(0, 0); return make_gelu(); }
-  if (k == "flatten") { nargs(0, 0); return make_flatten(); }
-  auto prob = [&](const std::string& v) {
-    float p = -1;
-    try { p = std::stof(v); } catch (const std::exception&) {}
-    if (!(p >= 0 && p < 1)) fail_input("{}: '{}': p must be in [0, 1)", ctx.where, spec);
-    return p;
-  };
-  if (k == "dropout") {
-    nargs(1, 1);
-    return make_dropout(prob(w[1]), index);
-  }
-  // GPT-2: "embedding DIM", "block HEADS [DROPOUT [recompute]]", "layernorm", "lmhead".
-  if (k == "embedding") {
-    nargs(1, 1);
-    if (in.size() != 1)
-      fail_input("{}: '{}' needs token ids (T) per sample, gets {}", ctx.where, spec, shape_str(in));
-    return make_embedding(ctx.classes, int_arg(ctx.where, spec, w[1]), int(in[0]));
-  }
-  if (k == "block") {
-    nargs(1, 3);
-    if (in.size() != 2) fail_input("{}: '{}' needs (T, C) per sample, gets {}", ctx.where, spec, shape_str(in));
-    const int heads = int_arg(ctx.where, spec, w[1]), C = int(in[1]);
-    if (C % heads != 0)
-      fail_input("{}: '{}': {} heads do not divide the width {} (model.heads, model.dim)",
-                 ctx.where, spec, heads, C);
-    if (heads % ctx.tp.size != 0)
-      fail_input("parallel.tensor = {} does not divide model.heads = {} (each tensor-parallel "
-                 "rank holds whole attention heads)", ctx.tp.size, heads);
-    if (w.size() > 3 && w[3] != "recompute")
-      fail_input("{}: '{}': the third argument is 'recompute' or nothing", ctx.where, spec);
-    return make_block(C, heads, ctx.blocks, w.size() > 2 ? prob(w[2]) : 0.0f, index, w.size() > 3,
-                      ctx.tp);
-  }
-  if (k == "layernorm") {
-    nargs(0, 0);
-    if (in.empty()) fail_input("{}: '{}' needs an input", ctx.where, spec);
-    return make_layernorm(int(in.back()));
-  }
-  if (k == "lmhead") {
-    nargs(0, 0);
-    return make_lm_head(ctx.classes);
-  }
-  fail_input("{}: '{}': unknown layer '{}' (linear, conv, maxpool, relu, gelu, "
-             "flatten, dropout, embedding, block, layernorm, lmhead)", ctx.where, spec, k);
+  fail_input("{}: '{}': unknown layer", where, spec);
 }
 
-std::string short_kind(const std::string& spec) {
-  auto w = words(spec);
-  if (w.empty()) return "";
-  const std::string& k = w[0];
-  if (k == "linear") return "fc";
-  return k;
+// A layer's name prefix: "fc" for linear layers, else the kind ("conv", "block", ...).
+std::string short_kind(const LayerSpec& s) {
+  return s.kind == LayerSpec::Kind::kLinear ? "fc" : s.kind_name();
 }
 
 // The whole model's layers (fused, named) and the per-sample shape entering each, plus the
@@ -152,7 +94,7 @@ Built build_layers(const ModelSpec& spec, const Shape& input_shape, int classes,
       at = i + 1;
     else if (i > 0 && short_kind(spec[i]) == "maxpool" && short_kind(spec[i - 1]) == "relu")
       at = i - 1;
-    auto layer = parse_layer(spec[at], shape, int(at), ctx);
+    auto layer = build_layer(spec[at], shape, int(at), ctx);
     std::string kind = short_kind(spec[at]);
     layer->name = fmt::format("{}{}", kind, ++counts[kind]);
     // "linear, relu" runs as one layer: bias and ReLU in the GEMM's epilogue, and one pass for
@@ -342,7 +284,7 @@ Model::Model(const ModelSpec& spec, Shape input_shape, int classes, LayerRange s
   if (embedding_here && head_anywhere && !head_here)
     for (auto& e : layers_)
       if (Param* t = token_table(*e)) shared_table_ = t;
-  set_slot(0);
+  slot(0);
 }
 
 Param* Model::tied_table() const { return tied_copy_ ? tied_copy_.get() : shared_table_; }
@@ -384,14 +326,13 @@ void Model::extract(const float* whole, float* mine) const {
   }
 }
 
-void Model::set_slot(int k) {
+Model::Activations& Model::slot(int k) {
   while (int(acts_.size()) <= k) {
     acts_.emplace_back();
     acts_.back().outs.resize(layers_.size());
     acts_.back().douts.resize(layers_.size());
   }
-  slot_ = k;
-  for (auto& l : layers_) l->set_slot(k);
+  return acts_[size_t(k)];
 }
 
 int64_t Model::activation_bytes(int k) const {
@@ -486,7 +427,7 @@ void Model::push(const Backend& be) {
 }
 
 const Tensor& Model::forward(const Backend& be, const Tensor& x, const StepInfo& s) {
-  Activations& a = acts_[size_t(slot_)];
+  Activations& a = slot(s.slot);
   a.input = &x;
   const int64_t b = x.dim(0);
   const Tensor* in = &x;
@@ -508,9 +449,9 @@ const Tensor& Model::forward(const Backend& be, const Tensor& x, const StepInfo&
   return *in;
 }
 
-const Tensor* Model::backward(const Backend& be, const Tensor& dout,
+const Tensor* Model::backward(const Backend& be, const Tensor& dout, int k,
                               const std::function<void(int64_t)>& on_ready, bool accumulate) {
-  Activations& a = acts_[size_t(slot_)];
+  Activations& a = slot(k);
   STRATA_CHECK(a.input, "backward before forward");
   const int64_t b = a.input->dim(0);
   const Tensor* dy = &dout;
@@ -542,7 +483,7 @@ const Tensor* Model::backward(const Backend& be, const Tensor& dout,
       else a.douts[i].resize(is, *be.memory);
       dx = &a.douts[i];
     }
-    if (!layers_[i]->is_reshape()) layers_[i]->backward(be, x, a.outs[i], *dy, dx, accumulate);
+    if (!layers_[i]->is_reshape()) layers_[i]->backward(be, x, a.outs[i], *dy, dx, k, accumulate);
     if (profile_) {
       be.synchronize();  // a device's ops are asynchronous: time what they did
       (*profile_)[i] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

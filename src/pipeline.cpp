@@ -42,7 +42,7 @@ std::vector<double> measured_costs(const ModelSpec& spec, const Shape& input_sha
     std::vector<double> t(L, 0.0);
     m.set_profile(&t);
     m.forward(be, x, si);
-    m.backward(be, dy);
+    m.backward(be, dy, 0);
     m.set_profile(nullptr);
     if (r > 0) runs.push_back(t);
   }
@@ -279,7 +279,7 @@ double PipelineStage::run(const Backend& be, const Tensor& x, const int32_t* lab
       }
       StepInfo sm = si;
       sm.first_sample = si.first_sample + m * bm;
-      model_.set_slot(slot);
+      sm.slot = slot;
       const Tensor* out;
       {
         Tracer::Scope span(*tracer_, "compute", fmt::format("forward {}", m), m);
@@ -304,12 +304,11 @@ double PipelineStage::run(const Backend& be, const Tensor& x, const int32_t* lab
     } else {
       const int slot = slot_of_[size_t(m)];
       if (!last_) wait(recv_grad_[size_t(m)], "receive", "wait for gradient", m);
-      model_.set_slot(slot);
       const Tensor* dx;
       {
         Tracer::Scope span(*tracer_, "compute", fmt::format("backward {}", m), m);
         const bool final_backward = backwards == M - 1;
-        dx = model_.backward(be, dout_[size_t(slot)], final_backward ? on_ready : nullptr,
+        dx = model_.backward(be, dout_[size_t(slot)], slot, final_backward ? on_ready : nullptr,
                              /*accumulate=*/backwards > 0);
       }
       ++backwards;
@@ -390,7 +389,6 @@ namespace strata {
 
 std::pair<double, int64_t> PipelineStage::forward_only(const Backend& be, const Tensor& x,
                                                        const int32_t* labels, int64_t batch) {
-  model_.set_slot(0);
   const Tensor* in = &x;
   if (!first_) {
     eval_in_.resize(batched(batch, model_.stage_input_shape()), *be.memory);

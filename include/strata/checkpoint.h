@@ -65,10 +65,10 @@ struct LoadedCheckpoint {
 // Reads a checkpoint or parameter file and checks every tensor's CRC-32. A file that is missing,
 // truncated or not HDF5, or whose layout is wrong, throws UserError(kExitBadCheckpoint) naming
 // it; a checksum mismatch throws too unless `tolerate_mismatch` (for `strata inspect`).
-// quarantine_on_hang: a read that does not finish (see read_deadline.h) renames the file
+// quarantine_if_damaged: a read that HDF5 cannot finish (read_guard.h) renames the file
 // FILE.corrupt before the process exits (the resume path's choice).
 LoadedCheckpoint read_checkpoint(const std::string& path, bool tolerate_mismatch = false,
-                                 bool quarantine_on_hang = false);
+                                 bool quarantine_if_damaged = false);
 
 // The tensors of a model and its optimizer state under their checkpoint paths.
 std::vector<NamedTensor> model_tensors(const Model& model);

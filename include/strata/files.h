@@ -13,4 +13,8 @@ void publish_file(const std::string& tmp, const std::string& path);
 // rest).
 void drop_world_write(const std::string& path);
 
+// Creates the directory `file` will be written into (never world-writable); throws UserError
+// naming the file when it cannot be created or is not writable.
+void ensure_parent_dir(const std::string& file);
+
 }  // namespace strata

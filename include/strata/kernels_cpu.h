@@ -42,6 +42,10 @@ void gelu_backward_reference(float* dinp, const float* dout, const float* inp, i
 // out += bias over rows: x (rows, cols), bias (cols).
 void add_bias_rows(float* x, const float* bias, int rows, int cols);
 
+// ---- Conversion (kernels/cpu/convert.cpp) ----------------------------------------------
+// dst[i] = src[i] / 255 (uint8 pixels to [0, 1]), bitwise as the division (the loader's).
+void u8_to_unit_float(float* dst, const unsigned char* src, int64_t n);
+
 // The transformer's kernels split their work over OpenMP threads (blas_init sets the count)
 // and give bitwise the same results for any thread count: every sum runs in an order fixed
 // by the shapes (and, for the row sums of layernorm and softmax, by the machine's vector

@@ -1,7 +1,8 @@
 // Layers: thin, stateless-between-steps wrappers that call the backend's ops.
 // The model keeps every layer's input and output; a layer keeps only what backward needs
 // beyond them (argmax, dropout mask), one copy per activation slot: a pipeline stage has
-// several micro-batches between forward and backward at once, each in its own slot.
+// several micro-batches between forward and backward at once, each in its own slot, named by
+// the caller (StepInfo::slot in forward, `slot` in backward).
 #pragma once
 #include <deque>
 #include <memory>
@@ -47,12 +48,14 @@ struct TensorSplit {
   Comm* comm = nullptr;
 };
 
-// Per-step facts some layers need (dropout keys its mask on them).
+// Per-step facts some layers need (dropout keys its mask on them), and the activation slot
+// whose state a forward keeps for its backward.
 struct StepInfo {
   bool training = true;
   uint64_t seed = 0;
   uint64_t step = 0;
   int64_t first_sample = 0;  // this rank's first position within the global batch
+  int slot = 0;              // a pipeline stage has a slot per micro-batch in flight
 };
 
 class Layer {
@@ -65,11 +68,13 @@ class Layer {
   virtual std::vector<Op> ops() const = 0;
   // Shape of one sample's output given one sample's input shape (without the batch dim).
   virtual Shape output_shape(const Shape& in) const = 0;
-  // x: (B, in...), y: (B, out...) already sized by the model.
+  // x: (B, in...), y: (B, out...) already sized by the model. State backward needs is kept
+  // in activation slot s.slot.
   virtual void forward(const Backend& be, const Tensor& x, Tensor& y, const StepInfo& s) = 0;
   // dx may be null (first layer). Writes param grads, or adds to them when `accumulate`.
+  // `slot`: the slot of the forward this backward belongs to.
   virtual void backward(const Backend& be, const Tensor& x, const Tensor& y, const Tensor& dy,
-                        Tensor* dx, bool accumulate) = 0;
+                        Tensor* dx, int slot, bool accumulate) = 0;
   // True for layers that only reshape (Flatten): the model then passes views instead of
   // calling forward/backward, so no bytes are copied.
   virtual bool is_reshape() const { return false; }
@@ -80,12 +85,6 @@ class Layer {
   // for reports of what recomputation saves.
   virtual int64_t internal_bytes_per_sample(const Shape& in) const { return 0; }
   virtual bool recomputes() const { return false; }
-  // The activation slot the next forward or backward uses (state kept from forward for
-  // backward lives per slot).
-  void set_slot(int k) { slot_ = k; }
-
- protected:
-  int slot_ = 0;
 };
 
 // State a layer keeps from forward for backward, one per activation slot. A deque: growing it

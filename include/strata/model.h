@@ -1,4 +1,4 @@
-// A model: a stack of layers built from a text spec, with all parameters and gradients in two
+// A model: a stack of layers built from its description (model_spec.h), with all parameters and gradients in two
 // flat buffers (one allocation, one optimizer call, contiguous allreduce buckets).
 #pragma once
 #include <deque>
@@ -8,12 +8,10 @@
 #include <vector>
 
 #include "strata/layers.h"
+#include "strata/model_spec.h"
 
 namespace strata {
 
-// One layer per string: "linear OUT", "conv OUT_CH KERNEL [STRIDE [PAD]]", "maxpool K [STRIDE]",
-// "relu", "gelu", "flatten", "dropout P". Input sizes are inferred.
-using ModelSpec = std::vector<std::string>;
 
 // A pipeline stage's share of the model: layers [first, last) of the built layer list (after
 // fusion, as the model summary prints them). last = -1: to the end.
@@ -117,22 +115,23 @@ class Model {
   void init(uint64_t seed);
 
   // Activation slots: each holds one forward's activations (and layer state) until its
-  // backward. A pipeline stage uses one per micro-batch in flight; plain training only slot 0.
-  void set_slot(int k);
+  // backward. A pipeline stage uses one per micro-batch in flight (StepInfo::slot in forward,
+  // the same number in backward); plain training only slot 0.
   int slots() const { return int(acts_.size()); }
   // Bytes of activations slot k holds now (outputs of every layer that owns its buffer).
   int64_t activation_bytes(int k) const;
 
-  // x: (B, stage input shape...); must stay valid until the slot's backward. Returns this
-  // stage's output (logits (B, classes) on the last), valid until the slot's next forward.
+  // x: (B, stage input shape...); must stay valid until the backward of slot s.slot. Returns
+  // this stage's output (logits (B, classes) on the last), valid until the slot's next forward.
   const Tensor& forward(const Backend& be, const Tensor& x, const StepInfo& s);
-  // Backward from the gradient at the stage's output (dlogits on the last stage). Parameters
+  // Backward of slot `slot`'s forward, from the gradient at the stage's output (dlogits on
+  // the last stage). Parameters
   // are laid out in reverse layer order, so the gradients finished so far are always a prefix
   // of grads(); after each layer, on_ready(prefix_len) is called so data parallelism can start
   // allreducing what is done. accumulate: add to grads() instead of overwriting (micro-batches
   // of one step). Returns the gradient at the stage's input for a stage after the first
   // (valid until the slot's next backward), else nullptr.
-  const Tensor* backward(const Backend& be, const Tensor& dout,
+  const Tensor* backward(const Backend& be, const Tensor& dout, int slot,
                          const std::function<void(int64_t)>& on_ready = {}, bool accumulate = false);
   // While set, forward and backward add each layer's wall time to (*seconds)[layer] (for the
   // measured pipeline partition); nullptr stops it.
@@ -159,7 +158,7 @@ class Model {
     std::vector<Tensor> douts;  // douts[i]: gradient w.r.t. input of layer i
   };
   std::deque<Activations> acts_;  // per slot; a deque so views into a slot stay valid
-  int slot_ = 0;
+  Activations& slot(int k);       // made on first use
   std::vector<double>* profile_ = nullptr;
 };
 

@@ -49,6 +49,9 @@ ERROR = "strata: error: "
 # A checkpoint whose damaged global heap sends HDF5 1.10's H5Aread into an endless loop.
 HEAP_LOOP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fuzz", "hangs", "checkpoint",
                          "hdf5-global-heap-loop.h5")
+# One whose damaged global heap makes HDF5 1.10's H5Aread memcpy a garbage length (a segfault).
+HEAP_CRASH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fuzz", "crashes", "checkpoint",
+                          "hdf5-global-heap-memcpy.h5")
 
 
 @dataclasses.dataclass
@@ -485,6 +488,8 @@ def cases(fx: Fixtures):
                     shutil.copy(fx.mlp_ckpt, p)
                 elif content == "heap-loop":
                     shutil.copy(HEAP_LOOP, p)
+                elif content == "heap-crash":
+                    shutil.copy(HEAP_CRASH, p)
                 elif content == "bad":
                     shutil.copy(fx.mlp_ckpt, p)
                     with h5py.File(p, "r+") as f:
@@ -511,6 +516,16 @@ def cases(fx: Fixtures):
         out["checkpoint"].append(Case(f"checkpoint: HDF5 loops on it: {cmd} ends at the deadline", argv, 4,
                                       r"in\.h5: reading it did not finish in 2 s: its HDF5 structures are damaged",
                                       env=fast, make=lambda d: shutil.copy(HEAP_LOOP, os.path.join(d, "in.h5"))))
+    # A checkpoint that crashes HDF5's reader: exit 4 naming it, no crash text, renamed *.corrupt.
+    out["checkpoint"].append(Case("checkpoint: HDF5 crashes on it: exit 4, renamed *.corrupt (resume auto)", auto, 4,
+                                  r"ck/ckpt-000000003\.h5: reading it crashed HDF5: .*renamed it .*\.corrupt",
+                                  make=ckdir({"ckpt-000000003.h5": "heap-crash", "latest": "ckpt-000000003.h5\n"}),
+                                  allow_changes="the damaged checkpoint is renamed *.corrupt, by design"))
+    for cmd in ("inspect", "eval"):
+        argv = [S, "inspect", "{C}/in.h5"] if cmd == "inspect" else [S, "eval", "--checkpoint", "{C}/in.h5", "--data", D]
+        out["checkpoint"].append(Case(f"checkpoint: HDF5 crashes on it: {cmd} exits 4", argv, 4,
+                                      r"in\.h5: reading it crashed HDF5: its HDF5 structures are damaged$",
+                                      make=lambda d: shutil.copy(HEAP_CRASH, os.path.join(d, "in.h5"))))
     out["checkpoint"].append(Case("checkpoint: none of them verifies (resume auto)", auto, 4,
                                   r"checkpoint\.dir .*ck: none of the 2 checkpoints verifies",
                                   make=ckdir({"ckpt-000000001.h5": "bad", "ckpt-000000002.h5": "bad", "latest": "ckpt-000000002.h5\n"}),

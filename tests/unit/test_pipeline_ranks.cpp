@@ -104,14 +104,13 @@ std::vector<Outcome> reference(const Net& net, int D, int M) {
         const Tensor x = Tensor::view(const_cast<float*>(b.x.data()) + first * numel(net.input),
                                       batched(kMicroBatch, net.input));
         const StepInfo si{.training = true, .seed = kSeed, .step = uint64_t(step), .first_sample = first};
-        m.set_slot(0);
         const Tensor& logits = m.forward(be, x, si);
         probs.resize(logits.shape);
         dlogits.resize(logits.shape);
         const int32_t* y = b.y.data() + first;
         loss += be.softmax_xent_forward(probs.data(), logits.data(), y, int(kMicroBatch), net.classes);
         be.softmax_xent_backward(dlogits.data(), probs.data(), y, int(kMicroBatch), net.classes, 1.0f / float(G));
-        m.backward(be, dlogits, {}, /*accumulate=*/mb > 0);
+        m.backward(be, dlogits, /*slot=*/0, {}, /*accumulate=*/mb > 0);
       }
       out[size_t(r)].loss.push_back(loss);
       if (r == 0) sum.assign(m.grads().data(), m.grads().data() + m.num_params());
@@ -121,7 +120,6 @@ std::vector<Outcome> reference(const Net& net, int D, int M) {
     for (auto& o : out) o.grads.push_back(grads_of(m));
     if (step == kSteps - 1)
       for (int r = 0; r < D; ++r) {  // evaluation before the last update, as the pipeline's
-        m.set_slot(0);
         const Tensor& logits = m.forward(be, share(b, net, r, D), StepInfo{.training = false});
         probs.resize(logits.shape);
         const int32_t* y = b.y.data() + r * (G / D);

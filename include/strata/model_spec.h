@@ -1,0 +1,58 @@
+// The model description: one typed LayerSpec per layer, from the config (mlp, cnn and gpt
+// build them directly) or parsed from text (model.layers of a custom model, the
+// model_layers attribute of a checkpoint or parameter file, which stores each layer's text()).
+//
+// The text form, one layer per string:
+//   linear OUT                      conv OUT_CHANNELS KERNEL [STRIDE [PAD]]
+//   maxpool KERNEL [STRIDE]         relu   gelu   flatten   dropout P
+//   embedding DIM                   block HEADS [DROPOUT [recompute]]   layernorm   lmhead
+// Input sizes are inferred when the model is built (model.h).
+#pragma once
+#include <string>
+#include <vector>
+
+namespace strata {
+
+struct LayerSpec {
+  enum class Kind {
+    kLinear, kConv, kMaxPool, kRelu, kGelu, kFlatten, kDropout,  // image models
+    kEmbedding, kBlock, kLayerNorm, kLmHead,                     // GPT-2
+  };
+  Kind kind = Kind::kFlatten;
+  int size = 0;  // linear: outputs; conv: output channels; embedding: width; block: heads
+  int kernel = 0, stride = 1, pad = 0;  // conv, maxpool
+  float p = 0;                          // dropout, block: dropout probability
+  bool recompute = false;               // block: recompute its activations in backward
+  std::string source;  // the text it was parsed from, for messages (text() otherwise)
+
+  LayerSpec() = default;
+  // Parses `text` (errors name model.layers): for literals in code and tests.
+  LayerSpec(const char* text);         // NOLINT(google-explicit-constructor)
+  LayerSpec(const std::string& text);  // NOLINT(google-explicit-constructor)
+
+  const char* kind_name() const;  // "linear", "conv", ...: also the prefix of layer names
+  std::string text() const;       // the canonical text form, as files store it
+  bool operator==(const LayerSpec& o) const;  // the layer, not how it was written
+};
+using ModelSpec = std::vector<LayerSpec>;
+
+// Throws UserError(kExitBadInput) naming `where` ("model.layers", or "FILE: root attribute
+// model_layers") and the text: an unknown layer, a wrong number of arguments, a size that is
+// not an integer in [1, 2^24], a probability outside [0, 1).
+LayerSpec parse_layer_spec(const std::string& text, const std::string& where);
+ModelSpec parse_model_spec(const std::vector<std::string>& texts, const std::string& where);
+std::vector<std::string> spec_texts(const ModelSpec& spec);
+
+// The typed layers a config builds.
+LayerSpec linear_spec(int out);
+LayerSpec conv_spec(int channels, int kernel, int stride, int pad);
+LayerSpec maxpool_spec(int kernel);
+LayerSpec activation_spec(const std::string& name);  // "relu" | "gelu"
+LayerSpec flatten_spec();
+LayerSpec dropout_spec(float p);
+LayerSpec embedding_spec(int dim);
+LayerSpec block_spec(int heads, float dropout, bool recompute);
+LayerSpec layernorm_spec();
+LayerSpec lmhead_spec();
+
+}  // namespace strata

@@ -1,0 +1,40 @@
+// What a training run is, agreed by every rank before anything is built: the backend, the
+// dataset, the grid's shape, the model's layers and their partition into pipeline stages.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "strata/backend.h"
+#include "strata/comm.h"
+#include "strata/config.h"
+#include "strata/data.h"
+#include "strata/model.h"
+
+namespace strata {
+
+struct RunPlan {
+  const Backend* be = nullptr;
+  std::string device_note;  // what the backend is and why it was chosen, for the log
+  DatasetInfo info;
+  int ranks = 1;
+  int P = 1, T = 1, D = 1;  // pipeline stages, tensor parts, data-parallel replicas
+  int M = 1;                // micro-batches per step
+  std::vector<LayerInfo> layers;  // the whole model's
+  std::vector<double> costs;      // per layer, what the partition balanced
+  std::vector<LayerRange> ranges;  // per stage
+  int64_t rows_per_sample = 1;    // rows of logits: 1 for a classifier, T for a language model
+  // Micro-batches without a pipeline are plain gradient accumulation, run by the same engine.
+  bool pipelined() const { return P > 1 || M > 1; }
+  // Checkpoints and the parameter file are written from the whole model gathered on rank 0
+  // when ranks hold different parts of it.
+  bool gathered() const { return pipelined() || T > 1; }
+  int64_t micro_batch(int64_t global_batch) const { return global_batch / D / M; }
+};
+
+// Collective. Validates the config and the job's environment, picks the backend, opens the
+// dataset, checks the grid against the rank count and the batch, describes the model and
+// refuses one whose largest layer cannot fit, and partitions it (rank 0 measures the layers
+// when parallel.balance = "measured"). Throws UserError on every rank after agreeing on it.
+RunPlan plan_run(const RunConfig& cfg, Comm& comm);
+
+}  // namespace strata

@@ -1,0 +1,92 @@
+// A training run on this rank: set up once (TrainingSession's constructor: the agreed run
+// plan, the process grid, the model and optimizer, the outputs and checkpoints, the resume),
+// then the loop (run()), which reads like this:
+//
+//     for each step:  hooks.begin(step)            watchdog mark, trace window
+//                     loss = step.compute(batch)   forward [+ backward + allreduce]
+//                     agree(loss, hooks' votes)    one allreduce: loss, stop, checkpoint
+//                     step.update(step)            [backward + allreduce] + optimizer
+//                     hooks.end(...)               stop, checkpoints, metrics
+//
+// and the end of the run (the final checkpoint, evaluation and parameter file).
+#pragma once
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "strata/checkpointer.h"
+#include "strata/comm.h"
+#include "strata/config.h"
+#include "strata/data.h"
+#include "strata/data_parallel.h"
+#include "strata/evaluate.h"
+#include "strata/grid.h"
+#include "strata/metrics.h"
+#include "strata/model.h"
+#include "strata/optim.h"
+#include "strata/pipeline.h"
+#include "strata/publisher.h"
+#include "strata/run_plan.h"
+#include "strata/step_hooks.h"
+#include "strata/trace.h"
+#include "strata/train_step.h"
+#include "strata/watchdog.h"
+
+namespace strata {
+
+// Trains as configured; returns an exit code (kExitOk, kExitDiverged, kExitResumable, ...).
+// Throws UserError for bad input, after every rank agreed on it (no rank is left waiting in a
+// collective).
+int run_train(const RunConfig& cfg, Comm& comm);
+
+class TrainingSession {
+ public:
+  // Collective. Throws UserError (agreed by every rank) for what cannot run.
+  TrainingSession(const RunConfig& cfg, Comm& comm);
+  int run();
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  void build_model();
+  void resume();
+  void print_startup() const;
+  std::optional<int> train_step(int64_t step);
+  int finish_run(Clock::time_point t_start, double cpu_start);
+  void report_done(const EvalResult& ev, const PipelineFigures& figures, double train_s,
+                   double cpu_s) const;
+
+  const RunConfig& cfg_;
+  Comm& comm_;
+  const bool lead_;
+  RunPlan plan_;
+  const Backend& be_;
+  ProcessGrid grid_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<MetricsWriter> metrics_;
+  std::unique_ptr<Loader> loader_;
+  int64_t per_epoch_ = 1, total_ = 0, start_step_ = 0;
+  OptimConfig oc_;
+  std::unique_ptr<Optimizer> opt_;
+  std::unique_ptr<Checkpointer> ckpt_;
+  int64_t ckpt_bytes_ = 0;
+  std::unique_ptr<Model> whole_;  // gathered runs: rank 0's assembly of every stage and part
+  std::unique_ptr<Optimizer> whole_opt_;
+  std::unique_ptr<Watchdog> watchdog_;
+  std::unique_ptr<ProgressLine> progress_;
+  std::unique_ptr<Publisher> publisher_;
+  std::unique_ptr<GradientAllreducer> reducer_;
+  std::unique_ptr<Tracer> tracer_;
+  std::unique_ptr<PipelineStage> pipe_;
+  std::unique_ptr<TrainStep> step_;
+  StepHooks hooks_;
+  StopHook* stop_ = nullptr;        // owned by hooks_
+  MetricsHook* metrics_hook_ = nullptr;
+  double loader_wait_s_ = 0;
+  // Pipeline: the share of each step's wall time this rank waits for others (receives,
+  // sends, the agreement), every step after the first: the measured bubble is its median
+  // (robust to a step during which the machine took the CPU away).
+  std::vector<double> idle_shares_;
+};
+
+}  // namespace strata

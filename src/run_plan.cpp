@@ -1,0 +1,88 @@
+#include "strata/run_plan.h"
+
+#include <fmt/format.h>
+
+#include "strata/error.h"
+#include "strata/files.h"
+#include "strata/job.h"
+#include "strata/pipeline.h"
+
+namespace strata {
+namespace {
+
+// The dataset fits the model type, vocabulary, context and batch.
+void check_dataset(const RunConfig& cfg, DatasetInfo& info) {
+  if (info.tokens != (cfg.model.type == "gpt"))
+    fail_input("{}: holds {}, which model.type = \"{}\" does not take ({})", cfg.data.path,
+               info.tokens ? "tokens" : "images", cfg.model.type,
+               info.tokens ? "a token file trains model.type = \"gpt\"" : "a GPT trains on tokens: strata prepare text");
+  if (info.tokens) {
+    if (cfg.model.vocab != 0 && cfg.model.vocab != info.vocab)
+      fail_input("model.vocab = {}, but {} has a vocabulary of {}", cfg.model.vocab,
+                 cfg.data.path, info.vocab);
+    set_context(info, cfg.model.context);
+  }
+  if (cfg.train.batch_size > info.train.n)
+    fail_input("train.batch_size = {} is larger than the {} training samples in {}",
+               cfg.train.batch_size, info.train.n, cfg.data.path);
+}
+
+// The grid's shape: P x T divides the ranks, the replicas divide the batch.
+void check_grid(const RunConfig& cfg, RunPlan& p) {
+  if (p.ranks % (p.P * p.T) != 0)
+    fail_input("parallel.pipeline_stages = {} x parallel.tensor = {} does not divide the {} "
+               "ranks (each of the ranks / (P T) data-parallel replicas runs a whole model)",
+               p.P, p.T, p.ranks);
+  p.D = p.ranks / (p.P * p.T);
+  if (cfg.train.batch_size % p.D != 0)
+    fail_input("train.batch_size = {} is not divisible by the {} data-parallel replicas "
+               "({} ranks / (parallel.pipeline_stages = {} x parallel.tensor = {}))",
+               cfg.train.batch_size, p.D, p.ranks, p.P, p.T);
+  if (p.T > 1 && !p.be->host_memory())
+    fail_input("parallel.tensor = {}: tensor parallelism runs on the CPU for now (use "
+               "--device cpu)", p.T);
+  p.M = resolve_microbatches(cfg.parallel.microbatches, p.P, cfg.train.batch_size, p.D);
+}
+
+}  // namespace
+
+RunPlan plan_run(const RunConfig& cfg, Comm& comm) {
+  const bool lead = comm.rank() == 0;
+  RunPlan p;
+  p.ranks = comm.size();
+  p.P = cfg.parallel.pipeline_stages;
+  p.T = cfg.parallel.tensor;
+  collectively(comm, [&] {
+    validate(cfg);
+    check_job_environment();
+    p.be = &select_backend({.device = cfg.device, .threads = cfg.threads,
+                            .precision = cfg.train.precision}, &p.device_note);
+    check_grid(cfg, p);
+    p.info = open_dataset(cfg.data.path);
+    check_dataset(cfg, p.info);
+    p.layers = Model::describe_layers(cfg.model_spec(p.info.classes), p.info.train.sample_shape,
+                                      p.info.classes);
+    // Whatever the partition, one rank holds the largest layer whole (its tensor part of it).
+    int largest = 0;
+    for (int i = 0; i < int(p.layers.size()); ++i)
+      if (p.layers[size_t(i)].params > p.layers[size_t(largest)].params) largest = i;
+    require_model_memory(p.layers, {largest, largest + 1}, cfg.train.optimizer == "adamw" ? 4 : 3,
+                         p.T, cfg.train.batch_size / p.D, fmt::format("rank {}", comm.rank()));
+    if (lead && !cfg.trace.empty()) ensure_parent_dir(cfg.trace);
+  });
+  // The partition: rank 0 measures when asked (every rank must use the same costs).
+  p.costs = estimated_costs(p.layers);
+  if (p.P > 1 && cfg.parallel.stage_layers.empty() && cfg.parallel.balance == "measured") {
+    if (lead)
+      p.costs = measured_costs(cfg.model_spec(p.info.classes), p.info.train.sample_shape,
+                               p.info.classes, *p.be, p.micro_batch(cfg.train.batch_size), 5);
+    comm.broadcast(p.costs.data(), int64_t(p.costs.size() * sizeof(double)), 0);
+  }
+  collectively(comm, [&] {
+    p.ranges = partition_layers(p.layers, p.costs, p.P, cfg.parallel.stage_layers);
+  });
+  p.rows_per_sample = numel(p.layers.back().out_shape) / p.info.classes;
+  return p;
+}
+
+}  // namespace strata
