@@ -1,8 +1,8 @@
 // GPT-2 kernels (embedding, layernorm, residual add, causal self-attention): forwards against
 // naive double-precision references, backwards against the analytic gradients computed in
-// double by naive loops and against central finite differences of L = sum(out * r) for a
-// random projection r; bitwise the same results with 1 and 2 OpenMP threads; accumulate and
-// null-gradient semantics. The hidden [.bench] case times them on one thread.
+// double by naive loops (and against central finite differences in the op table, tests/ops);
+// bitwise the same results with 1 and 2 OpenMP threads; accumulate and null-gradient
+// semantics. The hidden [.bench] case times them on one thread.
 //
 // Tolerances, and why (each is stated again where it is used):
 // - Comparisons with the double references are absolute, on values of magnitude ~1 (inputs
@@ -10,10 +10,6 @@
 //   K * 6e-8 at worst (K is at most a few hundred here). Each tolerance is about 10x the
 //   largest error measured on this machine (given beside it), while a wrong index, a missed
 //   mask, a wrong scale or a transposed head is an error of 1e-2 to 1.
-// - Finite differences as in test_kernels.cpp: step 1e-2, |analytic - fd| <= 1e-3 + 1e-3|fd|.
-//   The loss is summed in double over fp32 outputs; its rounding divided by the step gives
-//   ~1e-4, and the curvature of softmax and of the normalisation adds a truncation error
-//   e^2 f'''/6 of ~1e-5..1e-4.
 #include <catch2/catch.hpp>
 #include <omp.h>
 
@@ -24,7 +20,6 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
-#include <numeric>
 #include <string>
 #include <vector>
 
@@ -40,8 +35,6 @@ namespace {
 using Vec = std::vector<float>;
 using DVec = std::vector<double>;
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
-constexpr float kEps = 1e-2f;  // FD step
-constexpr double kTol = 1e-3;  // FD atol and rtol
 
 Vec rand_vec(Rng& rng, int64_t n, float lo = -1.f, float hi = 1.f) {
   Vec v(static_cast<size_t>(n));
@@ -52,48 +45,12 @@ Vec rand_vec(Rng& rng, int64_t n, float lo = -1.f, float hi = 1.f) {
 // NaN-filled buffer: an output a kernel fails to overwrite shows up in the comparisons.
 Vec nan_vec(int64_t n) { return Vec(size_t(n), kNaN); }
 
-double dot(const Vec& a, const Vec& b) {
-  double s = 0;
-  for (size_t i = 0; i < a.size(); ++i) s += double(a[i]) * b[i];
-  return s;
-}
-
 // Sets the OpenMP thread count for a scope and restores it after.
 struct Threads {
   int saved = omp_get_max_threads();
   explicit Threads(int n) { blas_init(n); }
   ~Threads() { blas_init(saved); }
 };
-
-// Indices to check: all of them for small tensors, else a random subset of 64.
-std::vector<int64_t> check_indices(int64_t n, Rng& rng) {
-  std::vector<int64_t> idx;
-  if (n <= 64) {
-    idx.resize(size_t(n));
-    std::iota(idx.begin(), idx.end(), 0);
-  } else {
-    for (int i = 0; i < 64; ++i) idx.push_back(int64_t(rng.below(uint64_t(n))));
-  }
-  return idx;
-}
-
-// grad against central differences of loss() with respect to x (perturbed in place, restored).
-template <class Loss>
-void check_grad(const std::string& what, Vec& x, const Vec& grad, Loss loss, Rng& rng) {
-  REQUIRE(grad.size() == x.size());
-  for (int64_t i : check_indices(int64_t(x.size()), rng)) {
-    const float x0 = x[i];
-    x[i] = x0 + kEps;
-    const double lp = loss();
-    x[i] = x0 - kEps;
-    const double lm = loss();
-    x[i] = x0;
-    const double h = double(x0 + kEps) - double(x0 - kEps);  // the step taken in fp32
-    const double fd = (lp - lm) / h;
-    INFO(what << "[" << i << "]: analytic " << grad[i] << ", finite difference " << fd);
-    CHECK(std::abs(grad[i] - fd) <= kTol + kTol * std::abs(fd));
-  }
-}
 
 // max |got - want| over a tensor must be <= tol; reports the worst element.
 void check_close(const std::string& what, const Vec& got, const DVec& want, double tol) {
@@ -158,6 +115,7 @@ void ref_embedding_backward(Vec& dwte, Vec& dwpe, const Vec& dout,
 
 }  // namespace
 
+// (Finite differences: tests/ops, "embedding_backward vs finite differences".)
 TEST_CASE("embedding forward and backward", "[gpt][embedding]") {
   Rng rng(21);
   const int B = 3, T = 5, C = 19, V = 7, maxT = 8;
@@ -195,16 +153,6 @@ TEST_CASE("embedding forward and backward", "[gpt][embedding]") {
   std::fill(dpe.begin() + T * C, dpe.end(), 7.0);
   check_close("dwte", dwte, dte, 1e-6);  // few-term sums of [-1,1]: a few ulp
   check_close("dwpe", dwpe, dpe, 1e-6);
-
-  auto loss = [&] {
-    Vec y(size_t(B * T * C));
-    embedding_forward(y.data(), tok.data(), wte.data(), wpe.data(), B, T, C, V);
-    return dot(y, r);
-  };
-  check_grad("dwte", wte, dwte, loss, rng);
-  Vec dwpe_used = dwpe;  // rows from T on: 0 (the loss does not depend on them), not 7
-  std::fill(dwpe_used.begin() + T * C, dwpe_used.end(), 0.f);
-  check_grad("dwpe", wpe, dwpe_used, loss, rng);
 
   // Null gradients: the other one is the same.
   Vec te2 = nan_vec(V * C), pe2 = dwpe;
@@ -337,15 +285,6 @@ void layernorm_case(int N, int C, uint64_t seed) {
   check_close("layernorm dweight", dw, ref.dweight, 3e-5);
   check_close("layernorm dbias", db, ref.dbias, 3e-5);
 
-  auto loss = [&] {
-    Vec y(size_t(N * C));
-    layernorm_forward(y.data(), nullptr, nullptr, x.data(), w.data(), b.data(), N, C);
-    return dot(y, r);
-  };
-  check_grad("layernorm dinp", x, dx, loss, rng);
-  check_grad("layernorm dweight", w, dw, loss, rng);
-  check_grad("layernorm dbias", b, db, loss, rng);
-
   // Null gradients: each alone is bitwise what it is with the others.
   Vec dx2 = nan_vec(N * C), dw2 = nan_vec(C), db2 = nan_vec(C);
   layernorm_backward(dx2.data(), nullptr, nullptr, r.data(), x.data(), w.data(), mean.data(),
@@ -372,7 +311,8 @@ void layernorm_case(int N, int C, uint64_t seed) {
 
 }  // namespace
 
-TEST_CASE("layernorm matches a double reference; backward matches FD", "[gpt][layernorm]") {
+// (Finite differences on these shapes: tests/ops, "layernorm_backward vs finite differences".)
+TEST_CASE("layernorm matches a double reference", "[gpt][layernorm]") {
   layernorm_case(5, 7, 31);    // C below one vector
   layernorm_case(4, 16, 32);   // exactly one vector
   layernorm_case(3, 37, 33);   // two vectors and a tail
@@ -502,7 +442,7 @@ AttnRef ref_attention(const Vec& qkv, const Vec& dout, int B, int T, int C, int 
 
 // Tolerances: att and out 1e-6 (measured <= 1.2e-7), dqkv 5e-6 (measured <= 5.4e-7): see
 // the top of the file.
-void attention_case(int B, int T, int C, int NH, uint64_t seed, bool fd, float qk_scale = 1.f,
+void attention_case(int B, int T, int C, int NH, uint64_t seed, float qk_scale = 1.f,
                     double tol_fwd = 1e-6, double tol_bwd = 5e-6) {
   INFO("attention B=" << B << " T=" << T << " C=" << C << " NH=" << NH << " q,k scale "
                       << qk_scale);
@@ -537,27 +477,20 @@ void attention_case(int B, int T, int C, int NH, uint64_t seed, bool fd, float q
   attention_backward(dqkv.data(), r.data(), qkv.data(), att.data(), B, T, C, NH);
   // Two and three chained sums of up to T (and hs) terms of magnitude <= 1 (see the top).
   check_close("dqkv", dqkv, ref.dqkv, tol_bwd);
-
-  if (fd) {
-    auto loss = [&] {
-      Vec y(size_t(B) * T * C), a(size_t(B) * NH * T * T);
-      attention_forward(y.data(), a.data(), qkv.data(), B, T, C, NH);
-      return dot(y, r);
-    };
-    check_grad("attention dqkv", qkv, dqkv, loss, rng);
-  }
 }
 
 }  // namespace
 
 TEST_CASE("attention matches naive softmax(QK^T/sqrt(hs) + mask)V and its gradient",
           "[gpt][attention]") {
-  attention_case(1, 1, 8, 2, 51, true);      // one position: att = 1, out = v
-  attention_case(2, 5, 12, 3, 52, true);     // hs = 4, rows shorter than a vector
-  attention_case(2, 17, 32, 2, 53, true);    // hs = 16, rows cross a vector boundary
-  attention_case(1, 67, 40, 2, 54, true);    // hs = 20, two row blocks (64 + 3)
-  attention_case(2, 130, 64, 4, 55, false);  // three row blocks, the last partial
-  attention_case(1, 256, 128, 2, 56, false); // GPT's T, hs = 64, four full blocks
+  // The first four also by finite differences: tests/ops, "attention_backward vs finite
+  // differences".
+  attention_case(1, 1, 8, 2, 51);     // one position: att = 1, out = v
+  attention_case(2, 5, 12, 3, 52);    // hs = 4, rows shorter than a vector
+  attention_case(2, 17, 32, 2, 53);   // hs = 16, rows cross a vector boundary
+  attention_case(1, 67, 40, 2, 54);   // hs = 20, two row blocks (64 + 3)
+  attention_case(2, 130, 64, 4, 55);  // three row blocks, the last partial
+  attention_case(1, 256, 128, 2, 56); // GPT's T, hs = 64, four full blocks
 }
 
 TEST_CASE("attention is stable for large scores", "[gpt][attention]") {
@@ -565,7 +498,7 @@ TEST_CASE("attention is stable for large scores", "[gpt][attention]") {
   // subtracted overflows. The scores' fp32 error (~1e-7 of |q||k|, ~4e-5 here) is an absolute
   // error in the exponent, i.e. a relative error of att: measured 8e-6 (att), 1.2e-5 (out);
   // the gradients are ~30x larger (dq carries k, dk carries q): measured 1.7e-4.
-  attention_case(2, 33, 32, 2, 57, false, 30.f, 1e-4, 2e-3);
+  attention_case(2, 33, 32, 2, 57, 30.f, 1e-4, 2e-3);
 }
 
 TEST_CASE("attention is bitwise the same with 1 and 2 threads", "[gpt][attention]") {

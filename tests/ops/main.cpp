@@ -1,0 +1,42 @@
+// strata_op_tests' main: Catch2 with --backend cpu-staged|cuda, the backend under test (the
+// reference is always the CPU). Listing tests needs no GPU (catch_discover_tests lists them at
+// build time); running on cuda where none is visible prints one line and returns 77, which the
+// cuda tests' SKIP_RETURN_CODE turns into "Skipped", test by test.
+#define CATCH_CONFIG_RUNNER
+#include <catch2/catch.hpp>
+
+#include <cstdio>
+#include <string>
+
+#include "harness.h"
+#include "strata/backend.h"
+
+int main(int argc, char** argv) {
+  Catch::Session session;
+  std::string backend = "cpu-staged";
+  using Catch::clara::Opt;
+  session.cli(session.cli() | Opt(backend, "cpu-staged|cuda")["--backend"](
+                                  "the backend under test (default cpu-staged)"));
+  if (const int rc = session.applyCommandLine(argc, argv); rc != 0) return rc;
+  const Catch::ConfigData& cfg = session.configData();
+  const bool listing = cfg.listTests || cfg.listTestNamesOnly || cfg.listTags ||
+                       cfg.listReporters || cfg.showHelp || cfg.libIdentify;
+  if (backend != "cpu-staged" && backend != "cuda") {
+    std::fprintf(stderr, "--backend %s: expected cpu-staged or cuda\n", backend.c_str());
+    return 2;
+  }
+  if (!listing && backend == "cuda") {
+    std::string why;
+    if (strata::cuda_devices(&why) == 0) {
+      std::printf("skipped: %s\n", why.c_str());
+      return 77;
+    }
+  }
+  strata::optest::set_device(backend);
+  const int rc = session.run();
+  const auto& t = strata::optest::tally();
+  if (t.cases > 0)
+    std::printf("op table on %s: %d cases (op, shape, variant), %d outputs compared\n",
+                backend.c_str(), t.cases, t.comparisons);
+  return rc;
+}
