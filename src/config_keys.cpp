@@ -59,7 +59,7 @@ std::vector<ConfigKey> config_keys(RunConfig& c) {
 
       text("model.type", &c.model.type, {"mlp", "cnn", "custom", "gpt"}, "mlp | cnn | custom | gpt"),
       key("model.hidden", &c.model.hidden, kSize, "hidden linear widths"),
-      text("model.activation", &c.model.activation, {"relu", "gelu"}, "relu | gelu"),
+      text("model.activation", &c.model.activation, {"relu", "gelu", "silu"}, "relu | gelu | silu"),
       key("model.channels", &c.model.channels, kSize, "cnn: conv output channels"),
       key("model.kernel", &c.model.kernel, in(1, 15), "cnn: conv kernel size (odd)"),
       key("model.dropout", &c.model.dropout, in(0, 0.99), "dropout after hidden activations"),

@@ -154,6 +154,20 @@ class Gelu final : public Layer {
 
 // Flatten: row-major (B, C, H, W) already is (B, C*H*W), so the model aliases the buffers
 // (is_reshape); forward/backward copy only when called on separate buffers.
+class Silu final : public Layer {
+ public:
+  std::vector<Op> ops() const override { return {Op::silu_forward, Op::silu_backward}; }
+  std::string describe() const override { return "SiLU"; }
+  Shape output_shape(const Shape& in) const override { return in; }
+  void forward(const Backend& be, const Tensor& x, Tensor& y, const StepInfo&) override {
+    be.silu_forward(y.data(), x.data(), x.size());
+  }
+  void backward(const Backend& be, const Tensor& x, const Tensor&, const Tensor& dy,
+                Tensor* dx, int, bool) override {
+    if (dx) be.silu_backward(dx->data(), dy.data(), x.data(), x.size());
+  }
+};
+
 class Flatten final : public Layer {
  public:
   std::vector<Op> ops() const override { return {}; }
@@ -357,6 +371,7 @@ std::unique_ptr<Layer> make_conv2d(int c, int oc, int k, int stride, int pad) {
 std::unique_ptr<Layer> make_maxpool2d(int k, int st) { return std::make_unique<MaxPool2d>(k, st); }
 std::unique_ptr<Layer> make_relu() { return std::make_unique<Relu>(); }
 std::unique_ptr<Layer> make_gelu() { return std::make_unique<Gelu>(); }
+std::unique_ptr<Layer> make_silu() { return std::make_unique<Silu>(); }
 std::unique_ptr<Layer> make_flatten() { return std::make_unique<Flatten>(); }
 std::unique_ptr<Layer> make_dropout(float p, int index) { return std::make_unique<Dropout>(p, index); }
 

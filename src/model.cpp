@@ -41,6 +41,7 @@ std::unique_ptr<Layer> build_layer(const LayerSpec& s, const Shape& in, int inde
     case LayerSpec::Kind::kMaxPool: return make_maxpool2d(s.kernel, s.stride);
     case LayerSpec::Kind::kRelu: return make_relu();
     case LayerSpec::Kind::kGelu: return make_gelu();
+    case LayerSpec::Kind::kSilu: return make_silu();
     case LayerSpec::Kind::kFlatten: return make_flatten();
     case LayerSpec::Kind::kDropout: return make_dropout(s.p, index);
     case LayerSpec::Kind::kEmbedding:
@@ -210,13 +211,13 @@ Model::Model(const ModelSpec& spec, Shape input_shape, int classes, LayerRange s
              TensorSplit tp)
     : spec_(spec), input_shape_(std::move(input_shape)), classes_(classes), tp_(tp) {
   Built b = build_layers(spec, input_shape_, classes, tp);
-  total_layers_ = int(b.layers.size());
-  const int last = stage.last < 0 ? total_layers_ : stage.last;
-  STRATA_CHECK(0 <= stage.first && stage.first < last && last <= total_layers_,
-               "layer range [{}, {}) of a {}-layer model", stage.first, last, total_layers_);
+  const int total_layers = int(b.layers.size());
+  const int last = stage.last < 0 ? total_layers : stage.last;
+  STRATA_CHECK(0 <= stage.first && stage.first < last && last <= total_layers,
+               "layer range [{}, {}) of a {}-layer model", stage.first, last, total_layers);
   first_ = stage.first;
   // Later stages' parameters come first in the whole model's flat layout.
-  for (int i = last; i < total_layers_; ++i) offset_in_whole_ += whole_param_count(*b.layers[size_t(i)]);
+  for (int i = last; i < total_layers; ++i) offset_in_whole_ += whole_param_count(*b.layers[size_t(i)]);
   // GPT-2's output layer reads the token embedding's table. On a stage holding the head but
   // not the embedding (a pipeline's last stage), the head reads a copy of the table, named as
   // the table is (so init gives it the same values), kept after the stage's block in the flat
@@ -224,7 +225,7 @@ Model::Model(const ModelSpec& spec, Shape input_shape, int classes, LayerRange s
   bool head_here = false, embedding_here = false, head_anywhere = false;
   Param* whole_table = nullptr;
   std::string table_name;
-  for (int i = 0; i < total_layers_; ++i) {
+  for (int i = 0; i < total_layers; ++i) {
     Layer& l = *b.layers[size_t(i)];
     const bool here = first_ <= i && i < last;
     head_anywhere = head_anywhere || is_lm_head(l);

@@ -51,7 +51,8 @@ struct KindInfo {
 constexpr KindInfo kKinds[] = {
     {Kind::kLinear, "linear", 1, 1},       {Kind::kConv, "conv", 2, 4},
     {Kind::kMaxPool, "maxpool", 1, 2},     {Kind::kRelu, "relu", 0, 0},
-    {Kind::kGelu, "gelu", 0, 0},           {Kind::kFlatten, "flatten", 0, 0},
+    {Kind::kGelu, "gelu", 0, 0},           {Kind::kSilu, "silu", 0, 0},
+    {Kind::kFlatten, "flatten", 0, 0},
     {Kind::kDropout, "dropout", 1, 1},     {Kind::kEmbedding, "embedding", 1, 1},
     {Kind::kBlock, "block", 1, 3},         {Kind::kLayerNorm, "layernorm", 0, 0},
     {Kind::kLmHead, "lmhead", 0, 0},
@@ -76,7 +77,7 @@ LayerSpec parse_layer_spec(const std::string& text, const std::string& where) {
   for (const auto& k : kKinds)
     if (w[0] == k.name) info = &k;
   if (!info)
-    fail_input("{}: '{}': unknown layer '{}' (linear, conv, maxpool, relu, gelu, "
+    fail_input("{}: '{}': unknown layer '{}' (linear, conv, maxpool, relu, gelu, silu, "
                "flatten, dropout, embedding, block, layernorm, lmhead)", where, text, w[0]);
   if (w.size() - 1 < info->min_args || w.size() - 1 > info->max_args)
     fail_input("{}: '{}': {} takes {} to {} arguments", where, text, w[0], info->min_args,
@@ -163,7 +164,7 @@ LayerSpec maxpool_spec(int kernel) {
   return finish(s);
 }
 LayerSpec activation_spec(const std::string& name) {
-  return finish(make(name == "gelu" ? Kind::kGelu : Kind::kRelu));
+  return finish(make(name == "gelu" ? Kind::kGelu : name == "silu" ? Kind::kSilu : Kind::kRelu));
 }
 LayerSpec flatten_spec() { return finish(make(Kind::kFlatten)); }
 LayerSpec dropout_spec(float p) {

@@ -68,7 +68,6 @@ class Checkpointer {
   std::optional<SaveResult> finish();
   ~Checkpointer();
 
-  int64_t last_sequence() const { return sequence_; }
 
  private:
   struct Entry {

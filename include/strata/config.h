@@ -10,7 +10,7 @@
 
 #include <CLI/CLI.hpp>
 
-#include "strata/model.h"
+#include "strata/model_spec.h"
 #include "strata/parse.h"
 
 namespace strata {

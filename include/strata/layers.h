@@ -106,6 +106,7 @@ std::unique_ptr<Layer> make_conv2d(int in_ch, int out_ch, int kernel, int stride
 std::unique_ptr<Layer> make_maxpool2d(int kernel, int stride);
 std::unique_ptr<Layer> make_relu();
 std::unique_ptr<Layer> make_gelu();
+std::unique_ptr<Layer> make_silu();
 std::unique_ptr<Layer> make_flatten();
 std::unique_ptr<Layer> make_dropout(float p, int index);  // index decorrelates masks
 

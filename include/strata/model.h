@@ -57,12 +57,9 @@ class Model {
 
   const ModelSpec& spec() const { return spec_; }
   const Shape& input_shape() const { return input_shape_; }  // of the whole model
-  // This stage: its layers [first_layer, last_layer) of total_layers, the per-sample shapes
-  // entering and leaving it, and where its parameters sit in the whole model's flat buffers
-  // (stages hold contiguous blocks of them, later stages first; offsets count whole tensors).
-  int first_layer() const { return first_; }
-  int last_layer() const { return first_ + int(layers_.size()); }
-  int total_layers() const { return total_layers_; }
+  // This stage: the per-sample shapes entering and leaving it, and where its parameters sit
+  // in the whole model's flat buffers (stages hold contiguous blocks of them, later stages
+  // first; offsets count whole tensors).
   const Shape& stage_input_shape() const { return shapes_.front(); }
   const Shape& stage_output_shape() const { return shapes_.back(); }
   int64_t offset_in_whole() const { return offset_in_whole_; }
@@ -83,7 +80,6 @@ class Model {
   // checkpoints hold it. After the block: the token table's copy, if any (tied_table()).
   int64_t block_params() const { return block_params_; }
   int64_t whole_block_params() const { return whole_block_params_; }
-  const TensorSplit& tensor_split() const { return tp_; }
   // The unsplit block from every tensor rank's flat buffer (parts[t]: rank t's), and this
   // rank's part of an unsplit block.
   void assemble(const std::vector<const float*>& parts, float* whole) const;
@@ -141,7 +137,7 @@ class Model {
   ModelSpec spec_;
   Shape input_shape_;
   int classes_;
-  int first_ = 0, total_layers_ = 0;
+  int first_ = 0;
   int64_t offset_in_whole_ = 0;
   TensorSplit tp_;
   int64_t block_params_ = 0, whole_block_params_ = 0;

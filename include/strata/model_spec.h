@@ -4,7 +4,7 @@
 //
 // The text form, one layer per string:
 //   linear OUT                      conv OUT_CHANNELS KERNEL [STRIDE [PAD]]
-//   maxpool KERNEL [STRIDE]         relu   gelu   flatten   dropout P
+//   maxpool KERNEL [STRIDE]         relu   gelu   silu   flatten   dropout P
 //   embedding DIM                   block HEADS [DROPOUT [recompute]]   layernorm   lmhead
 // Input sizes are inferred when the model is built (model.h).
 #pragma once
@@ -15,7 +15,7 @@ namespace strata {
 
 struct LayerSpec {
   enum class Kind {
-    kLinear, kConv, kMaxPool, kRelu, kGelu, kFlatten, kDropout,  // image models
+    kLinear, kConv, kMaxPool, kRelu, kGelu, kSilu, kFlatten, kDropout,  // image models
     kEmbedding, kBlock, kLayerNorm, kLmHead,                     // GPT-2
   };
   Kind kind = Kind::kFlatten;
@@ -47,7 +47,7 @@ std::vector<std::string> spec_texts(const ModelSpec& spec);
 LayerSpec linear_spec(int out);
 LayerSpec conv_spec(int channels, int kernel, int stride, int pad);
 LayerSpec maxpool_spec(int kernel);
-LayerSpec activation_spec(const std::string& name);  // "relu" | "gelu"
+LayerSpec activation_spec(const std::string& name);  // "relu" | "gelu" | "silu"
 LayerSpec flatten_spec();
 LayerSpec dropout_spec(float p);
 LayerSpec embedding_spec(int dim);

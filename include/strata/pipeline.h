@@ -89,8 +89,6 @@ class PipelineStage {
   std::pair<double, int64_t> forward_only(const Backend& be, const Tensor& x,
                                           const int32_t* labels, int64_t batch);
   const PipelineStats& stats() const { return stats_; }
-  int micros() const { return micros_; }
-  const std::string& schedule() const { return schedule_; }
 
  private:
   int alloc_slot();

@@ -27,6 +27,20 @@ void relu_backward(float* dinp, const float* dout, const float* out, int64_t n) 
   }
 }
 
+// ---- SiLU --------------------------------------------------------------------------------
+// silu(x) = x * s(x), s = 1 / (1 + e^-x); silu'(x) = s(x) * (1 + x * (1 - s(x))). One libm
+// exp per element, in float.
+void silu_forward(float* out, const float* inp, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = inp[i] / (1.f + std::exp(-inp[i]));
+}
+
+void silu_backward(float* dinp, const float* dout, const float* inp, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = inp[i], s = 1.f / (1.f + std::exp(-x));
+    dinp[i] = dout[i] * s * (1.f + x * (1.f - s));
+  }
+}
+
 // ---- GELU --------------------------------------------------------------------------------
 // Exact GELU (PyTorch's nn.GELU(), approximate='none'): gelu(x) = x * Phi(x), with Phi the
 // standard normal CDF, Phi(x) = erfc(-x/sqrt 2) / 2.

@@ -45,6 +45,23 @@ __global__ void gelu_backward_kernel(float* dinp, const float* dout, const float
   }
 }
 
+// silu(x) = x * s(x), s = 1 / (1 + e^-x), as on the CPU.
+__global__ void silu_forward_kernel(float* out, const float* inp, int64_t n) {
+  STRATA_GRID_STRIDE(i, n) {
+    const float x = inp[i];
+    out[i] = x / (1.f + expf(-x));
+  }
+}
+
+// silu'(x) = s(x) * (1 + x * (1 - s(x)))
+__global__ void silu_backward_kernel(float* dinp, const float* dout, const float* inp,
+                                     int64_t n) {
+  STRATA_GRID_STRIDE(i, n) {
+    const float x = inp[i], s = 1.f / (1.f + expf(-x));
+    dinp[i] = dout[i] * s * (1.f + x * (1.f - s));
+  }
+}
+
 template <typename Kernel, typename... Args>
 void launch_elementwise(Kernel kernel, int64_t n, Args... args) {
   if (n <= 0) return;
@@ -72,6 +89,16 @@ void gelu_forward(float* out, const float* inp, int64_t n) {
 // dout (n), inp (n) -> dinp (n)
 void gelu_backward(float* dinp, const float* dout, const float* inp, int64_t n) {
   launch_elementwise(gelu_backward_kernel, n, dinp, dout, inp);
+}
+
+// inp (n) -> out (n)
+void silu_forward(float* out, const float* inp, int64_t n) {
+  launch_elementwise(silu_forward_kernel, n, out, inp);
+}
+
+// dout (n), inp (n) -> dinp (n)
+void silu_backward(float* dinp, const float* dout, const float* inp, int64_t n) {
+  launch_elementwise(silu_backward_kernel, n, dinp, dout, inp);
 }
 
 }  // namespace strata::cuda

@@ -189,6 +189,7 @@ def cases(fx: Fixtures):
     # ---- config files: types, ranges, structure, syntax (TOML 1.0, strict) ----
     def conf(name, text, pattern, code=2):
         out["config"].append(Case(f"config: {name}", cfg, code, pattern, make=file_with(text)))
+    conf("model.activation = \"silu\" trains (must work)", '[model]\nactivation = "silu"\n', "", code=0)
     key_re = r"config .*c\.toml:\d+:\d+: key "
     for key, value, why in [
             ("train.lr", "nan", "finite"), ("train.lr", "inf", "finite"), ("train.lr", "-inf", "finite"),

@@ -1,4 +1,4 @@
-// Elementwise ops: add_inplace, relu, gelu, residual_forward.
+// Elementwise ops: add_inplace, relu, gelu, silu, residual_forward.
 //
 // Tolerances: exact wherever both sides do the same single IEEE operation per element (relu,
 // add, residual). gelu 5e-6: CUDA's erff/expf are within 2 ulp of the true value, glibc's
@@ -81,6 +81,25 @@ void check_gelu_backward() {
   }
 }
 
+// SiLU: the CPU's std::exp against CUDA's expf (2 ulp), through a division: a few ulp.
+void check_silu_forward() {
+  for (int64_t n : kSizes) {
+    OpCase c(fmt::format("silu_forward n{}", n));
+    const F32 inp = c.in(activation_inputs(41, n, false)), out = c.out("out", size_t(n), kGeluTol);
+    c.run([&](const Backend& be, const Ptrs& p) { be.silu_forward(p[out], p[inp], n); });
+  }
+}
+
+void check_silu_backward() {
+  for (int64_t n : kSizes) {
+    OpCase c(fmt::format("silu_backward n{}", n));
+    const F32 dout = c.in(random_vector(42, size_t(n))),
+              inp = c.in(activation_inputs(41, n, false));
+    const F32 dinp = c.out("dinp", size_t(n), kGeluTol);
+    c.run([&](const Backend& be, const Ptrs& p) { be.silu_backward(p[dinp], p[dout], p[inp], n); });
+  }
+}
+
 void check_residual_forward() {
   // 645 and 49344: the (N, C) of GPT-like shapes (129 x 5, 64 x 771).
   for (int64_t n : {int64_t(0), int64_t(1), int64_t(645), int64_t(49344)}) {
@@ -129,6 +148,22 @@ void fd_gelu_backward() {
   };
   Rng rng(7);
   check_grad("fd gelu_backward n60: dinp", x, dx, loss, rng);
+}
+
+void fd_silu_backward() {
+  const int n = 60;
+  auto x = random_vector(8, n, -6.f, 6.f);
+  const auto r = random_vector(9, n);
+  const Backend& cpu = reference();
+  std::vector<float> dx = nan_vector(n);
+  cpu.silu_backward(dx.data(), r.data(), x.data(), n);
+  auto loss = [&] {
+    std::vector<float> y(n);
+    cpu.silu_forward(y.data(), x.data(), n);
+    return dot(y, r);
+  };
+  Rng rng(10);
+  check_grad("fd silu_backward n60: dinp", x, dx, loss, rng);
 }
 
 }  // namespace strata::optest
