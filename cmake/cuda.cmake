@@ -1,7 +1,8 @@
 # STRATA_CUDA = AUTO | ON | OFF. AUTO builds the CUDA backend when nvcc, cuBLAS, cuDNN and NCCL
 # are all found (CUDA 13, cuDNN 9 and NCCL 2.28 live in /usr/local/cuda on our machines); ON
 # fails the configure naming what is missing; OFF never looks. Sets STRATA_HAVE_CUDA and, when
-# on, the targets strata_kernels_cuda (kernels/cuda) and strata_nccl.
+# on, the targets strata_kernels_cuda (kernels/cuda) and strata_nccl, from which
+# cmake/cuda_module.cmake builds the backend module.
 set(STRATA_HAVE_CUDA OFF)
 if(STRATA_CUDA STREQUAL "OFF")
   message(STATUS "strata: CUDA backend off (STRATA_CUDA=OFF)")
@@ -79,7 +80,8 @@ add_library(strata_kernels_cuda STATIC ${STRATA_CUDA_KERNELS})
 target_include_directories(strata_kernels_cuda PUBLIC ${CMAKE_SOURCE_DIR}/include
                            PRIVATE ${STRATA_CUDNN_INCLUDE})
 target_compile_options(strata_kernels_cuda PRIVATE
-  $<$<COMPILE_LANGUAGE:CUDA>:${STRATA_CUDA_WARNINGS} -O3>
+  $<$<COMPILE_LANGUAGE:CUDA>:${STRATA_CUDA_WARNINGS} -O3
+                             -Xcompiler=-ffile-prefix-map=${CMAKE_SOURCE_DIR}/=>
   $<$<COMPILE_LANGUAGE:CXX>:${STRATA_WARNINGS}>)
 set_target_properties(strata_kernels_cuda PROPERTIES POSITION_INDEPENDENT_CODE ON
                       CUDA_SEPARABLE_COMPILATION OFF)

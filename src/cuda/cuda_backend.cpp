@@ -33,8 +33,6 @@ const Memory& device_memory() {
 
 }  // namespace
 
-bool cuda_built() { return true; }
-
 int cuda_devices(std::string* why) {
   std::string reason;
   const int n = cuda::device_count(&reason);
