@@ -59,6 +59,8 @@ if(NOT CMAKE_CUDA20_STANDARD_COMPILE_OPTION)
   set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
   set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
 endif()
+# As for C and C++ (CMakeLists.txt): __FILE__ relative to the source tree.
+add_compile_options($<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-ffile-prefix-map=${CMAKE_SOURCE_DIR}/=>)
 set(CMAKE_CUDA_STANDARD 20)
 set(CMAKE_CUDA_EXTENSIONS OFF)
 set(STRATA_HAVE_CUDA ON)
@@ -80,8 +82,7 @@ add_library(strata_kernels_cuda STATIC ${STRATA_CUDA_KERNELS})
 target_include_directories(strata_kernels_cuda PUBLIC ${CMAKE_SOURCE_DIR}/include
                            PRIVATE ${STRATA_CUDNN_INCLUDE})
 target_compile_options(strata_kernels_cuda PRIVATE
-  $<$<COMPILE_LANGUAGE:CUDA>:${STRATA_CUDA_WARNINGS} -O3
-                             -Xcompiler=-ffile-prefix-map=${CMAKE_SOURCE_DIR}/=>
+  $<$<COMPILE_LANGUAGE:CUDA>:${STRATA_CUDA_WARNINGS} -O3>
   $<$<COMPILE_LANGUAGE:CXX>:${STRATA_WARNINGS}>)
 set_target_properties(strata_kernels_cuda PROPERTIES POSITION_INDEPENDENT_CODE ON
                       CUDA_SEPARABLE_COMPILATION OFF)

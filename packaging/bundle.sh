@@ -72,12 +72,15 @@ cp "$sysconfdir/openmpi-mca-params.conf" "$root/etc/openmpi/"
 # PMIx, through the component that loads it: its prefix holds lib/pmix (components) and share.
 pmix_lib=$(ldd "$pkglibdir"/mca_pmix_*.so | awk '$1 ~ /^libpmix\.so/ { print $3; exit }')
 [ -n "$pmix_lib" ] || fail "no libpmix found by Open MPI's pmix component"
-pmix_prefix=$(dirname "$(dirname "$pmix_lib")")
+pmix_prefix=$(dirname "$(dirname "$(readlink -f "$pmix_lib")")")
 [[ $pmix_prefix == "$prefix"/* ]] || fail "PMIx's $pmix_prefix is outside $prefix"
 pmix_rel=${pmix_prefix#"$prefix"/}
 mkdir -p "$root/$pmix_rel/lib"
 cp -r "$pmix_prefix/lib/pmix" "$root/$pmix_rel/lib/"
 cp -r "$pmix_prefix/share" "$root/$pmix_rel/"
+# Debian's names its component directory by absolute path (/usr/...): left out, PMIx takes
+# the one the launcher sets.
+rm -f "$root/$pmix_rel/share/pmix-mca-params.conf"
 
 # ---- The launcher, under each name that needs the environment -----------------------------
 cc -O2 -Wall -Wextra -Werror -DPMIX_DIR="\"$pmix_rel\"" -o "$root/bin/strata" \

@@ -1,7 +1,7 @@
 // The bundle's bin/strata, bin/mpirun and bin/mpiexec: makes the bundled Open MPI find itself,
 // then runs the real program of the same name from libexec/. Debian's Open MPI has its prefix
 // (/usr) compiled in: OPAL_PREFIX moves it to the bundle (its components and help files),
-// PMIX_INSTALL_PREFIX moves PMIx's, and the bundle's own MCA parameter file replaces
+// PMIX_INSTALL_PREFIX and friends move PMIx's, and the bundle's own MCA parameter file replaces
 // /etc/openmpi's (a node's own Open MPI may have one, for another version). Where the node has
 // neither ssh nor rsh, Open MPI refuses even to start a singleton's daemon unless its remote
 // shell names an existing program: then it is this program under the name no-remote-shell,
@@ -26,19 +26,24 @@ static void die(const char* what, const char* path) {
   exit(127);
 }
 
+// PREFIX/REL, allocated (the program execs soon after: nothing is freed).
+static const char* under(const char* prefix, const char* rel) {
+  char* p = NULL;
+  if (asprintf(&p, "%s/%s", prefix, rel) < 0) die("out of memory for", rel);
+  return p;
+}
+
 // Whether `name` is an executable file in one of PATH's directories.
 static int on_path(const char* name) {
   const char* path = getenv("PATH");
-  if (!path) return 0;
-  char dir[PATH_MAX];
-  while (*path) {
+  while (path && *path) {
     size_t n = strcspn(path, ":");
-    if (n > 0 && n < sizeof dir - strlen(name) - 2) {
-      char file[PATH_MAX];
-      memcpy(dir, path, n);
-      dir[n] = '\0';
-      snprintf(file, sizeof file, "%s/%s", dir, name);
-      if (access(file, X_OK) == 0) return 1;
+    if (n > 0) {
+      char* dir = strndup(path, n);
+      if (!dir) die("out of memory for", "PATH");
+      const int found = access(under(dir, name), X_OK) == 0;
+      free(dir);
+      if (found) return 1;
     }
     path += n + (path[n] == ':');
   }
@@ -65,18 +70,23 @@ int main(int argc, char** argv) {
   *up = '\0';
   const char* prefix = self[0] ? self : "/";
 
-  char buf[PATH_MAX];
   if (setenv("OPAL_PREFIX", prefix, 1) != 0) die("cannot set", "OPAL_PREFIX");
-  snprintf(buf, sizeof buf, "%s/%s", prefix, PMIX_DIR);
-  if (setenv("PMIX_INSTALL_PREFIX", buf, 1) != 0) die("cannot set", "PMIX_INSTALL_PREFIX");
-  snprintf(buf, sizeof buf, "%s/etc/openmpi/openmpi-mca-params.conf", prefix);
-  if (setenv("OMPI_MCA_mca_base_param_files", buf, 0) != 0) die("cannot set", "OMPI_MCA_mca_base_param_files");
-  if (!getenv("OMPI_MCA_plm_rsh_agent") && !on_path("ssh") && !on_path("rsh")) {
-    snprintf(buf, sizeof buf, "%s/libexec/no-remote-shell", prefix);
-    if (setenv("OMPI_MCA_plm_rsh_agent", buf, 1) != 0) die("cannot set", "OMPI_MCA_plm_rsh_agent");
-  }
-  char real[PATH_MAX];
-  snprintf(real, sizeof real, "%s/libexec/%s", prefix, name);
+  // Debian configured PMIx with absolute library, data and configuration directories (and
+  // its parameter file names the component directory: the bundle leaves it out), which the
+  // prefix alone does not move: each is set.
+  const char* pmix = under(prefix, PMIX_DIR);
+  if (setenv("PMIX_INSTALL_PREFIX", pmix, 1) != 0 ||
+      setenv("PMIX_PKGLIBDIR", under(pmix, "lib/pmix"), 1) != 0 ||
+      setenv("PMIX_PKGDATADIR", under(pmix, "share/pmix"), 1) != 0 ||
+      setenv("PMIX_SYSCONFDIR", under(pmix, "share"), 1) != 0)
+    die("cannot set", "PMIX_INSTALL_PREFIX");
+  if (setenv("OMPI_MCA_mca_base_param_files", under(prefix, "etc/openmpi/openmpi-mca-params.conf"),
+             0) != 0)
+    die("cannot set", "OMPI_MCA_mca_base_param_files");
+  if (!getenv("OMPI_MCA_plm_rsh_agent") && !on_path("ssh") && !on_path("rsh") &&
+      setenv("OMPI_MCA_plm_rsh_agent", under(prefix, "libexec/no-remote-shell"), 1) != 0)
+    die("cannot set", "OMPI_MCA_plm_rsh_agent");
+  const char* real = under(under(prefix, "libexec"), name);
   execv(real, argv);
   die("cannot run", real);
   return 127;
