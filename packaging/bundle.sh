@@ -46,7 +46,10 @@ root=$tmp/$name
 
 # ---- strata's own files: the installation, bin/strata moved to libexec ---------------------
 cmake --install "$build" --prefix "$root" >/dev/null
-[ -z "$checks" ] || cmake --install "$build" --prefix "$root" --component checks >/dev/null
+if [ -n "$checks" ]; then
+  cmake --install "$build" --prefix "$root" --component checks >/dev/null
+  [ -x "$root/bin/strata-gpu-check" ] || fail "--with-checks: $build has no GPU check (built without the CUDA backend)"
+fi
 mkdir -p "$root/libexec"
 mv "$root/bin/strata" "$root/libexec/strata"
 
@@ -113,8 +116,10 @@ for f in "${elves[@]}"; do
 done
 
 # ---- Our binaries stripped; every ELF file's RPATH relative to $ORIGIN ----------------------
-strip --strip-unneeded "$root/libexec/strata" "$root"/lib/strata/*.so
-[ -z "$checks" ] || strip --strip-unneeded "$root"/libexec/strata-checks/*
+ours=("$root/libexec/strata")
+[ ! -d "$root/lib/strata" ] || ours+=("$root"/lib/strata/*.so)  # CUDA builds: the module
+[ -z "$checks" ] || ours+=("$root"/libexec/strata-checks/*)
+strip --strip-unneeded "${ours[@]}"
 while IFS= read -r f; do
   head -c 4 "$f" | grep -q ELF || continue
   case $f in

@@ -88,6 +88,10 @@ Loaded load() {
       module_path = c;
       break;
     }
+  if (candidates.empty()) {
+    l.why = "cannot find the CUDA backend module: /proc/self/exe does not name this program";
+    return l;
+  }
   if (module_path.empty()) {
     l.why = fmt::format("this strata's CUDA backend module is missing (no {})",
                         fmt::join(candidates, " or "));
