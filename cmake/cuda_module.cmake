@@ -20,7 +20,7 @@ set_target_properties(strata_cuda PROPERTIES
   LIBRARY_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}
   LINK_DEPENDS ${STRATA_CUDA_MODULE_MAP}
   BUILD_RPATH "" SKIP_BUILD_RPATH ON
-  INSTALL_RPATH "$ORIGIN/.."
+  INSTALL_RPATH "$ORIGIN/..;${CMAKE_INSTALL_RPATH}"
   CUDA_RUNTIME_LIBRARY Shared)
 set_target_properties(strata PROPERTIES ENABLE_EXPORTS ON)
 add_dependencies(strata strata_cuda)  # building strata builds its backend
