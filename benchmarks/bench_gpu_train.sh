@@ -10,13 +10,16 @@
 #   the GPU too, and are in the figure: strata reports the whole loop)   BENCH_BATCH=256
 #   BENCH_CPU_THREADS=$(nproc)   STRATA_BIN=./build/strata   BENCH_DATA=data/fashion-mnist.h5
 #   BENCH_GPT=1 (0 skips it)   BENCH_GPT_BATCH=8   BENCH_GPT_STEPS=50   BENCH_PEAK_TFLOPS (else
-#   from the GPU's name: H100/H200 SXM 989 dense bf16, 67 fp32 non-tensor)
+#   from the GPU's name: H100/H200 SXM 989 dense bf16, 67 fp32 non-tensor)   BENCH_GPT_TEXT
+#   (one text file; default: the repository's sources and docs)
+# Needs bash and awk (no Python: it runs from the bundle's GPU check too, with configs/ beside
+# it).
 # Then a GPT-2 124M-shaped model (12 layers, 12 heads, dim 768, context 1024; byte-level
 # vocabulary 256 instead of GPT-2's 50257, so the embedding and head are ~1% of the FLOPs instead
 # of ~30%) in bf16 and fp32 on one GPU: tokens/s and MFU = tokens/s x (6 N + 12 L C T) FLOP per
 # token / peak (PaLM's training-FLOP count: N parameters, L layers, C dim, T context). No CPU
 # figure beside it: one CPU step of this model takes minutes. Text: the repository's own
-# sources and docs as bytes (the content does not change the speed).
+# sources and docs as bytes, or BENCH_GPT_TEXT (the content does not change the speed).
 # Exits 0 after one line when this machine has no GPU (nothing to compare).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -35,18 +38,20 @@ trap 'rm -rf "$OUT"' EXIT
 [ -s "$DATA" ] || { echo "bench_gpu_train.sh: error: no $DATA (strata prepare fashion-mnist --out $DATA)" >&2; exit 2; }
 
 # samples/s of one run: strata's metrics `done` event.
+done_rate() {
+  awk '/"event": "done"/ && match($0, /"samples_per_s": [^,}]+/) {
+         print substr($0, RSTART + 17, RLENGTH - 17) }' "$1/metrics.jsonl"
+}
 run() {  # model device precision threads
   local dir=$OUT/$1-$2-$3
   rm -rf "$dir"
   "$STRATA_BIN" train --config "configs/fmnist_$1.toml" --data.path "$DATA" --quiet \
     --device "$2" --train.precision "$3" --threads "$4" --train.batch_size "$BATCH" \
     --train.max_steps "$STEPS" --output.dir "$dir" >/dev/null
-  python3 -c 'import json,sys
-for l in open(sys.argv[1]):
-    m = json.loads(l)
-    if m.get("event") == "done": print(m["samples_per_s"])' "$dir/metrics.jsonl"
+  done_rate "$dir"
 }
-median() { python3 -c 'import statistics,sys; print(statistics.median(float(v) for v in sys.argv[1:]))' "$@"; }
+median() { printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END { print NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
 
 if ! probe=$("$STRATA_BIN" train --config configs/fmnist_mlp.toml --data.path "$DATA" --quiet \
      --device cuda --train.max_steps 1 --output.dir "$OUT/probe" 2>&1 >/dev/null); then
@@ -65,8 +70,8 @@ for m in $MODELS; do
   done
   cm=$(median "${c[@]}") gm=$(median "${g[@]}") bm=$(median "${b[@]}")
   printf '%-5s %-16s %14.0f %10s\n' "$m" "cpu x$CPU_THREADS fp32" "$cm" "1.00"
-  printf '%-5s %-16s %14.0f %10.2f\n' "$m" "gpu fp32" "$gm" "$(python3 -c "print($gm/$cm)")"
-  printf '%-5s %-16s %14.0f %10.2f\n' "$m" "gpu bf16" "$bm" "$(python3 -c "print($bm/$cm)")"
+  printf '%-5s %-16s %14.0f %10s\n' "$m" "gpu fp32" "$gm" "$(ratio "$gm" "$cm")"
+  printf '%-5s %-16s %14.0f %10s\n' "$m" "gpu bf16" "$bm" "$(ratio "$bm" "$cm")"
 done
 
 # ---- GPT-2 124M shape ----------------------------------------------------------------------
@@ -74,10 +79,15 @@ done
 GPT_BATCH=${BENCH_GPT_BATCH:-8}
 GPT_STEPS=${BENCH_GPT_STEPS:-50}
 L=12 H=12 C=768 T=1024 V=256
-mapfile -t texts < <(find README.md benchmarks include src kernels -type f \( -name '*.md' -o -name '*.h' -o -name '*.cpp' -o -name '*.cu' -o -name '*.cuh' \) | sort)
+# The text: BENCH_GPT_TEXT (one file), else the repository's sources and docs.
+if [ -n "${BENCH_GPT_TEXT:-}" ]; then
+  texts=("$BENCH_GPT_TEXT")
+else
+  mapfile -t texts < <(find README.md benchmarks include src kernels -type f \( -name '*.md' -o -name '*.h' -o -name '*.cpp' -o -name '*.cu' -o -name '*.cuh' \) | sort)
+fi
 "$STRATA_BIN" prepare text --input "${texts[@]}" --out "$OUT/text.h5" >/dev/null
 peak=${BENCH_PEAK_TFLOPS:-}
-name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n1)
+name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n1 || true)
 gpt_run() {  # precision -> tokens/s
   local dir=$OUT/gpt-$1
   rm -rf "$dir"
@@ -85,10 +95,7 @@ gpt_run() {  # precision -> tokens/s
     --model.type gpt --model.layers $L --model.heads $H --model.dim $C --model.context $T \
     --model.dropout 0 --train.optimizer adamw --train.lr 3e-4 --train.batch_size "$GPT_BATCH" \
     --train.max_steps "$GPT_STEPS" --output.dir "$dir" >/dev/null
-  python3 -c 'import json,sys
-for l in open(sys.argv[1]):
-    m = json.loads(l)
-    if m.get("event") == "done": print(m["samples_per_s"] * int(sys.argv[2]))' "$dir/metrics.jsonl" $T
+  awk -v t=$T '{ print $1 * t }' <<<"$(done_rate "$dir")"
 }
 echo
 echo "GPT-2 124M shape (L $L, heads $H, dim $C, context $T, vocab $V), batch $GPT_BATCH, $GPT_STEPS steps, median of $REPEATS"
@@ -101,13 +108,11 @@ for prec in bf16 fp32; do
   if [ -z "$p" ]; then
     case "$name" in *H100*|*H200*) p=$([ $prec = bf16 ] && echo 989 || echo 67) ;; *) p="" ;; esac
   fi
-  python3 -c '
-import sys
-L, C, T, V, tps, prec = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5]), sys.argv[6]
-N = L * (12 * C * C + 13 * C) + V * C + T * C + 2 * C
-flops = 6 * N + 12 * L * C * T
-peak = sys.argv[7] if len(sys.argv) > 7 else ""
-mfu = f"{tps * flops / (float(peak) * 1e12):.3f}" if peak else "-"
-shown = peak or "?"
-print(f"{prec:<5} {tps:14.0f} {shown:>12} {mfu:>8}")' $L $C $T $V "$tps" $prec $p
+  # N parameters of the GPT (12 C^2 + 13 C per block, the embeddings, the final LayerNorm);
+  # training FLOP per token 6 N + 12 L C T.
+  awk -v L=$L -v C=$C -v T=$T -v V=$V -v tps="$tps" -v prec=$prec -v peak="$p" 'BEGIN {
+    N = L * (12 * C * C + 13 * C) + V * C + T * C + 2 * C
+    flops = 6 * N + 12 * L * C * T
+    mfu = peak != "" ? sprintf("%.3f", tps * flops / (peak * 1e12)) : "-"
+    printf "%-5s %14.0f %12s %8s\n", prec, tps, peak != "" ? peak : "?", mfu }'
 done

@@ -1,7 +1,8 @@
 # STRATA_CUDA = AUTO | ON | OFF. AUTO builds the CUDA backend when nvcc, cuBLAS, cuDNN and NCCL
 # are all found (CUDA 13, cuDNN 9 and NCCL 2.28 live in /usr/local/cuda on our machines); ON
 # fails the configure naming what is missing; OFF never looks. Sets STRATA_HAVE_CUDA and, when
-# on, the targets strata_kernels_cuda (kernels/cuda) and strata_nccl.
+# on, the targets strata_kernels_cuda (kernels/cuda) and strata_nccl, from which
+# cmake/cuda_module.cmake builds the backend module.
 set(STRATA_HAVE_CUDA OFF)
 if(STRATA_CUDA STREQUAL "OFF")
   message(STATUS "strata: CUDA backend off (STRATA_CUDA=OFF)")
@@ -58,6 +59,8 @@ if(NOT CMAKE_CUDA20_STANDARD_COMPILE_OPTION)
   set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
   set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
 endif()
+# As for C and C++ (CMakeLists.txt): __FILE__ relative to the source tree.
+add_compile_options($<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-ffile-prefix-map=${CMAKE_SOURCE_DIR}/=>)
 set(CMAKE_CUDA_STANDARD 20)
 set(CMAKE_CUDA_EXTENSIONS OFF)
 set(STRATA_HAVE_CUDA ON)

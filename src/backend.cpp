@@ -3,6 +3,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include <fmt/ranges.h>
+
 #include "strata/error.h"
 #include "strata/kernels_cpu.h"
 #include "strata/parse.h"
@@ -35,6 +37,29 @@ const Backend& staged_backend() {
     return t;
   }();
   return b;
+}
+
+// "libcudart.so.13, libcublas.so.13 from DIR (SOURCE); ...": the libraries grouped by
+// directory in load order, cuDNN's sub-libraries counted rather than named.
+std::string describe_libraries(const std::vector<CudaLibrary>& libs) {
+  std::string out;
+  for (size_t i = 0; i < libs.size();) {
+    const std::string dir = libs[i].path.substr(0, libs[i].path.rfind('/'));
+    std::vector<std::string> names;
+    int subs = 0;
+    size_t j = i;
+    for (; j < libs.size() && libs[j].path.substr(0, libs[j].path.rfind('/')) == dir; ++j) {
+      if (libs[j].soname.rfind("libcudnn_", 0) == 0)
+        ++subs;
+      else
+        names.push_back(libs[j].soname);
+    }
+    if (subs) names.push_back(fmt::format("{} cuDNN sub-libraries", subs));
+    out += fmt::format("{}{} from {} ({})", out.empty() ? "" : "; ", fmt::join(names, ", "), dir,
+                       libs[i].source);
+    i = j;
+  }
+  return out;
 }
 
 }  // namespace
@@ -88,9 +113,10 @@ const Backend& select_backend(const DeviceRequest& req, std::string* why) {
     const int lr = local_rank(), dev = lr % gpus;
     const Backend& be = cuda_backend(dev, req.precision == "bf16");
     if (why)
-      *why = fmt::format("cuda (GPU {} of {} visible: {}; node-local rank {}; {}){}", dev, gpus,
-                         cuda_device_name(), lr, req.precision,
-                         req.device == "auto" ? ", chosen by --device auto" : "");
+      *why = fmt::format("cuda (GPU {} of {} visible: {}; node-local rank {}; {}){}; CUDA "
+                         "libraries: {}", dev, gpus, cuda_device_name(), lr, req.precision,
+                         req.device == "auto" ? ", chosen by --device auto" : "",
+                         describe_libraries(cuda_libraries()));
     return be;
   }
   if (req.precision == "bf16")

@@ -1,4 +1,4 @@
-// strata: the command line. Subcommands: prepare, train, eval, generate, inspect.
+// strata: the command line. Subcommands: prepare, train, eval, generate, inspect, devices.
 #include <cmath>
 #include <cstdlib>
 #include <cstdio>
@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "strata/backend.h"
 #include "strata/checkpoint.h"
 #include "strata/comm.h"
 #include "strata/config.h"
@@ -145,6 +146,20 @@ int run_inspect(const std::string& path) {
   return kExitOk;
 }
 
+// `strata devices`: whether this node can run the CUDA backend, and if so which CUDA libraries
+// it loaded from where (the start-up line of a GPU run says the same); why not otherwise.
+int run_devices() {
+  std::string why;
+  const int gpus = cuda_devices(&why);
+  if (gpus == 0)
+    fmt::print("cuda: no GPU: {}\n", why);
+  else
+    fmt::print("cuda: {} GPU{} visible\n", gpus, gpus == 1 ? "" : "s");
+  for (const auto& lib : cuda_libraries())
+    fmt::print("cuda library: {} {} ({})\n", lib.soname, lib.path, lib.source);
+  return kExitOk;
+}
+
 // CLI11's messages name the option; say that it is a flag.
 std::string describe_parse_error(const std::string& msg) {
   return msg.rfind("--", 0) == 0 ? fmt::format("flag {}", msg) : msg;
@@ -239,6 +254,10 @@ int main(int argc, char** argv) {
   std::string inspect_path;
   inspect->add_option("path", inspect_path, "checkpoint or parameter file (.h5)")->required();
 
+  auto* devices = app.add_subcommand(
+      "devices", "whether this node can run the CUDA backend, and which CUDA libraries it found "
+                 "where (or why not)");
+
   int code = kExitOk;
   try {
     try {
@@ -283,6 +302,8 @@ int main(int argc, char** argv) {
                    t.unigram_entropy_nats / std::log(2.0));
       }
       comm->barrier();
+    } else if (*devices) {
+      if (lead) code = run_devices();
     } else if (*inspect) {
       if (lead) code = run_inspect(inspect_path);
     } else if (*generate) {

@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "strata/ops.h"
 #include "strata/tensor.h"
@@ -53,10 +54,21 @@ const Backend& select_backend(const DeviceRequest& req, std::string* why);
 Tensor to_backend(const Backend& be, const Tensor& t);
 
 // ---- The CUDA backend (src/cuda in builds with STRATA_CUDA, else src/nocuda) -------------
-// GPUs this process sees; 0 (with the reason in *why) when none or not built.
+// In builds with STRATA_CUDA, src/cuda is a module strata loads at run time with the CUDA
+// libraries it finds (src/cuda_loader); these functions forward to it.
+// GPUs this process sees; 0 (with the reason in *why) when none, when the node lacks the
+// driver or the CUDA libraries, or when not built.
 int cuda_devices(std::string* why);
 // Takes GPU `device` (the caller picks it from the node-local rank) and returns the table.
 const Backend& cuda_backend(int device, bool bf16);
 std::string cuda_device_name();
+// A library the CUDA backend runs on: its soname, the file, and what pointed there (an
+// environment variable, a Python environment, the loader's default path ...).
+struct CudaLibrary {
+  std::string soname, path, source;
+};
+// The libraries loaded for the CUDA backend, the driver last (empty until cuda_devices has
+// loaded them: on a node with the NVIDIA driver and every library).
+std::vector<CudaLibrary> cuda_libraries();
 
 }  // namespace strata

@@ -1,5 +1,6 @@
 // A build without the CUDA backend (STRATA_CUDA=OFF, or AUTO without nvcc, cuBLAS, cuDNN or
-// NCCL): the answers that say so. The CUDA build links src/cuda instead.
+// NCCL): the answers that say so. The CUDA build links src/cuda_loader instead, which loads
+// src/cuda as a module.
 #include <memory>
 
 #include "strata/backend.h"
@@ -19,6 +20,8 @@ const Backend& cuda_backend(int, bool) {
 }
 
 std::string cuda_device_name() { return ""; }
+
+std::vector<CudaLibrary> cuda_libraries() { return {}; }
 
 std::unique_ptr<Comm> make_device_comm(std::unique_ptr<Comm> host, const Backend&) {
   return host;

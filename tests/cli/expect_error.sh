@@ -8,7 +8,7 @@ err=$(mktemp)
 timeout 120 "$@" >/dev/null 2>"$err"
 rc=$?
 lines=$(grep -c '^strata: error:' "$err")
-if [ "$rc" -ne "$code" ] || [ "$lines" -ne 1 ] || ! grep -qE "$regex" "$err" || grep -q 'internal error' "$err"; then
+if [ "$rc" -ne "$code" ] || [ "$lines" -ne 1 ] || ! grep -qE -e "$regex" "$err" || grep -q 'internal error' "$err"; then
   echo "FAIL: $*"
   echo "  exit $rc (expected $code), $lines error line(s) (expected 1 matching /$regex/):"
   sed 's/^/  | /' "$err"

@@ -1,0 +1,30 @@
+// The CUDA backend as a shared module: lib/strata/libstrata_cuda.so (kernels/cuda + src/cuda),
+// which strata dlopens at run time (src/cuda_loader) after finding and loading the CUDA
+// libraries it was linked against, so that the executable starts on nodes without them. The
+// module exports one C function that returns this table of the seam's functions (backend.h,
+// comm.h); the loader checks that the module comes from the same build before using it.
+#pragma once
+#include <cstddef>
+#include <memory>
+#include <string>
+
+namespace strata {
+
+struct Backend;
+class Comm;
+
+struct CudaModule {
+  const char* build;    // STRATA_VERSION " " STRATA_GIT_COMMIT of the module's build
+  size_t backend_size;  // sizeof(Backend) there: a stale module from another layout is refused
+  int (*devices)(std::string* why);
+  const Backend& (*backend)(int device, bool bf16);
+  std::string (*device_name)();
+  std::unique_ptr<Comm> (*device_comm)(std::unique_ptr<Comm> host, const Backend& be);
+};
+
+inline constexpr const char* kCudaModuleEntry = "strata_cuda_module";
+
+}  // namespace strata
+
+// The module's one exported symbol (its name is kCudaModuleEntry).
+extern "C" const strata::CudaModule* strata_cuda_module();

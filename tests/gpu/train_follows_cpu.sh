@@ -1,0 +1,187 @@
+#!/usr/bin/env bash
+# Training on the GPU follows the CPU (the fp32 reference), and resumes there bit for bit.
+#
+#   train_follows_cpu.sh STRATA DATA WORKDIR CONFIGS_DIR CASE
+# CASE mlp | cnn | mlp-bf16 | cnn-bf16: 30 steps on --device cpu and on --device cuda from the
+#      same initial parameters and batches; every step's loss must agree within the stated
+#      relative tolerance (fp32: different summation orders only; bf16: 8-bit mantissas in the
+#      GEMMs and convolutions).
+# CASE resume: 20 steps of the CNN on the GPU straight, and 10 + a resume for 10 more: the
+#      resumed losses must equal the straight run's exactly.
+# CASE pipeline: 2 ranks (2 stages, 4 micro-batches) on the GPU beside 1 CPU rank.
+# CASE gpt | gpt-bf16: a 2-block GPT (dim 64, 4 heads, context 64, dropout 0.1, AdamW with
+#      gradient clipping) on the bytes of README.md (CONFIGS_DIR/../README.md, else the one in
+#      STRATA's share/doc/strata), 30 steps on the CPU and on the GPU, the same tolerances.
+# CASE gpt-resume: the GPT, 20 steps straight on the GPU against 10 + a resume for 10: equal
+#      losses exactly (the transformer's kernels are deterministic: no float atomics).
+# Exits 77 (ctest: skipped) when no GPU is visible, 1 on a failure (with strata's output).
+# Needs bash and awk only: it runs from the bundle on GPU nodes that may have no Python.
+# MPIRUN (default: the mpirun beside STRATA, else the one on PATH) runs the pipeline case.
+set -euo pipefail
+[ $# -eq 5 ] || { sed -n '3,4p' "$0" >&2; exit 2; }
+STRATA=$1 DATA=$2 WORK=$3 CONFIGS=$4 CASE=$5
+if [ -z "${MPIRUN:-}" ]; then
+  MPIRUN=$(dirname "$STRATA")/mpirun
+  [ -x "$MPIRUN" ] || MPIRUN=mpirun
+fi
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# Relative tolerance on each step's loss, GPU against CPU.
+tolerance() { case $1 in fp32) echo 1e-4 ;; bf16) echo 3e-2 ;; esac; }
+
+fail() { echo "FAIL: $*"; exit 1; }
+
+# run RANKS STRATA-TRAIN-ARGS...: fails the case, with the output, when strata fails.
+run() {
+  local ranks=$1 log rc=0
+  shift
+  local cmd=("$STRATA" train "$@")
+  ((ranks == 1)) || cmd=("$MPIRUN" -n "$ranks" --oversubscribe --bind-to none "${cmd[@]}")
+  log=$(mktemp)
+  "${cmd[@]}" >"$log" 2>&1 || rc=$?
+  if ((rc != 0)); then
+    echo "FAIL: ${cmd[*]} exited $rc"
+    tail -c 4000 "$log"
+    rm -f "$log"
+    exit 1
+  fi
+  rm -f "$log"
+}
+
+# "STEP LOSS" per metrics line of a run (the loss exactly as strata wrote it: shortest
+# round-trip decimal, so equal text is equal bits).
+losses() {
+  awk '!/"event"/ && match($0, /"step": [0-9]+/) {
+         step = substr($0, RSTART + 8, RLENGTH - 8)
+         if (match($0, /"loss": [^,}]+/)) print step, substr($0, RSTART + 8, RLENGTH - 8)
+       }' "$1/metrics.jsonl"
+}
+
+# common CONFIG OUTDIR STEPS DEVICE [PRECISION]: the flags of one image-model run, in $args.
+common() {
+  args=(--config "$CONFIGS/$1" --data.path "$DATA" --quiet --train.max_steps "$3"
+        --train.log_every 1 --device "$4" --train.precision "${5:-fp32}" --output.dir "$2")
+}
+
+GPT=(--model.type gpt --model.layers 2 --model.heads 4 --model.dim 64 --model.context 64
+     --model.dropout 0.1 --train.optimizer adamw --train.lr 0.003 --train.grad_clip 1.0
+     --train.batch_size 8 --train.seed 5)
+
+# gpt_common OUTDIR STEPS DEVICE [PRECISION]: the flags of one GPT run, in $args; the text is
+# prepared once.
+gpt_common() {
+  local text=$WORK/gpu/readme-bytes.h5 readme=$CONFIGS/../README.md
+  [ -r "$readme" ] || readme=$(dirname "$STRATA")/../share/doc/strata/README.md
+  if [ ! -s "$text" ]; then
+    mkdir -p "$WORK/gpu"
+    "$STRATA" prepare text --input "$readme" --out "$text" >"$text.log" 2>&1 ||
+      { echo "FAIL: strata prepare text --input $readme"; cat "$text.log"; exit 1; }
+  fi
+  args=("${GPT[@]}" --data.path "$text" --quiet --train.max_steps "$2" --train.log_every 1
+        --device "$3" --train.precision "${4:-fp32}" --output.dir "$1")
+}
+
+fresh() {
+  local d=$WORK/gpu/$CASE/$1
+  rm -rf "$d"
+  echo "$d"
+}
+
+# compare CPU_DIR GPU_DIR TOLERANCE WHAT: every step's loss within the tolerance.
+compare() {
+  losses "$1" >"$1.losses"
+  losses "$2" >"$2.losses"
+  awk -v tol="$3" -v what="$4" '
+    FILENAME == ARGV[1] { gpu[$1] = $2; next }
+    {
+      if (!($1 in gpu)) { printf "FAIL: %s: no GPU loss at step %d\n", what, $1; bad = 1; exit }
+      d = $2 - gpu[$1]; if (d < 0) d = -d
+      a = $2 < 0 ? -$2 : $2; if (a < 1e-12) a = 1e-12
+      rel = d / a; if (rel > worst) worst = rel
+      printf "  step %3d  cpu %.7f  gpu %.7f  rel %.2e\n", $1, $2, gpu[$1], rel
+      n++
+    }
+    END {
+      if (bad) exit 1
+      if (n == 0) { printf "FAIL: %s: no steps\n", what; exit 1 }
+      printf "%s: worst relative difference %.2e (tolerance %.0e)\n", what, worst, tol
+      if (worst > tol) { printf "FAIL: %s: %.2e > %.0e\n", what, worst, tol; exit 1 }
+    }' "$2.losses" "$1.losses"
+}
+
+# identical STRAIGHT PARTS WHAT: steps 11-20 of the resumed run equal the straight run's.
+identical() {
+  losses "$1" | awk '$1 >= 11 && $1 <= 20' >"$1.tail"
+  losses "$2" | awk '$1 >= 11 && $1 <= 20' >"$2.tail"
+  if [ "$(wc -l <"$1.tail")" -ne 10 ] || ! cmp -s "$1.tail" "$2.tail"; then
+    echo "FAIL: $3: the resumed run differs from the straight one (step loss: straight | resumed)"
+    paste "$1.tail" "$2.tail"
+    exit 1
+  fi
+  echo "$3: steps 11-20 identical to the straight run"
+}
+
+# Skip (77) when this node has no GPU; any other failure to start is a failure.
+probe_dir=$(fresh probe)
+rc=0
+common fmnist_mlp.toml "$probe_dir" 1 cuda
+probe=$("$STRATA" train "${args[@]}" 2>&1) || rc=$?
+if ((rc == 2)) && grep -q "device cuda:" <<<"$probe"; then
+  echo "skipped: $(grep "device cuda:" <<<"$probe" | tail -n 1)"
+  exit 77
+fi
+((rc == 0)) || fail "probe run exited $rc"$'\n'"$probe"
+head -n 1 <<<"$probe"
+
+case $CASE in
+  mlp | cnn | mlp-bf16 | cnn-bf16)
+    model=${CASE%%-*}
+    prec=fp32
+    [ "$CASE" = "${CASE%-bf16}" ] || prec=bf16
+    cpu=$(fresh cpu) gpu=$(fresh gpu)
+    common "fmnist_$model.toml" "$cpu" 30 cpu
+    run 1 "${args[@]}"
+    common "fmnist_$model.toml" "$gpu" 30 cuda "$prec"
+    run 1 "${args[@]}"
+    compare "$cpu" "$gpu" "$(tolerance "$prec")" "$model $prec, GPU against CPU"
+    ;;
+  resume)
+    straight=$(fresh straight) parts=$(fresh parts)
+    common fmnist_cnn.toml "$straight" 20 cuda
+    run 1 "${args[@]}"
+    common fmnist_cnn.toml "$parts" 10 cuda
+    run 1 "${args[@]}" --checkpoint.every_steps 10
+    common fmnist_cnn.toml "$parts" 20 cuda
+    run 1 "${args[@]}" --checkpoint.every_steps 10 --resume auto
+    identical "$straight" "$parts" "resume on the GPU"
+    ;;
+  pipeline)
+    cpu=$(fresh cpu) gpu=$(fresh gpu)
+    cfg=fmnist_deep_mlp_pipeline.toml
+    common $cfg "$cpu" 30 cpu
+    run 1 "${args[@]}" --parallel.pipeline_stages 1 --parallel.microbatches 4
+    common $cfg "$gpu" 30 cuda
+    run 2 "${args[@]}" --parallel.pipeline_stages 2 --parallel.microbatches 4
+    compare "$cpu" "$gpu" "$(tolerance fp32)" "pipeline 2 stages on the GPU against 1 CPU rank"
+    ;;
+  gpt | gpt-bf16)
+    prec=fp32
+    [ "$CASE" = gpt ] || prec=bf16
+    cpu=$(fresh cpu) gpu=$(fresh gpu)
+    gpt_common "$cpu" 30 cpu
+    run 1 "${args[@]}"
+    gpt_common "$gpu" 30 cuda "$prec"
+    run 1 "${args[@]}"
+    compare "$cpu" "$gpu" "$(tolerance "$prec")" "GPT $prec, GPU against CPU"
+    ;;
+  gpt-resume)
+    straight=$(fresh straight) parts=$(fresh parts)
+    gpt_common "$straight" 20 cuda
+    run 1 "${args[@]}"
+    gpt_common "$parts" 10 cuda
+    run 1 "${args[@]}" --checkpoint.every_steps 10
+    gpt_common "$parts" 20 cuda
+    run 1 "${args[@]}" --checkpoint.every_steps 10 --resume auto
+    identical "$straight" "$parts" "GPT resume on the GPU"
+    ;;
+  *) echo "unknown case $CASE" >&2; exit 2 ;;
+esac
