@@ -38,10 +38,12 @@ std::string dl_error() {
   return e ? e : "unknown error";
 }
 
-// Where the module is: STRATA_CUDA_MODULE_REL (from CMake: lib/strata relative to bin in the
-// installed and bundled layouts) from this executable's directory, else beside it (the build
-// tree). Nothing compiled in points outside the executable's own tree.
+// Where the module is: $STRATA_CUDA_MODULE when set (programs that are not bin/strata: the op
+// table's tests, the GPU check), else STRATA_CUDA_MODULE_REL (from CMake: lib/strata relative
+// to bin in the installed and bundled layouts) from this executable's directory, else beside
+// it (the build tree). Nothing compiled in points outside the executable's own tree.
 std::vector<std::string> module_candidates() {
+  if (const char* m = std::getenv("STRATA_CUDA_MODULE"); m && *m) return {m};
   std::error_code ec;
   const fs::path dir = fs::read_symlink("/proc/self/exe", ec).parent_path();
   if (ec) return {};

@@ -37,7 +37,7 @@ case $mode in
       [ -e "$prefix/$f" ] || fail "not installed: $f"
     done
     if [ $cuda = yes ]; then
-      for f in lib/strata/libstrata_cuda.so bin/strata-gpu-check libexec/strata-checks/strata_cuda_tests \
+      for f in lib/strata/libstrata_cuda.so bin/strata-gpu-check libexec/strata-checks/strata_op_tests \
                libexec/strata-checks/bench_cuda_ops share/strata/checks/train_follows_cpu.sh; do
         [ -e "$prefix/$f" ] || fail "not installed: $f"
       done
