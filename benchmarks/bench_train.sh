@@ -17,6 +17,8 @@
 #   BENCH_BUCKET_MB=     strata --dp.bucket_mb for the 2-rank runs (empty = strata's default)
 #   BENCH_MPIRUN_ARGS=  extra mpirun flags for the 2-rank runs (e.g. "--bind-to none")
 #   BENCH_STRICT=0       1: exit 1 when a speed target is missed (accuracy failures always exit 1)
+#   BENCH_BASELINE_STRATA=PATH  another strata build in PyTorch's place (parts 1 and 2, the same
+#                        alternating runs): a refactoring's "not slower" check, target 0.98
 #   STRATA_BIN=./build/strata   BENCH_DATA=data/fashion-mnist.h5   BENCH_PYTHON=/usr/bin/python3
 set -euo pipefail
 
@@ -40,6 +42,9 @@ read -r -a MPIRUN_ARGS <<<"${BENCH_MPIRUN_ARGS:-}"
 BATCH=64 LR=0.05 MOMENTUM=0.9 WD=0.0001 SEED=1
 
 declare -A TARGET=([mlp]=1.7 [cnn]=1.5)    # strata samples/s ÷ PyTorch samples/s, at least
+BASELINE=${BENCH_BASELINE_STRATA:-}
+OTHER=pytorch
+if [[ -n $BASELINE ]]; then OTHER=baseline; TARGET=([mlp]=0.98 [cnn]=0.98); fi
 declare -A MIN_ACC=([mlp]=0.80 [cnn]=0.85)  # test accuracy after one epoch, more than
 
 # ---------------------------------------------------------------------------------------------
@@ -110,6 +115,12 @@ run_torch() {
   fi
 }
 
+# run_other MODEL [STEPS] [RUN]: the baseline's run: PyTorch, or the other strata build.
+run_other() {
+  if [[ -n $BASELINE ]]; then BIN=$BASE_BIN run_strata "$1" 1 "$WORK/${1}_baseline_${3:-0}"
+  else run_torch "$1" "${2:-$(steps_for "$1")}"; fi
+}
+
 # check_accuracy WHO MODEL JSON: a benchmark that trains garbage fast must fail.
 check_accuracy() {
   local who=$1 model=$2 acc; acc=$(json_get test_accuracy <<<"$3")
@@ -131,14 +142,14 @@ compare_model() {
     echo "[$model] accuracy check (one full epoch per framework, untimed)"
     acc=$(check_accuracy strata "$model" "$(CNN_STEPS=0 run_strata "$model" 1 "$WORK/${model}_check")")
     echo "  strata  test accuracy $acc"
-    acc=$(check_accuracy pytorch "$model" "$(run_torch "$model" 0)")
-    echo "  pytorch test accuracy $acc"
+    acc=$(check_accuracy "$OTHER" "$model" "$(CNN_STEPS=0 run_other "$model" 0)")
+    echo "  $OTHER test accuracy $acc"
   fi
   for ((r = 1; r <= REPEATS; r++)); do
     # alternate which framework goes first, so a drift in machine speed affects both alike
-    for who in $( ((r % 2)) && echo "strata pytorch" || echo "pytorch strata"); do
+    for who in $( ((r % 2)) && echo "strata $OTHER" || echo "$OTHER strata"); do
       if [[ $who == strata ]]; then res=$(run_strata "$model" 1 "$WORK/${model}_1r_$r")
-      else res=$(run_torch "$model"); fi
+      else res=$(run_other "$model" "" "$r"); fi
       sps=$(json_get samples_per_s <<<"$res")
       if (( steps > 0 )); then acc=$(json_get test_accuracy <<<"$res")
       else acc=$(check_accuracy "$who" "$model" "$res"); fi
@@ -161,7 +172,7 @@ print_comparison() {
   local model ratio res label
   echo
   echo "== one rank, one thread, batch $BATCH (median of $REPEATS)"
-  printf '%-6s %16s %17s %7s %7s %7s %7s\n' model "strata samples/s" "pytorch samples/s" ratio paired target result
+  printf '%-6s %16s %17s %7s %7s %7s %7s\n' model "strata samples/s" "$OTHER samples/s" ratio paired target result
   for model in $MODELS; do
     ratio=$(calc "${S_SPS[$model]} / ${T_SPS[$model]}")
     # PASS needs both: the ratio of the medians and the median of the per-repeat ratios.
@@ -241,6 +252,11 @@ trap 'rm -rf "$WORK"' EXIT
 # A private copy of the binary: a rebuild during the benchmark must not mix two versions.
 BIN="$WORK/strata"
 cp "$STRATA_BIN" "$BIN"
+if [[ -n $BASELINE ]]; then
+  [[ -x $BASELINE ]] || die "BENCH_BASELINE_STRATA=$BASELINE is not an executable"
+  BASE_BIN="$WORK/strata-baseline"
+  cp "$BASELINE" "$BASE_BIN"
+fi
 
 if [[ ! -f $DATA ]]; then
   note "$DATA missing: preparing it"
@@ -252,9 +268,13 @@ cat "$DATA" >/dev/null  # into the page cache, so the first timed run does not p
 echo "== strata training benchmark, $(date -u '+%Y-%m-%d %H:%M UTC')"
 echo "machine: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) CPUs; load average $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "strata:  $("$BIN" --version 2>/dev/null | head -n 1 || true); $STRATA_BIN built $(date -u -r "$STRATA_BIN" '+%Y-%m-%d %H:%M:%S UTC'); tree $(git describe --always --dirty 2>/dev/null || echo '?')"
-echo "pytorch: OPENBLAS_NUM_THREADS=1; backends:"
-torch_env "$PY" benchmarks/torch_baseline.py --model mlp --data "$DATA" \
-  --max-steps 1 2>&1 >/dev/null | sed 's/^/  /'
+if [[ -n $BASELINE ]]; then
+  echo "baseline: $("$BASE_BIN" --version 2>/dev/null | head -n 1 || true) ($BASELINE), in PyTorch's place"
+else
+  echo "pytorch: OPENBLAS_NUM_THREADS=1; backends:"
+  torch_env "$PY" benchmarks/torch_baseline.py --model mlp --data "$DATA" \
+    --max-steps 1 2>&1 >/dev/null | sed 's/^/  /'
+fi
 echo "setup:   1 rank, 1 thread, global batch $BATCH, one epoch, SGD momentum $MOMENTUM, lr $LR constant, weight decay $WD; $REPEATS runs each, alternating, median"
 if (( CNN_STEPS > 0 )); then
   echo "         CNN limited to $CNN_STEPS steps in both frameworks (BENCH_CNN_STEPS)"

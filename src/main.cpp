@@ -3,7 +3,9 @@
 #include <cstdlib>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <iostream>
+#include <memory>
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
@@ -165,6 +167,172 @@ std::string describe_parse_error(const std::string& msg) {
   return msg.rfind("--", 0) == 0 ? fmt::format("flag {}", msg) : msg;
 }
 
+// A subcommand: CLI11 fills its options (kept alive by `run`), run() does it on every rank.
+struct Subcommand {
+  CLI::App* app;
+  std::function<int(Comm&)> run;
+};
+
+Subcommand add_train(CLI::App& app) {
+  struct Opts {
+    RunConfig cfg;
+    ConfigFlags config_flags;
+    CLI::Option* threads = nullptr;
+    std::string progress = "auto";
+  };
+  auto o = std::make_shared<Opts>();
+  auto* train = app.add_subcommand("train", "train a model (rank 0 prints progress)");
+  add_config_flags(*train, o->config_flags);
+  o->threads = train->add_option("--threads", o->cfg.threads, "math threads per rank (default SLURM_CPUS_PER_TASK, else 1)")
+      ->check(int_in(1, kMaxThreads));
+  train->add_option("--device", o->cfg.device,
+                    "auto | cpu | cuda (auto: this node-local rank's GPU when one is visible)")
+      ->capture_default_str();
+  train->add_option("--metrics", o->cfg.output.metrics, "JSON-lines metrics file (default DIR/metrics.jsonl)");
+  train->add_option("--progress", o->progress,
+                    "auto (in place on a terminal, plain lines otherwise) | inplace | lines | off")
+      ->check(CLI::IsMember({"auto", "inplace", "lines", "off"}))->capture_default_str();
+  train->add_option("--resume", o->cfg.resume,
+                    "never | auto (newest checkpoint that verifies, if any) | PATH.h5")
+      ->capture_default_str();
+  train->add_option("--trace", o->cfg.trace,
+                    "write a Chrome trace (chrome://tracing, ui.perfetto.dev) of a few steps, all ranks, to PATH.json");
+  train->add_option("--trace_steps", o->cfg.trace_steps, "steps in the trace, from the second step run")
+      ->check(int_in(1, 100000))->capture_default_str();
+  train->add_flag_callback("--quiet", [o] { o->progress = "off"; }, "same as --progress off");
+  return {train, [o](Comm& comm) {
+            // The file and the flags: every rank reads them; rank 0 alone reports what is wrong.
+            collectively(comm, [&] {
+              apply_config(o->config_flags, o->cfg);
+              o->cfg.threads = threads_from(o->threads, o->cfg.threads);
+            });
+            o->cfg.progress = o->progress;
+            return run_train(o->cfg, comm);
+          }};
+}
+
+// `strata prepare fashion-mnist` and `strata prepare text`: rank 0 writes the file.
+std::vector<Subcommand> add_prepare(CLI::App& app) {
+  auto* prepare = app.add_subcommand("prepare", "convert a dataset to strata's HDF5 layout");
+  prepare->require_subcommand(1);
+  struct Opts {
+    std::string out_path, source_dir = "/usr/share/datasets/fashion-mnist";
+    std::vector<std::string> text_inputs;
+    std::string text_out;
+    double val_fraction = 0.1;
+  };
+  auto o = std::make_shared<Opts>();
+  auto* fmnist = prepare->add_subcommand("fashion-mnist", "the IDX files of Debian's dataset-fashion-mnist");
+  fmnist->add_option("--out", o->out_path, "output HDF5 file")->required();
+  fmnist->add_option("--source", o->source_dir, "directory with the four IDX .gz files")->capture_default_str();
+  auto* text = prepare->add_subcommand(
+      "text", "text files as bytes (token = byte, vocab 256) for language models, e.g. Debian's "
+              "fortunes: /usr/share/games/fortunes/* without the .dat and .u8 files");
+  text->add_option("--input", o->text_inputs, "text files, used in this order")->required();
+  text->add_option("--out", o->text_out, "output HDF5 file")->required();
+  text->add_option("--val_fraction", o->val_fraction,
+                   "the last fraction of each input's bytes that is the validation split")
+      ->capture_default_str();
+  auto prepare_fmnist = [o](Comm& comm) {
+    if (comm.rank() == 0) {
+      prepare_fashion_mnist(o->source_dir, o->out_path);
+      fmt::print("wrote {}\n", o->out_path);
+    }
+    comm.barrier();
+    return int(kExitOk);
+  };
+  auto prepare_txt = [o](Comm& comm) {
+    if (comm.rank() == 0) {
+      const PreparedText t = prepare_text(o->text_inputs, o->text_out, o->val_fraction);
+      fmt::print("wrote {}: {} train tokens, {} val tokens, vocab {} (bytes); unigram entropy "
+                 "{:.4f} nats/token ({:.4f} bits)\n",
+                 o->text_out, t.train_tokens, t.val_tokens, t.vocab, t.unigram_entropy_nats,
+                 t.unigram_entropy_nats / std::log(2.0));
+    }
+    comm.barrier();
+    return int(kExitOk);
+  };
+  return {{fmnist, prepare_fmnist}, {text, prepare_txt}};
+}
+
+Subcommand add_eval(CLI::App& app) {
+  struct Opts {
+    std::string ckpt, data, device = "auto";
+    bool json = false;
+    int threads = 1;
+    CLI::Option* threads_flag = nullptr;
+  };
+  auto o = std::make_shared<Opts>();
+  auto* eval = app.add_subcommand("eval", "evaluate a parameter file on a dataset's test split");
+  eval->add_option("--checkpoint", o->ckpt, "parameter file written by train")->required();
+  eval->add_option("--data", o->data, "HDF5 dataset with a /test split")->required();
+  eval->add_flag("--json", o->json, "print {\"accuracy\": ..., \"loss\": ...}");
+  o->threads_flag = eval->add_option("--threads", o->threads)->check(int_in(1, kMaxThreads));
+  eval->add_option("--device", o->device)->capture_default_str();
+  return {eval, [o](Comm& comm) {
+            collectively(comm, [&] { o->threads = threads_from(o->threads_flag, o->threads); });
+            return run_eval(o->ckpt, o->data, o->json, o->threads, o->device, comm);
+          }};
+}
+
+Subcommand add_generate(CLI::App& app) {
+  struct Opts {
+    GenerateOptions gen;
+    CLI::Option* threads = nullptr;
+  };
+  auto o = std::make_shared<Opts>();
+  GenerateOptions& gen = o->gen;
+  auto* generate = app.add_subcommand("generate", "sample text from a trained GPT (model.type = \"gpt\")");
+  generate->add_option("--checkpoint", gen.checkpoint, "model.h5 or a checkpoint of a gpt run")->required();
+  generate->add_option("--prompt", gen.prompt, "text to continue (bytes)")->capture_default_str();
+  generate->add_option("--tokens", gen.tokens, "tokens (bytes) to generate")
+      ->check(int_in(0, INT32_MAX))->capture_default_str();
+  generate->add_option("--temperature", gen.temperature, "0 = always the most likely token")
+      ->check(real_in(0, 1e6))
+      ->capture_default_str();
+  generate->add_option("--top_k", gen.top_k, "sample among the k most likely (0 = all)")
+      ->check(int_in(0, INT32_MAX))
+      ->capture_default_str();
+  generate->add_option("--seed", gen.seed, "the same seed gives the same text")
+      ->check(int_in(0, INT64_MAX))->capture_default_str();
+  o->threads = generate->add_option("--threads", gen.threads)->check(int_in(1, kMaxThreads));
+  return {generate, [o](Comm& comm) {
+            o->gen.threads = threads_from(o->threads, o->gen.threads);
+            return comm.rank() == 0 ? run_generate(o->gen) : int(kExitOk);
+          }};
+}
+
+std::vector<Subcommand> add_rank0_tools(CLI::App& app) {
+  auto path = std::make_shared<std::string>();
+  auto* inspect = app.add_subcommand("inspect", "print what a checkpoint holds and verify its checksums");
+  inspect->add_option("path", *path, "checkpoint or parameter file (.h5)")->required();
+  auto* devices = app.add_subcommand(
+      "devices", "whether this node can run the CUDA backend, and which CUDA libraries it found "
+                 "where (or why not)");
+  return {{inspect, [path](Comm& comm) { return comm.rank() == 0 ? run_inspect(*path) : int(kExitOk); }},
+          {devices, [](Comm& comm) { return comm.rank() == 0 ? run_devices() : int(kExitOk); }}};
+}
+
+// Parses the command line on every rank. Returns true when it asked for help or the version
+// (rank 0 printed it); a bad command line throws (rank 0 alone reports it).
+bool parse_command_line(CLI::App& app, int argc, char** argv, bool lead) {
+  try {
+    app.parse(argc, argv);
+    return false;
+  } catch (const CLI::CallForHelp& e) {
+    if (lead) app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    if (lead) app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    if (lead) app.exit(e);
+  } catch (const CLI::Error& e) {
+    // Every rank parsed the same arguments: rank 0 alone reports.
+    if (!lead) throw AgreedFailure(kExitBadInput, "");
+    throw UserError(kExitBadInput, describe_parse_error(e.what()));
+  }
+  return true;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -181,138 +349,20 @@ int main(int argc, char** argv) {
   CLI::App app{"strata: a Slurm-native MPI training runtime"};
   app.set_version_flag("--version", fmt::format("strata {} ({})", STRATA_VERSION, STRATA_GIT_COMMIT));
   app.require_subcommand(1);
-
-  RunConfig cfg;
-  ConfigFlags config_flags;
-  auto* train = app.add_subcommand("train", "train a model (rank 0 prints progress)");
-  add_config_flags(*train, config_flags);
-  auto* train_threads = train->add_option("--threads", cfg.threads, "math threads per rank (default SLURM_CPUS_PER_TASK, else 1)")
-      ->check(int_in(1, kMaxThreads));
-  train->add_option("--device", cfg.device,
-                    "auto | cpu | cuda (auto: this node-local rank's GPU when one is visible)")
-      ->capture_default_str();
-  train->add_option("--metrics", cfg.output.metrics, "JSON-lines metrics file (default DIR/metrics.jsonl)");
-  std::string progress = "auto";
-  train->add_option("--progress", progress,
-                    "auto (in place on a terminal, plain lines otherwise) | inplace | lines | off")
-      ->check(CLI::IsMember({"auto", "inplace", "lines", "off"}))->capture_default_str();
-  train->add_option("--resume", cfg.resume,
-                    "never | auto (newest checkpoint that verifies, if any) | PATH.h5")
-      ->capture_default_str();
-  train->add_option("--trace", cfg.trace,
-                    "write a Chrome trace (chrome://tracing, ui.perfetto.dev) of a few steps, all ranks, to PATH.json");
-  train->add_option("--trace_steps", cfg.trace_steps, "steps in the trace, from the second step run")
-      ->check(int_in(1, 100000))->capture_default_str();
-  train->add_flag_callback("--quiet", [&] { progress = "off"; }, "same as --progress off");
-
-  auto* prepare = app.add_subcommand("prepare", "convert a dataset to strata's HDF5 layout");
-  prepare->require_subcommand(1);
-  auto* fmnist = prepare->add_subcommand("fashion-mnist", "the IDX files of Debian's dataset-fashion-mnist");
-  std::string out_path, source_dir = "/usr/share/datasets/fashion-mnist";
-  fmnist->add_option("--out", out_path, "output HDF5 file")->required();
-  fmnist->add_option("--source", source_dir, "directory with the four IDX .gz files")->capture_default_str();
-  auto* text = prepare->add_subcommand(
-      "text", "text files as bytes (token = byte, vocab 256) for language models, e.g. Debian's "
-              "fortunes: /usr/share/games/fortunes/* without the .dat and .u8 files");
-  std::vector<std::string> text_inputs;
-  std::string text_out;
-  double val_fraction = 0.1;
-  text->add_option("--input", text_inputs, "text files, used in this order")->required();
-  text->add_option("--out", text_out, "output HDF5 file")->required();
-  text->add_option("--val_fraction", val_fraction,
-                   "the last fraction of each input's bytes that is the validation split")
-      ->capture_default_str();
-
-  auto* eval = app.add_subcommand("eval", "evaluate a parameter file on a dataset's test split");
-  std::string ckpt, eval_data;
-  bool json = false;
-  int eval_threads = 1;
-  std::string eval_device = "auto";
-  eval->add_option("--checkpoint", ckpt, "parameter file written by train")->required();
-  eval->add_option("--data", eval_data, "HDF5 dataset with a /test split")->required();
-  eval->add_flag("--json", json, "print {\"accuracy\": ..., \"loss\": ...}");
-  auto* eval_threads_flag = eval->add_option("--threads", eval_threads)->check(int_in(1, kMaxThreads));
-  eval->add_option("--device", eval_device)->capture_default_str();
-
-  auto* generate = app.add_subcommand("generate", "sample text from a trained GPT (model.type = \"gpt\")");
-  GenerateOptions gen;
-  generate->add_option("--checkpoint", gen.checkpoint, "model.h5 or a checkpoint of a gpt run")->required();
-  generate->add_option("--prompt", gen.prompt, "text to continue (bytes)")->capture_default_str();
-  generate->add_option("--tokens", gen.tokens, "tokens (bytes) to generate")
-      ->check(int_in(0, INT32_MAX))->capture_default_str();
-  generate->add_option("--temperature", gen.temperature, "0 = always the most likely token")
-      ->check(real_in(0, 1e6))
-      ->capture_default_str();
-  generate->add_option("--top_k", gen.top_k, "sample among the k most likely (0 = all)")
-      ->check(int_in(0, INT32_MAX))
-      ->capture_default_str();
-  generate->add_option("--seed", gen.seed, "the same seed gives the same text")
-      ->check(int_in(0, INT64_MAX))->capture_default_str();
-  auto* gen_threads = generate->add_option("--threads", gen.threads)->check(int_in(1, kMaxThreads));
-
-  auto* inspect = app.add_subcommand("inspect", "print what a checkpoint holds and verify its checksums");
-  std::string inspect_path;
-  inspect->add_option("path", inspect_path, "checkpoint or parameter file (.h5)")->required();
-
-  auto* devices = app.add_subcommand(
-      "devices", "whether this node can run the CUDA backend, and which CUDA libraries it found "
-                 "where (or why not)");
+  std::vector<Subcommand> commands = {add_train(app)};
+  for (auto& c : add_prepare(app)) commands.push_back(std::move(c));
+  commands.push_back(add_eval(app));
+  commands.push_back(add_generate(app));
+  for (auto& c : add_rank0_tools(app)) commands.push_back(std::move(c));
 
   int code = kExitOk;
   try {
-    try {
-      app.parse(argc, argv);
-    } catch (const CLI::CallForHelp& e) {
-      if (lead) app.exit(e);
+    if (parse_command_line(app, argc, argv, lead)) {
       mpi_finalize();
-      return 0;
-    } catch (const CLI::CallForAllHelp& e) {
-      if (lead) app.exit(e);
-      mpi_finalize();
-      return 0;
-    } catch (const CLI::CallForVersion& e) {
-      if (lead) app.exit(e);
-      mpi_finalize();
-      return 0;
-    } catch (const CLI::Error& e) {
-      // Every rank parsed the same arguments: rank 0 alone reports.
-      if (!lead) throw AgreedFailure(kExitBadInput, "");
-      throw UserError(kExitBadInput, describe_parse_error(e.what()));
+      return kExitOk;
     }
-    if (*train) {
-      // The file and the flags: every rank reads them; rank 0 alone reports what is wrong.
-      collectively(*comm, [&] {
-        apply_config(config_flags, cfg);
-        cfg.threads = threads_from(train_threads, cfg.threads);
-      });
-      cfg.progress = progress;
-      code = run_train(cfg, *comm);
-    } else if (*fmnist) {
-      if (lead) {
-        prepare_fashion_mnist(source_dir, out_path);
-        fmt::print("wrote {}\n", out_path);
-      }
-      comm->barrier();
-    } else if (*text) {
-      if (lead) {
-        const PreparedText t = prepare_text(text_inputs, text_out, val_fraction);
-        fmt::print("wrote {}: {} train tokens, {} val tokens, vocab {} (bytes); unigram entropy "
-                   "{:.4f} nats/token ({:.4f} bits)\n",
-                   text_out, t.train_tokens, t.val_tokens, t.vocab, t.unigram_entropy_nats,
-                   t.unigram_entropy_nats / std::log(2.0));
-      }
-      comm->barrier();
-    } else if (*devices) {
-      if (lead) code = run_devices();
-    } else if (*inspect) {
-      if (lead) code = run_inspect(inspect_path);
-    } else if (*generate) {
-      gen.threads = threads_from(gen_threads, gen.threads);
-      if (lead) code = run_generate(gen);
-    } else if (*eval) {
-      collectively(*comm, [&] { eval_threads = threads_from(eval_threads_flag, eval_threads); });
-      code = run_eval(ckpt, eval_data, json, eval_threads, eval_device, *comm);
-    }
+    for (auto& c : commands)
+      if (*c.app) code = c.run(*comm);
   } catch (const AgreedFailure& e) {
     code = e.code;
   } catch (const UserError& e) {

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""The longest functions in src/ and kernels/, measured by Universal Ctags (first line to the
+"""The longest functions in src/ and kernels/, measured by Universal Ctags (ctags-universal, Debian universal-ctags: first line to the
 closing brace, lambdas counted in the function that holds them).
 
     function_lengths.py [REPO] [--top N] [--max LINES]
@@ -18,7 +18,7 @@ def functions(repo):
     for d in ("src", "kernels"):
         for root, _, names in os.walk(os.path.join(repo, d)):
             files += [os.path.join(root, n) for n in names if n.endswith((".cpp", ".cu", ".h", ".cuh"))]
-    out = subprocess.run(["ctags", "--output-format=json", "--fields=+ne", "--c++-kinds=f",
+    out = subprocess.run(["ctags-universal", "--output-format=json", "--fields=+ne", "--c++-kinds=f",
                           "--language-force=C++", "-o", "-"] + sorted(files),
                          capture_output=True, text=True, check=True).stdout
     for line in out.splitlines():
