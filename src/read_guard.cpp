@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 
 #include <fmt/format.h>
 
@@ -24,7 +25,9 @@ struct FaultPlan {
   int exit_code = 1;
 };
 FaultPlan g_plan;
-struct sigaction g_old_segv, g_old_bus;
+// The signals of a crash inside HDF5: a bad address, or glibc's abort on a heap HDF5 corrupted.
+constexpr int kFaults[] = {SIGSEGV, SIGBUS, SIGABRT, SIGFPE, SIGILL};
+struct sigaction g_old[std::size(kFaults)];
 
 void write_all(const char* s) {
   for (size_t n = std::strlen(s); n > 0;) {
@@ -55,8 +58,7 @@ void plan_faults(const std::string& path, int exit_code, bool quarantine) {
   sa.sa_handler = on_read_fault;
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = SA_RESETHAND;
-  sigaction(SIGSEGV, &sa, &g_old_segv);
-  sigaction(SIGBUS, &sa, &g_old_bus);
+  for (size_t i = 0; i < std::size(kFaults); ++i) sigaction(kFaults[i], &sa, &g_old[i]);
 }
 
 }  // namespace
@@ -76,8 +78,7 @@ ReadGuard::~ReadGuard() {
   }
   cv_.notify_one();
   thread_.join();
-  sigaction(SIGSEGV, &g_old_segv, nullptr);
-  sigaction(SIGBUS, &g_old_bus, nullptr);
+  for (size_t i = 0; i < std::size(kFaults); ++i) sigaction(kFaults[i], &g_old[i], nullptr);
 }
 
 void ReadGuard::watch(double seconds) {

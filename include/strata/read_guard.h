@@ -5,7 +5,8 @@
 // segfaults (tests/fuzz/hangs, tests/fuzz/crashes). Nothing inside HDF5 can be interrupted or
 // recovered safely, so while a guard is alive:
 //  - a deadline (60 s + 1 s per 10 MB of the file) that passes, or
-//  - a memory fault (SIGSEGV, SIGBUS) in this process
+//  - a crash in this process (SIGSEGV, SIGBUS, SIGFPE, SIGILL; SIGABRT: glibc aborts when it
+//    finds a heap HDF5 wrote past)
 // ends the process with one line naming the file and `exit_code`; with `quarantine` the file
 // is first renamed FILE.corrupt, so that the next `--resume auto` takes the checkpoint before
 // it. Nothing else is written. One guard at a time (reads hold hdf5_mutex()).

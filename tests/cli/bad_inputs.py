@@ -49,6 +49,9 @@ ERROR = "strata: error: "
 # A checkpoint whose damaged global heap sends HDF5 1.10's H5Aread into an endless loop.
 HEAP_LOOP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fuzz", "hangs", "checkpoint",
                          "hdf5-global-heap-loop.h5")
+# A data file on which HDF5 corrupts the heap (glibc aborts).
+DATA_ABORT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fuzz", "crashes", "dataset",
+                          "hdf5-heap-corruption-abort.h5")
 # One whose damaged global heap makes HDF5 1.10's H5Aread memcpy a garbage length (a segfault).
 HEAP_CRASH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fuzz", "crashes", "checkpoint",
                           "hdf5-global-heap-memcpy.h5")
@@ -354,6 +357,10 @@ def cases(fx: Fixtures):
     nan = f32.copy()
     nan[2, 3, 4] = np.nan
     data("NaN in /train/images", dataset(nan, lab), r"in\.h5: /train/images sample 2 holds NaN")
+    # Found by fuzz_dataset: HDF5 writes past a heap block reading a string attribute, glibc
+    # aborts; the read guard turns it into exit 2 naming the file.
+    data("HDF5 corrupts the heap on it (glibc abort)", lambda d: shutil.copy(DATA_ABORT, os.path.join(d, "in.h5")),
+         r"in\.h5: reading it crashed HDF5: its HDF5 structures are damaged$")
     inf = f32.copy()
     inf[7, 0, 0] = np.inf
     data("Inf in /test/images", dataset(f32, lab, test={"test/images": inf, "test/labels": lab}),
