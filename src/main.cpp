@@ -176,6 +176,10 @@ int main(int argc, char** argv) {
                     "auto | cpu | cuda (auto: this node-local rank's GPU when one is visible)")
       ->capture_default_str();
   train->add_option("--metrics", cfg.output.metrics, "JSON-lines metrics file (default DIR/metrics.jsonl)");
+  std::string prometheus;
+  train->add_option("--prometheus", prometheus,
+                    "write Prometheus metrics to PATH.prom after every log interval (same as "
+                    "--output.prometheus)");
   std::string progress = "auto";
   train->add_option("--progress", progress,
                     "auto (in place on a terminal, plain lines otherwise) | inplace | lines | off")
@@ -264,6 +268,8 @@ int main(int argc, char** argv) {
       collectively(*comm, [&] {
         apply_config(config_flags, cfg);
         cfg.threads = threads_from(train_threads, cfg.threads);
+        if (!prometheus.empty())  // beats the file, checked as the key is
+          find_config_key(config_keys(cfg), "output.prometheus")->set_text(prometheus, "flag --prometheus");
       });
       cfg.progress = progress;
       code = run_train(cfg, *comm);

@@ -18,10 +18,12 @@
 #include "strata/data_parallel.h"
 #include "strata/error.h"
 #include "strata/files.h"
+#include "strata/goodput.h"
 #include "strata/grid.h"
 #include "strata/metrics.h"
 #include "strata/optim.h"
 #include "strata/pipeline.h"
+#include "strata/prometheus.h"
 #include "strata/trace.h"
 #include "strata/watchdog.h"
 #include "strata/whole_model.h"
@@ -273,10 +275,13 @@ int run_train(const RunConfig& cfg, Comm& comm) {
   };
 
   std::unique_ptr<MetricsWriter> metrics;
+  PrometheusFile prom;  // issue 17: operations metrics (rank 0)
   collectively(comm, [&] {
     if (lead) {
       metrics = std::make_unique<MetricsWriter>(cfg.metrics_path());
       drop_world_write(cfg.metrics_path());
+      if (!cfg.output.prometheus.empty())
+        prom = PrometheusFile(cfg.output.prometheus, slurm_job_id(), run_name_of(cfg.output.dir));
     }
   });
 
@@ -332,7 +337,10 @@ int run_train(const RunConfig& cfg, Comm& comm) {
   }
   // Names a rank that stops making progress and aborts the job (watchdog.timeout_s; 0 = off).
   // Collective; after the resume (reading a checkpoint may take long).
-  Watchdog watchdog(comm, cfg.watchdog.timeout_s);
+  // issue 17: the job's goodput ledger beside the checkpoints (rank 0); the watchdog's report
+  // of a hung rank there too (slurm/train.sbatch excludes its node).
+  GoodputLedger goodput(lead ? ckpt.dir() + "/goodput.toml" : "", slurm_job_id(), slurm_restart_count());
+  Watchdog watchdog(comm, cfg.watchdog.timeout_s, ckpt.dir() + "/hung-rank");
   Provenance prov{.config_toml = cfg.to_toml(), .dataset_path = cfg.data.path,
                   .dataset_sha256 = info.source_sha256, .grid_ranks = ranks,
                   .grid_data_parallel = D, .grid_stages = P, .grid_tensor = T,
@@ -358,7 +366,8 @@ int run_train(const RunConfig& cfg, Comm& comm) {
   // Reports a finished write (metrics line, warning on failure); rank 0.
   auto report_checkpoint = [&](const Checkpointer::SaveResult& r) {
     if (r.ok) {
-      ckpt_write_s = r.seconds;
+      ckpt_write_s = r.seconds + r.copy_s;  // a stop checkpoint must reach checkpoint.dir
+      prom.note_checkpoint(r.step, r.seconds, r.stall_s, r.bytes);
       ckpt_total_s += r.seconds;
       if (metrics)
         metrics->write({{"event", json_string("checkpoint")}, {"step", fmt::format("{}", r.step)},
@@ -394,6 +403,7 @@ int run_train(const RunConfig& cfg, Comm& comm) {
   };
   // wait = false: periodic checkpoints, written in the background when checkpoint.async.
   auto save_checkpoint = [&](int64_t steps_done, bool wait) {
+    const auto t_save = Clock::now();
     Watchdog::Exempt exempt(watchdog, "writing a checkpoint");
     prov.created_utc = utc_now_iso();
     TrainState st{.step = steps_done, .epoch = steps_done / per_epoch,
@@ -411,6 +421,7 @@ int run_train(const RunConfig& cfg, Comm& comm) {
     last_ckpt_time = Clock::now();
     last_ckpt_step = steps_done;
     if (wait) report_checkpoint(r);
+    goodput.checkpoint(steps_done, since(t_save));
     return r.ok;
   };
   // Data parallelism within a stage: gradients are averaged over the stage's replicas.
@@ -506,6 +517,7 @@ int run_train(const RunConfig& cfg, Comm& comm) {
   // a step during which the machine took the CPU away).
   std::vector<double> idle_shares;
   comm.barrier();  // so that every rank's trace starts at the same moment
+  goodput.begin(start_step);
   tracer.set_origin();
   for (int64_t step = start_step; step < total; ++step) {
     watchdog.step_begin(step);
@@ -607,6 +619,7 @@ int run_train(const RunConfig& cfg, Comm& comm) {
     samples_since_log += G;
     const int64_t done_steps = step + 1;
     step_s = step_s == 0 ? since(t_step) : 0.8 * step_s + 0.2 * since(t_step);
+    goodput.step_done(done_steps, since(t_step));
 
     if (stop_now) {
       progress.finish();
@@ -657,6 +670,14 @@ int run_train(const RunConfig& cfg, Comm& comm) {
                                   epoch + 1, cfg.train.epochs, step + 1, total, loss, sps,
                                   format_duration(eta)),
                       /*force_newline=*/last || !progress.in_place());
+      if (prom.active()) {
+        const double n = double(samples_since_log) / double(G);  // steps in the interval
+        prom.write({.step = step + 1, .loss = loss, .samples_per_s = sps,
+                    .tokens_per_s = info.tokens ? sps * double(rps) : 0.0, .step_s = dt / n,
+                    .allreduce_exposed_s = reducer.stats().exposed_s / n,
+                    .progress_age_s = watchdog.active() ? watchdog.progress_age_s() : -1.0,
+                    .slurm_restart_count = slurm_restart_count(), .goodput = goodput.figures()});
+      }
       reducer.reset_stats();
       t_log = Clock::now();
       samples_since_log = 0;
@@ -726,6 +747,9 @@ int run_train(const RunConfig& cfg, Comm& comm) {
         {"data_parallel", fmt::format("{}", D)},
         {"microbatches", fmt::format("{}", M)},
         {"schedule", json_string(pipelined ? cfg.parallel.schedule : "none")}};
+    const GoodputFigures gp = goodput.figures();  // issue 17: the job's goodput so far
+    goodput.finish(/*done=*/true);
+    for (auto& f : goodput_fields(gp)) done.push_back(std::move(f));
     if (pipelined) {
       done.push_back({"peak_live_microbatches", json_list(figures.peak_live, 0)});
       done.push_back({"peak_activation_mb", json_list(figures.peak_mb, 3)});
@@ -751,7 +775,7 @@ int run_train(const RunConfig& cfg, Comm& comm) {
                  info.unigram_entropy_nats);
     else if (info.has_test)
       fmt::print(", test accuracy {:.4f}, test loss {:.4f}", ev.accuracy, ev.loss);
-    fmt::print("\nparameters written to {}\n", cfg.params_path());
+    fmt::print("\n{}\nparameters written to {}\n", describe_goodput(gp), cfg.params_path());
   }
   comm.broadcast(&ckpt_failed, sizeof ckpt_failed, 0);
   if (ckpt_failed > 0) {
