@@ -16,6 +16,7 @@
 #include "strata/job.h"
 #include "strata/parse.h"
 #include "strata/generate.h"
+#include "strata/grid.h"
 #include "strata/prepare.h"
 #include "strata/trainer.h"
 
@@ -192,6 +193,11 @@ int main(int argc, char** argv) {
   train->add_option("--trace_steps", cfg.trace_steps, "steps in the trace, from the second step run")
       ->check(int_in(1, 100000))->capture_default_str();
   train->add_flag_callback("--quiet", [&] { progress = "off"; }, "same as --progress off");
+  int64_t check_grid = 0;
+  train->add_option("--check_grid", check_grid,
+                    "only check that the config's grid fits RANKS ranks (exit 0, or 2 naming the "
+                    "key); trains nothing (slurm/train.sbatch asks before shrinking a job)")
+      ->check(int_in(1, 1 << 24));
 
   auto* prepare = app.add_subcommand("prepare", "convert a dataset to strata's HDF5 layout");
   prepare->require_subcommand(1);
@@ -272,7 +278,16 @@ int main(int argc, char** argv) {
           find_config_key(config_keys(cfg), "output.prometheus")->set_text(prometheus, "flag --prometheus");
       });
       cfg.progress = progress;
-      code = run_train(cfg, *comm);
+      if (check_grid > 0) {
+        collectively(*comm, [&] { validate(cfg); });
+        const int P = cfg.parallel.pipeline_stages, T = cfg.parallel.tensor;
+        const int D = data_parallel_width(int(check_grid), P, T, cfg.train.batch_size);
+        if (lead)
+          fmt::print("the grid fits {} ranks: {} data-parallel x {} pipeline x {} tensor\n",
+                     check_grid, D, P, T);
+      } else {
+        code = run_train(cfg, *comm);
+      }
     } else if (*fmnist) {
       if (lead) {
         prepare_fashion_mnist(source_dir, out_path);

@@ -190,15 +190,7 @@ int run_train(const RunConfig& cfg, Comm& comm) {
     check_job_environment();
     bep = &select_backend({.device = cfg.device, .threads = cfg.threads,
                            .precision = cfg.train.precision}, &device_note);
-    if (ranks % (P * T) != 0)
-      fail_input("parallel.pipeline_stages = {} x parallel.tensor = {} does not divide the {} "
-                 "ranks (each of the ranks / (P T) data-parallel replicas runs a whole model)",
-                 P, T, ranks);
-    D = ranks / (P * T);
-    if (cfg.train.batch_size % D != 0)
-      fail_input("train.batch_size = {} is not divisible by the {} data-parallel replicas "
-                 "({} ranks / (parallel.pipeline_stages = {} x parallel.tensor = {}))",
-                 cfg.train.batch_size, D, ranks, P, T);
+    D = data_parallel_width(ranks, P, T, cfg.train.batch_size);
     if (T > 1 && !bep->host_memory())
       fail_input("parallel.tensor = {}: tensor parallelism runs on the CPU for now (use "
                  "--device cpu)", T);

@@ -201,7 +201,9 @@ std::string Watchdog::rank_place(int rank) const {
 }
 
 void Watchdog::write_report(int rank, const char* cause) const {
-  if (report_path_.empty()) return;
+  // After a stop signal (srun's TERM when another rank died, scancel) a silent peer is most
+  // likely dead, not hung: its node is not to be blamed.
+  if (report_path_.empty() || stop_signal() != 0) return;
   // Names only: node and host names were checked (job.cpp) or come from gethostname.
   const std::string job = slurm_job_id();
   const std::string line = fmt::format(

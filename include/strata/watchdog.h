@@ -70,7 +70,8 @@ class Watchdog {
   // report_path: where the rank that aborts the job first writes one line for scripts
   // (slurm/train.sbatch reads it to exclude the hung rank's node), atomically:
   //   job=ID rank=R node=NODE host=HOST step=S cause=self|heartbeats|deadlock
-  // (rank=-1 node=- host=- for a deadlock: no rank is at fault). "" = none.
+  // (rank=-1 node=- host=- for a deadlock: no rank is at fault); none after a stop signal
+  // (a silent peer is then most likely dead: srun TERMs the others when a rank fails). "" = none.
   Watchdog(Comm& comm, double timeout_s, std::string report_path = "");
   // stop(); when an exception is unwinding (this rank may be alone in leaving), it leaves
   // without waiting for the other ranks: if they go on, they name this rank after timeout_s.
