@@ -7,12 +7,14 @@ that it stops without requeueing). On any failure the job's log is printed.
 
     slurm_jobs.py SCENARIO --strata BIN --data FILE --work DIR --sbatch FILE --cluster DIR
 
-SCENARIO: reference | node-failure | preempt-signal | time-limit | no-requeue
+SCENARIO: reference | node-failure | preempt-signal | time-limit | no-requeue | restart-killed |
+          hang-exclude | restart-loop
 """
 import argparse
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -61,7 +63,7 @@ class Ctx:
         return p
 
 
-def write_config(path, out_dir, steps, data, every=EVERY, extra=""):
+def write_config(path, out_dir, steps, data, every=EVERY, extra="", log_every=500):
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as f:
         f.write(f"""# written by tests/slurm/slurm_jobs.py
@@ -76,7 +78,7 @@ batch_size = 64
 max_steps = {steps}
 lr = 0.05
 seed = 7
-log_every = 500
+log_every = {log_every}
 [checkpoint]
 every_steps = {every}
 keep_last = 3
@@ -91,12 +93,12 @@ def fresh(path):
     return path
 
 
-def reference(ctx, name, steps):
+def reference(ctx, name, steps, log_every=500):
     """The uninterrupted 2-rank run (mpirun) of config NAME; returns its parameter file."""
     d = os.path.join(ctx.work, f"ref-{name}")
     fresh(d)
     cfg = os.path.join(d, "config.toml")
-    write_config(cfg, os.path.join(d, "out"), steps, ctx.data)
+    write_config(cfg, os.path.join(d, "out"), steps, ctx.data, log_every=log_every)
     env = {k: v for k, v in ctx.env.items() if not k.startswith("OMPI_MCA_btl")}
     cmd = ["mpirun", "-n", "2", "--oversubscribe", "--bind-to", "none", ctx.strata, "train",
            "--config", cfg, "--progress", "off"]
@@ -153,12 +155,17 @@ def steps_left(ctx, job):
     return left
 
 
+PENDING_SINCE = {}
+
+
 def release_if_waiting(ctx, job, info):
     """A requeued job waits ~120 s before it may start again (time for its old steps to be
-    cleaned up); skip the wait once they are gone."""
-    if info.get("JobState") == "PENDING" and info.get("Reason") == "BeginTime" and \
-            not steps_left(ctx, job):
-        ctx.sh("scontrol", "update", f"jobid={job}", "StartTime=now", check=False)
+    cleaned up); skip the wait once they are gone and 2 s have passed (slurmd refuses a job
+    credential issued within the second its old one was revoked: "Job credential revoked")."""
+    if info.get("JobState") == "PENDING" and info.get("Reason") == "BeginTime":
+        since = PENDING_SINCE.setdefault((job, info.get("Restarts")), time.time())
+        if time.time() - since >= 2 and not steps_left(ctx, job):
+            ctx.sh("scontrol", "update", f"jobid={job}", "StartTime=now", check=False)
 
 
 def wait_job(ctx, job, timeout, on_poll=None, release=True):
@@ -283,7 +290,7 @@ STEPS_OF = [STEPS]  # the running scenario's max_steps (for the resumed-step che
 # ---------------------------------------------------------------------------------------------
 def scenario_reference(ctx):
     """The uninterrupted run the requeue scenarios compare with (a fixture)."""
-    model = reference(ctx, "short", STEPS)
+    model = reference(ctx, "short", STEPS, log_every=10)  # the loss every 10 steps: hang-exclude
     print(f"reference: {model}")
 
 
@@ -517,7 +524,189 @@ def scenario_no_requeue(ctx):
     print("scancel: the job stays CANCELLED", flush=True)
 
 
+# ---------------------------------------------------------------------------------------------
+# Restarts inside the allocation (issue 17)
+def rank_process(job, rank, timeout=30):
+    """(pid, Slurm node) of the strata process of rank RANK of job JOB, found in /proc."""
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        for d in os.listdir("/proc"):
+            if not d.isdigit():
+                continue
+            try:
+                with open(f"/proc/{d}/comm") as f:
+                    if f.read().strip() != "strata":
+                        continue
+                with open(f"/proc/{d}/environ", "rb") as f:
+                    env = dict(kv.split("=", 1) for kv in f.read().decode(errors="replace").split("\0") if "=" in kv)
+            except OSError:
+                continue
+            if env.get("SLURM_JOB_ID") == job and env.get("SLURM_PROCID") == str(rank):
+                return int(d), env.get("SLURMD_NODENAME", "?")
+        time.sleep(0.1)
+    fail(f"no strata process of rank {rank} of job {job} found")
+
+
+def launches(log):
+    """The script's lines per launch of attempt 0: {launch: [lines]}."""
+    out = {}
+    for line in log.splitlines():
+        m = re.match(r"train\.sbatch: \[job \d+ attempt 0 launch (\d+) ", line)
+        if m:
+            out.setdefault(int(m.group(1)), []).append(line)
+    return out
+
+
+def checkpoint_attrs(ckpt_dir):
+    """slurm_job_id and slurm_restart_count of the newest checkpoint."""
+    with open(os.path.join(ckpt_dir, "latest")) as f:
+        name = f.readline().strip()
+    with h5py.File(os.path.join(ckpt_dir, name), "r") as f:
+        job = f.attrs["slurm_job_id"]
+        job = job.decode() if isinstance(job, bytes) else str(job)
+        return job, int(f.attrs["slurm_restart_count"])
+
+
+def scenario_restart_killed(ctx):
+    """SIGKILL of one rank: the script restarts strata inside the same allocation (no requeue,
+    SLURM_RESTART_COUNT stays 0) and the job ends bitwise identical to an uninterrupted run."""
+    ref = short_reference(ctx)
+    d = fresh(os.path.join(ctx.work, "restart-killed"))
+    cfg = os.path.join(d, "config.toml")
+    ckpt = os.path.join(d, "ckpt")
+    write_config(cfg, os.path.join(d, "out"), STEPS, ctx.data)
+    job, log = submit(ctx, "restart-killed", cfg, ckpt_dir=ckpt)
+    wait_first_checkpoint(ctx, job, ckpt)
+    pid, node = rank_process(job, 1)
+    os.kill(pid, signal.SIGKILL)
+    killed_at = time.time()
+    print(f"killed rank 1 (pid {pid} on {node})", flush=True)
+    info = wait_job(ctx, job, timeout=300, release=False)
+    text = read(log)
+    expect(info.get("JobState") == "COMPLETED" and info.get("ExitCode") == "0:0",
+           f"job ended {info.get('JobState')} {info.get('ExitCode')}, expected COMPLETED 0:0")
+    expect(info.get("Restarts") == "0", f"the job was requeued ({info.get('Restarts')} restarts)")
+    expect("attempt 1" not in text, "the log shows a second Slurm attempt")
+    ln = launches(text)
+    expect(sorted(ln) == [0, 1], f"expected launches 0 and 1 of attempt 0, the log shows {sorted(ln)}")
+    first = "\n".join(ln[0])
+    expect("a rank was killed" in first and "restarting in the allocation" in first,
+           "the script did not log restarting in the allocation after the killed rank")
+    expect("leaving it out" not in text, "a killed rank's node was left out (it was not hung)")
+    resumed = re.findall(r"resumed from (\S+) at step (\d+)", text)
+    expect(len(resumed) == 1 and 0 < int(resumed[0][1]) < STEPS, f"expected one resume inside the run: {resumed}")
+    m = re.search(r"\[job \d+ attempt 0 launch 1 (\S+ \S+)\] newest checkpoint", text)
+    expect(m, "no 'newest checkpoint' line for launch 1")
+    print(f"launch 1 started {time.mktime(time.strptime(m.group(1)[:19], '%Y-%m-%d %H:%M:%S')) - killed_at:+.0f} s "
+          "after the kill (to the second)", flush=True)
+    expect(re.search(r"^goodput .*; 1 restart\)$", text, re.M), "the end-of-run line does not count 1 restart")
+    job_attr, restart_attr = checkpoint_attrs(ckpt)
+    expect(job_attr == job and restart_attr == 0,
+           f"the last checkpoint says job {job_attr}, SLURM_RESTART_COUNT {restart_attr}; expected {job}, 0")
+    expect_bitwise(os.path.join(d, "out", "model.h5"), ref)
+
+
+def losses_by_step(path):
+    """Loss by step from a metrics file (a later line wins: a resumed run repeats steps)."""
+    import json
+    out = {}
+    with open(path) as f:
+        for line in f:
+            m = json.loads(line)
+            if "event" not in m:
+                out[int(m["step"])] = float(m["loss"])
+    return out
+
+
+def final_metrics(path):
+    import json
+    with open(path) as f:
+        done = [json.loads(l) for l in f if '"done"' in l]
+    expect(done, f"no done event in {path}")
+    return done[-1]
+
+
+def scenario_hang_exclude(ctx):
+    """SIGSTOP of one rank: strata's watchdog names it (exit 5, checkpoint.dir/hung-rank), the
+    script leaves its node out and the job finishes on the other node, in the same allocation."""
+    ref = short_reference(ctx)
+    d = fresh(os.path.join(ctx.work, "hang-exclude"))
+    cfg = os.path.join(d, "config.toml")
+    ckpt = os.path.join(d, "ckpt")
+    write_config(cfg, os.path.join(d, "out"), STEPS, ctx.data, extra="[watchdog]\ntimeout_s = 3\n",
+                 log_every=10)
+    job, log = submit(ctx, "hang-exclude", cfg, ckpt_dir=ckpt)
+    wait_first_checkpoint(ctx, job, ckpt)
+    pid, node = rank_process(job, 1)
+    os.kill(pid, signal.SIGSTOP)
+    print(f"stopped rank 1 (pid {pid} on {node})", flush=True)
+    try:
+        info = wait_job(ctx, job, timeout=300, release=False)
+    finally:
+        try:
+            os.kill(pid, signal.SIGKILL)  # if the job left it behind
+            stopped_left = True
+        except ProcessLookupError:
+            stopped_left = False
+    text = read(log)
+    expect(not stopped_left, f"the stopped rank (pid {pid}) outlived the job")
+    expect(info.get("JobState") == "COMPLETED" and info.get("ExitCode") == "0:0",
+           f"job ended {info.get('JobState')} {info.get('ExitCode')}, expected COMPLETED 0:0")
+    expect(info.get("Restarts") == "0", f"the job was requeued ({info.get('Restarts')} restarts)")
+    expect(re.search(rf"strata: error: watchdog: rank 1 \(host \S+, node {node}\) made no progress", text),
+           f"the watchdog did not name rank 1 on node {node}")
+    ln = launches(text)
+    expect(sorted(ln) == [0, 1], f"expected launches 0 and 1 of attempt 0, the log shows {sorted(ln)}")
+    first = "\n".join(ln[0])
+    expect(f"hung rank on node {node}" in first and "leaving it out" in first,
+           f"the script did not leave out node {node}")
+    other = "n1" if node == "n2" else "n2"
+    expect(f"health check: 1 node(s) ok ({other})" in first, f"the health check did not keep only {other}")
+    expect("launching on 1 node(s), 1 task(s) (excluded: " + node + ")" in first,
+           "launch 1 was not on the one node left")
+    expect("restarting in the allocation" in first, "the script did not restart in the allocation")
+    # 2 ranks, then 1: the same loss curve to fp32 rounding (README: elastic restarts), not
+    # bitwise; over 200 steps after the resume the difference stays far below what a wrong data
+    # position or a wrong parameter would make (tests/checkpoint/rank_change.py: < 1e-5).
+    done = final_metrics(os.path.join(d, "out", "metrics.jsonl"))
+    expect(done["step"] == STEPS, f"the job ended at step {done['step']}, not {STEPS}")
+    at = int(re.findall(r"resumed from \S+ at step (\d+)", text)[-1])
+    mine, theirs = losses_by_step(os.path.join(d, "out", "metrics.jsonl")), \
+        losses_by_step(os.path.join(os.path.dirname(ref), "metrics.jsonl"))
+    steps = [s for s in range(at + 10, at + 201, 10) if s in mine and s in theirs]
+    expect(len(steps) >= 10, f"too few logged steps after the resume at {at} to compare: {steps}")
+    rel = max(abs(mine[s] - theirs[s]) / abs(theirs[s]) for s in steps)
+    expect(rel < 1e-4, f"after the resume on 1 rank at step {at} the loss differs from the "
+           f"uninterrupted 2-rank run by {rel:.2e} (relative) within 200 steps")
+    print(f"finished on {other} alone; steps {steps[0]}-{steps[-1]} after the resume at {at}: loss "
+          f"within {rel:.2e} of the uninterrupted 2-rank run", flush=True)
+
+
+def scenario_restart_loop(ctx):
+    """A launch that fails at once, every time: the no-progress guard ends the restarts."""
+    stub = os.path.join(ctx.here, "stub_strata.sh")
+    d = fresh(os.path.join(ctx.work, "restart-loop"))
+    cfg = os.path.join(d, "config.toml")
+    write_config(cfg, os.path.join(d, "out"), 200, ctx.data)
+    job, log = submit(ctx, "restart-loop", cfg, ckpt_dir=os.path.join(d, "ckpt"), strata=stub,
+                      extra_env={"STUB_EXIT": "1"})
+    info = wait_job(ctx, job, timeout=180, release=False)
+    text = read(log)
+    expect(info.get("JobState") == "FAILED" and info.get("ExitCode") == "1:0",
+           f"job ended {info.get('JobState')} {info.get('ExitCode')}, expected FAILED 1:0")
+    expect(info.get("Restarts") == "0", f"the job was requeued ({info.get('Restarts')} restarts)")
+    ln = launches(text)
+    expect(sorted(ln) == [0, 1, 2], f"expected launches 0, 1, 2 (the guard's 3), the log shows {sorted(ln)}")
+    expect(text.count("restarting in the allocation") == 2, "expected 2 restarts in the allocation")
+    expect("not restarting: 3 launches in a row made no progress" in text,
+           "the script did not say it stops restarting after 3 launches without progress")
+    print("exit 1 at every launch: restarted twice in the allocation, then FAILED", flush=True)
+
+
 SCENARIOS = {
+    "restart-killed": scenario_restart_killed,
+    "hang-exclude": scenario_hang_exclude,
+    "restart-loop": scenario_restart_loop,
     "reference": scenario_reference,
     "node-failure": scenario_node_failure,
     "preempt-signal": scenario_preempt_signal,
