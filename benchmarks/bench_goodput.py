@@ -1,0 +1,355 @@
+#!/usr/bin/env python3
+"""Goodput under faults on the local two-node Slurm cluster (slurm/local-cluster.sh), issue 17.
+
+  benchmarks/bench_goodput.py [--strata build/strata] [--data data/fashion-mnist.h5]
+      [--minutes 10] [--fault-every 100] [--seed 1] [--faults kill,kill,kill,stop,down,usr1]
+      [--arms requeue,restart] [--no-release] [--work /var/tmp/strata-bench-goodput]
+
+One training job (configs/fmnist_cnn.toml's CNN, 2 ranks on one node of an allocation of two,
+the other a hot spare; checkpoint every 5 s; watchdog timeout 5 s) runs for at least --minutes
+of training, three times: once uninterrupted (the baseline, and the parameters to compare
+with), then once per arm with the same seeded faults at the same seconds since the job began:
+
+  requeue   STRATA_MAX_RESTARTS=0: slurm/train.sbatch as before issue 17, every fault requeues
+  restart   the default: restarts inside the allocation; a node set DOWN and USR1 still requeue
+
+Faults (one every --fault-every seconds on average, in seeded random order and times, each
+only after the job has written a checkpoint since the last one):
+  kill   SIGKILL of rank 1's process
+  stop   SIGSTOP of rank 1's process (strata's watchdog names it; its node is left out)
+  down   `scontrol update nodename=N state=down` of rank 0's node (Slurm kills and requeues
+         the job; the node is resumed once the job is pending)
+  usr1   `scancel --signal=USR1 --batch` (pre-emption: checkpoint, exit 75, requeue)
+
+A requeued job is eligible again only ~120 s later (Slurm's BeginTime); unless --no-release,
+the benchmark releases it with `scontrol update jobid=J StartTime=now` (2 s after the requeue,
+once its old steps are gone) and reports, per requeue, how long the queue would have held it.
+
+Reported per arm: goodput (strata's `done` event: useful step time / wall time since the job's
+first attempt), time lost per cause, per fault (from goodput.toml's restart records: restart gap
+= detection + teardown + queue, start-up, recomputed steps), and whether the final parameters
+are bitwise identical to the uninterrupted run. Needs root (the cluster's daemons)."""
+import argparse
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import tomllib
+
+import h5py
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--strata", default=os.path.join(ROOT, "build", "strata"))
+ap.add_argument("--data", default=os.path.join(ROOT, "data", "fashion-mnist.h5"))
+ap.add_argument("--work", default="/var/tmp/strata-bench-goodput")
+ap.add_argument("--minutes", type=float, default=10)
+ap.add_argument("--fault-every", type=float, default=100)
+ap.add_argument("--seed", type=int, default=1)
+ap.add_argument("--faults", default="kill,kill,kill,stop,down,usr1")
+ap.add_argument("--arms", default="requeue,restart")
+ap.add_argument("--no-release", action="store_true")
+ap.add_argument("--steps", type=int, default=0, help="skip the speed probe: train this many steps")
+a = ap.parse_args()
+
+CLUSTER = "/tmp/strata-slurm-bench"
+CONF = os.path.join(CLUSTER, "etc", "slurm.conf")
+ENV = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_", "SRUN_", "STRATA_"))}
+ENV.update(SLURM_CONF=CONF, OMPI_MCA_btl="self,tcp", OMPI_MCA_btl_tcp_if_include="lo",
+           OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+
+
+def sh(*cmd, check=True):
+    p = subprocess.run(list(cmd), env=ENV, capture_output=True, text=True)
+    if check and p.returncode != 0:
+        sys.exit(f"{' '.join(cmd)} exited {p.returncode}: {p.stderr.strip()}")
+    return p
+
+
+def say(msg):
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def job_info(job):
+    p = sh("scontrol", "-o", "show", "job", job, check=False)
+    if p.returncode != 0:
+        return None
+    info = {}
+    for m in re.finditer(r"(\w+)=(\S*)", p.stdout):
+        info.setdefault(m.group(1), m.group(2))
+    return info
+
+
+def rank_process(job, rank):
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/comm") as f:
+                if f.read().strip() != "strata":
+                    continue
+            with open(f"/proc/{d}/environ", "rb") as f:
+                env = dict(kv.split("=", 1) for kv in f.read().decode(errors="replace").split("\0") if "=" in kv)
+        except OSError:
+            continue
+        if env.get("SLURM_JOB_ID") == job and env.get("SLURM_PROCID") == str(rank):
+            return int(d), env.get("SLURMD_NODENAME")
+    return None
+
+
+def latest_step(ckpt):
+    try:
+        with open(os.path.join(ckpt, "latest")) as f:
+            return int(re.search(r"\d+", f.readline()).group(0))
+    except (OSError, AttributeError):
+        return -1
+
+
+def write_config(path, out, steps):
+    with open(os.path.join(ROOT, "configs", "fmnist_cnn.toml")) as f:
+        text = f.read()
+    text = text.replace('path = "data/fashion-mnist.h5"', f'path = "{os.path.abspath(a.data)}"')
+    text = text.replace("epochs = 4", f"epochs = 1000\nmax_steps = {steps}")
+    text = text.replace('dir = "runs/fmnist_cnn"', f'dir = "{out}"')
+    text += "\n[checkpoint]\nevery_seconds = 5\nkeep_last = 3\n[watchdog]\ntimeout_s = 5\n"
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def submit(name, steps, env_extra):
+    d = os.path.join(a.work, name)
+    shutil.rmtree(d, ignore_errors=True)
+    os.makedirs(d)
+    cfg = os.path.join(d, "config.toml")
+    write_config(cfg, os.path.join(d, "out"), steps)
+    env = dict(ENV, CONFIG=cfg, STRATA=os.path.abspath(a.strata), STRATA_STEP_NODES="1", **env_extra)
+    log = os.path.join(d, "job.log")
+    p = subprocess.run(["sbatch", "--parsable", f"--job-name=bench-{name}", "--nodes=2",
+                        "--ntasks-per-node=2", "--cpus-per-task=1", "--time=120",
+                        f"--output={log}", f"--chdir={d}", os.path.join(ROOT, "slurm", "train.sbatch")],
+                       env=env, capture_output=True, text=True, check=True)
+    job = p.stdout.strip().split(";")[0]
+    say(f"submitted {name}: job {job}")
+    return job, d, log
+
+
+class Requeues:
+    """Requeued jobs: the queue's BeginTime, and (unless --no-release) the early release."""
+
+    def __init__(self):
+        self.pending_since = None
+        self.records = []
+
+    def poll(self, job, info):
+        if info.get("JobState") != "PENDING" or info.get("Reason") != "BeginTime":
+            self.pending_since = None
+            return
+        now = time.time()
+        if self.pending_since is None:
+            self.pending_since = now
+            eligible = info.get("EligibleTime", "")
+            try:
+                wait = time.mktime(time.strptime(eligible, "%Y-%m-%dT%H:%M:%S")) - now
+            except ValueError:
+                wait = float("nan")
+            self.records.append({"at": now, "queue_would_hold_s": wait, "released_after_s": None})
+            say(f"job {job} requeued: eligible again in {wait:.0f} s (Slurm's BeginTime)")
+        if a.no_release or self.records[-1]["released_after_s"] is not None:
+            return
+        spool = [n for node in ("n1", "n2") for n in os.listdir(os.path.join(CLUSTER, "spool", node))
+                 if f"_{job}." in n or f".pmix.{job}." in n]
+        if now - self.pending_since >= 2 and not spool:
+            sh("scontrol", "update", f"jobid={job}", "StartTime=now", check=False)
+            self.records[-1]["released_after_s"] = now - self.pending_since
+            say(f"released job {job} with StartTime=now after {now - self.pending_since:.1f} s")
+
+
+def inject(kind, job, ckpt):
+    """One fault; returns a description, or None if the job had no ranks to hit."""
+    if kind in ("kill", "stop"):
+        found = rank_process(job, 1)
+        if not found:
+            return None
+        pid, node = found
+        os.kill(pid, signal.SIGKILL if kind == "kill" else signal.SIGSTOP)
+        if kind == "stop":
+            STOPPED.append(pid)
+        return f"SIG{'KILL' if kind == 'kill' else 'STOP'} of rank 1 (pid {pid}, node {node})"
+    if kind == "down":
+        found = rank_process(job, 0)
+        if not found:
+            return None
+        node = found[1]
+        sh("scontrol", "update", f"nodename={node}", "state=down", "reason=bench-goodput")
+        DOWNED.append(node)
+        return f"node {node} (rank 0's) set DOWN"
+    if kind == "usr1":
+        sh("scancel", "--signal=USR1", "--batch", job)
+        return "USR1 to the batch shell (pre-emption)"
+    raise ValueError(kind)
+
+
+STOPPED, DOWNED = [], []
+
+
+def bring_back_nodes():
+    for node in list(DOWNED):
+        sh("scontrol", "update", f"nodename={node}", "state=resume", check=False)
+        DOWNED.remove(node)
+
+
+def run_arm(name, steps, plan, env_extra):
+    """Submits the job, injects the planned faults (seconds since the job started), waits."""
+    job, d, log = submit(name, steps, env_extra)
+    ckpt = os.path.join(d, "out", "checkpoints")
+    requeues = Requeues()
+    started, injected, last_ckpt = None, [], -1
+    todo = list(plan)
+    while True:
+        info = job_info(job)
+        if info is None:
+            sys.exit(f"job {job} vanished")
+        state = info.get("JobState")
+        if state == "RUNNING" and started is None:
+            started = time.time()
+        requeues.poll(job, info)
+        if state == "PENDING" and DOWNED:
+            bring_back_nodes()
+        if state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"):
+            time.sleep(1.0)
+            again = job_info(job)
+            if again is None or again.get("JobState") in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"):
+                info = again or info
+                break
+        if todo and started and state == "RUNNING" and time.time() - started >= todo[0][0]:
+            step = latest_step(ckpt)
+            if step > last_ckpt:  # a checkpoint since the last fault: the job makes progress
+                what = inject(todo[0][1], job, ckpt)
+                if what:
+                    injected.append({"kind": todo[0][1], "at_s": time.time() - started,
+                                     "planned_s": todo[0][0], "what": what, "newest_checkpoint": step})
+                    say(f"fault {len(injected)} at {time.time() - started:.0f} s: {what}")
+                    last_ckpt = step
+                    todo.pop(0)
+        time.sleep(0.2)
+    bring_back_nodes()
+    for pid in STOPPED:  # a stopped rank the job left behind would be a bug: say so
+        try:
+            os.kill(pid, signal.SIGKILL)
+            say(f"WARNING: stopped pid {pid} outlived the job")
+        except ProcessLookupError:
+            pass
+    STOPPED.clear()
+    wall = time.time() - started
+    say(f"{name}: job {job} {info.get('JobState')} {info.get('ExitCode')}, {info.get('Restarts')} "
+        f"requeues, {wall:.0f} s from its start")
+    if info.get("JobState") != "COMPLETED":
+        sys.exit(f"{name}: job {job} did not complete; see {log}")
+    if todo:
+        sys.exit(f"{name}: the job finished before faults {todo} could be injected; train longer")
+    with open(os.path.join(d, "out", "metrics.jsonl")) as f:
+        done = [json.loads(l) for l in f if '"done"' in l][-1]
+    with open(os.path.join(ckpt, "goodput.toml"), "rb") as f:
+        ledger = tomllib.load(f)
+    with open(log) as f:
+        text = f.read()
+    return {"name": name, "job": job, "dir": d, "done": done, "ledger": ledger, "faults": injected,
+            "requeues": requeues.records, "wall_s": wall, "slurm_restarts": int(info.get("Restarts", 0)),
+            "in_allocation": text.count("restarting in the allocation"),
+            "requeued_by_script": text.count("requeueing")}
+
+
+def params(path):
+    out = {}
+    with h5py.File(path, "r") as f:
+        f["params"].visititems(lambda n, o: out.__setitem__(n, o[()]) if isinstance(o, h5py.Dataset) else None)
+    return out
+
+
+def bitwise(d, ref_dir):
+    x, y = params(os.path.join(d, "out", "model.h5")), params(os.path.join(ref_dir, "out", "model.h5"))
+    same = x.keys() == y.keys() and all(np.array_equal(x[k].view(np.uint32), y[k].view(np.uint32)) for k in x)
+    return same, len(x)
+
+
+def report(r, ref_dir):
+    done = r["done"]
+    same, n = bitwise(r["dir"], ref_dir)
+    print(f"\n== {r['name']}: job {r['job']}, {done['step']} steps, {len(r['faults'])} faults, "
+          f"{r['in_allocation']} restarts in the allocation, {r['slurm_restarts']} requeues ==")
+    print(f"goodput {100 * done['goodput']:.1f}% of {done['goodput_wall_s']:.1f} s since the first attempt "
+          f"(useful {done['goodput_useful_s']:.1f} s); lost: start-up {done['lost_startup_s']:.1f} s, "
+          f"checkpoint stalls {done['lost_checkpoint_stall_s']:.1f} s, recomputed steps "
+          f"{done['lost_recompute_s']:.1f} s, restart gaps {done['lost_restart_gap_s']:.1f} s, other "
+          f"{done['lost_other_s']:.1f} s")
+    print(f"final parameters: {'BITWISE IDENTICAL' if same else 'DIFFERENT'} to the uninterrupted run ({n} arrays)")
+    # One restart record per fault, in order (goodput.toml); a requeue raised the attempt count.
+    restarts = r["ledger"].get("restart", [])
+    if len(restarts) != len(r["faults"]):
+        print(f"WARNING: {len(r['faults'])} faults but {len(restarts)} restarts in the ledger")
+    print(f"{'fault':<48} {'how':<18} {'gap s':>7} {'start-up s':>10} {'recompute s':>11} {'lost s':>7}")
+    attempt = 0
+    for f, rs in zip(r["faults"], restarts):
+        how = f"requeue (attempt {rs['slurm_restart_count']})" if rs["slurm_restart_count"] > attempt \
+            else "in the allocation"
+        attempt = rs["slurm_restart_count"]
+        rs["how"], rs["fault"] = how, f["what"]
+        lost = rs["restart_gap_s"] + rs["startup_s"] + rs["recompute_s"]
+        print(f"{f['what'][:48]:<48} {how:<18} {rs['restart_gap_s']:>7.1f} {rs['startup_s']:>10.1f} "
+              f"{rs['recompute_s']:>11.1f} {lost:>7.1f}")
+    for q in r["requeues"]:
+        rel = q["released_after_s"]
+        print(f"requeue at {time.strftime('%H:%M:%S', time.localtime(q['at']))}: the queue would hold it "
+              f"{q['queue_would_hold_s']:.0f} s; " + (f"released after {rel:.1f} s (StartTime=now)" if rel is not None
+                                                      else "not released (waited for Slurm)"))
+    return same
+
+
+def main():
+    os.makedirs(a.work, exist_ok=True)
+    up = subprocess.run([os.path.join(ROOT, "slurm", "local-cluster.sh"), "up"],
+                        env=dict(ENV, STRATA_SLURM_DIR=CLUSTER), capture_output=True, text=True)
+    if up.returncode != 0:
+        sys.exit(f"local-cluster.sh up failed: {up.stderr}")
+    cpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    model = re.search(r"Model name:\s*(.*)", cpu)
+    say(f"CPU: {model.group(1) if model else '?'}, {os.cpu_count()} cores; strata {a.strata}")
+    kinds = a.faults.split(",")
+    rng = random.Random(a.seed)
+    rng.shuffle(kinds)
+    plan = [(a.fault_every * (i + 1) + rng.uniform(-0.3, 0.3) * a.fault_every, k) for i, k in enumerate(kinds)]
+    say("faults (seconds since the job started): " + ", ".join(f"{t:.0f} {k}" for t, k in plan))
+
+    steps = a.steps
+    if not steps:
+        # The step rate of this job on this machine now, from a short probe, so that training
+        # lasts --minutes (and outlasts the last fault).
+        probe = run_arm("probe", 400, [], {})
+        rate = probe["done"]["step"] / probe["done"]["train_time_s"]
+        need = max(a.minutes * 60, plan[-1][0] + 60 if plan else 0)
+        steps = int(rate * need * 1.05)
+        say(f"probe: {rate:.1f} steps/s; training {steps} steps (>= {need:.0f} s)")
+    ref = run_arm("uninterrupted", steps, [], {})
+    print(f"\n== uninterrupted: {ref['done']['step']} steps in {ref['done']['train_time_s']:.1f} s of training; "
+          f"goodput {100 * ref['done']['goodput']:.1f}% of {ref['done']['goodput_wall_s']:.1f} s ==")
+    results = []
+    for arm in a.arms.split(","):
+        env = {"STRATA_MAX_RESTARTS": "0"} if arm == "requeue" else {}
+        results.append(run_arm(arm, steps, plan, env))
+    ok = all([report(r, ref["dir"]) for r in results])
+    with open(os.path.join(a.work, "results.json"), "w") as f:
+        json.dump({"uninterrupted": ref, "arms": results, "plan": plan}, f, indent=1, default=str)
+    print(f"\nresults in {a.work}/results.json")
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()
