@@ -105,6 +105,21 @@ def rank_process(job, rank):
     return None
 
 
+def job_processes(job):
+    """Live processes with SLURM_JOB_ID=job in their environment."""
+    found = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit() or int(d) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{d}/environ", "rb") as f:
+                if f"\0SLURM_JOB_ID={job}\0".encode() in b"\0" + f.read():
+                    found.append(int(d))
+        except OSError:
+            continue
+    return found
+
+
 def latest_step(ckpt):
     try:
         with open(os.path.join(ckpt, "latest")) as f:
@@ -145,12 +160,12 @@ class Requeues:
     """Requeued jobs: the queue's BeginTime, and (unless --no-release) the early release."""
 
     def __init__(self):
-        self.pending_since = None
+        self.pending_since = self.clean_since = None
         self.records = []
 
     def poll(self, job, info):
         if info.get("JobState") != "PENDING" or info.get("Reason") != "BeginTime":
-            self.pending_since = None
+            self.pending_since = self.clean_since = None
             return
         now = time.time()
         if self.pending_since is None:
@@ -164,9 +179,18 @@ class Requeues:
             say(f"job {job} requeued: eligible again in {wait:.0f} s (Slurm's BeginTime)")
         if a.no_release or self.records[-1]["released_after_s"] is not None:
             return
+        # Only once its old instance has been gone everywhere for 3 s: no step files in the
+        # spool, no process of the job (slurmd refuses a second copy of a job it still tracks,
+        # "Job N already running", and slurmctld then drains the node: "Duplicate jobid"), and
+        # not within 2 s of the requeue (nor a credential issued in the second one was revoked).
         spool = [n for node in ("n1", "n2") for n in os.listdir(os.path.join(CLUSTER, "spool", node))
                  if f"_{job}." in n or f".pmix.{job}." in n]
-        if now - self.pending_since >= 2 and not spool:
+        if spool or job_processes(job):
+            self.clean_since = None
+            return
+        if self.clean_since is None:
+            self.clean_since = now
+        if now - self.pending_since >= 2 and now - self.clean_since >= 3:
             sh("scontrol", "update", f"jobid={job}", "StartTime=now", check=False)
             self.records[-1]["released_after_s"] = now - self.pending_since
             say(f"released job {job} with StartTime=now after {now - self.pending_since:.1f} s")
@@ -211,7 +235,8 @@ def run_arm(name, steps, plan, env_extra):
     job, d, log = submit(name, steps, env_extra)
     ckpt = os.path.join(d, "out", "checkpoints")
     requeues = Requeues()
-    started, injected, last_ckpt = None, [], -1
+    started, injected, last_ckpt, deferred = None, [], -1, False
+    delay_rng = random.Random(a.seed + 1)
     todo = list(plan)
     while True:
         info = job_info(job)
@@ -221,6 +246,9 @@ def run_arm(name, steps, plan, env_extra):
         if state == "RUNNING" and started is None:
             started = time.time()
         requeues.poll(job, info)
+        if "held" in info.get("Reason", "").lower():
+            sh("scancel", job, check=False)
+            sys.exit(f"{name}: job {job} is held ({info.get('Reason')}); see {CLUSTER}/log/slurmctld.log")
         if state == "PENDING" and DOWNED:
             bring_back_nodes()
         if state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"):
@@ -231,7 +259,14 @@ def run_arm(name, steps, plan, env_extra):
                 break
         if todo and started and state == "RUNNING" and time.time() - started >= todo[0][0]:
             step = latest_step(ckpt)
-            if step > last_ckpt:  # a checkpoint since the last fault: the job makes progress
+            if step <= last_ckpt:
+                deferred = True  # no checkpoint since the last fault yet: wait for progress
+            elif deferred:
+                # Not right after the checkpoint that ended the wait (that would spare the
+                # fault its recomputed steps): somewhere in the next checkpoint interval.
+                todo[0] = (time.time() - started + delay_rng.uniform(0, 5), todo[0][1])
+                deferred = False
+            else:
                 what = inject(todo[0][1], job, ckpt)
                 if what:
                     injected.append({"kind": todo[0][1], "at_s": time.time() - started,
@@ -249,8 +284,10 @@ def run_arm(name, steps, plan, env_extra):
             pass
     STOPPED.clear()
     wall = time.time() - started
+    load = os.getloadavg()
     say(f"{name}: job {job} {info.get('JobState')} {info.get('ExitCode')}, {info.get('Restarts')} "
-        f"requeues, {wall:.0f} s from its start")
+        f"requeues, {wall:.0f} s from its start; load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f} "
+        f"(the machine is shared)")
     if info.get("JobState") != "COMPLETED":
         sys.exit(f"{name}: job {job} did not complete; see {log}")
     if todo:
@@ -264,7 +301,7 @@ def run_arm(name, steps, plan, env_extra):
     return {"name": name, "job": job, "dir": d, "done": done, "ledger": ledger, "faults": injected,
             "requeues": requeues.records, "wall_s": wall, "slurm_restarts": int(info.get("Restarts", 0)),
             "in_allocation": text.count("restarting in the allocation"),
-            "requeued_by_script": text.count("requeueing")}
+            "requeued_by_script": text.count("requeueing"), "loadavg": load}
 
 
 def params(path):

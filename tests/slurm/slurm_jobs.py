@@ -141,10 +141,28 @@ def job_info(ctx, job):
     return info
 
 
+def job_processes(job):
+    """Processes of the job still alive (its batch script, srun, ranks): found by SLURM_JOB_ID in
+    their environment. A job started again while its old instance lives on a node makes
+    slurmctld drain that node ("Duplicate jobid")."""
+    found = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit() or int(d) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{d}/environ", "rb") as f:
+                if f"\0SLURM_JOB_ID={job}\0".encode() in b"\0" + f.read():
+                    found.append(int(d))
+        except OSError:
+            continue
+    return found
+
+
 def steps_left(ctx, job):
     """Files of the job's earlier steps still in the nodes' spool dirs (their slurmstepd is
-    still cleaning up: a new step with the same id would fail to bind its PMIx socket)."""
-    left = []
+    still cleaning up: a new step with the same id would fail to bind its PMIx socket), or
+    its processes."""
+    left = [f"pid {p}" for p in job_processes(job)]
     for node in ("n1", "n2"):
         d = os.path.join(ctx.cluster, "spool", node)
         try:
@@ -155,16 +173,24 @@ def steps_left(ctx, job):
     return left
 
 
-PENDING_SINCE = {}
+PENDING_SINCE, CLEAN_SINCE = {}, {}
 
 
 def release_if_waiting(ctx, job, info):
     """A requeued job waits ~120 s before it may start again (time for its old steps to be
-    cleaned up); skip the wait once they are gone and 2 s have passed (slurmd refuses a job
-    credential issued within the second its old one was revoked: "Job credential revoked")."""
+    cleaned up); skip the wait once they have been gone for 3 s, and 2 s after the requeue at
+    the earliest (slurmd refuses a job credential issued within the second its old one was
+    revoked, "Job credential revoked", and a second copy of a job it still tracks, "already
+    running", after which slurmctld drains the node)."""
     if info.get("JobState") == "PENDING" and info.get("Reason") == "BeginTime":
-        since = PENDING_SINCE.setdefault((job, info.get("Restarts")), time.time())
-        if time.time() - since >= 2 and not steps_left(ctx, job):
+        key = (job, info.get("Restarts"))
+        now = time.time()
+        since = PENDING_SINCE.setdefault(key, now)
+        if steps_left(ctx, job):
+            CLEAN_SINCE.pop(key, None)
+            return
+        clean = CLEAN_SINCE.setdefault(key, now)
+        if now - since >= 2 and now - clean >= 3:
             ctx.sh("scontrol", "update", f"jobid={job}", "StartTime=now", check=False)
 
 
