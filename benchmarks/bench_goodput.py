@@ -2,19 +2,22 @@
 """Goodput under faults on the local two-node Slurm cluster (slurm/local-cluster.sh), issue 17.
 
   benchmarks/bench_goodput.py [--strata build/strata] [--data data/fashion-mnist.h5]
-      [--minutes 10] [--fault-every 100] [--seed 1] [--faults kill,kill,kill,stop,down,usr1]
+      [--minutes 12] [--seed 1] [--faults kill,kill,kill,stop,down,usr1] [--steps N]
       [--arms requeue,restart] [--no-release] [--work /var/tmp/strata-bench-goodput]
 
 One training job (configs/fmnist_cnn.toml's CNN, 2 ranks on one node of an allocation of two,
-the other a hot spare; checkpoint every 5 s; watchdog timeout 5 s) runs for at least --minutes
-of training, three times: once uninterrupted (the baseline, and the parameters to compare
-with), then once per arm with the same seeded faults at the same seconds since the job began:
+the other a hot spare; checkpoint every 5 s; watchdog timeout 5 s) runs the same number of steps three times (a
+probe of the step rate picks it so that training lasts --minutes; --steps sets it): once
+uninterrupted (the baseline, and the parameters to compare with), then once per arm with the
+same seeded faults at the same points of training (the machine's speed varies with its load:
+faults placed by step, not by clock, stay comparable between the arms):
 
   requeue   STRATA_MAX_RESTARTS=0: slurm/train.sbatch as before issue 17, every fault requeues
   restart   the default: restarts inside the allocation; a node set DOWN and USR1 still requeue
 
-Faults (one every --fault-every seconds on average, in seeded random order and times, each
-only after the job has written a checkpoint since the last one):
+Faults (evenly spread over the run, each at a seeded random step within ±30 % of its slot, in
+seeded random order; each only after the job wrote a checkpoint since the last fault, else at a
+random point of the next checkpoint interval):
   kill   SIGKILL of rank 1's process
   stop   SIGSTOP of rank 1's process (strata's watchdog names it; its node is left out)
   down   `scontrol update nodename=N state=down` of rank 0's node (Slurm kills and requeues
@@ -51,8 +54,7 @@ ap = argparse.ArgumentParser()
 ap.add_argument("--strata", default=os.path.join(ROOT, "build", "strata"))
 ap.add_argument("--data", default=os.path.join(ROOT, "data", "fashion-mnist.h5"))
 ap.add_argument("--work", default="/var/tmp/strata-bench-goodput")
-ap.add_argument("--minutes", type=float, default=10)
-ap.add_argument("--fault-every", type=float, default=100)
+ap.add_argument("--minutes", type=float, default=12)
 ap.add_argument("--seed", type=int, default=1)
 ap.add_argument("--faults", default="kill,kill,kill,stop,down,usr1")
 ap.add_argument("--arms", default="requeue,restart")
@@ -118,6 +120,16 @@ def job_processes(job):
         except OSError:
             continue
     return found
+
+
+def progress(metrics):
+    """The newest step the job's metrics.jsonl logged (log_every steps), 0 before any."""
+    try:
+        with open(metrics) as f:
+            steps = [int(m.group(1)) for m in re.finditer(r'^\{"step": (\d+)', f.read(), re.M)]
+    except OSError:
+        return 0
+    return max(steps, default=0)
 
 
 def latest_step(ckpt):
@@ -234,6 +246,7 @@ def run_arm(name, steps, plan, env_extra):
     """Submits the job, injects the planned faults (seconds since the job started), waits."""
     job, d, log = submit(name, steps, env_extra)
     ckpt = os.path.join(d, "out", "checkpoints")
+    metrics = os.path.join(d, "out", "metrics.jsonl")
     requeues = Requeues()
     started, injected, last_ckpt, deferred = None, [], -1, False
     delay_rng = random.Random(a.seed + 1)
@@ -257,7 +270,8 @@ def run_arm(name, steps, plan, env_extra):
             if again is None or again.get("JobState") in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"):
                 info = again or info
                 break
-        if todo and started and state == "RUNNING" and time.time() - started >= todo[0][0]:
+        if todo and started and state == "RUNNING" and (
+                progress(metrics) >= todo[0][0] if isinstance(todo[0][0], int) else time.time() - started >= todo[0][0]):
             step = latest_step(ckpt)
             if step <= last_ckpt:
                 deferred = True  # no checkpoint since the last fault yet: wait for progress
@@ -270,8 +284,9 @@ def run_arm(name, steps, plan, env_extra):
                 what = inject(todo[0][1], job, ckpt)
                 if what:
                     injected.append({"kind": todo[0][1], "at_s": time.time() - started,
-                                     "planned_s": todo[0][0], "what": what, "newest_checkpoint": step})
-                    say(f"fault {len(injected)} at {time.time() - started:.0f} s: {what}")
+                                     "planned": todo[0][0], "what": what, "newest_checkpoint": step})
+                    say(f"fault {len(injected)} at {time.time() - started:.0f} s (step "
+                        f"{progress(metrics)}): {what}")
                     last_ckpt = step
                     todo.pop(0)
         time.sleep(0.2)
@@ -359,21 +374,19 @@ def main():
     cpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
     model = re.search(r"Model name:\s*(.*)", cpu)
     say(f"CPU: {model.group(1) if model else '?'}, {os.cpu_count()} cores; strata {a.strata}")
+    steps = a.steps
+    if not steps:
+        # The step rate of this job on this machine now, from a short probe.
+        probe = run_arm("probe", 400, [], {})
+        rate = probe["done"]["step"] / probe["done"]["train_time_s"]
+        steps = int(rate * a.minutes * 60)
+        say(f"probe: {rate:.1f} steps/s; training {steps} steps (~{a.minutes:g} min at that rate)")
     kinds = a.faults.split(",")
     rng = random.Random(a.seed)
     rng.shuffle(kinds)
-    plan = [(a.fault_every * (i + 1) + rng.uniform(-0.3, 0.3) * a.fault_every, k) for i, k in enumerate(kinds)]
-    say("faults (seconds since the job started): " + ", ".join(f"{t:.0f} {k}" for t, k in plan))
-
-    steps = a.steps
-    if not steps:
-        # The step rate of this job on this machine now, from a short probe, so that training
-        # lasts --minutes (and outlasts the last fault).
-        probe = run_arm("probe", 400, [], {})
-        rate = probe["done"]["step"] / probe["done"]["train_time_s"]
-        need = max(a.minutes * 60, plan[-1][0] + 60 if plan else 0)
-        steps = int(rate * need * 1.05)
-        say(f"probe: {rate:.1f} steps/s; training {steps} steps (>= {need:.0f} s)")
+    slot = steps / (len(kinds) + 1)
+    plan = [(int(slot * (i + 1) + rng.uniform(-0.3, 0.3) * slot), k) for i, k in enumerate(kinds)]
+    say("faults (at training step): " + ", ".join(f"{t} {k}" for t, k in plan))
     ref = run_arm("uninterrupted", steps, [], {})
     print(f"\n== uninterrupted: {ref['done']['step']} steps in {ref['done']['train_time_s']:.1f} s of training; "
           f"goodput {100 * ref['done']['goodput']:.1f}% of {ref['done']['goodput_wall_s']:.1f} s ==")
