@@ -395,7 +395,7 @@ std::optional<Checkpointer::SaveResult> Checkpointer::poll() {
 }
 
 Checkpointer::SaveResult Checkpointer::save(const Model& model, Optimizer& opt, TrainState st,
-                                            const Provenance& prov, bool wait) {
+                                            const Provenance& prov, bool wait, bool durable) {
   using Clock = std::chrono::steady_clock;
   const auto t_enter = Clock::now();
   SaveResult r;
@@ -447,7 +447,7 @@ Checkpointer::SaveResult Checkpointer::save(const Model& model, Optimizer& opt, 
     };
     if (wait) {
       r = write();
-      if (copier_ && r.ok) {
+      if (copier_ && r.ok && durable) {
         // A stop or final checkpoint is safe only once it is in the shared directory.
         if (auto failed = copy_failures(true)) r.ok = false, r.error = failed->error;
         r.copy_s = copier_->last_copy_s();

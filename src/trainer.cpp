@@ -401,6 +401,7 @@ int run_train(const RunConfig& cfg, Comm& comm) {
     TrainState st{.step = steps_done, .epoch = steps_done / per_epoch,
                   .batch = steps_done % per_epoch, .global_batch = G, .seed = cfg.train.seed,
                   .optimizer = cfg.train.optimizer, .optimizer_steps = opt.steps_taken()};
+    const bool durable = wait;  // stop and final checkpoints: in checkpoint.dir on return
     wait = wait || !cfg.checkpoint.async;
     if (lead)
       if (auto prev = ckpt.finish()) report_checkpoint(*prev);
@@ -408,8 +409,8 @@ int run_train(const RunConfig& cfg, Comm& comm) {
     opt.pull(be);
     require_finite_state(steps_done);
     if (gathered) gather_stages(comm, grid, layers, ranges, *model, opt, whole.get(), whole_opt.get());
-    auto r = gathered && lead ? ckpt.save(*whole, *whole_opt, st, prov, wait)
-                               : ckpt.save(*model, opt, st, prov, wait);
+    auto r = gathered && lead ? ckpt.save(*whole, *whole_opt, st, prov, wait, durable)
+                               : ckpt.save(*model, opt, st, prov, wait, durable);
     last_ckpt_time = Clock::now();
     last_ckpt_step = steps_done;
     if (wait) report_checkpoint(r);

@@ -65,14 +65,16 @@ class Checkpointer {
   // Collective. Writes a checkpoint of `model` and `opt` at `st` (sequence filled in), then the
   // `latest` pointer, then applies retention. A failed write leaves every earlier checkpoint
   // and the pointer as they were.
-  //  - wait = true: returns when the file and pointer are on disk (with a local cache: in
-  //    checkpoint.dir too), the result the same on every rank (stop and final checkpoints).
+  //  - wait = true: returns when the file and pointer are on disk, the result the same on
+  //    every rank (stop and final checkpoints; periodic ones without checkpoint.async). With a
+  //    local cache and `durable` (stop and final checkpoints) only once the copy is in
+  //    checkpoint.dir too; otherwise the copy follows in the background.
   //  - wait = false: rank 0 copies the tensors to a snapshot buffer and writes it on a
   //    background thread while training goes on; the outcome comes from poll() later.
   // Call finish() first to collect the outcome of a write still in flight (save() waits for it
   // too, but does not report it).
   SaveResult save(const Model& model, Optimizer& opt, TrainState st, const Provenance& prov,
-                  bool wait);
+                  bool wait, bool durable = false);
   // Rank 0: the outcome of a background write that has finished since the last call, if any;
   // else a failed copy to checkpoint.dir (ok = false), if any.
   std::optional<SaveResult> poll();
