@@ -107,10 +107,13 @@ void prepare_directory(const std::string& dir, int64_t bytes, const std::string&
   // Temporary files of writes a crash interrupted are never part of a checkpoint.
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     const std::string n = e.path().filename().string();
-    if (n.find(".tmp.") != std::string::npos && (n.starts_with("ckpt-") || n.starts_with("latest"))) {
-      fs::remove(e.path(), ec);
-      fmt::print("removed {} (left by an interrupted checkpoint write)\n", e.path().string());
-    }
+    if (n.find(".tmp.") == std::string::npos) continue;
+    for (const char* mine : {"ckpt-", "latest", "goodput.toml", "hung-rank", "cache-id"})
+      if (n.starts_with(mine)) {
+        fs::remove(e.path(), ec);
+        fmt::print("removed {} (left by an interrupted write)\n", e.path().string());
+        break;
+      }
   }
 }
 
