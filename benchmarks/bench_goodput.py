@@ -2,20 +2,22 @@
 """Goodput under faults on the local two-node Slurm cluster (slurm/local-cluster.sh), issue 17.
 
   benchmarks/bench_goodput.py [--strata build/strata] [--data data/fashion-mnist.h5]
-      [--minutes 12] [--seed 1] [--faults kill,kill,kill,stop,down,usr1] [--steps N]
-      [--arms requeue,restart] [--no-release] [--work /var/tmp/strata-bench-goodput]
+      [--minutes 12] [--steps N] [--fault-every 100] [--seed 1]
+      [--faults kill,kill,kill,stop,down,usr1] [--arms requeue,restart] [--no-release]
+      [--reference DIR] [--work /var/tmp/strata-bench-goodput]
 
 One training job (configs/fmnist_cnn.toml's CNN, 2 ranks on one node of an allocation of two,
 the other a hot spare; checkpoint every 5 s; watchdog timeout 5 s) runs the same number of steps three times (a
 probe of the step rate picks it so that training lasts --minutes; --steps sets it): once
-uninterrupted (the baseline, and the parameters to compare with), then once per arm with the
-same seeded faults at the same points of training (the machine's speed varies with its load:
-faults placed by step, not by clock, stay comparable between the arms):
+uninterrupted (the baseline, and the parameters to compare with; --reference DIR reuses an
+earlier one), then once per arm with faults at a fixed rate in wall time, the same seeded
+seconds since the job started in both arms, until the job ends (an arm that loses more time
+meets more faults, as a real job would):
 
   requeue   STRATA_MAX_RESTARTS=0: slurm/train.sbatch as before issue 17, every fault requeues
   restart   the default: restarts inside the allocation; a node set DOWN and USR1 still requeue
 
-Faults (evenly spread over the run, each at a seeded random step within ±30 % of its slot, in
+Faults (one every --fault-every s ± 30 %, seeded; their kinds cycle through --faults in a
 seeded random order; each only after the job wrote a checkpoint since the last fault, else at a
 random point of the next checkpoint interval):
   kill   SIGKILL of rank 1's process
@@ -55,6 +57,8 @@ ap.add_argument("--strata", default=os.path.join(ROOT, "build", "strata"))
 ap.add_argument("--data", default=os.path.join(ROOT, "data", "fashion-mnist.h5"))
 ap.add_argument("--work", default="/var/tmp/strata-bench-goodput")
 ap.add_argument("--minutes", type=float, default=12)
+ap.add_argument("--fault-every", type=float, default=100)
+ap.add_argument("--reference", default="", help="an earlier run's uninterrupted/ directory to reuse")
 ap.add_argument("--seed", type=int, default=1)
 ap.add_argument("--faults", default="kill,kill,kill,stop,down,usr1")
 ap.add_argument("--arms", default="requeue,restart")
@@ -270,8 +274,7 @@ def run_arm(name, steps, plan, env_extra):
             if again is None or again.get("JobState") in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"):
                 info = again or info
                 break
-        if todo and started and state == "RUNNING" and (
-                progress(metrics) >= todo[0][0] if isinstance(todo[0][0], int) else time.time() - started >= todo[0][0]):
+        if todo and started and state == "RUNNING" and time.time() - started >= todo[0][0]:
             step = latest_step(ckpt)
             if step <= last_ckpt:
                 deferred = True  # no checkpoint since the last fault yet: wait for progress
@@ -284,7 +287,7 @@ def run_arm(name, steps, plan, env_extra):
                 what = inject(todo[0][1], job, ckpt)
                 if what:
                     injected.append({"kind": todo[0][1], "at_s": time.time() - started,
-                                     "planned": todo[0][0], "what": what, "newest_checkpoint": step})
+                                     "planned_s": todo[0][0], "what": what, "newest_checkpoint": step})
                     say(f"fault {len(injected)} at {time.time() - started:.0f} s (step "
                         f"{progress(metrics)}): {what}")
                     last_ckpt = step
@@ -305,8 +308,6 @@ def run_arm(name, steps, plan, env_extra):
         f"(the machine is shared)")
     if info.get("JobState") != "COMPLETED":
         sys.exit(f"{name}: job {job} did not complete; see {log}")
-    if todo:
-        sys.exit(f"{name}: the job finished before faults {todo} could be injected; train longer")
     with open(os.path.join(d, "out", "metrics.jsonl")) as f:
         done = [json.loads(l) for l in f if '"done"' in l][-1]
     with open(os.path.join(ckpt, "goodput.toml"), "rb") as f:
@@ -357,6 +358,18 @@ def report(r, ref_dir):
         lost = rs["restart_gap_s"] + rs["startup_s"] + rs["recompute_s"]
         print(f"{f['what'][:48]:<48} {how:<18} {rs['restart_gap_s']:>7.1f} {rs['startup_s']:>10.1f} "
               f"{rs['recompute_s']:>11.1f} {lost:>7.1f}")
+    # Per kind of fault and what the script did: how many, and the mean and worst time lost.
+    groups = {}
+    for f, rs in zip(r["faults"], restarts):
+        groups.setdefault((f["kind"], rs["how"].split(" (")[0]), []).append(rs)
+    print(f"{'kind':<6} {'how':<18} {'n':>3} {'gap s':>12} {'start-up s':>11} {'recompute s':>12} "
+          f"{'lost s mean':>12} {'max':>6}")
+    for (kind, how), rows in sorted(groups.items()):
+        def mean(k):
+            return sum(x[k] for x in rows) / len(rows)
+        lost = [x["restart_gap_s"] + x["startup_s"] + x["recompute_s"] for x in rows]
+        print(f"{kind:<6} {how:<18} {len(rows):>3} {mean('restart_gap_s'):>12.1f} {mean('startup_s'):>11.1f} "
+              f"{mean('recompute_s'):>12.1f} {sum(lost) / len(lost):>12.1f} {max(lost):>6.1f}")
     for q in r["requeues"]:
         rel = q["released_after_s"]
         print(f"requeue at {time.strftime('%H:%M:%S', time.localtime(q['at']))}: the queue would hold it "
@@ -388,10 +401,20 @@ def main():
     kinds = a.faults.split(",")
     rng = random.Random(a.seed)
     rng.shuffle(kinds)
-    slot = steps / (len(kinds) + 1)
-    plan = [(int(slot * (i + 1) + rng.uniform(-0.3, 0.3) * slot), k) for i, k in enumerate(kinds)]
-    say("faults (at training step): " + ", ".join(f"{t} {k}" for t, k in plan))
-    ref = run_arm("uninterrupted", steps, [], {})
+    # More than any arm can meet: the job's end stops the faults.
+    plan, t = [], 0.0
+    for i in range(400):
+        t += a.fault_every * rng.uniform(0.7, 1.3)
+        plan.append((t, kinds[i % len(kinds)]))
+    say("faults (seconds since the job started): " + ", ".join(f"{t:.0f} {k}" for t, k in plan[:12]) + ", ...")
+    if a.reference:
+        with open(os.path.join(a.reference, "out", "metrics.jsonl")) as f:
+            done = [json.loads(l) for l in f if '"done"' in l][-1]
+        if done["step"] != steps:
+            sys.exit(f"--reference {a.reference} trained {done['step']} steps, not {steps}")
+        ref = {"dir": a.reference, "done": done}
+    else:
+        ref = run_arm("uninterrupted", steps, [], {})
     print(f"\n== uninterrupted: {ref['done']['step']} steps in {ref['done']['train_time_s']:.1f} s of training; "
           f"goodput {100 * ref['done']['goodput']:.1f}% of {ref['done']['goodput_wall_s']:.1f} s ==")
     results = []
@@ -400,7 +423,7 @@ def main():
         results.append(run_arm(arm, steps, plan, env))
     ok = all([report(r, ref["dir"]) for r in results])
     with open(os.path.join(a.work, "results.json"), "w") as f:
-        json.dump({"uninterrupted": ref, "arms": results, "plan": plan}, f, indent=1, default=str)
+        json.dump({"uninterrupted": ref, "arms": results}, f, indent=1, default=str)
     print(f"\nresults in {a.work}/results.json")
     sys.exit(0 if ok else 1)
 
