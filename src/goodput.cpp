@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 #include <toml++/toml.h>
 
+#include "strata/files.h"
 #include "strata/job.h"
 #include "strata/metrics.h"
 
@@ -179,6 +180,7 @@ void GoodputLedger::write() {
   FILE* f = std::fopen(tmp.c_str(), "w");
   if (!f) return;
   const bool ok = std::fputs(s.c_str(), f) >= 0;
+  drop_world_write(tmp);  // the umask decides the rest
   if (std::fclose(f) == 0 && ok && std::rename(tmp.c_str(), path_.c_str()) == 0)
     last_write_ = unix_now();
   else

@@ -127,6 +127,7 @@ void PrometheusFile::write(const TrainingGauges& g) {
   FILE* out = std::fopen(tmp.c_str(), "w");
   bool ok = out && std::fputs(s.c_str(), out) >= 0;
   if (out) ok = std::fclose(out) == 0 && ok;
+  drop_world_write(tmp);  // the umask decides the rest
   ok = ok && std::rename(tmp.c_str(), path_.c_str()) == 0;
   if (!ok) {
     const int err = errno;

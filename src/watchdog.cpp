@@ -15,6 +15,7 @@
 
 #include "strata/comm.h"
 #include "strata/error.h"
+#include "strata/files.h"
 #include "strata/job.h"
 #include "strata/parse.h"
 
@@ -214,6 +215,7 @@ void Watchdog::write_report(int rank, const char* cause) const {
   FILE* f = std::fopen(tmp.c_str(), "w");
   if (!f) return;  // the error line on stderr still names the rank
   const bool ok = std::fputs(line.c_str(), f) >= 0;
+  drop_world_write(tmp);  // the umask decides the rest
   if (std::fclose(f) == 0 && ok) std::rename(tmp.c_str(), report_path_.c_str());
   else std::remove(tmp.c_str());
 }

@@ -39,9 +39,11 @@ open(f, "w").close()
 expect_error("not a directory", ["--output.dir", os.path.join(work, "o1"), "--checkpoint.dir", f],
              f"checkpoint.dir {f}: exists and is not a directory")
 
-# 2. Files follow the umask but are never world-writable, even with umask 000.
+# 2. Files follow the umask but are never world-writable, even with umask 000: checkpoints,
+# the node-local cache, the goodput ledger, the Prometheus file.
 out = os.path.join(work, "umask000")
-r = train(["--output.dir", out], umask=0)
+r = train(["--output.dir", out, "--checkpoint.local_dir", os.path.join(out, "local"),
+           "--prometheus", os.path.join(out, "prom", "strata.prom")], umask=0)
 if r.returncode != 0:
     fail(f"umask 000 run failed:\n{r.stderr}")
 checked = 0
