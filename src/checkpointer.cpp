@@ -90,17 +90,9 @@ void prepare_directory(const std::string& dir, int64_t bytes, const std::string&
   std::error_code ec;
   if (fs::exists(dir, ec) && !fs::is_directory(dir, ec))
     fail_input("{} {}: exists and is not a directory", what, dir);
-  if (!fs::exists(dir, ec)) {
-    // Every directory made here, parents too, is kept from being world-writable.
-    std::vector<fs::path> made;
-    for (fs::path p = fs::path(dir); !p.empty() && !fs::exists(p, ec); p = p.parent_path()) {
-      made.push_back(p);
-      if (p == p.parent_path()) break;
-    }
-    fs::create_directories(dir, ec);
-    if (ec) fail_input("{} {}: cannot create it ({})", what, dir, ec.message());
-    for (const fs::path& p : made) drop_world_write(p.string());
-  }
+  if (!fs::exists(dir, ec))
+    if (std::string why = make_directories(dir); !why.empty())
+      fail_input("{} {}: cannot create it ({})", what, dir, why);
   if (::access(dir.c_str(), W_OK | X_OK) != 0)
     fail_input("{} {}: not writable ({})", what, dir, std::strerror(errno));
   struct statvfs sv{};

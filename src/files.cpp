@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <vector>
 
 #include "strata/error.h"
 
@@ -17,6 +18,20 @@ void drop_world_write(const std::string& path) {
   struct stat sb{};
   if (::stat(path.c_str(), &sb) == 0 && (sb.st_mode & S_IWOTH))
     ::chmod(path.c_str(), sb.st_mode & ~S_IWOTH & 07777);
+}
+
+std::string make_directories(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  std::vector<fs::path> made;
+  for (fs::path p(dir); !p.empty() && !fs::exists(p, ec); p = p.parent_path()) {
+    made.push_back(p);
+    if (p == p.parent_path()) break;
+  }
+  fs::create_directories(dir, ec);
+  if (ec) return ec.message();
+  for (const fs::path& p : made) drop_world_write(p.string());
+  return "";
 }
 
 void publish_file(const std::string& tmp, const std::string& path) {

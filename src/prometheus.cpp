@@ -58,12 +58,8 @@ PrometheusFile::PrometheusFile(std::string path, const std::string& job_id, cons
                "only *.prom files)", path_);
   const std::filesystem::path parent = std::filesystem::path(path_).parent_path();
   const std::string dir = parent.empty() ? std::string(".") : parent.string();
-  std::error_code ec;
-  if (!std::filesystem::exists(dir, ec)) {
-    std::filesystem::create_directories(dir, ec);
-    if (ec) fail_input("output.prometheus {}: cannot create directory {} ({})", path_, dir, ec.message());
-    drop_world_write(dir);
-  }
+  if (std::string why = make_directories(dir); !why.empty())
+    fail_input("output.prometheus {}: cannot create directory {} ({})", path_, dir, why);
   if (::access(dir.c_str(), W_OK | X_OK) != 0)
     fail_input("output.prometheus {}: directory {} is not writable ({})", path_, dir, std::strerror(errno));
   labels_ = fmt::format("slurm_job_id=\"{}\",run=\"{}\"", prometheus_label_value(job_id),

@@ -13,4 +13,7 @@ void publish_file(const std::string& tmp, const std::string& path);
 // rest).
 void drop_world_write(const std::string& path);
 
+// Creates `dir` and any missing parents, none of them world-writable; "" or the reason.
+std::string make_directories(const std::string& dir);
+
 }  // namespace strata
