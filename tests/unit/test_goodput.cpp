@@ -99,7 +99,7 @@ TEST_CASE("prometheus: one text file, every series labelled, written atomically"
             .find("must end in .prom") != std::string::npos);
 }
 
-TEST_CASE("local cache: copies are verified; the copier publishes the newest", "[checkpoint]") {
+TEST_CASE("local cache: copies are verified, the copier publishes the newest", "[checkpoint]") {
   strata::test::TempDir tmp;
   const std::string dir = tmp.path.string();
   fs::create_directories(dir + "/local");
