@@ -192,11 +192,10 @@ class MpiComm final : public Comm {
     return c;
   }
   std::string host() const override { return hostname(); }
-  std::vector<std::string> all_hosts() override {
+  std::vector<std::string> all_gather_text(const std::string& text) override {
     constexpr int kLen = 256;
     std::vector<char> mine(kLen, 0), all(size_t(kLen) * size_t(size_));
-    const std::string h = hostname();
-    std::memcpy(mine.data(), h.data(), std::min<size_t>(h.size(), kLen - 1));
+    std::memcpy(mine.data(), text.data(), std::min<size_t>(text.size(), kLen - 1));
     {
       Blocked b(activity(), Activity::kAllreduce);
       MPI_CHECK(MPI_Allgather(mine.data(), kLen, MPI_CHAR, all.data(), kLen, MPI_CHAR, comm_));
@@ -266,7 +265,9 @@ class SingleComm final : public Comm {
   bool test(int) override { return true; }
   void wait(int) override {}
   std::string host() const override { return hostname(); }
-  std::vector<std::string> all_hosts() override { return {hostname()}; }
+  std::vector<std::string> all_gather_text(const std::string& text) override {
+    return {text.substr(0, 255)};
+  }
   std::unique_ptr<SideChannel> open_side_channel(int, bool, std::string* why_not) override {
     *why_not = "one rank";
     return nullptr;

@@ -51,7 +51,7 @@ struct Message : Request {
   bool sent = false, received = false;  // which sides have come (a buffer may be null)
 };
 
-enum class Op { kSumFloat, kSumDouble, kSumInt64, kMinInt64, kMaxDouble, kBroadcast, kBarrier, kSplit, kHosts };
+enum class Op { kSumFloat, kSumDouble, kSumInt64, kMinInt64, kMaxDouble, kBroadcast, kBarrier, kSplit, kGatherText };
 
 // One rank's part of a collective.
 struct Part {
@@ -71,6 +71,7 @@ struct Round : Request {
   std::vector<Part> parts;
   int joined = 0;
   std::vector<std::pair<std::shared_ptr<Group>, int>> split;  // per rank: its group and rank
+  std::vector<std::string> texts;  // all_gather_text: per rank
 };
 
 // What the ranks of one communicator share: collectives in flight (by call number) and
@@ -94,7 +95,7 @@ std::string describe(Op op, int64_t n, int root) {
     case Op::kBroadcast: return fmt::format("broadcast({} bytes, root {})", n, root);
     case Op::kBarrier: return "barrier()";
     case Op::kSplit: return "split()";
-    case Op::kHosts: return "all_hosts()";
+    case Op::kGatherText: return "all_gather_text()";
   }
   return "?";
 }
@@ -142,8 +143,10 @@ void complete(Round& r, const Group& g) {
         if (int(i) != r.root && r.n > 0) std::memcpy(r.parts[i].buf, r.parts[size_t(r.root)].buf, size_t(r.n));
       break;
     case Op::kSplit: split_groups(r, g); break;
-    case Op::kBarrier:
-    case Op::kHosts: break;
+    case Op::kGatherText:  // as MPI's fixed 256-byte slots keep them
+      for (const Part& p : r.parts) r.texts.push_back(static_cast<const std::string*>(p.buf)->substr(0, 255));
+      break;
+    case Op::kBarrier: break;
   }
   r.done = true;
 }
@@ -193,14 +196,9 @@ class ThreadComm final : public Comm {
   std::unique_ptr<Comm> split(int color, int key) override;
 
   std::string host() const override { return world_->hosts[size_t(world_rank())]; }
-  std::vector<std::string> all_hosts() override {
-    {
-      Blocked b(activity(), Activity::kAllreduce);
-      collective(Op::kHosts, {});
-    }
-    std::vector<std::string> out;
-    for (int w : group_->world_ranks) out.push_back(world_->hosts[size_t(w)]);
-    return out;
+  std::vector<std::string> all_gather_text(const std::string& mine) override {
+    Blocked b(activity(), Activity::kAllreduce);
+    return collective(Op::kGatherText, {.buf = const_cast<std::string*>(&mine)})->texts;
   }
   std::unique_ptr<SideChannel> open_side_channel(int, bool, std::string* why_not) override {
     *why_not = size() == 1 ? "one rank" : "in-process ranks (threads): no side channel";

@@ -51,6 +51,9 @@ void validate(const RunConfig& c) {
   if (c.train.min_lr > c.train.lr)
     fail_input("train.min_lr: {} is larger than train.lr = {}", c.train.min_lr, c.train.lr);
   if (c.threads < 1) fail_input("--threads: {} must be at least 1", c.threads);
+  if (!c.output.prometheus.empty() && !c.output.prometheus.ends_with(".prom"))
+    fail_input("output.prometheus {}: must end in .prom (node_exporter's textfile collector "
+               "reads only *.prom files)", c.output.prometheus);
   if (c.model.type == "gpt") {
     c.model.gpt_blocks();  // model.layers must be one positive count
     if (c.model.dim % c.model.heads != 0)

@@ -120,6 +120,9 @@ std::vector<ConfigKey> config_keys(RunConfig& c) {
       key("checkpoint.final", &c.checkpoint.final, {}, "write a checkpoint when training ends"),
       key("checkpoint.async", &c.checkpoint.async, {},
           "write periodic checkpoints in the background (training stalls only for a copy)"),
+      text("checkpoint.local_dir", &c.checkpoint.local_dir, {},
+           "node-local directory written first, copied to checkpoint.dir in the background "
+           "(\"\" = off; %n = the node's name)"),
 
       key("watchdog.timeout_s", &c.watchdog.timeout_s, in(0, 1e7),
           "abort naming a rank stuck this long (0 = off)"),
@@ -127,6 +130,8 @@ std::vector<ConfigKey> config_keys(RunConfig& c) {
       text("output.dir", &c.output.dir, {}, "where model.h5 and metrics.jsonl go"),
       text("output.params", &c.output.params, {}, "final parameters (\"\" = OUTPUT_DIR/model.h5)"),
       text("output.metrics", &c.output.metrics, {}, "JSON lines (\"\" = OUTPUT_DIR/metrics.jsonl)"),
+      text("output.prometheus", &c.output.prometheus, {},
+           "Prometheus text file (*.prom) for node_exporter's textfile collector (\"\" = none)"),
   };
 }
 

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <vector>
 
 #include "strata/error.h"
 
@@ -17,6 +18,20 @@ void drop_world_write(const std::string& path) {
   struct stat sb{};
   if (::stat(path.c_str(), &sb) == 0 && (sb.st_mode & S_IWOTH))
     ::chmod(path.c_str(), sb.st_mode & ~S_IWOTH & 07777);
+}
+
+std::string make_directories(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  std::vector<fs::path> made;
+  for (fs::path p(dir); !p.empty() && !fs::exists(p, ec); p = p.parent_path()) {
+    made.push_back(p);
+    if (p == p.parent_path()) break;
+  }
+  fs::create_directories(dir, ec);
+  if (ec) return ec.message();
+  for (const fs::path& p : made) drop_world_write(p.string());
+  return "";
 }
 
 void publish_file(const std::string& tmp, const std::string& path) {
@@ -44,12 +59,8 @@ void publish_file(const std::string& tmp, const std::string& path) {
 void ensure_parent_dir(const std::string& file) {
   const std::string parent = std::filesystem::path(file).parent_path().string();
   const std::string dir = parent.empty() ? std::string(".") : parent;
-  std::error_code ec;
-  if (!std::filesystem::exists(dir, ec)) {
-    std::filesystem::create_directories(dir, ec);
-    if (ec) fail_input("{}: cannot create directory {} ({})", file, dir, ec.message());
-    drop_world_write(dir);
-  }
+  if (const std::string why = make_directories(dir); !why.empty())
+    fail_input("{}: cannot create directory {} ({})", file, dir, why);
   if (::access(dir.c_str(), W_OK) != 0) fail_input("{}: directory {} is not writable", file, dir);
 }
 

@@ -29,6 +29,19 @@ int cores_for_this_process() {
 }
 }  // namespace
 
+int data_parallel_width(int ranks, int P, int T, int64_t batch_size) {
+  if (ranks % (P * T) != 0)
+    fail_input("parallel.pipeline_stages = {} x parallel.tensor = {} does not divide the {} "
+               "ranks (each of the ranks / (P T) data-parallel replicas runs a whole model)",
+               P, T, ranks);
+  const int D = ranks / (P * T);
+  if (batch_size % D != 0)
+    fail_input("train.batch_size = {} is not divisible by the {} data-parallel replicas "
+               "({} ranks / (parallel.pipeline_stages = {} x parallel.tensor = {}))",
+               batch_size, D, ranks, P, T);
+  return D;
+}
+
 ProcessGrid make_grid(Comm& world, int stages, int tensors, const std::string& placement,
                       int threads) {
   STRATA_CHECK(stages >= 1 && tensors >= 1 && world.size() % (stages * tensors) == 0,

@@ -1,5 +1,8 @@
 #include "strata/job.h"
 
+#include <unistd.h>
+
+#include <cctype>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -105,6 +108,38 @@ int64_t slurm_restart_count() {
   return env_int("SLURM_RESTART_COUNT", 0, std::numeric_limits<int32_t>::max()).value_or(0);
 }
 
+namespace {
+// Before main: the closest this process can tell to its own start.
+const double g_process_start = unix_now();
+
+// A unix time from the environment (the sbatch script's clock); a node's clock a little ahead
+// of this one's must not make time run backwards.
+double env_time_or(const char* name, double fallback) {
+  const double t = env_real(name, 1, 1e12).value_or(fallback);
+  return std::min(t, unix_now());
+}
+}  // namespace
+
+std::string slurm_node_name() {
+  const char* v = std::getenv("SLURMD_NODENAME");
+  if (!v || !*v) {
+    char buf[256] = {0};
+    gethostname(buf, sizeof buf - 1);
+    return buf;
+  }
+  const std::string s = v;
+  const bool ok = s.size() <= 128 && std::all_of(s.begin(), s.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-';
+  });
+  if (!ok)
+    fail_input("environment variable SLURMD_NODENAME='{}': not a node name (letters, digits, "
+               "'.', '_', '-')", s.substr(0, 40));
+  return s;
+}
+
+double launch_time() { return env_time_or("STRATA_STEP_START", g_process_start); }
+double attempt_start_time() { return env_time_or("STRATA_ATTEMPT_START", launch_time()); }
+
 std::optional<double> job_end_time(std::string* why_not) {
   // The sbatch script sets STRATA_JOB_END_TIME from squeue at every attempt; a value already
   // past is one inherited from somewhere else, and would stop every attempt after one step.
@@ -135,6 +170,8 @@ std::optional<double> job_end_time(std::string* why_not) {
 void check_job_environment() {
   slurm_job_id();
   slurm_restart_count();
+  slurm_node_name();
+  attempt_start_time();  // and launch_time()
   // The node-local rank picks this rank's GPU (backend.cpp); checked even where none is used.
   for (const char* v : {"SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID"})
     env_int(v, 0, 1 << 20);

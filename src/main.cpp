@@ -19,6 +19,7 @@
 #include "strata/job.h"
 #include "strata/parse.h"
 #include "strata/generate.h"
+#include "strata/grid.h"
 #include "strata/prepare.h"
 #include "strata/evaluate.h"
 #include "strata/session.h"
@@ -179,6 +180,8 @@ Subcommand add_train(CLI::App& app) {
     ConfigFlags config_flags;
     CLI::Option* threads = nullptr;
     std::string progress = "auto";
+    std::string prometheus;
+    int64_t check_grid = 0;
   };
   auto o = std::make_shared<Opts>();
   auto* train = app.add_subcommand("train", "train a model (rank 0 prints progress)");
@@ -200,14 +203,35 @@ Subcommand add_train(CLI::App& app) {
   train->add_option("--trace_steps", o->cfg.trace_steps, "steps in the trace, from the second step run")
       ->check(int_in(1, 100000))->capture_default_str();
   train->add_flag_callback("--quiet", [o] { o->progress = "off"; }, "same as --progress off");
+  train->add_option("--prometheus", o->prometheus,
+                    "write Prometheus metrics to PATH.prom after every log interval (same as "
+                    "--output.prometheus)");
+  train->add_option("--check_grid", o->check_grid,
+                    "only check that the config's grid fits RANKS ranks (exit 0, or 2 naming the "
+                    "key); trains nothing (slurm/train.sbatch asks before shrinking a job)")
+      ->check(int_in(1, 1 << 24));
   return {train, [o](Comm& comm) {
+            RunConfig& cfg = o->cfg;
             // The file and the flags: every rank reads them; rank 0 alone reports what is wrong.
             collectively(comm, [&] {
-              apply_config(o->config_flags, o->cfg);
-              o->cfg.threads = threads_from(o->threads, o->cfg.threads);
+              apply_config(o->config_flags, cfg);
+              cfg.threads = threads_from(o->threads, cfg.threads);
+              if (!o->prometheus.empty())  // beats the file, checked as the key is
+                find_config_key(config_keys(cfg), "output.prometheus")
+                    ->set_text(o->prometheus, "flag --prometheus");
             });
-            o->cfg.progress = o->progress;
-            return run_train(o->cfg, comm);
+            cfg.progress = o->progress;
+            if (o->check_grid == 0) return run_train(cfg, comm);
+            const int P = cfg.parallel.pipeline_stages, T = cfg.parallel.tensor;
+            int D = 0;
+            collectively(comm, [&] {
+              validate(cfg);
+              D = data_parallel_width(int(o->check_grid), P, T, cfg.train.batch_size);
+            });
+            if (comm.rank() == 0)
+              fmt::print("the grid fits {} ranks: {} data-parallel x {} pipeline x {} tensor\n",
+                         o->check_grid, D, P, T);
+            return int(kExitOk);
           }};
 }
 

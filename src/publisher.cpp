@@ -21,11 +21,12 @@ bool all_finite(const float* p, int64_t n) {
 
 Publisher::Publisher(const RunConfig& cfg, Comm& comm, const RunPlan& plan,
                      const ProcessGrid& grid, Checkpointer& ckpt, PublishedState state,
-                     MetricsWriter* metrics, ProgressLine& progress, Watchdog& watchdog,
+                     CheckpointReports reports, ProgressLine& progress, Watchdog& watchdog,
                      Provenance prov, int64_t per_epoch, int64_t checkpoint_bytes,
                      int64_t start_step)
     : cfg_(cfg), comm_(comm), plan_(plan), grid_(grid), ckpt_(ckpt), st_(state),
-      metrics_(metrics), progress_(progress), watchdog_(watchdog), prov_(std::move(prov)),
+      metrics_(reports.metrics), prom_(reports.prom), goodput_(reports.goodput),
+      progress_(progress), watchdog_(watchdog), prov_(std::move(prov)),
       per_epoch_(per_epoch), lead_(comm.rank() == 0),
       write_s_(double(checkpoint_bytes) / 50e6),  // until measured: a slow disk's 50 MB/s
       last_step_(start_step) {}
@@ -48,12 +49,14 @@ void Publisher::require_finite(int64_t steps_done) {
 }
 
 bool Publisher::save(int64_t steps_done, bool wait) {
+  const auto t_save = std::chrono::steady_clock::now();
   Watchdog::Exempt exempt(watchdog_, "writing a checkpoint");
   prov_.created_utc = utc_now_iso();
   TrainState st{.step = steps_done, .epoch = steps_done / per_epoch_,
                 .batch = steps_done % per_epoch_, .global_batch = cfg_.train.batch_size,
                 .seed = cfg_.train.seed, .optimizer = cfg_.train.optimizer,
                 .optimizer_steps = st_.opt.steps_taken()};
+  const bool durable = wait;
   wait = wait || !cfg_.checkpoint.async;
   if (lead_)
     if (auto prev = ckpt_.finish()) report(*prev);
@@ -65,11 +68,13 @@ bool Publisher::save(int64_t steps_done, bool wait) {
   if (gathered)
     gather_stages(comm_, grid_, plan_.layers, plan_.ranges, st_.model, st_.opt, st_.whole,
                   st_.whole_opt);
-  auto r = gathered && lead_ ? ckpt_.save(*st_.whole, *st_.whole_opt, st, prov_, wait)
-                             : ckpt_.save(st_.model, st_.opt, st, prov_, wait);
+  auto r = gathered && lead_ ? ckpt_.save(*st_.whole, *st_.whole_opt, st, prov_, wait, durable)
+                             : ckpt_.save(st_.model, st_.opt, st, prov_, wait, durable);
   last_time_ = std::chrono::steady_clock::now();
   last_step_ = steps_done;
   if (wait) report(r);
+  goodput_.checkpoint(steps_done,
+                      std::chrono::duration<double>(std::chrono::steady_clock::now() - t_save).count());
   return r.ok;
 }
 
@@ -100,8 +105,9 @@ bool Publisher::checkpoint_due_by_time() const {
 // checkpoints intact and training goes on; the run ends with kExitCheckpointsFailed.
 void Publisher::report(const Checkpointer::SaveResult& r) {
   if (r.ok) {
-    write_s_ = r.seconds;
+    write_s_ = r.seconds + r.copy_s;  // a stop checkpoint must reach checkpoint.dir
     total_write_s_ += r.seconds;
+    prom_.note_checkpoint(r.step, r.seconds, r.stall_s, r.bytes);
     if (metrics_)
       metrics_->write({{"event", json_string("checkpoint")}, {"step", fmt::format("{}", r.step)},
                        {"path", json_string(r.path)}, {"bytes", fmt::format("{}", r.bytes)},

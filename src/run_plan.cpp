@@ -4,6 +4,7 @@
 
 #include "strata/error.h"
 #include "strata/files.h"
+#include "strata/grid.h"
 #include "strata/job.h"
 #include "strata/pipeline.h"
 
@@ -29,15 +30,7 @@ void check_dataset(const RunConfig& cfg, DatasetInfo& info) {
 
 // The grid's shape: P x T divides the ranks, the replicas divide the batch.
 void check_grid(const RunConfig& cfg, RunPlan& p) {
-  if (p.ranks % (p.P * p.T) != 0)
-    fail_input("parallel.pipeline_stages = {} x parallel.tensor = {} does not divide the {} "
-               "ranks (each of the ranks / (P T) data-parallel replicas runs a whole model)",
-               p.P, p.T, p.ranks);
-  p.D = p.ranks / (p.P * p.T);
-  if (cfg.train.batch_size % p.D != 0)
-    fail_input("train.batch_size = {} is not divisible by the {} data-parallel replicas "
-               "({} ranks / (parallel.pipeline_stages = {} x parallel.tensor = {}))",
-               cfg.train.batch_size, p.D, p.ranks, p.P, p.T);
+  p.D = data_parallel_width(p.ranks, p.P, p.T, cfg.train.batch_size);
   if (p.T > 1 && !p.be->host_memory())
     fail_input("parallel.tensor = {}: tensor parallelism runs on the CPU for now (use "
                "--device cpu)", p.T);

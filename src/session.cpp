@@ -57,9 +57,13 @@ TrainingSession::TrainingSession(const RunConfig& cfg, Comm& comm)
   oc_ = optim_config(cfg, total_);
   opt_ = std::make_unique<Optimizer>(oc_, model_->num_params());
   resume();
-  // Names a rank that stops making progress and aborts the job (watchdog.timeout_s; 0 = off).
+  // The job's goodput ledger beside the checkpoints, kept by rank 0 across attempts.
+  goodput_ = std::make_unique<GoodputLedger>(lead_ ? ckpt_->dir() + "/goodput.toml" : "",
+                                             slurm_job_id(), slurm_restart_count());
+  // Names a rank that stops making progress and aborts the job (watchdog.timeout_s; 0 = off),
+  // and writes checkpoint.dir/hung-rank for slurm/train.sbatch to leave its node out.
   // Collective; after the resume (reading a checkpoint may take long).
-  watchdog_ = std::make_unique<Watchdog>(comm, cfg.watchdog.timeout_s);
+  watchdog_ = std::make_unique<Watchdog>(comm, cfg.watchdog.timeout_s, ckpt_->dir() + "/hung-rank");
   Provenance prov{.config_toml = cfg.to_toml(), .dataset_path = cfg.data.path,
                   .dataset_sha256 = plan_.info.source_sha256, .grid_ranks = plan_.ranks,
                   .grid_data_parallel = plan_.D, .grid_stages = plan_.P, .grid_tensor = plan_.T,
@@ -68,7 +72,7 @@ TrainingSession::TrainingSession(const RunConfig& cfg, Comm& comm)
   progress_ = std::make_unique<ProgressLine>(lead_ ? cfg.progress : "off");
   publisher_ = std::make_unique<Publisher>(
       cfg, comm, plan_, grid_, *ckpt_, PublishedState{*model_, *opt_, whole_.get(), whole_opt_.get()},
-      metrics_.get(), *progress_, *watchdog_, std::move(prov), per_epoch_, ckpt_bytes_, start_step_);
+      CheckpointReports{metrics_.get(), prom_, *goodput_}, *progress_, *watchdog_, std::move(prov), per_epoch_, ckpt_bytes_, start_step_);
   // Data parallelism within a stage: gradients are averaged over the stage's replicas.
   reducer_ = std::make_unique<GradientAllreducer>(*grid_.stage_comm, *model_, model_->grads().data(),
                                                   cfg.dp.bucket_mb * 1048576.0, cfg.dp.overlap);
@@ -80,6 +84,7 @@ TrainingSession::TrainingSession(const RunConfig& cfg, Comm& comm)
                                       plan_.ranks == 1);
   hooks_.add(watchdog_hook(*watchdog_));
   hooks_.add(trace_hook(*tracer_));
+  hooks_.add(goodput_hook(*goodput_));
   auto stop = std::make_unique<StopHook>(comm, *publisher_, metrics_.get(), *progress_);
   stop_ = stop.get();
   hooks_.add(std::move(stop));
@@ -87,6 +92,8 @@ TrainingSession::TrainingSession(const RunConfig& cfg, Comm& comm)
   auto metrics = std::make_unique<MetricsHook>(cfg, oc_, per_epoch_, metrics_.get(), *progress_, *reducer_);
   metrics_hook_ = metrics.get();
   hooks_.add(std::move(metrics));
+  hooks_.add(prometheus_hook(prom_, *metrics_hook_, *goodput_, *watchdog_,
+                             plan_.info.tokens ? plan_.rows_per_sample : 0));
 }
 
 // This rank's stage of the model (its tensor part), initialised; the outputs rank 0 writes.
@@ -116,6 +123,8 @@ void TrainingSession::build_model() {
     if (lead_) {
       metrics_ = std::make_unique<MetricsWriter>(cfg.metrics_path());
       drop_world_write(cfg.metrics_path());
+      if (!cfg.output.prometheus.empty())
+        prom_ = PrometheusFile(cfg.output.prometheus, slurm_job_id(), run_name_of(cfg.output.dir));
     }
   });
 }
@@ -162,6 +171,7 @@ int TrainingSession::run() {
   const auto t_start = Clock::now();
   const double cpu_start = thread_cpu_seconds();
   comm_.barrier();  // so that every rank's trace starts at the same moment
+  goodput_->begin(start_step_);
   tracer_->set_origin();
   for (int64_t step = start_step_; step < total_; ++step)
     if (auto code = train_step(step)) return *code;
@@ -255,7 +265,9 @@ int TrainingSession::finish_run(Clock::time_point t_start, double cpu_start) {
     save_parameters(cfg_.params_path(), *final_model,
                     {.config_toml = cfg_.to_toml(), .dataset_sha256 = info.source_sha256,
                      .step = total_});
-    report_done(ev, figures, train_s, cpu_s);
+    const GoodputFigures gp = goodput_->figures();  // the job's goodput so far
+    goodput_->finish(/*done=*/true);
+    report_done(ev, figures, train_s, cpu_s, gp);
   }
   const int64_t failed = publisher_->agree_failures();
   if (failed > 0) {

@@ -89,7 +89,8 @@ void TrainingSession::print_startup() const {
 }
 
 void TrainingSession::report_done(const EvalResult& ev, const PipelineFigures& figures,
-                                  double train_s, double cpu_s) const {
+                                  double train_s, double cpu_s,
+                                  const GoodputFigures& goodput) const {
   const RunConfig& cfg = cfg_;
   const RunPlan& p = plan_;
   const DatasetInfo& info = p.info;
@@ -111,6 +112,7 @@ void TrainingSession::report_done(const EvalResult& ev, const PipelineFigures& f
       {"data_parallel", fmt::format("{}", p.D)},
       {"microbatches", fmt::format("{}", p.M)},
       {"schedule", json_string(p.pipelined() ? cfg.parallel.schedule : "none")}};
+  for (auto& f : goodput_fields(goodput)) done.push_back(std::move(f));
   if (p.pipelined()) {
     done.push_back({"peak_live_microbatches", json_list(figures.peak_live, 0)});
     done.push_back({"peak_activation_mb", json_list(figures.peak_mb, 3)});
@@ -135,7 +137,7 @@ void TrainingSession::report_done(const EvalResult& ev, const PipelineFigures& f
                info.unigram_entropy_nats);
   else if (info.has_test)
     fmt::print(", test accuracy {:.4f}, test loss {:.4f}", ev.accuracy, ev.loss);
-  fmt::print("\nparameters written to {}\n", cfg.params_path());
+  fmt::print("\n{}\nparameters written to {}\n", describe_goodput(goodput), cfg.params_path());
 }
 
 }  // namespace strata

@@ -57,6 +57,43 @@ class CheckpointHook final : public StepHook {
   Publisher& publisher_;
 };
 
+class GoodputHook final : public StepHook {
+ public:
+  explicit GoodputHook(GoodputLedger& g) : g_(g) {}
+  std::optional<int> end(const StepEnd& e) override {
+    g_.step_done(e.step + 1, e.seconds);
+    return std::nullopt;
+  }
+
+ private:
+  GoodputLedger& g_;
+};
+
+class PrometheusHook final : public StepHook {
+ public:
+  PrometheusHook(PrometheusFile& prom, const MetricsHook& metrics, const GoodputLedger& goodput,
+                 const Watchdog& watchdog, int64_t tokens_per_sample)
+      : prom_(prom), metrics_(metrics), goodput_(goodput), watchdog_(watchdog),
+        tokens_per_sample_(tokens_per_sample) {}
+  std::optional<int> end(const StepEnd&) override {
+    const auto& i = metrics_.logged();
+    if (!prom_.active() || !i) return std::nullopt;
+    prom_.write({.step = i->step, .loss = i->loss, .samples_per_s = i->samples_per_s,
+                 .tokens_per_s = i->samples_per_s * double(tokens_per_sample_),
+                 .step_s = i->step_s, .allreduce_exposed_s = i->allreduce_exposed_s,
+                 .progress_age_s = watchdog_.active() ? watchdog_.progress_age_s() : -1.0,
+                 .slurm_restart_count = slurm_restart_count(), .goodput = goodput_.figures()});
+    return std::nullopt;
+  }
+
+ private:
+  PrometheusFile& prom_;
+  const MetricsHook& metrics_;
+  const GoodputLedger& goodput_;
+  const Watchdog& watchdog_;
+  int64_t tokens_per_sample_;
+};
+
 }  // namespace
 
 void Agreement::sum_over(Comm& comm) {
@@ -83,6 +120,12 @@ std::unique_ptr<StepHook> watchdog_hook(Watchdog& w) { return std::make_unique<W
 std::unique_ptr<StepHook> trace_hook(Tracer& t) { return std::make_unique<TraceHook>(t); }
 std::unique_ptr<StepHook> checkpoint_hook(const RunConfig& cfg, Comm& comm, Publisher& p) {
   return std::make_unique<CheckpointHook>(cfg, comm, p);
+}
+std::unique_ptr<StepHook> goodput_hook(GoodputLedger& g) { return std::make_unique<GoodputHook>(g); }
+std::unique_ptr<StepHook> prometheus_hook(PrometheusFile& prom, const MetricsHook& metrics,
+                                          const GoodputLedger& goodput, const Watchdog& watchdog,
+                                          int64_t tokens_per_sample) {
+  return std::make_unique<PrometheusHook>(prom, metrics, goodput, watchdog, tokens_per_sample);
 }
 
 StopHook::StopHook(Comm& comm, Publisher& publisher, MetricsWriter* metrics,
@@ -146,6 +189,7 @@ MetricsHook::MetricsHook(const RunConfig& cfg, const OptimConfig& oc, int64_t pe
 
 std::optional<int> MetricsHook::end(const StepEnd& e) {
   samples_since_log_ += cfg_.train.batch_size;
+  logged_.reset();
   const int64_t step = e.step, total = e.total;
   const bool last = step + 1 == total;
   if ((step + 1) % cfg_.train.log_every != 0 && !last) return std::nullopt;
@@ -155,7 +199,10 @@ std::optional<int> MetricsHook::end(const StepEnd& e) {
   const double dt = since(last_log_), elapsed = since(start_);
   const double sps = double(samples_since_log_) / std::max(dt, 1e-9);
   const double eta = elapsed / double(step + 1) * double(total - step - 1);
+  const double steps = double(samples_since_log_) / double(cfg_.train.batch_size);
   exposed_s_ += reducer_.stats().exposed_s;
+  logged_ = LogInterval{.step = step + 1, .loss = e.loss, .samples_per_s = sps,
+                        .step_s = dt / steps, .allreduce_exposed_s = reducer_.stats().exposed_s / steps};
   if (metrics_)
     metrics_->write({{"step", fmt::format("{}", step + 1)},
                      {"epoch", json_number(double(step + 1) / double(per_epoch_))},

@@ -1,5 +1,7 @@
 #include "strata/watchdog.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
@@ -13,6 +15,8 @@
 
 #include "strata/comm.h"
 #include "strata/error.h"
+#include "strata/files.h"
+#include "strata/job.h"
 #include "strata/parse.h"
 
 namespace strata {
@@ -72,8 +76,9 @@ std::string describe_activity(int32_t where, int32_t exempt, const char* what) {
   return fmt::format("busy since it left {}, outside any collective", op_name(-where));
 }
 
-Watchdog::Watchdog(Comm& comm, double timeout_s)
-    : comm_(comm), timeout_s_(timeout_s), rank_(comm.rank()), size_(comm.size()) {
+Watchdog::Watchdog(Comm& comm, double timeout_s, std::string report_path)
+    : comm_(comm), timeout_s_(timeout_s), rank_(comm.rank()), size_(comm.size()),
+      report_path_(std::move(report_path)) {
   if (const char* env = std::getenv("STRATA_TEST_HANG"); env && *env) {
     // RANK:STEP[:SECONDS][:exempt|:barrier],...  Every rank reads the same variable.
     std::string spec = env;
@@ -116,6 +121,7 @@ Watchdog::Watchdog(Comm& comm, double timeout_s)
   beat_s_ = std::clamp(timeout_s_ / 4, 0.02, 2.0);
   comm_.set_activity(&act_);
   hosts_ = comm_.all_hosts();
+  nodes_ = comm_.all_gather_text(slurm_node_name());
   std::string why_not;
   channel_ = comm_.open_side_channel(int(sizeof(Beat)), /*receive=*/rank_ <= 1, &why_not);
   if (!channel_ && size_ > 1 && rank_ == 0)
@@ -189,7 +195,46 @@ void Watchdog::test_hang(int64_t step) {
   }
 }
 
-void Watchdog::abort_job(const std::string& line) {
+std::string Watchdog::rank_place(int rank) const {
+  const std::string& h = hosts_.at(size_t(rank));
+  const std::string& n = nodes_.at(size_t(rank));
+  return n == h ? fmt::format("host {}", h) : fmt::format("host {}, node {}", h, n);
+}
+
+void Watchdog::write_report(int rank, const char* cause) const {
+  // After a stop signal (srun's TERM when another rank died, scancel) a silent peer is most
+  // likely dead, not hung: its node is not to be blamed.
+  if (report_path_.empty() || stop_signal() != 0) return;
+  // Names only: node and host names were checked (job.cpp) or come from gethostname.
+  const std::string job = slurm_job_id();
+  const std::string line = fmt::format(
+      "job={} rank={} node={} host={} step={} cause={}\n", job.empty() ? "-" : job, rank,
+      rank < 0 ? "-" : nodes_.at(size_t(rank)), rank < 0 ? "-" : hosts_.at(size_t(rank)),
+      act_.step.load(std::memory_order_relaxed), cause);
+  const std::string tmp = fmt::format("{}.tmp.{}", report_path_, ::getpid());
+  FILE* f = std::fopen(tmp.c_str(), "w");
+  if (!f) return;  // the error line on stderr still names the rank
+  const bool ok = std::fputs(line.c_str(), f) >= 0;
+  drop_world_write(tmp);  // the umask decides the rest
+  if (std::fclose(f) == 0 && ok) std::rename(tmp.c_str(), report_path_.c_str());
+  else std::remove(tmp.c_str());
+}
+
+double Watchdog::progress_age_s() const {
+  if (!peers_) return 0;
+  const auto now = Clock::now();
+  const int64_t mark = last_mark_ns_.load(std::memory_order_relaxed);
+  double age = mark ? secs(now.time_since_epoch() - std::chrono::nanoseconds(mark)) : 0.0;
+  std::lock_guard lk(peers_->mu);
+  for (int r : peers_->watched) {
+    const Peers::Peer& p = peers_->v[size_t(r)];
+    if (p.seen && !p.bye) age = std::max(age, p.beat.quiet_s + secs(now - p.heard));
+  }
+  return age;
+}
+
+void Watchdog::abort_job(const std::string& line, int rank, const char* cause) {
+  write_report(rank, cause);
   fmt::print(stderr, "strata: error: watchdog: {}; aborting the job\n", line);
   std::fflush(stderr);
   // MPI_Abort could itself wait on a lock a stuck MPI call holds: exit anyway after a while
@@ -308,13 +353,16 @@ void Watchdog::detect() {
     }
     if (where > 0 || exempt > 0) last_ok = now;
     if (secs(now - last_ok) > timeout_s_)
-      abort_job(fmt::format("rank {} (host {}) made no progress for {} s {} ({}; its own watchdog "
-                            "noticed)", rank_, hosts_.at(size_t(rank_)), seconds_text(secs(now - last_ok)),
+      abort_job(fmt::format("rank {} ({}) made no progress for {} s {} ({}; its own watchdog "
+                            "noticed)", rank_, rank_place(rank_), seconds_text(secs(now - last_ok)),
                             step_text(act_.step.load(std::memory_order_relaxed)),
-                            describe_activity(where, exempt, nullptr)));
+                            describe_activity(where, exempt, nullptr)),
+                rank_, "self");
     if (!channel_) continue;
 
     std::string verdict;
+    int culprit = -1;
+    const char* cause = "deadlock";
     {
       std::lock_guard lk(P.mu);
       for (int r : P.watched) {
@@ -323,10 +371,12 @@ void Watchdog::detect() {
         // Heartbeats are periodic: the last one may be several steps old. The step the rank
         // is stuck in is the one its peers wait in (collectives keep ranks within a step).
         const int64_t mine = act_.step.load(std::memory_order_relaxed);
+        culprit = r;
+        cause = "heartbeats";
         verdict = fmt::format(
-            "rank {} (host {}) made no progress for {} s {} (its heartbeats stopped: the process "
+            "rank {} ({}) made no progress for {} s {} (its heartbeats stopped: the process "
             "was stopped or killed, or its node froze; {}; noticed by rank {})",
-            r, hosts_.at(size_t(r)), seconds_text(secs(now - p.heard)), step_text(mine),
+            r, rank_place(r), seconds_text(secs(now - p.heard)), step_text(mine),
             p.seen ? fmt::format("its last heartbeat ({}) said: {}", step_text(p.beat.step),
                                  describe_activity(p.beat.where, p.beat.exempt, p.beat.what))
                    : std::string("no heartbeat ever arrived"),
@@ -358,7 +408,7 @@ void Watchdog::detect() {
                                 seconds_text(least), list, size_ > 4 ? ", ..." : "");
       }
     }
-    if (!verdict.empty()) abort_job(verdict);
+    if (!verdict.empty()) abort_job(verdict, culprit, cause);
   }
 }
 

@@ -15,13 +15,13 @@ import sys
 LAYERS = [
     ("base", "error parse rng tensor memory files subprocess activity ops read_guard hdf5_util"),
     ("kernels", "kernels_cpu kernels_cuda common lanes dispatch cuda_module"),
-    ("seams", "backend comm comm_threads trace metrics job model_spec data h5_datasets "
-              "cuda_loader elf_needed cuda_libraries"),
+    ("seams", "backend comm comm_threads trace metrics goodput prometheus job model_spec data "
+              "h5_datasets cuda_loader elf_needed cuda_libraries"),
     ("config and grid", "config grid"),
     ("model", "layers model loss optim checkpoint batch_on_backend"),
-    ("parallelism and persistence", "pipeline data_parallel whole_model checkpointer watchdog "
-                                    "evaluate generate prepare"),
-    ("the step", "run_plan train_step publisher step_hooks goodput prometheus checkpoint_cache"),
+    ("parallelism and persistence", "pipeline data_parallel whole_model checkpoint_cache "
+                                    "checkpointer watchdog evaluate generate prepare"),
+    ("the step", "run_plan train_step publisher step_hooks"),
     ("the session", "session"),
     ("the command line", "main"),
 ]

@@ -66,7 +66,9 @@ class Comm {
   // Host name of this rank (for error messages naming a rank).
   virtual std::string host() const = 0;
   // Host names of all ranks, indexed by rank. Collective.
-  virtual std::vector<std::string> all_hosts() = 0;
+  std::vector<std::string> all_hosts() { return all_gather_text(host()); }
+  // Every rank's `mine` (at most 255 bytes kept), indexed by rank. Collective.
+  virtual std::vector<std::string> all_gather_text(const std::string& mine) = 0;
 
   // Collective: a side channel of msg_bytes-sized messages (receive: this rank takes
   // messages). nullptr, with the reason in *why_not, where it cannot work: one rank, or MPI

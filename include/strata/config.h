@@ -79,6 +79,9 @@ struct RunConfig {
     int64_t keep_every = 0;     // every M-th checkpoint (by sequence number) is never deleted
     bool final = true;          // write one when training finishes
     bool async = true;          // periodic ones: snapshot, then write on a background thread
+    // A node-local directory ("" = off; "%n" = the Slurm node's name) that receives each
+    // checkpoint first; a background thread copies it to `dir` (checkpoint_cache.h).
+    std::string local_dir = "";
   } checkpoint;
   struct Watchdog {
     double timeout_s = 300;     // a rank without progress this long is named and the job
@@ -88,6 +91,9 @@ struct RunConfig {
     std::string dir = "runs/default";
     std::string params = "";   // final parameters file; default <dir>/model.h5
     std::string metrics = "";  // JSON lines; default <dir>/metrics.jsonl (--metrics overrides)
+    // Prometheus text file for node_exporter's textfile collector, rewritten by rank 0 after
+    // every log interval ("" = none; --prometheus overrides).
+    std::string prometheus = "";
   } output;
 
   // Run-level flags (not in the file).

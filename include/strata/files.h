@@ -16,5 +16,7 @@ void drop_world_write(const std::string& path);
 // Creates the directory `file` will be written into (never world-writable); throws UserError
 // naming the file when it cannot be created or is not writable.
 void ensure_parent_dir(const std::string& file);
+// Creates `dir` and any missing parents, none of them world-writable; "" or the reason.
+std::string make_directories(const std::string& dir);
 
 }  // namespace strata

@@ -55,6 +55,11 @@ struct ProcessGrid {
   std::string where() const;
 };
 
+// The data-parallel width D = ranks / (P T) of a grid of P pipeline stages x T tensor parts;
+// throws UserError (naming parallel.pipeline_stages, parallel.tensor or train.batch_size) when
+// P T does not divide the ranks or D does not divide the global batch.
+int data_parallel_width(int ranks, int P, int T, int64_t batch_size);
+
 // Collective over `world`. world.size() must be a multiple of stages x tensors (checked by the
 // caller); threads: math threads per rank.
 ProcessGrid make_grid(Comm& world, int stages, int tensors, const std::string& placement,

@@ -26,6 +26,14 @@ std::optional<double> job_end_time(std::string* why_not);
 void check_job_environment();
 std::string slurm_job_id();  // "" outside Slurm; digits ("123", or "123_4" for an array task)
 int64_t slurm_restart_count();
+// The Slurm node this rank runs on ($SLURMD_NODENAME: letters, digits, '.', '_', '-'), else the
+// host name. On the local test cluster two "nodes" share one host: only this tells them apart.
+std::string slurm_node_name();
+// When this process's srun step was launched: $STRATA_STEP_START (unix seconds, set by
+// slurm/train.sbatch before each srun), else when this process started. Never in the future.
+double launch_time();
+// When this job attempt's batch script started ($STRATA_ATTEMPT_START), else launch_time().
+double attempt_start_time();
 std::string utc_now_iso();   // 2026-11-22T04:58:00Z
 std::string local_clock_time(double unix_s);  // 14:05:00
 double unix_now();

@@ -9,14 +9,24 @@
 #include "strata/checkpoint.h"
 #include "strata/checkpointer.h"
 #include "strata/comm.h"
+#include "strata/goodput.h"
 #include "strata/grid.h"
 #include "strata/metrics.h"
 #include "strata/model.h"
 #include "strata/optim.h"
+#include "strata/prometheus.h"
 #include "strata/run_plan.h"
 #include "strata/watchdog.h"
 
 namespace strata {
+
+// Where a finished checkpoint is reported besides the metrics file: the Prometheus file
+// (its write) and the goodput ledger (the training thread's stall).
+struct CheckpointReports {
+  MetricsWriter* metrics;  // rank 0's; null elsewhere
+  PrometheusFile& prom;
+  GoodputLedger& goodput;
+};
 
 // The run's pieces a checkpoint is made of; `whole` and `whole_opt`: rank 0's assembly of the
 // whole model when the plan gathers (null elsewhere).
@@ -30,7 +40,7 @@ struct PublishedState {
 class Publisher {
  public:
   Publisher(const RunConfig& cfg, Comm& comm, const RunPlan& plan, const ProcessGrid& grid,
-            Checkpointer& ckpt, PublishedState state, MetricsWriter* metrics,
+            Checkpointer& ckpt, PublishedState state, CheckpointReports reports,
             ProgressLine& progress, Watchdog& watchdog, Provenance prov, int64_t per_epoch,
             int64_t checkpoint_bytes, int64_t start_step);
   // Collective. The host copies of the parameters and optimizer state are finite on every
@@ -38,7 +48,9 @@ class Publisher {
   // still make them NaN/Inf).
   void require_finite(int64_t steps_done);
   // Collective. A checkpoint after `steps_done` steps. wait = false (periodic ones): written
-  // in the background when checkpoint.async. Returns whether it was written (or started).
+  // in the background when checkpoint.async; wait = true (stop and final ones): also in
+  // checkpoint.dir on return when a node-local cache takes it first. Returns whether it was
+  // written (or started).
   bool save(int64_t steps_done, bool wait);
   // Rank 0: reports a background write that has finished, if any.
   void poll();
@@ -49,7 +61,8 @@ class Publisher {
 
   bool checkpoint_due_by_time() const;  // checkpoint.every_seconds have passed
   int64_t last_step() const { return last_step_; }
-  double last_write_s() const { return write_s_; }  // measured, or a slow disk's estimate
+  // Measured (a stop's: the write and the copy to checkpoint.dir), or a slow disk's estimate.
+  double last_write_s() const { return write_s_; }
   double total_write_s() const { return total_write_s_; }
 
  private:
@@ -62,6 +75,8 @@ class Publisher {
   Checkpointer& ckpt_;
   PublishedState st_;
   MetricsWriter* metrics_;
+  PrometheusFile& prom_;
+  GoodputLedger& goodput_;
   ProgressLine& progress_;
   Watchdog& watchdog_;
   Provenance prov_;

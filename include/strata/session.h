@@ -21,11 +21,13 @@
 #include "strata/data.h"
 #include "strata/data_parallel.h"
 #include "strata/evaluate.h"
+#include "strata/goodput.h"
 #include "strata/grid.h"
 #include "strata/metrics.h"
 #include "strata/model.h"
 #include "strata/optim.h"
 #include "strata/pipeline.h"
+#include "strata/prometheus.h"
 #include "strata/publisher.h"
 #include "strata/run_plan.h"
 #include "strata/step_hooks.h"
@@ -54,7 +56,7 @@ class TrainingSession {
   std::optional<int> train_step(int64_t step);
   int finish_run(Clock::time_point t_start, double cpu_start);
   void report_done(const EvalResult& ev, const PipelineFigures& figures, double train_s,
-                   double cpu_s) const;
+                   double cpu_s, const GoodputFigures& goodput) const;
 
   const RunConfig& cfg_;
   Comm& comm_;
@@ -64,6 +66,7 @@ class TrainingSession {
   ProcessGrid grid_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<MetricsWriter> metrics_;
+  PrometheusFile prom_;  // rank 0's, when output.prometheus is set
   std::unique_ptr<Loader> loader_;
   int64_t per_epoch_ = 1, total_ = 0, start_step_ = 0;
   OptimConfig oc_;
@@ -72,6 +75,7 @@ class TrainingSession {
   int64_t ckpt_bytes_ = 0;
   std::unique_ptr<Model> whole_;  // gathered runs: rank 0's assembly of every stage and part
   std::unique_ptr<Optimizer> whole_opt_;
+  std::unique_ptr<GoodputLedger> goodput_;  // active on rank 0
   std::unique_ptr<Watchdog> watchdog_;
   std::unique_ptr<ProgressLine> progress_;
   std::unique_ptr<Publisher> publisher_;

@@ -11,8 +11,10 @@
 #include "strata/comm.h"
 #include "strata/config.h"
 #include "strata/data_parallel.h"
+#include "strata/goodput.h"
 #include "strata/metrics.h"
 #include "strata/optim.h"
+#include "strata/prometheus.h"
 #include "strata/publisher.h"
 #include "strata/trace.h"
 #include "strata/watchdog.h"
@@ -91,6 +93,12 @@ class StopHook final : public StepHook {
 // writes that finished.
 std::unique_ptr<StepHook> checkpoint_hook(const RunConfig& cfg, Comm& comm, Publisher& publisher);
 
+// What a log interval measured, for the hooks after MetricsHook (per step: means over it).
+struct LogInterval {
+  int64_t step = 0;  // steps done at its end
+  double loss = 0, samples_per_s = 0, step_s = 0, allreduce_exposed_s = 0;
+};
+
 // Every train.log_every steps and at the last: a metrics line and the progress line.
 class MetricsHook final : public StepHook {
  public:
@@ -98,6 +106,8 @@ class MetricsHook final : public StepHook {
               MetricsWriter* metrics, ProgressLine& progress, GradientAllreducer& reducer);
   std::optional<int> end(const StepEnd& e) override;
   double allreduce_exposed_s() const { return exposed_s_; }
+  // The interval that ended at this step, if one did.
+  const std::optional<LogInterval>& logged() const { return logged_; }
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -110,6 +120,16 @@ class MetricsHook final : public StepHook {
   Clock::time_point start_ = Clock::now(), last_log_ = start_;
   int64_t samples_since_log_ = 0;
   double exposed_s_ = 0;
+  std::optional<LogInterval> logged_;
 };
+
+// The goodput ledger's step time (add it before the stop hook: a stop's step counts too).
+std::unique_ptr<StepHook> goodput_hook(GoodputLedger& goodput);
+
+// After each log interval (add it after MetricsHook): rank 0 rewrites the Prometheus file.
+// `tokens_per_sample`: a language model's positions per sample, 0 for a classifier.
+std::unique_ptr<StepHook> prometheus_hook(PrometheusFile& prom, const MetricsHook& metrics,
+                                          const GoodputLedger& goodput, const Watchdog& watchdog,
+                                          int64_t tokens_per_sample);
 
 }  // namespace strata

@@ -43,9 +43,14 @@ std::string describe_activity(int32_t where, int32_t exempt, const char* exempt_
 
 class Watchdog {
  public:
-  // Collective over comm's ranks when timeout_s > 0 (gathers host names, opens the heartbeat
-  // channel, starts the watchdog thread); timeout_s = 0 builds an inactive watchdog.
-  Watchdog(Comm& comm, double timeout_s);
+  // Collective over comm's ranks when timeout_s > 0 (gathers host and node names, opens the
+  // heartbeat channel, starts the watchdog thread); timeout_s = 0 builds an inactive watchdog.
+  // report_path: where the rank that aborts the job first writes one line for scripts
+  // (slurm/train.sbatch reads it to exclude the hung rank's node), atomically:
+  //   job=ID rank=R node=NODE host=HOST step=S cause=self|heartbeats|deadlock
+  // (rank=-1 node=- host=- for a deadlock: no rank is at fault); none after a stop signal
+  // (a silent peer is then most likely dead: srun TERMs the others when a rank fails). "" = none.
+  Watchdog(Comm& comm, double timeout_s, std::string report_path = "");
   // stop(); when an exception is unwinding (this rank may be alone in leaving), it leaves
   // without waiting for the other ranks: if they go on, they name this rank after timeout_s.
   ~Watchdog();
@@ -79,6 +84,9 @@ class Watchdog {
   void stop();
 
   bool active() const { return detector_.joinable(); }
+  // Seconds since the least recent progress of any rank this one watches (rank 0: every rank,
+  // by their heartbeats) or of its own training thread; 0 when inactive. Any thread.
+  double progress_age_s() const;
   bool heartbeats() const { return channel_ != nullptr; }
 
  private:
@@ -92,7 +100,10 @@ class Watchdog {
   void test_hang(int64_t step);
   void detect();     // detector thread: the checks; calls no MPI but MPI_Abort
   void heartbeat();  // heartbeat thread: all side-channel traffic (may block inside MPI)
-  [[noreturn]] void abort_job(const std::string& line);
+  // Prints the line, writes the report file naming `rank` (-1: none), aborts the job.
+  [[noreturn]] void abort_job(const std::string& line, int rank, const char* cause);
+  std::string rank_place(int rank) const;  // "host H" or "host H, node N"
+  void write_report(int rank, const char* cause) const;
   void shutdown(bool wait_for_peers);
 
   Comm& comm_;
@@ -100,7 +111,8 @@ class Watchdog {
   int rank_, size_;
   Activity act_;
   std::vector<Hang> hangs_;
-  std::vector<std::string> hosts_;
+  std::vector<std::string> hosts_, nodes_;  // by rank
+  std::string report_path_;
   std::unique_ptr<SideChannel> channel_;
   std::unique_ptr<Peers> peers_;
   std::atomic<int64_t> last_mark_ns_{0};  // detector -> heartbeat: the training thread's last mark

@@ -173,7 +173,9 @@ class CudaComm final : public Comm {
     return std::make_unique<CudaComm>(host_->split(color, key));
   }
   std::string host() const override { return host_->host(); }
-  std::vector<std::string> all_hosts() override { return host_->all_hosts(); }
+  std::vector<std::string> all_gather_text(const std::string& text) override {
+    return host_->all_gather_text(text);
+  }
   std::unique_ptr<SideChannel> open_side_channel(int msg_bytes, bool receive,
                                                  std::string* why_not) override {
     return host_->open_side_channel(msg_bytes, receive, why_not);

@@ -45,7 +45,7 @@ class RecordingComm final : public Comm {
   void wait(int h) override { c_.wait(h); }
   std::unique_ptr<Comm> split(int color, int key) override { return c_.split(color, key); }
   std::string host() const override { return c_.host(); }
-  std::vector<std::string> all_hosts() override { return c_.all_hosts(); }
+  std::vector<std::string> all_gather_text(const std::string& t) override { return c_.all_gather_text(t); }
   std::unique_ptr<SideChannel> open_side_channel(int b, bool r, std::string* why) override {
     return c_.open_side_channel(b, r, why);
   }
