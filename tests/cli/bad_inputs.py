@@ -41,7 +41,8 @@ MARKER = "/tmp/strata-badinput-marker"
 ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
 for v in ("SLURM_JOB_ID", "SLURM_CPUS_PER_TASK", "STRATA_JOB_END_TIME", "SLURM_RESTART_COUNT",
           "SLURM_LOCALID", "STRATA_DATA_CACHE_MB", "STRATA_TEST_HANG", "SLURM_ARRAY_JOB_ID",
-          "SLURM_ARRAY_TASK_ID"):
+          "SLURM_ARRAY_TASK_ID", "STRATA_ATTEMPT_START", "STRATA_STEP_START", "STRATA_MAX_NO_PROGRESS",
+          "STRATA_MAX_RESTARTS", "STRATA_MIN_NODES", "STRATA_HEALTH_TIMEOUT", "STRATA_STEP_NODES"):
     ENV.pop(v, None)
 ERROR = "strata: error: "
 
@@ -53,6 +54,7 @@ HEAP_LOOP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fuzz
 DATA_ABORT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fuzz", "crashes", "dataset",
                           "hdf5-heap-corruption-abort.h5")
 # One whose damaged global heap makes HDF5 1.10's H5Aread memcpy a garbage length (a segfault).
+SBATCH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "slurm", "train.sbatch")
 HEAP_CRASH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fuzz", "crashes", "checkpoint",
                           "hdf5-global-heap-memcpy.h5")
 
@@ -623,6 +625,18 @@ def cases(fx: Fixtures):
     envc("STRATA_TEST_HANG NaN seconds", {"STRATA_TEST_HANG": "0:5:nan"}, r"STRATA_TEST_HANG: '0:5:nan'")
     envc("a valid SLURM_JOB_ID whose squeue fails (no cluster) warns and runs", {"SLURM_JOB_ID": "12345",
          "SLURM_CONF": "/nonexistent/slurm.conf"}, "", 0)
+    for name in ("STRATA_ATTEMPT_START", "STRATA_STEP_START"):  # train.sbatch's clocks
+        for v in ("abc", "nan", "-5", "1e30"):
+            envc(f"{name}={v}", {name: v}, rf"environment variable {name}=")
+
+    # ---- the job script's settings (slurm/train.sbatch, checked before it runs anything) ----
+    sbatch = [shutil.which("bash") or "/bin/bash", SBATCH]
+    for name in ("STRATA_MAX_NO_PROGRESS", "STRATA_MAX_RESTARTS", "STRATA_MIN_NODES", "STRATA_HEALTH_TIMEOUT"):
+        for v in ("abc", "-1", "1e3", " 3", "9999999", "1; touch %s" % MARKER, "$(touch %s)" % MARKER):
+            out["sbatch"].append(Case(
+                f"sbatch: {name}={v!r}", sbatch, 2, rf"^train\.sbatch: error: {name}=.*expected an integer",
+                env={name: v, "CONFIG": "configs/fmnist_mlp.toml", "STRATA": S},
+                error_line_prefix="train.sbatch: error: "))
     return out
 
 
