@@ -35,6 +35,9 @@ CTLD_PORT=$((20000 + (hash % 2000) * 4))   # slurmctld; slurmd ports are the nex
 N1_PORT=$((CTLD_PORT + 1))
 N2_PORT=$((CTLD_PORT + 2))
 CLUSTER=strata$((hash % 100000))
+# Job ids from the directory too: scripts that find a job's processes by SLURM_JOB_ID in their
+# environment (the tests, bench_goodput.py) must not find another cluster's job of that id.
+FIRST_JOB_ID=$((1 + (hash % 2000) * 30000))
 
 need_tools() {
   local t missing=()
@@ -71,6 +74,7 @@ AuthType=auth/munge
 CredType=cred/munge
 AuthInfo=socket=$MUNGE_SOCKET
 StateSaveLocation=$DIR/state
+FirstJobId=$FIRST_JOB_ID
 SlurmdSpoolDir=$DIR/spool/%n
 TmpFS=$DIR/tmp/%n
 SlurmctldPidFile=$DIR/run/slurmctld.pid

@@ -63,7 +63,7 @@ class Ctx:
         return p
 
 
-def write_config(path, out_dir, steps, data, every=EVERY, extra="", log_every=500):
+def write_config(path, out_dir, steps, data, every=EVERY, extra="", log_every=500, keep_last=3):
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as f:
         f.write(f"""# written by tests/slurm/slurm_jobs.py
@@ -81,7 +81,7 @@ seed = 7
 log_every = {log_every}
 [checkpoint]
 every_steps = {every}
-keep_last = 3
+keep_last = {keep_last}
 [output]
 dir = "{out_dir}"
 {extra}""")
@@ -278,7 +278,7 @@ def params(path):
     return out
 
 
-def expect_bitwise(model, ref):
+def expect_bitwise(model, ref, what="the uninterrupted run"):
     expect(os.path.exists(model), f"the job wrote no final parameters {model}")
     a, b = params(model), params(ref)
     expect(len(b) >= 4, f"reference {ref} holds only {sorted(b)}")
@@ -286,8 +286,8 @@ def expect_bitwise(model, ref):
     for k in sorted(b):
         if a[k].dtype != b[k].dtype or a[k].shape != b[k].shape or a[k].tobytes() != b[k].tobytes():
             diff = abs(a[k].astype("float64") - b[k].astype("float64")).max() if a[k].shape == b[k].shape else "shape"
-            fail(f"/params/{k} differs from the uninterrupted run (max |diff| {diff}): {model} vs {ref}")
-    print(f"final parameters bitwise identical to the uninterrupted run ({len(b)} arrays)", flush=True)
+            fail(f"/params/{k} differs from {what} (max |diff| {diff}): {model} vs {ref}")
+    print(f"final parameters bitwise identical to {what} ({len(b)} arrays)", flush=True)
 
 
 def expect_completed_after_resume(info, log_path, restarts_min=1):
@@ -683,7 +683,7 @@ def scenario_hang_exclude(ctx):
     cfg = os.path.join(d, "config.toml")
     ckpt = os.path.join(d, "ckpt")
     write_config(cfg, os.path.join(d, "out"), STEPS, ctx.data, extra="[watchdog]\ntimeout_s = 3\n",
-                 log_every=10)
+                 log_every=10, keep_last=1000)  # every checkpoint kept: the resumed one is replayed
     job, log = submit(ctx, "hang-exclude", cfg, ckpt_dir=ckpt)
     wait_first_checkpoint(ctx, job, ckpt)
     pid, node = rank_process(job, 1)
@@ -714,21 +714,33 @@ def scenario_hang_exclude(ctx):
     expect("launching on 1 node(s), 1 task(s) (excluded: " + node + ")" in first,
            "launch 1 was not on the one node left")
     expect("restarting in the allocation" in first, "the script did not restart in the allocation")
-    # 2 ranks, then 1: the same loss curve to fp32 rounding (README: elastic restarts), not
-    # bitwise; over 200 steps after the resume the difference stays far below what a wrong data
-    # position or a wrong parameter would make (tests/checkpoint/rank_change.py: < 1e-5).
+    # 2 ranks, then 1: not bitwise against the 2-rank run (the gradient sums round differently),
+    # and over hundreds of steps not even close: a 1e-7 difference that moves one sample's
+    # pre-activation across a ReLU's kink changes that step's gradient by O(1) (seen: 2.9e-7,
+    # then 1.5e-3 relative at one step, 92 steps after a resume at step 500). So: the first
+    # logged step after the resume follows the 2-rank run to rounding (a wrong data position
+    # or parameter would be off by far more), and the rest of the job is bitwise what one rank
+    # resumed from the same checkpoint outside Slurm computes.
     done = final_metrics(os.path.join(d, "out", "metrics.jsonl"))
     expect(done["step"] == STEPS, f"the job ended at step {done['step']}, not {STEPS}")
     at = int(re.findall(r"resumed from \S+ at step (\d+)", text)[-1])
     mine, theirs = losses_by_step(os.path.join(d, "out", "metrics.jsonl")), \
         losses_by_step(os.path.join(os.path.dirname(ref), "metrics.jsonl"))
-    steps = [s for s in range(at + 10, at + 201, 10) if s in mine and s in theirs]
-    expect(len(steps) >= 10, f"too few logged steps after the resume at {at} to compare: {steps}")
-    rel = max(abs(mine[s] - theirs[s]) / abs(theirs[s]) for s in steps)
-    expect(rel < 1e-4, f"after the resume on 1 rank at step {at} the loss differs from the "
-           f"uninterrupted 2-rank run by {rel:.2e} (relative) within 200 steps")
-    print(f"finished on {other} alone; steps {steps[0]}-{steps[-1]} after the resume at {at}: loss "
-          f"within {rel:.2e} of the uninterrupted 2-rank run", flush=True)
+    first = at + 10
+    expect(first in mine and first in theirs, f"step {first} (10 after the resume) was not logged")
+    rel = abs(mine[first] - theirs[first]) / abs(theirs[first])
+    expect(rel < 1e-5, f"10 steps after the resume on 1 rank at step {at} the loss differs from "
+           f"the uninterrupted 2-rank run by {rel:.2e} (relative)")
+    resumed_from = os.path.join(ckpt, f"ckpt-{at:09d}.h5")
+    replay = os.path.join(d, "replay")
+    p = subprocess.run([ctx.strata, "train", "--config", cfg, "--output.dir", replay,
+                        "--checkpoint.dir", os.path.join(replay, "ckpt"), "--resume", resumed_from,
+                        "--quiet"], env=ctx.env, capture_output=True, text=True, timeout=300)
+    expect(p.returncode == 0, f"one rank resumed from {resumed_from} outside Slurm failed: {p.stderr}")
+    expect_bitwise(os.path.join(d, "out", "model.h5"), os.path.join(replay, "model.h5"),
+                   f"one rank resumed from step {at} outside Slurm")
+    print(f"finished on {other} alone: step {first} within {rel:.1e} of the uninterrupted 2-rank "
+          f"run; the final parameters bitwise those of one rank resumed from step {at}", flush=True)
 
 
 def scenario_restart_loop(ctx):
