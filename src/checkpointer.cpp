@@ -377,13 +377,14 @@ std::optional<Checkpointer::SaveResult> Checkpointer::copy_failures(bool wait) {
   return r;
 }
 
-std::optional<Checkpointer::SaveResult> Checkpointer::finish() {
-  if (!writer_.joinable()) return copy_failures(false);
+std::optional<Checkpointer::SaveResult> Checkpointer::finish(bool copies) {
+  if (!writer_.joinable()) return copy_failures(copies);
   writer_.join();
   writer_done_ = false;
   writer_result_.stall_s = writer_stall_s_;
+  auto failed = copy_failures(copies);
   if (copier_) writer_result_.copy_s = copier_->last_copy_s();
-  if (auto failed = copy_failures(false); failed && writer_result_.ok) {
+  if (failed && writer_result_.ok) {
     writer_result_.ok = false;
     writer_result_.error = failed->error;
   }

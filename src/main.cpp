@@ -223,14 +223,15 @@ Subcommand add_train(CLI::App& app) {
             cfg.progress = o->progress;
             if (o->check_grid == 0) return run_train(cfg, comm);
             const int P = cfg.parallel.pipeline_stages, T = cfg.parallel.tensor;
-            int D = 0;
+            GridShape g;
             collectively(comm, [&] {
               validate(cfg);
-              D = data_parallel_width(int(o->check_grid), P, T, cfg.train.batch_size);
+              g = grid_shape(cfg, int(o->check_grid));
             });
             if (comm.rank() == 0)
-              fmt::print("the grid fits {} ranks: {} data-parallel x {} pipeline x {} tensor\n",
-                         o->check_grid, D, P, T);
+              fmt::print("the grid fits {} ranks: {} data-parallel x {} pipeline x {} tensor, {} "
+                         "micro-batch{} per step\n", o->check_grid, g.D, P, T, g.M,
+                         g.M == 1 ? "" : "es");
             return int(kExitOk);
           }};
 }

@@ -120,13 +120,19 @@ void PrometheusFile::write(const TrainingGauges& g) {
   }
   // node_exporter reads only *.prom: the temporary name does not end in it.
   const std::string tmp = fmt::format("{}.tmp.{}", path_, ::getpid());
+  int err = 0;  // the first failure's errno (later calls would overwrite it)
+  auto check = [&](bool fine) {
+    if (!fine && err == 0) err = errno ? errno : EIO;
+    return fine;
+  };
   FILE* out = std::fopen(tmp.c_str(), "w");
-  bool ok = out && std::fputs(s.c_str(), out) >= 0;
-  if (out) ok = std::fclose(out) == 0 && ok;
-  drop_world_write(tmp);  // the umask decides the rest
-  ok = ok && std::rename(tmp.c_str(), path_.c_str()) == 0;
+  bool ok = check(out != nullptr) && check(std::fputs(s.c_str(), out) >= 0);
+  if (out) ok = check(std::fclose(out) == 0) && ok;
+  if (ok) {
+    drop_world_write(tmp);  // the umask decides the rest
+    ok = check(std::rename(tmp.c_str(), path_.c_str()) == 0);
+  }
   if (!ok) {
-    const int err = errno;
     std::remove(tmp.c_str());
     if (!warned_)
       fmt::print(stderr, "strata: warning: output.prometheus {}: cannot write it ({}); training "

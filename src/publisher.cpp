@@ -86,7 +86,7 @@ void Publisher::poll() {
 void Publisher::finish() {
   if (!lead_) return;
   Watchdog::Exempt exempt(watchdog_, "finishing a checkpoint write");
-  if (auto r = ckpt_.finish()) report(*r);
+  if (auto r = ckpt_.finish(/*copies=*/true)) report(*r);
 }
 
 int64_t Publisher::agree_failures() {

@@ -28,16 +28,23 @@ void check_dataset(const RunConfig& cfg, DatasetInfo& info) {
                cfg.train.batch_size, info.train.n, cfg.data.path);
 }
 
-// The grid's shape: P x T divides the ranks, the replicas divide the batch.
+// The grid's shape (grid_shape) and what the backend allows of it.
 void check_grid(const RunConfig& cfg, RunPlan& p) {
-  p.D = data_parallel_width(p.ranks, p.P, p.T, cfg.train.batch_size);
+  const GridShape g = grid_shape(cfg, p.ranks);
+  p.D = g.D;
+  p.M = g.M;
   if (p.T > 1 && !p.be->host_memory())
     fail_input("parallel.tensor = {}: tensor parallelism runs on the CPU for now (use "
                "--device cpu)", p.T);
-  p.M = resolve_microbatches(cfg.parallel.microbatches, p.P, cfg.train.batch_size, p.D);
 }
 
 }  // namespace
+
+GridShape grid_shape(const RunConfig& cfg, int ranks) {
+  const int P = cfg.parallel.pipeline_stages, T = cfg.parallel.tensor;
+  const int D = data_parallel_width(ranks, P, T, cfg.train.batch_size);
+  return {.D = D, .M = resolve_microbatches(cfg.parallel.microbatches, P, cfg.train.batch_size, D)};
+}
 
 RunPlan plan_run(const RunConfig& cfg, Comm& comm) {
   const bool lead = comm.rank() == 0;

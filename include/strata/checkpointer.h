@@ -78,9 +78,10 @@ class Checkpointer {
   // Rank 0: the outcome of a background write that has finished since the last call, if any;
   // else a failed copy to checkpoint.dir (ok = false), if any.
   std::optional<SaveResult> poll();
-  // Rank 0: waits for a background write in flight, and for copies to checkpoint.dir; its
-  // outcome (a failed copy makes it ok = false), if there was one.
-  std::optional<SaveResult> finish();
+  // Rank 0: waits for a background write in flight and reports its outcome, with any copy to
+  // checkpoint.dir that has failed so far (ok = false); `copies` (the end of a run): waits
+  // for every copy in flight too.
+  std::optional<SaveResult> finish(bool copies = false);
   ~Checkpointer();
 
 

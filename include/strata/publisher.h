@@ -54,7 +54,8 @@ class Publisher {
   bool save(int64_t steps_done, bool wait);
   // Rank 0: reports a background write that has finished, if any.
   void poll();
-  // Rank 0: waits for a background write in flight and reports it.
+  // Rank 0: waits for a background write in flight, and for the node-local cache's copies to
+  // checkpoint.dir, and reports them (the run's end: a failed copy counts as a failed write).
   void finish();
   // Collective: the number of writes that failed (rank 0 counts them).
   int64_t agree_failures();

@@ -31,6 +31,14 @@ struct RunPlan {
   int64_t micro_batch(int64_t global_batch) const { return global_batch / D / M; }
 };
 
+// The grid's shape on `ranks` ranks: D = ranks / (P T) data-parallel replicas (P T divides the
+// ranks, D the global batch) and M micro-batches per step (dividing each replica's batch).
+// Throws UserError naming the key at fault. plan_run checks it; so does `train --check_grid`.
+struct GridShape {
+  int D = 1, M = 1;
+};
+GridShape grid_shape(const RunConfig& cfg, int ranks);
+
 // Collective. Validates the config and the job's environment, picks the backend, opens the
 // dataset, checks the grid against the rank count and the batch, describes the model and
 // refuses one whose largest layer cannot fit, and partitions it (rank 0 measures the layers

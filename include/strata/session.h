@@ -6,7 +6,8 @@
 //                     loss = step.compute(batch)   forward [+ backward + allreduce]
 //                     agree(loss, hooks' votes)    one allreduce: loss, stop, checkpoint
 //                     step.update(step)            [backward + allreduce] + optimizer
-//                     hooks.end(...)               stop, checkpoints, metrics
+//                     hooks.end(...)               goodput, stop, checkpoints, metrics,
+//                                                  Prometheus file
 //
 // and the end of the run (the final checkpoint, evaluation and parameter file).
 #pragma once
@@ -71,10 +72,12 @@ class TrainingSession {
   int64_t per_epoch_ = 1, total_ = 0, start_step_ = 0;
   OptimConfig oc_;
   std::unique_ptr<Optimizer> opt_;
-  std::unique_ptr<Checkpointer> ckpt_;
-  int64_t ckpt_bytes_ = 0;
   std::unique_ptr<Model> whole_;  // gathered runs: rank 0's assembly of every stage and part
   std::unique_ptr<Optimizer> whole_opt_;
+  // After what it writes from (members are destroyed in reverse): its destructor waits for a
+  // background write still in flight.
+  std::unique_ptr<Checkpointer> ckpt_;
+  int64_t ckpt_bytes_ = 0;
   std::unique_ptr<GoodputLedger> goodput_;  // active on rank 0
   std::unique_ptr<Watchdog> watchdog_;
   std::unique_ptr<ProgressLine> progress_;

@@ -107,6 +107,22 @@ if abs(by_name["strata_loss"] - last["loss"]) > 1e-6 * abs(last["loss"]):
 if by_name.get("strata_checkpoint_step") != 200 or not by_name.get("strata_checkpoint_bytes", 0) > 0:
     fail(f"the newest checkpoint: step {by_name.get('strata_checkpoint_step')}, "
          f"{by_name.get('strata_checkpoint_bytes')} bytes (expected the one of step 200)")
+# The interval's figures, as the last metrics line's: samples/s the same, step time x samples/s
+# = the global batch (64), no tokens for a classifier, the exposed allreduce a time per step.
+sps = by_name.get("strata_samples_per_second", -1)
+if abs(sps - last["samples_per_s"]) > 1e-6 * last["samples_per_s"]:
+    fail(f"strata_samples_per_second = {sps}, metrics.jsonl says {last['samples_per_s']}")
+if abs(by_name.get("strata_step_seconds", 0) * sps - 64) > 1e-6 * 64:
+    fail(f"strata_step_seconds = {by_name.get('strata_step_seconds')} is not the interval's mean "
+         f"step time (x {sps} samples/s should be the batch of 64)")
+if by_name.get("strata_tokens_per_second") != 0:
+    fail(f"strata_tokens_per_second = {by_name.get('strata_tokens_per_second')} for a classifier")
+exposed = by_name.get("strata_allreduce_exposed_seconds", -1)
+if not 0 <= exposed < by_name["strata_step_seconds"]:
+    fail(f"strata_allreduce_exposed_seconds = {exposed}: not a share of a step's "
+         f"{by_name['strata_step_seconds']} s")
+if not 0 < by_name.get("strata_goodput_useful_seconds", 0) <= by_name.get("strata_goodput_wall_seconds", 0):
+    fail("strata_goodput_useful_seconds is not in (0, strata_goodput_wall_seconds]")
 print(f"node_exporter on 127.0.0.1:{port} served {len(mine)} series of {len(names_written)} names "
       f"from strata's file, labels slurm_job_id=4242 run=myrun; step {by_name['strata_step']:.0f}, "
       f"loss {by_name['strata_loss']:.6f}, goodput {by_name['strata_goodput_ratio']:.3f}")
