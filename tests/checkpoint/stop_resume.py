@@ -7,6 +7,7 @@ import os
 import signal
 import sys
 import time
+import tomllib
 
 from ckpt_common import assert_bitwise, fail, fresh, launch, metrics, run
 
@@ -35,6 +36,13 @@ def stopped_then_resumed(name, start, env=None):
     with open(os.path.join(d, "checkpoints", "latest")) as f:
         if f.read().strip() != f"ckpt-{step:09d}.h5":
             fail(f"{name}: the latest pointer does not name the stop checkpoint of step {step}")
+    # The goodput ledger is at the stop's step and checkpoint, open for the next attempt.
+    with open(os.path.join(d, "checkpoints", "goodput.toml"), "rb") as f:
+        ledger = tomllib.load(f)
+    if ledger.get("step") != step or ledger.get("state") != "running" or \
+            ledger.get("checkpoint", [{}])[-1].get("step") != step:
+        fail(f"{name}: goodput.toml says step {ledger.get('step')}, state {ledger.get('state')}, last "
+             f"checkpoint {ledger.get('checkpoint', [{}])[-1].get('step')}; expected step {step}, running, {step}")
     print(f"{name}: stopped after step {step} with exit 75: {[l for l in out.splitlines() if l.startswith('stopped')]}")
     out, _ = run(strata, ranks, common + ["--output.dir", d, "--resume", "auto"])
     if f"at step {step} " not in out:
