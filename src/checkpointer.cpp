@@ -123,9 +123,7 @@ std::string cache_id(const std::string& dir) {
   if (in && std::getline(in, id) && std::regex_match(id, std::regex("[0-9a-f]{16}"))) return id;
   std::random_device rd;
   id = fmt::format("{:08x}{:08x}", rd(), rd());
-  const std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
-  std::ofstream(tmp) << id << "\n";
-  publish_file(tmp, path);
+  publish_text_file(path, id + "\n");
   return id;
 }
 }  // namespace
@@ -196,19 +194,7 @@ std::optional<int64_t> Checkpointer::pointer_step(const std::string& dir, std::s
 }
 
 void Checkpointer::write_pointer(const std::string& dir, const std::string& name) const {
-  const std::string tmp = fmt::format("{}/latest.tmp.{}", dir, ::getpid());
-  const std::string path = dir + "/latest";
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0666);
-  if (fd < 0) fail_input("{}: cannot write ({})", tmp, std::strerror(errno));
-  const std::string line = name + "\n";
-  const bool ok = ::write(fd, line.data(), line.size()) == ssize_t(line.size());  // publish_file syncs
-  const int err = errno;
-  ::close(fd);
-  if (!ok) {
-    ::unlink(tmp.c_str());
-    fail_input("{}: cannot write ({})", tmp, std::strerror(err));
-  }
-  publish_file(tmp, path);
+  publish_text_file(dir + "/latest", name + "\n");
 }
 
 void Checkpointer::apply_retention(const std::string& dir, int64_t newest_step) const {

@@ -1,10 +1,8 @@
 #include "strata/goodput.h"
 
-#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <filesystem>
 
 #include <fmt/format.h>
@@ -176,15 +174,7 @@ void GoodputLedger::write() {
                      "startup_s = {:.6f}\n", r.at, r.slurm_restart_count, r.reached_step,
                      r.resumed_step, r.recompute_s, r.restart_gap_s, r.startup_s);
   // Accounting must never stop training: a failed write is retried at the next update.
-  const std::string tmp = fmt::format("{}.tmp.{}", path_, ::getpid());
-  FILE* f = std::fopen(tmp.c_str(), "w");
-  if (!f) return;
-  const bool ok = std::fputs(s.c_str(), f) >= 0;
-  drop_world_write(tmp);  // the umask decides the rest
-  if (std::fclose(f) == 0 && ok && std::rename(tmp.c_str(), path_.c_str()) == 0)
-    last_write_ = unix_now();
-  else
-    std::remove(tmp.c_str());
+  if (replace_text_file(path_, s).empty()) last_write_ = unix_now();
 }
 
 std::string describe_goodput(const GoodputFigures& f) {

@@ -1,11 +1,6 @@
 #include "strata/prometheus.h"
 
-#include <unistd.h>
-
-#include <cerrno>
 #include <cmath>
-#include <cstdio>
-#include <cstring>
 #include <filesystem>
 
 #include <fmt/format.h>
@@ -56,12 +51,7 @@ PrometheusFile::PrometheusFile(std::string path, const std::string& job_id, cons
   if (!path_.ends_with(".prom"))
     fail_input("output.prometheus {}: must end in .prom (node_exporter's textfile collector reads "
                "only *.prom files)", path_);
-  const std::filesystem::path parent = std::filesystem::path(path_).parent_path();
-  const std::string dir = parent.empty() ? std::string(".") : parent.string();
-  if (std::string why = make_directories(dir); !why.empty())
-    fail_input("output.prometheus {}: cannot create directory {} ({})", path_, dir, why);
-  if (::access(dir.c_str(), W_OK | X_OK) != 0)
-    fail_input("output.prometheus {}: directory {} is not writable ({})", path_, dir, std::strerror(errno));
+  ensure_parent_dir(path_, "output.prometheus");
   labels_ = fmt::format("slurm_job_id=\"{}\",run=\"{}\"", prometheus_label_value(job_id),
                         prometheus_label_value(run));
 }
@@ -118,27 +108,12 @@ void PrometheusFile::write(const TrainingGauges& g) {
                    : fmt::format("{}{{{}}} {}\n", m.name, labels_, prom_number(x.value));
     }
   }
-  // node_exporter reads only *.prom: the temporary name does not end in it.
-  const std::string tmp = fmt::format("{}.tmp.{}", path_, ::getpid());
-  int err = 0;  // the first failure's errno (later calls would overwrite it)
-  auto check = [&](bool fine) {
-    if (!fine && err == 0) err = errno ? errno : EIO;
-    return fine;
-  };
-  FILE* out = std::fopen(tmp.c_str(), "w");
-  bool ok = check(out != nullptr) && check(std::fputs(s.c_str(), out) >= 0);
-  if (out) ok = check(std::fclose(out) == 0) && ok;
-  if (ok) {
-    drop_world_write(tmp);  // the umask decides the rest
-    ok = check(std::rename(tmp.c_str(), path_.c_str()) == 0);
-  }
-  if (!ok) {
-    std::remove(tmp.c_str());
-    if (!warned_)
-      fmt::print(stderr, "strata: warning: output.prometheus {}: cannot write it ({}); training "
-                 "goes on\n", path_, std::strerror(err));
-    warned_ = true;
-  }
+  // node_exporter reads only *.prom: the temporary name (PATH.tmp.PID) does not end in it.
+  const std::string why = replace_text_file(path_, s);
+  if (!why.empty() && !warned_)
+    fmt::print(stderr, "strata: warning: output.prometheus {}: cannot write it ({}); training "
+               "goes on\n", path_, why);
+  warned_ = warned_ || !why.empty();
 }
 
 }  // namespace strata

@@ -211,13 +211,7 @@ void Watchdog::write_report(int rank, const char* cause) const {
       "job={} rank={} node={} host={} step={} cause={}\n", job.empty() ? "-" : job, rank,
       rank < 0 ? "-" : nodes_.at(size_t(rank)), rank < 0 ? "-" : hosts_.at(size_t(rank)),
       act_.step.load(std::memory_order_relaxed), cause);
-  const std::string tmp = fmt::format("{}.tmp.{}", report_path_, ::getpid());
-  FILE* f = std::fopen(tmp.c_str(), "w");
-  if (!f) return;  // the error line on stderr still names the rank
-  const bool ok = std::fputs(line.c_str(), f) >= 0;
-  drop_world_write(tmp);  // the umask decides the rest
-  if (std::fclose(f) == 0 && ok) std::rename(tmp.c_str(), report_path_.c_str());
-  else std::remove(tmp.c_str());
+  (void)replace_text_file(report_path_, line);  // if it fails, the error line still names the rank
 }
 
 double Watchdog::progress_age_s() const {

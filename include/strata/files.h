@@ -14,8 +14,17 @@ void publish_file(const std::string& tmp, const std::string& path);
 void drop_world_write(const std::string& path);
 
 // Creates the directory `file` will be written into (never world-writable); throws UserError
-// naming the file when it cannot be created or is not writable.
-void ensure_parent_dir(const std::string& file);
+// naming the file (after `key`, the config key that named it, if given) when it cannot be
+// created or is not writable.
+void ensure_parent_dir(const std::string& file, const std::string& key = "");
+// Replaces `path` with `text` atomically (written under "<path>.tmp.<pid>", never
+// world-writable, then renamed; no fsync): for small files rewritten often (the goodput
+// ledger, the Prometheus file, the watchdog's report). Returns "" or the first failure's
+// reason; a failed write leaves no temporary file and `path` as it was.
+std::string replace_text_file(const std::string& path, const std::string& text);
+// The same, durable (publish_file: fsync, rename, fsync of the directory), for files a resume
+// depends on (checkpoint.dir's `latest`, its cache id); throws UserError naming `path`.
+void publish_text_file(const std::string& path, const std::string& text);
 // Creates `dir` and any missing parents, none of them world-writable; "" or the reason.
 std::string make_directories(const std::string& dir);
 
