@@ -51,6 +51,8 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+sys.path.insert(0, os.path.join(ROOT, "tests", "slurm"))
+from slurm_procs import find_rank_process, job_processes, parse_job  # noqa: E402
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--strata", default=os.path.join(ROOT, "build", "strata"))
@@ -86,44 +88,7 @@ def say(msg):
 
 def job_info(job):
     p = sh("scontrol", "-o", "show", "job", job, check=False)
-    if p.returncode != 0:
-        return None
-    info = {}
-    for m in re.finditer(r"(\w+)=(\S*)", p.stdout):
-        info.setdefault(m.group(1), m.group(2))
-    return info
-
-
-def rank_process(job, rank):
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            with open(f"/proc/{d}/comm") as f:
-                if f.read().strip() != "strata":
-                    continue
-            with open(f"/proc/{d}/environ", "rb") as f:
-                env = dict(kv.split("=", 1) for kv in f.read().decode(errors="replace").split("\0") if "=" in kv)
-        except OSError:
-            continue
-        if env.get("SLURM_JOB_ID") == job and env.get("SLURM_PROCID") == str(rank):
-            return int(d), env.get("SLURMD_NODENAME")
-    return None
-
-
-def job_processes(job):
-    """Live processes with SLURM_JOB_ID=job in their environment."""
-    found = []
-    for d in os.listdir("/proc"):
-        if not d.isdigit() or int(d) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{d}/environ", "rb") as f:
-                if f"\0SLURM_JOB_ID={job}\0".encode() in b"\0" + f.read():
-                    found.append(int(d))
-        except OSError:
-            continue
-    return found
+    return parse_job(p.stdout) if p.returncode == 0 else None
 
 
 def progress(metrics):
@@ -215,7 +180,7 @@ class Requeues:
 def inject(kind, job, ckpt):
     """One fault; returns a description, or None if the job had no ranks to hit."""
     if kind in ("kill", "stop"):
-        found = rank_process(job, 1)
+        found = find_rank_process(job, 1)
         if not found:
             return None
         pid, node = found
@@ -224,7 +189,7 @@ def inject(kind, job, ckpt):
             STOPPED.append(pid)
         return f"SIG{'KILL' if kind == 'kill' else 'STOP'} of rank 1 (pid {pid}, node {node})"
     if kind == "down":
-        found = rank_process(job, 0)
+        found = find_rank_process(job, 0)
         if not found:
             return None
         node = found[1]

@@ -21,6 +21,8 @@ import time
 
 import h5py
 
+from slurm_procs import find_rank_process, job_processes, parse_job
+
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
             "DEADLINE", "BOOT_FAIL", "PREEMPTED"}
 
@@ -133,29 +135,7 @@ def submit(ctx, name, cfg, ckpt_dir=None, sbatch_args=(), strata_args=(), extra_
 
 def job_info(ctx, job):
     p = ctx.sh("scontrol", "-o", "show", "job", job, check=False)
-    if p.returncode != 0:
-        return None
-    info = {}
-    for m in re.finditer(r"(\w+)=(\S*)", p.stdout):
-        info.setdefault(m.group(1), m.group(2))
-    return info
-
-
-def job_processes(job):
-    """Processes of the job still alive (its batch script, srun, ranks): found by SLURM_JOB_ID in
-    their environment. A job started again while its old instance lives on a node makes
-    slurmctld drain that node ("Duplicate jobid")."""
-    found = []
-    for d in os.listdir("/proc"):
-        if not d.isdigit() or int(d) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{d}/environ", "rb") as f:
-                if f"\0SLURM_JOB_ID={job}\0".encode() in b"\0" + f.read():
-                    found.append(int(d))
-        except OSError:
-            continue
-    return found
+    return parse_job(p.stdout) if p.returncode == 0 else None
 
 
 def steps_left(ctx, job):
@@ -575,22 +555,12 @@ def scenario_inherited_end_time(ctx):
 # ---------------------------------------------------------------------------------------------
 # Restarts inside the allocation (issue 17)
 def rank_process(job, rank, timeout=30):
-    """(pid, Slurm node) of the strata process of rank RANK of job JOB, found in /proc."""
+    """(pid, Slurm node) of the strata process of rank RANK of job JOB, waiting for it."""
     t0 = time.time()
     while time.time() - t0 < timeout:
-        for d in os.listdir("/proc"):
-            if not d.isdigit():
-                continue
-            try:
-                with open(f"/proc/{d}/comm") as f:
-                    if f.read().strip() != "strata":
-                        continue
-                with open(f"/proc/{d}/environ", "rb") as f:
-                    env = dict(kv.split("=", 1) for kv in f.read().decode(errors="replace").split("\0") if "=" in kv)
-            except OSError:
-                continue
-            if env.get("SLURM_JOB_ID") == job and env.get("SLURM_PROCID") == str(rank):
-                return int(d), env.get("SLURMD_NODENAME", "?")
+        found = find_rank_process(job, rank)
+        if found:
+            return found
         time.sleep(0.1)
     fail(f"no strata process of rank {rank} of job {job} found")
 
