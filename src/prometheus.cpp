@@ -61,6 +61,7 @@ void PrometheusFile::note_checkpoint(int64_t step, double write_s, double stall_
   ckpt_write_s_ = write_s;
   ckpt_stall_s_ = stall_s;
   ckpt_bytes_ = bytes;
+  if (last_) write(TrainingGauges(*last_));
 }
 
 namespace {
@@ -79,6 +80,7 @@ std::string prom_number(double v) {
 
 void PrometheusFile::write(const TrainingGauges& g) {
   if (!active()) return;
+  last_ = g;
   const GoodputFigures& f = g.goodput;
   std::vector<Sample> samples = {
       {"strata_step", double(g.step)}, {"strata_loss", g.loss},

@@ -6,6 +6,7 @@
 // slurm/grafana-strata.json graphs them).
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -38,7 +39,8 @@ class PrometheusFile {
   // created or written (call where all ranks agree on input errors).
   PrometheusFile(std::string path, const std::string& job_id, const std::string& run);
   bool active() const { return !path_.empty(); }
-  // The newest finished checkpoint (reported with every later update).
+  // The newest finished checkpoint: the file is rewritten with it at once (after the first
+  // update), so the file left at the end names the last checkpoint drained at run end.
   void note_checkpoint(int64_t step, double write_s, double stall_s, int64_t bytes);
   // Rewrites the file; a failed write is a warning (once) and training goes on.
   void write(const TrainingGauges& g);
@@ -48,6 +50,7 @@ class PrometheusFile {
   int64_t ckpt_step_ = -1, ckpt_bytes_ = 0;
   double ckpt_write_s_ = 0, ckpt_stall_s_ = 0;
   bool warned_ = false;
+  std::optional<TrainingGauges> last_;  // the last update's, rewritten with a new checkpoint
 };
 
 // A label value in the text format: backslash, double quote and newline escaped.

@@ -104,9 +104,12 @@ if by_name.get("strata_step") != 300 or by_name.get("strata_step") != last["step
     fail(f"strata_step = {by_name.get('strata_step')}, the run logged step {last['step']}")
 if abs(by_name["strata_loss"] - last["loss"]) > 1e-6 * abs(last["loss"]):
     fail(f"strata_loss = {by_name['strata_loss']}, metrics.jsonl says {last['loss']}")
-if by_name.get("strata_checkpoint_step") != 200 or not by_name.get("strata_checkpoint_bytes", 0) > 0:
+# Checkpoints are written in the background: the one of step 300 finishes after the last
+# update, and the file is rewritten when the run drains it.
+if by_name.get("strata_checkpoint_step") != 300 or not by_name.get("strata_checkpoint_bytes", 0) > 0:
     fail(f"the newest checkpoint: step {by_name.get('strata_checkpoint_step')}, "
-         f"{by_name.get('strata_checkpoint_bytes')} bytes (expected the one of step 200)")
+         f"{by_name.get('strata_checkpoint_bytes')} bytes (expected the one of step 300, "
+         f"drained at the end of the run)")
 # The interval's figures, as the last metrics line's: samples/s the same, step time x samples/s
 # = the global batch (64), no tokens for a classifier, the exposed allreduce a time per step.
 sps = by_name.get("strata_samples_per_second", -1)

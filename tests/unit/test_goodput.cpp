@@ -91,6 +91,12 @@ TEST_CASE("prometheus: one text file, every series labelled, written atomically"
   CHECK(text.find("strata_checkpoint_bytes{") != std::string::npos);
   CHECK(text.find("cause=\"restart_gap\"") != std::string::npos);
   CHECK(text.find("strata_watchdog_progress_age_seconds") == std::string::npos);
+  // A checkpoint finished after the last update (drained at run end) rewrites the file.
+  p.note_checkpoint(9, 2.0, 0.02, 8192);
+  CHECK(slurp(path).find("strata_checkpoint_step{slurm_job_id=\"123\",run=\"run \\\"a\\\"\\\\b\"} 9\n") !=
+        std::string::npos);
+  CHECK(slurp(path).find("strata_step{slurm_job_id=\"123\",run=\"run \\\"a\\\"\\\\b\"} 7\n") !=
+        std::string::npos);
   std::set<std::string> files;
   for (const auto& e : fs::directory_iterator(dir)) files.insert(e.path().filename());
   CHECK(files == std::set<std::string>{"x.prom"});
