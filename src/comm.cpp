@@ -3,9 +3,13 @@
 #include <mpi.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <climits>
 #include <cstring>
+#include <functional>
+#include <memory>
+#include <utility>
 #include <list>
 #include <thread>
 #include <vector>
@@ -156,6 +160,21 @@ class MpiComm final : public Comm {
     MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, x, int(n), MPI_FLOAT, MPI_SUM, comm_, &req));
     return keep(req, false);
   }
+  int start_reduce_scatter_sum(float* x, const std::vector<int64_t>& counts) override {
+    auto s = std::make_shared<Shards>(shards(counts));
+    auto out = std::make_shared<std::vector<float>>(size_t(s->counts[size_t(rank_)]));
+    MPI_Request req;
+    MPI_CHECK(MPI_Ireduce_scatter(x, out->data(), s->counts.data(), MPI_FLOAT, MPI_SUM, comm_, &req));
+    float* mine = x + s->displs[size_t(rank_)];
+    return keep(req, false, [s, out, mine] { std::copy(out->begin(), out->end(), mine); });
+  }
+  int start_allgather(float* x, const std::vector<int64_t>& counts) override {
+    auto s = std::make_shared<Shards>(shards(counts));
+    MPI_Request req;
+    MPI_CHECK(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, x, s->counts.data(),
+                              s->displs.data(), MPI_FLOAT, comm_, &req));
+    return keep(req, false, [s] {});  // the count arrays live until the call completes
+  }
   int start_send(const float* x, int64_t n, int to, int tag) override {
     STRATA_CHECK(n < INT_MAX, "message of {} floats is too large for one MPI call", n);
     MPI_Request req;
@@ -171,12 +190,14 @@ class MpiComm final : public Comm {
   bool test(int h) override {
     int done = 0;
     MPI_CHECK(MPI_Test(&reqs_.at(h), &done, MPI_STATUS_IGNORE));
+    if (done) run_after(h);
     return done;  // a completed request is reset to MPI_REQUEST_NULL, so test again is true
   }
   void wait(int h) override {
     Blocked b(activity(), Activity::kWait);
     if (!yielding_waits_ || !yielding_.at(h)) {
       MPI_CHECK(MPI_Wait(&reqs_.at(h), MPI_STATUS_IGNORE));
+      run_after(h);
       return;
     }
     // Spin briefly (a message that is about to arrive costs no sleep), then test with short
@@ -225,22 +246,46 @@ class MpiComm final : public Comm {
       MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, x + off, cnt, t, op, comm_));
     });
   }
-  int keep(MPI_Request req, bool yielding) {
-    for (size_t i = 0; i < reqs_.size(); ++i)
-      if (reqs_[i] == MPI_REQUEST_NULL) {
-        reqs_[i] = req;
-        yielding_[i] = yielding;
-        return int(i);
-      }
-    reqs_.push_back(req);
-    yielding_.push_back(yielding);
-    return int(reqs_.size() - 1);
+  // MPI's int counts and displacements of a sharded buffer.
+  struct Shards {
+    std::vector<int> counts, displs;
+  };
+  Shards shards(const std::vector<int64_t>& counts) const {
+    STRATA_CHECK(int(counts.size()) == size_, "{} shard counts for {} ranks", counts.size(), size_);
+    Shards s;
+    int64_t at = 0;
+    for (int64_t c : counts) {
+      STRATA_CHECK(c >= 0 && at + c < INT_MAX, "shards of {} floats are too large for one MPI call", at + c);
+      s.counts.push_back(int(c));
+      s.displs.push_back(int(at));
+      at += c;
+    }
+    return s;
+  }
+  // `after` runs once the request completes (copies out of a staging buffer; keeps the
+  // arrays MPI reads until then alive).
+  int keep(MPI_Request req, bool yielding, std::function<void()> after = {}) {
+    size_t i = 0;
+    while (i < reqs_.size() && reqs_[i] != MPI_REQUEST_NULL) ++i;
+    if (i == reqs_.size()) {
+      reqs_.push_back(MPI_REQUEST_NULL);
+      yielding_.push_back(false);
+      after_.emplace_back();
+    }
+    reqs_[i] = req;
+    yielding_[i] = yielding;
+    after_[i] = std::move(after);
+    return int(i);
+  }
+  void run_after(int h) {
+    if (auto f = std::exchange(after_.at(size_t(h)), nullptr)) f();
   }
   MPI_Comm comm_;
   bool owned_ = false;  // a split: freed with this object
   int rank_ = 0, size_ = 1;
   std::vector<MPI_Request> reqs_;
   std::vector<bool> yielding_;  // point-to-point: wait() sleeps between tests
+  std::vector<std::function<void()>> after_;
 };
 
 class SingleComm final : public Comm {
@@ -255,6 +300,8 @@ class SingleComm final : public Comm {
   void broadcast(void*, int64_t, int) override {}
   void barrier() override {}
   int start_allreduce_sum(float*, int64_t) override { return 0; }
+  int start_reduce_scatter_sum(float*, const std::vector<int64_t>&) override { return 0; }
+  int start_allgather(float*, const std::vector<int64_t>&) override { return 0; }
   int start_send(const float*, int64_t, int to, int) override {
     throw std::logic_error(fmt::format("send to rank {} on a one-rank communicator", to));
   }

@@ -51,7 +51,7 @@ struct Message : Request {
   bool sent = false, received = false;  // which sides have come (a buffer may be null)
 };
 
-enum class Op { kSumFloat, kSumDouble, kSumInt64, kMinInt64, kMaxDouble, kBroadcast, kBarrier, kSplit, kGatherText };
+enum class Op { kReduceScatter, kAllgather, kSumFloat, kSumDouble, kSumInt64, kMinInt64, kMaxDouble, kBroadcast, kBarrier, kSplit, kGatherText };
 
 // One rank's part of a collective.
 struct Part {
@@ -59,6 +59,7 @@ struct Part {
   int64_t n = 0;  // elements; bytes for a broadcast
   int root = 0;
   int color = 0, key = 0;
+  std::shared_ptr<const std::vector<int64_t>> counts = nullptr;  // shards: per rank (the same on every rank)
 };
 
 struct Group;
@@ -87,6 +88,8 @@ struct Group {
 
 std::string describe(Op op, int64_t n, int root) {
   switch (op) {
+    case Op::kReduceScatter: return fmt::format("reduce_scatter_sum(float, {})", n);
+    case Op::kAllgather: return fmt::format("allgather(float, {})", n);
     case Op::kSumFloat: return fmt::format("allreduce_sum(float, {})", n);
     case Op::kSumDouble: return fmt::format("allreduce_sum(double, {})", n);
     case Op::kSumInt64: return fmt::format("allreduce_sum(int64, {})", n);
@@ -107,6 +110,33 @@ void reduce(std::vector<Part>& parts, int64_t n, F f) {
     T acc = static_cast<T*>(parts[0].buf)[i];
     for (size_t r = 1; r < parts.size(); ++r) acc = f(acc, static_cast<T*>(parts[r].buf)[i]);
     for (Part& p : parts) static_cast<T*>(p.buf)[i] = acc;
+  }
+}
+
+// Rank r's shard of every part, summed in rank order, into part r's shard.
+void reduce_scatter(std::vector<Part>& parts) {
+  int64_t at = 0;
+  for (size_t r = 0; r < parts.size(); ++r) {
+    const int64_t c = (*parts[r].counts)[r];
+    for (int64_t i = at; i < at + c; ++i) {
+      float acc = static_cast<float*>(parts[0].buf)[i];
+      for (size_t q = 1; q < parts.size(); ++q) acc += static_cast<float*>(parts[q].buf)[i];
+      static_cast<float*>(parts[r].buf)[i] = acc;
+    }
+    at += c;
+  }
+}
+
+// Part r's shard into every other part.
+void allgather(std::vector<Part>& parts) {
+  int64_t at = 0;
+  for (size_t r = 0; r < parts.size(); ++r) {
+    const int64_t c = (*parts[r].counts)[r];
+    for (size_t q = 0; q < parts.size(); ++q)
+      if (q != r && c > 0)
+        std::memcpy(static_cast<float*>(parts[q].buf) + at, static_cast<float*>(parts[r].buf) + at,
+                    sizeof(float) * size_t(c));
+    at += c;
   }
 }
 
@@ -143,6 +173,8 @@ void complete(Round& r, const Group& g) {
         if (int(i) != r.root && r.n > 0) std::memcpy(r.parts[i].buf, r.parts[size_t(r.root)].buf, size_t(r.n));
       break;
     case Op::kSplit: split_groups(r, g); break;
+    case Op::kReduceScatter: reduce_scatter(r.parts); break;
+    case Op::kAllgather: allgather(r.parts); break;
     case Op::kGatherText:  // as MPI's fixed 256-byte slots keep them
       for (const Part& p : r.parts) r.texts.push_back(static_cast<const std::string*>(p.buf)->substr(0, 255));
       break;
@@ -188,6 +220,12 @@ class ThreadComm final : public Comm {
   int start_allreduce_sum(float* x, int64_t n) override {
     std::lock_guard lk(world_->mu);
     return keep({join(Op::kSumFloat, {.buf = x, .n = n}), "allreduce_sum", -1, -1, n});
+  }
+  int start_reduce_scatter_sum(float* x, const std::vector<int64_t>& counts) override {
+    return start_sharded(Op::kReduceScatter, "reduce_scatter_sum", x, counts);
+  }
+  int start_allgather(float* x, const std::vector<int64_t>& counts) override {
+    return start_sharded(Op::kAllgather, "allgather", x, counts);
   }
   int start_send(const float* x, int64_t n, int to, int tag) override;
   int start_recv(float* x, int64_t n, int from, int tag) override;
@@ -248,6 +286,18 @@ class ThreadComm final : public Comm {
     if (n < 0) refuse(fmt::format("a message of {} floats", n));
   }
   int keep(Pending p);
+  int start_sharded(Op op, const char* what, float* x, const std::vector<int64_t>& counts) {
+    if (int(counts.size()) != size())
+      refuse(fmt::format("{} shard counts for a communicator of {} ranks", counts.size(), size()));
+    int64_t n = 0;
+    for (int64_t c : counts) {
+      if (c < 0) refuse(fmt::format("a shard of {} floats", c));
+      n += c;
+    }
+    std::lock_guard lk(world_->mu);
+    Part p{.buf = x, .n = n, .counts = std::make_shared<const std::vector<int64_t>>(counts)};
+    return keep({join(op, std::move(p)), what, -1, -1, n});
+  }
 
   std::shared_ptr<World> world_;
   std::shared_ptr<Group> group_;

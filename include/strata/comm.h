@@ -46,6 +46,13 @@ class Comm {
   // Non-blocking in-place sum. start_* returns a handle; test() drives progress and reports
   // completion; wait() blocks until done. Handles are small integers owned by the Comm.
   virtual int start_allreduce_sum(float* x, int64_t n) = 0;
+  // Non-blocking collectives of sharded state (ZeRO): x holds sum(counts) floats in the same
+  // layout on every rank, rank r's shard at offset counts[0] + ... + counts[r-1]; `counts`
+  // (one per rank, >= 0) is the same on every rank. reduce_scatter: on completion this rank's
+  // shard holds the sum over ranks of that shard, added in rank order (the rest of x is then
+  // unspecified). allgather: on completion every shard of x holds its owner's values.
+  virtual int start_reduce_scatter_sum(float* x, const std::vector<int64_t>& counts) = 0;
+  virtual int start_allgather(float* x, const std::vector<int64_t>& counts) = 0;
   // Non-blocking point-to-point transfers of n floats (pipeline activations and their
   // gradients). Messages between two ranks with the same tag arrive in the order sent. The
   // buffer must stay untouched until the handle completes. Waiting for one of these polls

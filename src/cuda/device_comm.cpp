@@ -27,6 +27,7 @@
 #include "strata/comm.h"
 #include "strata/kernels_cuda.h"
 #include "strata/activity.h"
+#include "strata/error.h"
 
 namespace strata {
 namespace {
@@ -102,6 +103,47 @@ class CudaComm final : public Comm {
     CUDA_OK(cudaEventRecord(hd.ready, compute_stream()));
     CUDA_OK(cudaStreamWaitEvent(stream_, hd.ready, 0));
     NCCL_OK(ncclAllReduce(x, x, size_t(n), ncclFloat, ncclSum, nccl_, stream_));
+    CUDA_OK(cudaEventRecord(hd.done, stream_));
+    return h;
+  }
+
+  // NCCL has no reduce-scatter or all-gather of unequal shards: a group of one reduce (or
+  // broadcast) per owner. The sum's order is NCCL's, as in the allreduce.
+  int start_reduce_scatter_sum(float* x, const std::vector<int64_t>& counts) override {
+    return start_sharded(x, counts, /*reduce=*/true);
+  }
+  int start_allgather(float* x, const std::vector<int64_t>& counts) override {
+    return start_sharded(x, counts, /*reduce=*/false);
+  }
+  int start_sharded(float* x, const std::vector<int64_t>& counts, bool reduce) {
+    STRATA_CHECK(int(counts.size()) == size(), "{} shard counts for {} ranks", counts.size(), size());
+    int64_t n = 0;
+    for (int64_t c : counts) n += c;
+    const int h = take(Kind::kNccl);
+    Handle& hd = handles_[size_t(h)];
+    if (!nccl_ || n == 0) {
+      hd.kind = Kind::kDone;
+      if (size() > 1 && n > 0) {  // ranks share a GPU: staged through the host, done on return
+        staged_.resize(size_t(n));
+        cuda::download(staged_.data(), x, sizeof(float) * size_t(n));
+        host_->wait(reduce ? host_->start_reduce_scatter_sum(staged_.data(), counts)
+                           : host_->start_allgather(staged_.data(), counts));
+        cuda::upload(x, staged_.data(), sizeof(float) * size_t(n));
+      }
+      return h;
+    }
+    ensure_events(hd);
+    CUDA_OK(cudaEventRecord(hd.ready, compute_stream()));
+    CUDA_OK(cudaStreamWaitEvent(stream_, hd.ready, 0));
+    NCCL_OK(ncclGroupStart());
+    int64_t at = 0;
+    for (int r = 0; r < size(); ++r) {
+      const size_t c = size_t(counts[size_t(r)]);
+      if (c > 0 && reduce) NCCL_OK(ncclReduce(x + at, x + at, c, ncclFloat, ncclSum, r, nccl_, stream_));
+      if (c > 0 && !reduce) NCCL_OK(ncclBroadcast(x + at, x + at, c, ncclFloat, r, nccl_, stream_));
+      at += int64_t(c);
+    }
+    NCCL_OK(ncclGroupEnd());
     CUDA_OK(cudaEventRecord(hd.done, stream_));
     return h;
   }

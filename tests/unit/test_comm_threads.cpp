@@ -433,3 +433,37 @@ TEST_CASE("thread comm: a deadlock fails after the timeout, saying where each ra
                     }, {.timeout_s = 0.3}),
                     Catch::Contains("rank 0: blocked in barrier()") && Catch::Contains("rank 1: finished"));
 }
+
+// Shards of unequal size, some empty: rank r's shard holds the rank-order sum of that shard
+// (reduce-scatter), then every rank holds every owner's shard (all-gather): together the
+// allreduce, bit for bit.
+TEST_CASE("thread comm: reduce-scatter and all-gather of unequal shards make the allreduce", "[ranks]") {
+  for (int n : kRanks)
+    for (int64_t size : kSizes) {
+      std::vector<int64_t> counts(size_t(n), 0);
+      for (int r = 0; r < n; ++r) counts[size_t(r)] = size * (r + 1) / (n + 1) - size * r / (n + 1);
+      counts[size_t(n - 1)] += size - std::accumulate(counts.begin(), counts.end(), int64_t(0));
+      INFO(n << " ranks, " << size << " floats, last shard " << counts.back());
+      struct Out {
+        std::vector<float> scattered, gathered;
+      };
+      auto got = on_ranks(n, [&](Comm& c) {
+        Out o;
+        o.scattered = values(c.rank(), size);
+        c.wait(c.start_reduce_scatter_sum(o.scattered.data(), counts));
+        o.gathered = o.scattered;
+        c.wait(c.start_allgather(o.gathered.data(), counts));
+        return o;
+      });
+      const auto sum = serial_sum(n, size);
+      int64_t at = 0;
+      for (int r = 0; r < n; ++r) {
+        const auto shard = [&](const std::vector<float>& v) {
+          return std::vector<float>(v.begin() + at, v.begin() + at + counts[size_t(r)]);
+        };
+        CHECK(same_bits(shard(got[size_t(r)].scattered), shard(sum)));
+        at += counts[size_t(r)];
+      }
+      for (auto& o : got) CHECK(same_bits(o.gathered, sum));
+    }
+}

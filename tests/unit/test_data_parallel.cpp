@@ -41,6 +41,10 @@ class RecordingComm final : public Comm {
   }
   int start_send(const float* x, int64_t n, int to, int tag) override { return c_.start_send(x, n, to, tag); }
   int start_recv(float* x, int64_t n, int from, int tag) override { return c_.start_recv(x, n, from, tag); }
+  int start_reduce_scatter_sum(float* x, const std::vector<int64_t>& c) override {
+    return c_.start_reduce_scatter_sum(x, c);
+  }
+  int start_allgather(float* x, const std::vector<int64_t>& c) override { return c_.start_allgather(x, c); }
   bool test(int h) override { return c_.test(h); }
   void wait(int h) override { c_.wait(h); }
   std::unique_ptr<Comm> split(int color, int key) override { return c_.split(color, key); }
