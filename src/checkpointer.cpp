@@ -44,6 +44,7 @@ void broadcast_floats(Comm& comm, float* p, int64_t n, int root) {
 // every tensor of the file's model, each with its shape, and check_resumable that the model and
 // optimizer are this run's: each copy fits.
 void copy_into(const LoadedCheckpoint& ck, const std::string& path, Model& model, Optimizer& opt) {
+  STRATA_CHECK(!opt.sharded(), "a checkpoint loads into an unsharded optimizer (zero.h)");
   auto tensor = [&](const std::string& ds, const Param& p) -> const std::vector<float>& {
     auto it = ck.tensors.find(ds);
     if (it == ck.tensors.end() || int64_t(it->second.size()) != numel(p.shape))
@@ -261,7 +262,8 @@ int64_t Checkpointer::newest_step(const std::string& dir) const {
   return all.empty() ? -1 : all.front().step;
 }
 
-std::optional<TrainState> Checkpointer::resume(Model& model, Optimizer& opt, const RunConfig& cfg,
+std::optional<TrainState> Checkpointer::resume(Model& model, const std::function<Optimizer&()>& opt_into,
+                                               const RunConfig& cfg,
                                                const std::string& dataset_sha256) {
   if (cfg.resume == "never") return std::nullopt;
   const bool automatic = cfg.resume == "auto";
@@ -309,7 +311,7 @@ std::optional<TrainState> Checkpointer::resume(Model& model, Optimizer& opt, con
         continue;
       }
       check_resumable(ck, path, model, cfg, dataset_sha256);
-      copy_into(ck, path, model, opt);
+      copy_into(ck, path, model, opt_into());
       st = ck.state;
       from = path;
       found = 1;
@@ -329,6 +331,7 @@ std::optional<TrainState> Checkpointer::resume(Model& model, Optimizer& opt, con
                   .global_batch = s[4], .seed = uint64_t(s[5]), .optimizer = cfg.train.optimizer,
                   .optimizer_steps = s[6]};
   broadcast_floats(comm_, model.host_values().data(), model.host_values().size(), reader);
+  Optimizer& opt = opt_into();
   for (auto& [name, t] : opt.state()) broadcast_floats(comm_, t->data(), t->size(), reader);
   opt.set_steps_taken(st.optimizer_steps);
   sequence_ = st.sequence;
@@ -396,6 +399,7 @@ Checkpointer::SaveResult Checkpointer::save(const Model& model, Optimizer& opt, 
     // Data parallelism: every replica holds the same parameters and optimizer state, so rank 0
     // writes them all (a gather that costs nothing); other ranks only learn the outcome.
     finish();  // one write at a time (the caller has collected its outcome with finish())
+    STRATA_CHECK(!opt.sharded(), "a checkpoint is written from an unsharded optimizer (zero.h)");
     std::vector<NamedTensor> tensors = model_tensors(model);
     for (auto& [name, t] : opt.state())
       for (const Param* p : model.params())

@@ -108,6 +108,9 @@ std::vector<ConfigKey> config_keys(RunConfig& c) {
            "cost the partition balances: estimated (FLOPs) | measured (each layer timed on rank 0)"),
       text("parallel.placement", &c.parallel.placement, {"replicas_in_node", "pipeline_in_node"},
            "replicas_in_node (a stage's replicas on consecutive ranks) | pipeline_in_node"),
+      key("parallel.zero", &c.parallel.zero, in(0, 2),
+          "ZeRO: 0 = every replica holds the whole optimizer state | 1 = each holds 1/D of it "
+          "| 2 = and 1/D of the gradient sum (reduce-scatter)"),
 
       text("checkpoint.dir", &c.checkpoint.dir, {}, "checkpoint directory (\"\" = OUTPUT_DIR/checkpoints)"),
       key("checkpoint.every_steps", &c.checkpoint.every_steps, kCountOrZero64,

@@ -5,7 +5,8 @@
 namespace strata {
 
 GradientAllreducer::GradientAllreducer(Comm& comm, const Model& model, float* grads,
-                                       double bucket_bytes, bool overlap)
+                                       double bucket_bytes, bool overlap,
+                                       const std::vector<int64_t>* shards)
     : comm_(comm), grads_(grads), overlap_(overlap) {
   // Parameter boundaries in flat-buffer order (reverse layer order).
   std::vector<int64_t> ends;
@@ -21,10 +22,22 @@ GradientAllreducer::GradientAllreducer(Comm& comm, const Model& model, float* gr
       bounds_.push_back(e);
   if (!ends.empty() && bounds_.back() != ends.back()) bounds_.push_back(ends.back());
   handles_.assign(bounds_.size(), -1);
+  if (shards)
+    for (size_t b = 0; b + 1 < bounds_.size(); ++b) {
+      std::vector<int64_t> part;
+      int64_t s0 = 0;
+      for (int64_t c : *shards) {
+        part.push_back(std::max<int64_t>(0, std::min(s0 + c, bounds_[b + 1]) - std::max(s0, bounds_[b])));
+        s0 += c;
+      }
+      scatter_.push_back(std::move(part));
+    }
 }
 
 void GradientAllreducer::start(size_t b) {
-  handles_[b] = comm_.start_allreduce_sum(grads_ + bounds_[b], bounds_[b + 1] - bounds_[b]);
+  handles_[b] = scatter_.empty() || whole(b)
+                    ? comm_.start_allreduce_sum(grads_ + bounds_[b], bounds_[b + 1] - bounds_[b])
+                    : comm_.start_reduce_scatter_sum(grads_ + bounds_[b], scatter_[b]);
   stats_.buckets++;
   stats_.bytes += (bounds_[b + 1] - bounds_[b]) * int64_t(sizeof(float));
 }

@@ -16,9 +16,11 @@ double lr_at(const OptimConfig& c, int64_t step) {
   return c.lr;
 }
 
-Optimizer::Optimizer(OptimConfig c, int64_t n) : c_(std::move(c)) {
-  s0_ = h0_ = Tensor({n});
-  if (c_.kind == "adamw") s1_ = h1_ = Tensor({n});
+Optimizer::Optimizer(OptimConfig c, int64_t n, OptimShard shard)
+    : c_(std::move(c)), n_(n), shard_(shard.end < 0 ? OptimShard{0, n} : shard) {
+  const int64_t m = shard_.end - shard_.begin;
+  s0_ = h0_ = Tensor({m});
+  if (c_.kind == "adamw") s1_ = h1_ = Tensor({m});
 }
 
 void Optimizer::place(const Backend& be) {
@@ -41,35 +43,41 @@ void Optimizer::push(const Backend& be) {
 }
 
 double Optimizer::step(const Backend& be, Tensor& params, Tensor& grads, int64_t step,
-                       Comm* norm_over, const std::vector<std::pair<int64_t, int64_t>>* norm_ranges) {
-  const int64_t n = params.size();
+                       Comm* norm_over, const std::vector<std::pair<int64_t, int64_t>>* norm_ranges,
+                       Comm* shards_over) {
+  const auto [first, last] = shard_;
   double norm = -1;  // a pass over every gradient: only when clipping needs it
   if (c_.grad_clip > 0) {
     double sq = 0;
-    if (!norm_ranges) sq = be.sum_squares(grads.data(), n);
-    else
-      for (auto [b, e] : *norm_ranges) sq += be.sum_squares(grads.data() + b, e - b);
+    const std::vector<std::pair<int64_t, int64_t>> all = {{0, n_}};
+    for (auto [b, e] : norm_ranges ? *norm_ranges : all) {
+      b = std::max(b, first), e = std::min(e, last);
+      if (e > b) sq += be.sum_squares(grads.data() + b, e - b);
+    }
+    if (shards_over) shards_over->allreduce_sum(&sq, 1);
     if (norm_over) norm_over->allreduce_sum(&sq, 1);
     norm = std::sqrt(sq);
-    if (norm > c_.grad_clip) be.scale_inplace(grads.data(), n, float(c_.grad_clip / (norm + 1e-6)));
+    if (norm > c_.grad_clip)
+      be.scale_inplace(grads.data() + first, last - first, float(c_.grad_clip / (norm + 1e-6)));
   }
-  apply(be, params, grads, 0, n, step);
+  apply(be, params, grads, first, last, step);
   end_step();
   return norm;
 }
 
 void Optimizer::apply(const Backend& be, Tensor& params, Tensor& grads, int64_t begin,
                       int64_t end, int64_t step) {
+  begin = std::max(begin, shard_.begin), end = std::min(end, shard_.end);
   if (end <= begin) return;
-  const int64_t n = end - begin;
+  const int64_t n = end - begin, at = begin - shard_.begin;  // at: in the state buffers
   float* p = params.data() + begin;
   const float* g = grads.data() + begin;
   const float lr = float(lr_at(c_, step));
   if (c_.kind == "adamw")
-    be.adamw_update(p, g, s0_.data() + begin, s1_.data() + begin, n, lr, float(c_.beta1),
+    be.adamw_update(p, g, s0_.data() + at, s1_.data() + at, n, lr, float(c_.beta1),
                     float(c_.beta2), float(c_.eps), float(c_.weight_decay), t_ + 1);
   else
-    be.sgd_update(p, g, s0_.data() + begin, n, lr, float(c_.momentum), float(c_.weight_decay),
+    be.sgd_update(p, g, s0_.data() + at, n, lr, float(c_.momentum), float(c_.weight_decay),
                   c_.nesterov, t_ == 0);
 }
 

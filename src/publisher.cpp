@@ -7,6 +7,7 @@
 #include "strata/error.h"
 #include "strata/job.h"
 #include "strata/whole_model.h"
+#include "strata/zero.h"
 
 namespace strata {
 namespace {
@@ -64,12 +65,17 @@ bool Publisher::save(int64_t steps_done, bool wait) {
   st_.model.pull(be);  // checkpoints are written from the host copies
   st_.opt.pull(be);
   require_finite(steps_done);
+  // ZeRO: replica 0 of the stage assembles the stage's whole optimizer state first (the other
+  // replicas' state is not read after this).
+  std::unique_ptr<Optimizer> assembled;
+  if (st_.opt.sharded()) assembled = gather_shards(comm_, grid_, st_.opt);
+  Optimizer& opt = assembled ? *assembled : st_.opt;
   const bool gathered = plan_.gathered();
   if (gathered)
-    gather_stages(comm_, grid_, plan_.layers, plan_.ranges, st_.model, st_.opt, st_.whole,
+    gather_stages(comm_, grid_, plan_.layers, plan_.ranges, st_.model, opt, st_.whole,
                   st_.whole_opt);
   auto r = gathered && lead_ ? ckpt_.save(*st_.whole, *st_.whole_opt, st, prov_, wait, durable)
-                             : ckpt_.save(st_.model, st_.opt, st, prov_, wait, durable);
+                             : ckpt_.save(st_.model, opt, st, prov_, wait, durable);
   last_time_ = std::chrono::steady_clock::now();
   last_step_ = steps_done;
   if (wait) report(r);

@@ -33,6 +33,7 @@ void check_grid(const RunConfig& cfg, RunPlan& p) {
   const GridShape g = grid_shape(cfg, p.ranks);
   p.D = g.D;
   p.M = g.M;
+
   if (p.T > 1 && !p.be->host_memory())
     fail_input("parallel.tensor = {}: tensor parallelism runs on the CPU for now (use "
                "--device cpu)", p.T);
@@ -43,6 +44,10 @@ void check_grid(const RunConfig& cfg, RunPlan& p) {
 GridShape grid_shape(const RunConfig& cfg, int ranks) {
   const int P = cfg.parallel.pipeline_stages, T = cfg.parallel.tensor;
   const int D = data_parallel_width(ranks, P, T, cfg.train.batch_size);
+  if (cfg.parallel.zero > 0 && D < 2)
+    fail_input("parallel.zero = {}: shards over the data-parallel replicas, and this grid has "
+               "one (D = {} ranks / ({} stages x {} tensor parts) = 1): run on more ranks or "
+               "set parallel.zero = 0", cfg.parallel.zero, ranks, P, T);
   return {.D = D, .M = resolve_microbatches(cfg.parallel.microbatches, P, cfg.train.batch_size, D)};
 }
 

@@ -12,6 +12,7 @@
 #include "strata/files.h"
 #include "strata/job.h"
 #include "strata/whole_model.h"
+#include "strata/zero.h"
 
 namespace strata {
 namespace {
@@ -55,7 +56,11 @@ TrainingSession::TrainingSession(const RunConfig& cfg, Comm& comm)
   total_ = per_epoch_ * cfg.train.epochs;
   if (cfg.train.max_steps > 0) total_ = std::min(total_, cfg.train.max_steps);
   oc_ = optim_config(cfg, total_);
-  opt_ = std::make_unique<Optimizer>(oc_, model_->num_params());
+  // ZeRO: this replica's shard of the stage's flat buffer (zero.h).
+  const int zero = cfg.parallel.zero;
+  if (zero) shards_ = zero_counts(model_->num_params(), plan_.D);
+  opt_ = std::make_unique<Optimizer>(oc_, model_->num_params(),
+                                     zero ? zero_shard(shards_, grid_.replica) : OptimShard{});
   resume();
   // The job's goodput ledger beside the checkpoints, kept by rank 0 across attempts.
   goodput_ = std::make_unique<GoodputLedger>(lead_ ? ckpt_->dir() + "/goodput.toml" : "",
@@ -75,13 +80,14 @@ TrainingSession::TrainingSession(const RunConfig& cfg, Comm& comm)
       CheckpointReports{metrics_.get(), prom_, *goodput_}, *progress_, *watchdog_, std::move(prov), per_epoch_, ckpt_bytes_, start_step_);
   // Data parallelism within a stage: gradients are averaged over the stage's replicas.
   reducer_ = std::make_unique<GradientAllreducer>(*grid_.stage_comm, *model_, model_->grads().data(),
-                                                  cfg.dp.bucket_mb * 1048576.0, cfg.dp.overlap);
+                                                  cfg.dp.bucket_mb * 1048576.0, cfg.dp.overlap,
+                                                  zero == 2 ? &shards_ : nullptr);
   tracer_ = std::make_unique<Tracer>(cfg.trace.empty() ? Tracer() : Tracer(start_step_ + 1, cfg.trace_steps));
   if (plan_.pipelined())
     pipe_ = std::make_unique<PipelineStage>(*model_, *grid_.pipe_comm, plan_.P, plan_.M,
                                             cfg.parallel.schedule, *tracer_);
   step_ = std::make_unique<TrainStep>(*model_, *opt_, *reducer_, pipe_.get(), grid_, *tracer_, G,
-                                      plan_.ranks == 1);
+                                      plan_.ranks == 1, zero);
   hooks_.add(watchdog_hook(*watchdog_));
   hooks_.add(trace_hook(*tracer_));
   hooks_.add(goodput_hook(*goodput_));
@@ -140,8 +146,15 @@ void TrainingSession::resume() {
   ckpt_->preflight(ckpt_bytes_);
   std::optional<TrainState> resumed;
   const std::string& sha = plan_.info.source_sha256;
+  // ZeRO: the checkpoint's whole state first (for a moment), then this rank's shard of it.
+  std::unique_ptr<Optimizer> unsharded;
+  auto opt = [&]() -> Optimizer& {
+    if (!opt_->sharded()) return *opt_;
+    if (!unsharded) unsharded = std::make_unique<Optimizer>(oc_, model_->num_params());
+    return *unsharded;
+  };
   if (!plan_.gathered()) {
-    resumed = ckpt_->resume(*model_, *opt_, cfg_, sha);
+    resumed = ckpt_->resume(*model_, opt, cfg_, sha);
   } else if (lead_ || cfg_.resume != "never") {
     // Checkpoints hold the whole model by global names, whatever grid wrote them: every rank
     // loads the whole (for a moment) and keeps its stage's block. Rank 0 keeps the whole to
@@ -149,13 +162,15 @@ void TrainingSession::resume() {
     whole_ = std::make_unique<Model>(cfg_.model_spec(plan_.info.classes),
                                      plan_.info.train.sample_shape, plan_.info.classes);
     whole_opt_ = std::make_unique<Optimizer>(oc_, whole_->num_params());
-    resumed = ckpt_->resume(*whole_, *whole_opt_, cfg_, sha);
-    if (resumed) take_stage(*whole_, *whole_opt_, *model_, *opt_);
+    resumed = ckpt_->resume(*whole_, [&]() -> Optimizer& { return *whole_opt_; }, cfg_, sha);
+    if (resumed) take_stage(*whole_, *whole_opt_, *model_, opt());
     if (!lead_) {
       whole_.reset();
       whole_opt_.reset();
     }
   }
+  if (resumed && unsharded) take_shard(*unsharded, *opt_);
+  unsharded.reset();
   model_->place(be_);
   opt_->place(be_);
   if (!resumed) return;
@@ -261,13 +276,14 @@ int TrainingSession::finish_run(Clock::time_point t_start, double cpu_start) {
                   whole_opt_.get());
     final_model = whole_.get();
   }
+  const RankMemory memory = rank_memory();
   if (lead_) {
     save_parameters(cfg_.params_path(), *final_model,
                     {.config_toml = cfg_.to_toml(), .dataset_sha256 = info.source_sha256,
                      .step = total_});
     const GoodputFigures gp = goodput_->figures();  // the job's goodput so far
     goodput_->finish(/*done=*/true);
-    report_done(ev, figures, train_s, cpu_s, gp);
+    report_done(ev, figures, train_s, cpu_s, gp, memory);
   }
   const int64_t failed = publisher_->agree_failures();
   if (failed > 0) {

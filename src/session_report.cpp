@@ -1,5 +1,7 @@
 // What rank 0 prints at the start of a run (what runs where) and at its end (the `done` event
 // and line).
+#include <sys/resource.h>
+
 #include <algorithm>
 
 #include <fmt/format.h>
@@ -85,12 +87,38 @@ void TrainingSession::print_startup() const {
              total_, span, cfg.train.batch_size, cfg.train.batch_size / p.D, buckets,
              buckets == 1 ? "" : "s");
   print_recompute(cfg, p);
+  if (cfg.parallel.zero)
+    fmt::print("ZeRO-{}: optimizer state {:.1f} MB per rank (1/{} of the stage's {:.1f} MB), "
+               "gradients {}\n", cfg.parallel.zero, double(opt_->state_bytes()) / 1e6, p.D,
+               double(opt_->state_bytes()) * double(model_->num_params()) /
+                   double(std::max<int64_t>(1, opt_->shard().end - opt_->shard().begin)) / 1e6,
+               cfg.parallel.zero == 2 ? "reduce-scattered (each rank keeps its shard's sum)"
+                                      : "all-reduced");
   std::fflush(stdout);
+}
+
+// Bytes of optimizer state and gradients (the buffer backward writes, and the part of it that
+// holds the replicas' sum after the step: the shard with ZeRO-2), and the peak resident set
+// (getrusage: the process's, so with thread ranks every rank reports the same).
+RankMemory TrainingSession::rank_memory() const {
+  const int n = comm_.size(), me = comm_.rank();
+  std::vector<double> v(size_t(4 * n), 0.0);
+  const double grads = double(model_->grads().size()) * sizeof(float);
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  v[size_t(me)] = double(opt_->state_bytes());
+  v[size_t(n + me)] = grads;
+  v[size_t(2 * n + me)] =
+      cfg_.parallel.zero == 2 ? double(opt_->shard().end - opt_->shard().begin) * sizeof(float) : grads;
+  v[size_t(3 * n + me)] = double(ru.ru_maxrss) / 1024.0;  // KiB on Linux
+  comm_.allreduce_sum(v.data(), int64_t(v.size()));
+  auto part = [&](int k) { return std::vector<double>(v.begin() + k * n, v.begin() + (k + 1) * n); };
+  return {part(0), part(1), part(2), part(3)};
 }
 
 void TrainingSession::report_done(const EvalResult& ev, const PipelineFigures& figures,
                                   double train_s, double cpu_s,
-                                  const GoodputFigures& goodput) const {
+                                  const GoodputFigures& goodput, const RankMemory& memory) const {
   const RunConfig& cfg = cfg_;
   const RunPlan& p = plan_;
   const DatasetInfo& info = p.info;
@@ -111,7 +139,12 @@ void TrainingSession::report_done(const EvalResult& ev, const PipelineFigures& f
       {"tensor_parallel", fmt::format("{}", p.T)},
       {"data_parallel", fmt::format("{}", p.D)},
       {"microbatches", fmt::format("{}", p.M)},
-      {"schedule", json_string(p.pipelined() ? cfg.parallel.schedule : "none")}};
+      {"schedule", json_string(p.pipelined() ? cfg.parallel.schedule : "none")},
+      {"zero", fmt::format("{}", cfg.parallel.zero)},
+      {"optimizer_state_bytes", json_list(memory.optimizer_state, 0)},
+      {"gradient_bytes", json_list(memory.gradients, 0)},
+      {"gradient_sum_bytes", json_list(memory.gradient_sum, 0)},
+      {"peak_rss_mb", json_list(memory.peak_rss_mb, 1)}};
   for (auto& f : goodput_fields(goodput)) done.push_back(std::move(f));
   if (p.pipelined()) {
     done.push_back({"peak_live_microbatches", json_list(figures.peak_live, 0)});

@@ -1,16 +1,21 @@
 #include "strata/train_step.h"
 
+#include <chrono>
+
 namespace strata {
 
 TrainStep::TrainStep(Model& model, Optimizer& opt, GradientAllreducer& reducer,
                      PipelineStage* pipe, const ProcessGrid& grid, Tracer& tracer,
-                     int64_t global_batch, bool one_rank)
+                     int64_t global_batch, bool one_rank, int zero)
     : model_(model), opt_(opt), reducer_(reducer), pipe_(pipe), grid_(grid), tracer_(tracer),
       global_batch_(global_batch),
       update_in_backward_(one_rank && !pipe && opt.can_update_in_backward()),
       norm_comm_(grid.stages > 1 || grid.tensors > 1 ? grid.model_comm.get() : nullptr),
-      norm_ranges_(model.norm_ranges()),
-      head_(model.classes(), model.rows_per_sample()) {}
+      norm_ranges_(model.norm_ranges()), zero_(zero),
+      shards_(zero ? zero_counts(model.num_params(), grid.replicas) : std::vector<int64_t>{}),
+      head_(model.classes(), model.rows_per_sample()) {
+  allreduce_tied_gradient();
+}
 
 double TrainStep::compute(const Backend& be, const Loader::Batch& batch, const StepInfo& si) {
   const auto b = on_be_.put(be, batch);
@@ -51,8 +56,25 @@ void TrainStep::update(const Backend& be, int64_t step) {
     Tracer::Scope span(tracer_, "allreduce", "gradient allreduce");
     reducer_.finish();
   }
-  Tracer::Scope span(tracer_, "optimizer", "optimizer step");
-  opt_.step(be, model_.values(), model_.grads(), step, norm_comm_, &norm_ranges_);
+  {
+    Tracer::Scope span(tracer_, "optimizer", "optimizer step");
+    opt_.step(be, model_.values(), model_.grads(), step, norm_comm_, &norm_ranges_,
+              zero_ ? grid_.stage_comm.get() : nullptr);
+  }
+  if (zero_) {
+    Tracer::Scope span(tracer_, "allreduce", "parameter all-gather (ZeRO)");
+    const auto t0 = std::chrono::steady_clock::now();
+    allgather_shards(*grid_.stage_comm, model_.values().data(), shards_);
+    reducer_.count_exposed(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+}
+
+// ZeRO-2 in a pipeline: the token table's gradient on the first and last stage is summed after
+// the replicas' reduction, whose shards on the two stages cover different parts of it: its
+// buckets are all-reduced.
+void TrainStep::allreduce_tied_gradient() {
+  if (Param* t = model_.tied_table(); t && zero_ == 2 && pipe_ && grid_.tied_comm)
+    reducer_.allreduce_whole(t->offset, t->offset + numel(t->shape));
 }
 
 // GPT-2's token table on a pipeline's first and last stage: the embedding's gradient and the

@@ -11,6 +11,7 @@
 #pragma once
 #include <cstdint>
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -51,8 +52,10 @@ class Checkpointer {
   // reported by name, renamed *.corrupt and skipped for the one before. Throws
   // UserError(kExitBadCheckpoint) if checkpoints exist but none verifies, or if the newest
   // one does not fit this run (model, global batch, seed, dataset).
-  std::optional<TrainState> resume(Model& model, Optimizer& opt, const RunConfig& cfg,
-                                   const std::string& dataset_sha256);
+  // opt_into: the (unsharded) optimizer to load the state into, asked for only when a
+  // checkpoint is found (with ZeRO it is made then, for a moment).
+  std::optional<TrainState> resume(Model& model, const std::function<Optimizer&()>& opt_into,
+                                   const RunConfig& cfg, const std::string& dataset_sha256);
 
   struct SaveResult {
     bool ok = false;

@@ -70,6 +70,7 @@ struct RunConfig {
     std::vector<int> stage_layers;  // layers per stage; empty = balanced by `balance` cost
     std::string balance = "estimated";  // estimated (FLOPs) | measured (timed on rank 0)
     std::string placement = "replicas_in_node";  // | pipeline_in_node (see grid.h)
+    int zero = 0;  // optimizer state (1) and gradient sums (2) sharded over replicas (zero.h)
   } parallel;
   struct Checkpoint {
     std::string dir = "";       // default <output.dir>/checkpoints

@@ -27,17 +27,30 @@ struct OptimConfig {
 // lr at 0-based step: linear warmup from lr/warmup to lr, then constant or cosine to min_lr.
 double lr_at(const OptimConfig& c, int64_t step);
 
+// The part [begin, end) of the flat buffers an optimizer updates and keeps state for: the whole
+// buffer, or with ZeRO (zero.h) this rank's shard of it.
+struct OptimShard {
+  int64_t begin = 0, end = -1;  // end < 0: the whole buffer
+};
+
 class Optimizer {
  public:
-  Optimizer(OptimConfig c, int64_t num_params);
-  // Clips (if configured) and applies one update. Returns the global gradient norm before
-  // clipping, or -1 when clipping is off (the norm is not computed then). `step` is 0-based.
-  // norm_over: the ranks holding the other parts of the model (a pipeline's stages, a tensor
-  // group), whose squared norms are summed into the global one; norm_ranges: the ranges of the
-  // flat buffers this rank counts (Model::norm_ranges; null: all of it).
+  Optimizer(OptimConfig c, int64_t num_params, OptimShard shard = {});
+  // The flat buffer's size and the part of it this optimizer owns.
+  int64_t num_params() const { return n_; }
+  const OptimShard& shard() const { return shard_; }
+  bool sharded() const { return shard_.begin != 0 || shard_.end != n_; }
+  const OptimConfig& config() const { return c_; }
+  // Clips (if configured) and applies one update to the shard. Returns the global gradient
+  // norm before clipping, or -1 when clipping is off (the norm is not computed then). `step`
+  // is 0-based. Only the shard's gradients are read: the norm sums this rank's squares over
+  // norm_ranges (Model::norm_ranges; null: all of it) within the shard, then over
+  // shards_over (the other shards' owners; null when unsharded) and norm_over (the ranks
+  // holding the other parts of the model: a pipeline's stages, a tensor group).
   double step(const Backend& be, Tensor& params, Tensor& grads, int64_t step,
               Comm* norm_over = nullptr,
-              const std::vector<std::pair<int64_t, int64_t>>* norm_ranges = nullptr);
+              const std::vector<std::pair<int64_t, int64_t>>* norm_ranges = nullptr,
+              Comm* shards_over = nullptr);
   // The same update in pieces: apply() to ranges [begin, end) of the flat buffers as their
   // gradients become final, then end_step() once. Only without clipping, which needs the
   // global norm first.
@@ -46,8 +59,9 @@ class Optimizer {
              int64_t step);
   void end_step() { ++t_; }
 
-  // State for checkpoints: named HOST buffers, each parallel to the flat parameter buffer
-  // (momentum for SGD; exp_avg and exp_avg_sq for AdamW), and the count of steps taken.
+  // State for checkpoints: named HOST buffers, each parallel to the shard of the flat
+  // parameter buffer (momentum for SGD; exp_avg and exp_avg_sq for AdamW), and the count of
+  // steps taken. Checkpoints take an unsharded optimizer (zero.h assembles one).
   std::vector<std::pair<std::string, Tensor*>> state() {
     const auto names = state_names(c_.kind);
     if (names.size() == 2) return {{names[0], &h0_}, {names[1], &h1_}};
@@ -63,10 +77,13 @@ class Optimizer {
   void pull(const Backend& be);
   void push(const Backend& be);
   int64_t steps_taken() const { return t_; }
+  int64_t state_bytes() const { return int64_t(sizeof(float)) * (h0_.size() + h1_.size()); }
   void set_steps_taken(int64_t t) { t_ = t; }
 
  private:
   OptimConfig c_;
+  int64_t n_;
+  OptimShard shard_;
   Tensor s0_, s1_;  // what the updates use
   Tensor h0_, h1_;  // their host copies (the same storage on the CPU)
   int64_t t_ = 0;

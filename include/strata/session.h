@@ -43,6 +43,11 @@ namespace strata {
 // collective).
 int run_train(const RunConfig& cfg, Comm& comm);
 
+// What each rank holds of the training state (indexed by world rank), and its peak RSS.
+struct RankMemory {
+  std::vector<double> optimizer_state, gradients, gradient_sum, peak_rss_mb;
+};
+
 class TrainingSession {
  public:
   // Collective. Throws UserError (agreed by every rank) for what cannot run.
@@ -56,8 +61,9 @@ class TrainingSession {
   void print_startup() const;
   std::optional<int> train_step(int64_t step);
   int finish_run(Clock::time_point t_start, double cpu_start);
+  RankMemory rank_memory() const;  // collective
   void report_done(const EvalResult& ev, const PipelineFigures& figures, double train_s,
-                   double cpu_s, const GoodputFigures& goodput) const;
+                   double cpu_s, const GoodputFigures& goodput, const RankMemory& memory) const;
 
   const RunConfig& cfg_;
   Comm& comm_;
@@ -72,6 +78,7 @@ class TrainingSession {
   int64_t per_epoch_ = 1, total_ = 0, start_step_ = 0;
   OptimConfig oc_;
   std::unique_ptr<Optimizer> opt_;
+  std::vector<int64_t> shards_;  // ZeRO: each replica's shard size of the stage's flat buffer
   std::unique_ptr<Model> whole_;  // gathered runs: rank 0's assembly of every stage and part
   std::unique_ptr<Optimizer> whole_opt_;
   // After what it writes from (members are destroyed in reverse): its destructor waits for a

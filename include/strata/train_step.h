@@ -23,6 +23,7 @@
 #include "strata/optim.h"
 #include "strata/pipeline.h"
 #include "strata/trace.h"
+#include "strata/zero.h"
 
 namespace strata {
 
@@ -30,8 +31,10 @@ class TrainStep {
  public:
   // pipe: this rank's stage when the run is pipelined (stages or micro-batches), else null.
   // one_rank: the whole run is this one rank.
+  // zero: parallel.zero (the optimizer then owns this replica's shard, zero.h).
   TrainStep(Model& model, Optimizer& opt, GradientAllreducer& reducer, PipelineStage* pipe,
-            const ProcessGrid& grid, Tracer& tracer, int64_t global_batch, bool one_rank);
+            const ProcessGrid& grid, Tracer& tracer, int64_t global_batch, bool one_rank,
+            int zero = 0);
   // This rank's sum of per-row losses over its share of the batch (0 on a stage without the
   // loss).
   double compute(const Backend& be, const Loader::Batch& batch, const StepInfo& si);
@@ -42,6 +45,7 @@ class TrainStep {
 
  private:
   void share_tied_gradient();
+  void allreduce_tied_gradient();
 
   Model& model_;
   Optimizer& opt_;
@@ -55,6 +59,8 @@ class TrainStep {
   // each parameter counted once.
   Comm* norm_comm_;
   std::vector<std::pair<int64_t, int64_t>> norm_ranges_;
+  int zero_;
+  std::vector<int64_t> shards_;  // ZeRO: each replica's shard size of the flat buffer
   BatchOnBackend on_be_;
   SoftmaxXentHead head_;
   Tensor dlogits_;

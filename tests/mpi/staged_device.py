@@ -4,7 +4,8 @@ memory that strata must treat as a device's (parameters, optimizer state, activa
 batches live apart from their host copies, and move only by upload/download). Every result
 must be bitwise the same as --device cpu: the final parameters, a checkpoint written mid-run
 (taken from the host copies: a missing download would leave them stale), a resume (a missing
-upload would train on stale values), a 2-stage pipeline and 2 data-parallel ranks, and eval.
+upload would train on stale values), a 2-stage pipeline and 2 data-parallel ranks (also with
+ZeRO-2), and eval.
 The same for a GPT (a CNN first, then a 2-block GPT on a small byte-level text): its token ids
 reach the embedding from device memory (downloaded, checked, uploaded as int32), and every
 transformer op reads and writes the staged memory.
@@ -78,6 +79,13 @@ DP = ["--data.path", data, "--train.max_steps", "20", "--quiet", "--train.batch_
 a = train("dp-cpu", 2, DP + ["--device", "cpu"])
 b = train("dp-staged", 2, DP + ["--device", "cpu-staged"])
 check("2 data-parallel ranks, final parameters", parameters(f"{a}/model.h5"), parameters(f"{b}/model.h5"))
+# ZeRO-2 on the staged memory: reduce-scatter and all-gather read and write it, the optimizer
+# state of a shard is gathered from it for a checkpoint.
+ZERO = DP + ["--train.optimizer", "adamw", "--parallel.zero", "2", "--checkpoint.every_steps", "10"]
+a = train("zero2-cpu", 2, ZERO + ["--device", "cpu"])
+b = train("zero2-staged", 2, ZERO + ["--device", "cpu-staged"])
+check("2 data-parallel ranks, ZeRO-2, final parameters", parameters(f"{a}/model.h5"), parameters(f"{b}/model.h5"))
+check("2 data-parallel ranks, ZeRO-2, checkpoint at step 10", ckpt_params(a, 10), ckpt_params(b, 10))
 
 # eval reads the parameter file into the staged memory.
 outs = []

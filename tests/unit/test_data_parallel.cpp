@@ -9,6 +9,7 @@
 
 #include "ranks_util.h"
 #include "strata/data_parallel.h"
+#include "strata/zero.h"
 
 using namespace strata;
 using namespace strata::test;
@@ -42,6 +43,10 @@ class RecordingComm final : public Comm {
   int start_send(const float* x, int64_t n, int to, int tag) override { return c_.start_send(x, n, to, tag); }
   int start_recv(float* x, int64_t n, int from, int tag) override { return c_.start_recv(x, n, from, tag); }
   int start_reduce_scatter_sum(float* x, const std::vector<int64_t>& c) override {
+    int64_t n = 0;
+    for (int64_t k : c) n += k;
+    started.emplace_back(x - grads_, n);
+    for (int64_t i = 0; i < n; ++i) started_unready = started_unready || x[i] >= kSentinel;
     return c_.start_reduce_scatter_sum(x, c);
   }
   int start_allgather(float* x, const std::vector<int64_t>& c) override { return c_.start_allgather(x, c); }
@@ -75,14 +80,15 @@ struct Seen {
 // would show in the sum) just before backward reports it ready, last parameter first in the
 // flat buffer's order, as Model::backward does.
 Seen two_steps(Comm& comm, const ModelSpec& spec, const Shape& input, int classes,
-               double bucket_bytes, bool overlap) {
+               double bucket_bytes, bool overlap, bool zero2 = false) {
   Model model(spec, input, classes);
   std::vector<std::pair<int64_t, int64_t>> spans;  // (offset, end) of each parameter
   for (Param* p : model.params()) spans.emplace_back(p->offset, p->offset + numel(p->shape));
   std::sort(spans.begin(), spans.end());
   float* g = model.grads().data();
   RecordingComm rec(comm, g);
-  GradientAllreducer reducer(rec, model, g, bucket_bytes, overlap);
+  const std::vector<int64_t> shards = zero_counts(model.num_params(), comm.size());
+  GradientAllreducer reducer(rec, model, g, bucket_bytes, overlap, zero2 ? &shards : nullptr);
   Seen seen;
   seen.buckets = reducer.num_buckets();
   for (int s = 0; s < 2; ++s) {
@@ -162,4 +168,42 @@ TEST_CASE("gradient allreducer: every rank gets the serial sum, every bucket sta
             CHECK(s.stat_bytes == (n == 1 ? 0 : 2 * total * 4));
           }
         }
+}
+
+// ZeRO-2: each bucket reduce-scattered; each rank's shard (zero_counts) holds the serial sum.
+TEST_CASE("ZeRO-2 reducer: each rank's shard gets the serial sum, every bucket scattered once, in order", "[ranks]") {
+  const Net net = {"mlp", {"flatten", "linear 5", "relu", "linear 3", "linear 4"}, {2, 3}, 4};
+  for (double bucket_bytes : {4.0, 40.0, 1048576.0})
+    for (bool overlap : {true, false})
+      for (int n : {2, 3, 4}) {
+        INFO("bucket " << bucket_bytes << " bytes, overlap " << overlap << ", " << n << " ranks");
+        auto seen = on_ranks(n, [&](Comm& c) {
+          return two_steps(c, net.spec, net.input, net.classes, bucket_bytes, overlap, true);
+        });
+        const int64_t total = Model(net.spec, net.input, net.classes).num_params();
+        const auto shards = zero_counts(total, n);
+        for (int r = 0; r < n; ++r) {
+          INFO("rank " << r);
+          const Seen& s = seen[size_t(r)];
+          const OptimShard mine = zero_shard(shards, r);
+          for (int step = 0; step < 2; ++step) {
+            std::vector<float> want, got;
+            for (int64_t i = mine.begin; i < mine.end; ++i) {
+              float sum = 0;
+              for (int q = 0; q < n; ++q) sum += grad(step, q, i);
+              want.push_back(sum);
+              got.push_back(s.grads[size_t(step)][size_t(i)]);
+            }
+            CHECK(same_bits(got, want));
+            int64_t at = 0;
+            for (auto [off, count] : s.started[size_t(step)]) {
+              CHECK(off == at);
+              at += count;
+            }
+            CHECK(at == total);
+            CHECK(s.started_in_backward[size_t(step)] == (overlap ? s.started[size_t(step)].size() : 0u));
+          }
+          CHECK_FALSE(s.started_unready);
+        }
+      }
 }

@@ -1,0 +1,65 @@
+#include "strata/zero.h"
+
+#include <algorithm>
+
+#include "strata/error.h"
+
+namespace strata {
+
+std::vector<int64_t> zero_counts(int64_t n, int replicas) {
+  constexpr int64_t kAlign = 16;
+  const int64_t per = (n / replicas + kAlign - 1) / kAlign * kAlign;
+  std::vector<int64_t> counts;
+  int64_t left = n;
+  for (int r = 0; r < replicas; ++r) {
+    counts.push_back(r + 1 == replicas ? left : std::min(per, left));
+    left -= counts.back();
+  }
+  return counts;
+}
+
+OptimShard zero_shard(const std::vector<int64_t>& counts, int replica) {
+  OptimShard s;
+  for (int r = 0; r < replica; ++r) s.begin += counts[size_t(r)];
+  s.end = s.begin + counts[size_t(replica)];
+  return s;
+}
+
+std::unique_ptr<Optimizer> gather_shards(Comm& world, const ProcessGrid& grid, Optimizer& opt) {
+  constexpr int kTag = 71;  // apart from the pipeline's tags
+  const int root = grid.world_rank(grid.stage, 0, grid.tensor);
+  auto mine = opt.state();
+  if (grid.replica != 0) {
+    for (auto& [name, t] : mine) world.wait(world.start_send(t->data(), t->size(), root, kTag));
+    return nullptr;
+  }
+  auto whole = std::make_unique<Optimizer>(opt.config(), opt.num_params());
+  whole->set_steps_taken(opt.steps_taken());
+  const auto counts = zero_counts(opt.num_params(), grid.replicas);
+  auto dst = whole->state();
+  for (size_t k = 0; k < dst.size(); ++k) {
+    std::copy_n(mine[k].second->data(), mine[k].second->size(), dst[k].second->data());
+    for (int r = 1; r < grid.replicas; ++r) {
+      const OptimShard s = zero_shard(counts, r);
+      world.wait(world.start_recv(dst[k].second->data() + s.begin, s.end - s.begin,
+                                  grid.world_rank(grid.stage, r, grid.tensor), kTag));
+    }
+  }
+  return whole;
+}
+
+void take_shard(Optimizer& whole, Optimizer& opt) {
+  STRATA_CHECK(whole.num_params() == opt.num_params() && !whole.sharded(),
+               "a shard is taken from the whole state of the same buffer");
+  auto src = whole.state(), dst = opt.state();
+  for (size_t k = 0; k < src.size(); ++k)
+    std::copy_n(src[k].second->data() + opt.shard().begin, dst[k].second->size(),
+                dst[k].second->data());
+  opt.set_steps_taken(whole.steps_taken());
+}
+
+void allgather_shards(Comm& stage_comm, float* values, const std::vector<int64_t>& counts) {
+  stage_comm.wait(stage_comm.start_allgather(values, counts));
+}
+
+}  // namespace strata
