@@ -23,6 +23,7 @@
 #include "strata/files.h"
 #include "strata/memory.h"
 #include "strata/optim.h"
+#include "checkpoint_write.h"
 #include "hdf5_util.h"
 
 namespace strata {
@@ -48,19 +49,6 @@ std::vector<std::string> split(const std::string& s, char sep) {
     if (b > a) out.push_back(s.substr(a, b - a));
   }
   return out;
-}
-
-uint32_t crc32_of(const float* p, int64_t n) {
-  // zlib's crc32 takes at most UINT_MAX bytes per call on some builds: feed it in slices.
-  uLong crc = crc32(0L, Z_NULL, 0);
-  auto* b = reinterpret_cast<const Bytef*>(p);
-  for (int64_t left = n * 4; left > 0;) {
-    uInt chunk = uInt(std::min<int64_t>(left, int64_t(1) << 30));
-    crc = crc32(crc, b, chunk);
-    b += chunk;
-    left -= chunk;
-  }
-  return uint32_t(crc);
 }
 
 int64_t count_nonfinite(const float* p, int64_t n) {
@@ -225,6 +213,45 @@ std::vector<std::string> list_datasets(hid_t f) {
 
 }  // namespace
 
+uint32_t crc32_of(const float* p, int64_t n) {
+  // zlib's crc32 takes at most UINT_MAX bytes per call on some builds: feed it in slices.
+  uLong crc = crc32(0L, Z_NULL, 0);
+  auto* b = reinterpret_cast<const Bytef*>(p);
+  for (int64_t left = n * 4; left > 0;) {
+    uInt chunk = uInt(std::min<int64_t>(left, int64_t(1) << 30));
+    crc = crc32(crc, b, chunk);
+    b += chunk;
+    left -= chunk;
+  }
+  return uint32_t(crc);
+}
+
+void write_checkpoint_attrs(hid_t f, const Model& model, const TrainState& st,
+                            const Provenance& prov) {
+  write_model_attrs(f, model, kCheckpointFormat);
+  write_int_attr(f, "step", st.step);
+  write_int_attr(f, "epoch", st.epoch);
+  write_int_attr(f, "batch_in_epoch", st.batch);
+  write_int_attr(f, "sequence", st.sequence);
+  write_int_attr(f, "global_batch", st.global_batch);
+  write_int_attr(f, "seed", int64_t(st.seed));
+  // All of strata's randomness is a pure function of these counters, so the seed and the
+  // position above are the complete RNG state.
+  write_str_attr(f, "rng", "counter-based: init(seed, tensor name), shuffle(seed, epoch), "
+                           "dropout(seed, step, sample position); no hidden state");
+  write_str_attr(f, "optimizer", st.optimizer);
+  write_int_attr(f, "optimizer_steps", st.optimizer_steps);
+  write_str_attr(f, "config", prov.config_toml);
+  write_str_attr(f, "dataset_path", prov.dataset_path);
+  write_str_attr(f, "dataset_sha256", prov.dataset_sha256);
+  write_int_attr(f, "grid", std::vector<int64_t>{prov.grid_ranks, prov.grid_data_parallel,
+                                                 prov.grid_stages, prov.grid_tensor});
+  write_str_attr(f, "slurm_job_id", prov.slurm_job_id);
+  write_int_attr(f, "slurm_restart_count", prov.slurm_restart_count);
+  write_str_attr(f, "hosts", join(prov.hosts, ','));
+  write_str_attr(f, "created_utc", prov.created_utc);
+}
+
 std::string param_path(const std::string& global_name) {
   std::string p = "/params/" + global_name;
   std::replace(p.begin() + 8, p.end(), '.', '/');
@@ -240,30 +267,8 @@ std::vector<NamedTensor> model_tensors(const Model& model) {
 int64_t write_checkpoint(const std::string& path, const Model& model,
                          const std::vector<NamedTensor>& tensors, const TrainState& st,
                          const Provenance& prov) {
-  return write_atomically(path, tensors, [&](hid_t f) {
-    write_model_attrs(f, model, kCheckpointFormat);
-    write_int_attr(f, "step", st.step);
-    write_int_attr(f, "epoch", st.epoch);
-    write_int_attr(f, "batch_in_epoch", st.batch);
-    write_int_attr(f, "sequence", st.sequence);
-    write_int_attr(f, "global_batch", st.global_batch);
-    write_int_attr(f, "seed", int64_t(st.seed));
-    // All of strata's randomness is a pure function of these counters, so the seed and the
-    // position above are the complete RNG state.
-    write_str_attr(f, "rng", "counter-based: init(seed, tensor name), shuffle(seed, epoch), "
-                             "dropout(seed, step, sample position); no hidden state");
-    write_str_attr(f, "optimizer", st.optimizer);
-    write_int_attr(f, "optimizer_steps", st.optimizer_steps);
-    write_str_attr(f, "config", prov.config_toml);
-    write_str_attr(f, "dataset_path", prov.dataset_path);
-    write_str_attr(f, "dataset_sha256", prov.dataset_sha256);
-    write_int_attr(f, "grid", std::vector<int64_t>{prov.grid_ranks, prov.grid_data_parallel,
-                                                   prov.grid_stages, prov.grid_tensor});
-    write_str_attr(f, "slurm_job_id", prov.slurm_job_id);
-    write_int_attr(f, "slurm_restart_count", prov.slurm_restart_count);
-    write_str_attr(f, "hosts", join(prov.hosts, ','));
-    write_str_attr(f, "created_utc", prov.created_utc);
-  });
+  return write_atomically(path, tensors,
+                          [&](hid_t f) { write_checkpoint_attrs(f, model, st, prov); });
 }
 
 void save_parameters(const std::string& path, const Model& model, const ParamFileMeta& meta) {

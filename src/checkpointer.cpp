@@ -386,9 +386,11 @@ std::optional<Checkpointer::SaveResult> Checkpointer::poll() {
 }
 
 Checkpointer::SaveResult Checkpointer::save(const Model& model, Optimizer& opt, TrainState st,
-                                            const Provenance& prov, bool wait, bool durable) {
+                                            const Provenance& prov, bool wait, bool durable,
+                                            double before_s) {
   using Clock = std::chrono::steady_clock;
-  const auto t_enter = Clock::now();
+  const auto t_enter = Clock::now() - std::chrono::duration_cast<Clock::duration>(
+                                          std::chrono::duration<double>(before_s));
   SaveResult r;
   st.sequence = ++sequence_;
   r.step = st.step;
@@ -464,6 +466,42 @@ Checkpointer::SaveResult Checkpointer::save(const Model& model, Optimizer& opt, 
   }
   r.stall_s = std::chrono::duration<double>(Clock::now() - t_enter).count();
   if (!wait) writer_stall_s_ = r.stall_s;
+  return r;
+}
+
+Checkpointer::SaveResult Checkpointer::save_sharded(const Model& model, Optimizer& opt,
+                                                    TrainState st, const Provenance& prov,
+                                                    double before_s) {
+  using Clock = std::chrono::steady_clock;
+  const auto t_start = Clock::now();
+  const auto t_enter = t_start - std::chrono::duration_cast<Clock::duration>(
+                                     std::chrono::duration<double>(before_s));
+  STRATA_CHECK(local_.empty(), "sharded checkpoints go to checkpoint.dir directly");
+  SaveResult r;
+  st.sequence = ++sequence_;
+  r.step = st.step;
+  r.path = dir_ + "/" + checkpoint_name(st.step);
+  if (comm_.rank() == 0) finish();  // one write at a time
+  try {
+    r.bytes = write_checkpoint_sharded(comm_, r.path, model, opt, st, prov);
+    r.ok = true;
+  } catch (const UserError& e) {
+    r.error = e.what();  // the same outcome on every rank
+  }
+  r.seconds = std::chrono::duration<double>(Clock::now() - t_start).count();
+  double ok = r.ok ? 1.0 : 0.0;
+  if (comm_.rank() == 0 && r.ok) {
+    try {
+      write_pointer(dir_, checkpoint_name(st.step));
+      apply_retention(dir_, st.step);
+    } catch (const UserError& e) {
+      r.error = e.what(), ok = 0.0;
+    }
+  }
+  comm_.broadcast(&ok, sizeof ok, 0);
+  r.ok = ok != 0;
+  if (!r.ok && r.error.empty()) r.error = "rank 0 could not publish the checkpoint";
+  r.stall_s = std::chrono::duration<double>(Clock::now() - t_enter).count();
   return r;
 }
 

@@ -121,6 +121,9 @@ std::vector<ConfigKey> config_keys(RunConfig& c) {
       key("checkpoint.keep_every", &c.checkpoint.keep_every, kCountOrZero64,
           "keep every M-th checkpoint for good (0 = none)"),
       key("checkpoint.final", &c.checkpoint.final, {}, "write a checkpoint when training ends"),
+      text("checkpoint.writer", &c.checkpoint.writer, {"auto", "rank0", "parallel"},
+           "with parallel.zero: auto | rank0 (shards gathered, rank 0 writes) | parallel (every "
+           "rank writes its shard, parallel HDF5)"),
       key("checkpoint.async", &c.checkpoint.async, {},
           "write periodic checkpoints in the background (training stalls only for a copy)"),
       text("checkpoint.local_dir", &c.checkpoint.local_dir, {},

@@ -65,6 +65,13 @@ bool Publisher::save(int64_t steps_done, bool wait) {
   st_.model.pull(be);  // checkpoints are written from the host copies
   st_.opt.pull(be);
   require_finite(steps_done);
+  auto prepared = [&] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t_save).count();
+  };
+  if (parallel_writes()) {
+    auto r = ckpt_.save_sharded(st_.model, st_.opt, st, prov_, prepared());
+    return finish_save(r, steps_done, true, t_save);
+  }
   // ZeRO: replica 0 of the stage assembles the stage's whole optimizer state first (the other
   // replicas' state is not read after this).
   std::unique_ptr<Optimizer> assembled;
@@ -74,14 +81,25 @@ bool Publisher::save(int64_t steps_done, bool wait) {
   if (gathered)
     gather_stages(comm_, grid_, plan_.layers, plan_.ranges, st_.model, opt, st_.whole,
                   st_.whole_opt);
-  auto r = gathered && lead_ ? ckpt_.save(*st_.whole, *st_.whole_opt, st, prov_, wait, durable)
-                             : ckpt_.save(st_.model, opt, st, prov_, wait, durable);
+  auto r = gathered && lead_
+               ? ckpt_.save(*st_.whole, *st_.whole_opt, st, prov_, wait, durable, prepared())
+               : ckpt_.save(st_.model, opt, st, prov_, wait, durable, prepared());
+  return finish_save(r, steps_done, wait, t_save);
+}
+
+bool Publisher::finish_save(const Checkpointer::SaveResult& r, int64_t steps_done, bool waited,
+                            std::chrono::steady_clock::time_point t_save) {
   last_time_ = std::chrono::steady_clock::now();
   last_step_ = steps_done;
-  if (wait) report(r);
+  if (waited) report(r);
   goodput_.checkpoint(steps_done,
                       std::chrono::duration<double>(std::chrono::steady_clock::now() - t_save).count());
   return r.ok;
+}
+
+// ZeRO with checkpoint.writer parallel (or auto, see README): every rank writes its shard.
+bool Publisher::parallel_writes() const {
+  return st_.opt.sharded() && sharded_writer(cfg_, plan_, comm_).empty();
 }
 
 void Publisher::poll() {

@@ -87,13 +87,16 @@ void TrainingSession::print_startup() const {
              total_, span, cfg.train.batch_size, cfg.train.batch_size / p.D, buckets,
              buckets == 1 ? "" : "s");
   print_recompute(cfg, p);
-  if (cfg.parallel.zero)
-    fmt::print("ZeRO-{}: optimizer state {:.1f} MB per rank (1/{} of the stage's {:.1f} MB), "
-               "gradients {}\n", cfg.parallel.zero, double(opt_->state_bytes()) / 1e6, p.D,
-               double(opt_->state_bytes()) * double(model_->num_params()) /
-                   double(std::max<int64_t>(1, opt_->shard().end - opt_->shard().begin)) / 1e6,
-               cfg.parallel.zero == 2 ? "reduce-scattered (each rank keeps its shard's sum)"
-                                      : "all-reduced");
+  // What each rank holds of the training state (rank 0's; the others' differ by a shard's
+  // alignment at most).
+  const double grads_mb = double(model_->grads().size()) * 4 / 1e6;
+  const double shard_mb = double(opt_->shard().end - opt_->shard().begin) * 4 / 1e6;
+  fmt::print("per rank: optimizer state {:.1f} MB{}, gradients {:.1f} MB{}\n",
+             double(opt_->state_bytes()) / 1e6,
+             cfg.parallel.zero ? fmt::format(" (ZeRO-{}: 1/{} of the stage's)", cfg.parallel.zero, p.D) : "",
+             grads_mb,
+             cfg.parallel.zero == 2 ? fmt::format(", reduce-scattered: the sum kept {:.1f} MB", shard_mb)
+                                    : "");
   std::fflush(stdout);
 }
 

@@ -28,7 +28,7 @@ LAYERS = [
 LEVEL = {m: i for i, (_, mods) in enumerate(LAYERS) for m in mods.split()}
 # .cpp files that implement a module of another name.
 IMPLEMENTS = {
-    "collectively": "comm", "dataset": "data", "config_file": "config", "config_keys": "config", "loader": "data", "session_report": "session",
+    "collectively": "comm", "checkpoint_sharded": "checkpoint", "checkpoint_write": "checkpoint", "dataset": "data", "config_file": "config", "config_keys": "config", "loader": "data", "session_report": "session",
     "layers_gpt": "layers", "cuda_backend": "backend", "device_comm": "backend",
     "module": "backend", "embedding": "kernels_cpu", "layernorm": "kernels_cpu",
 }

@@ -7,7 +7,9 @@
 #include <string>
 #include <vector>
 
+#include "strata/comm.h"
 #include "strata/model.h"
+#include "strata/optim.h"
 
 namespace strata {
 
@@ -46,6 +48,16 @@ struct NamedTensor {
 int64_t write_checkpoint(const std::string& path, const Model& model,
                          const std::vector<NamedTensor>& tensors, const TrainState& st,
                          const Provenance& prov);
+
+// Collective over `comm` (an MPI communicator whose rank r owns ZeRO shard r): the same file,
+// written by every rank at once with parallel HDF5 (collective MPI-IO writes of hyperslabs):
+// each rank writes its shard [opt.shard()) of the parameters (`model` is whole, its values
+// identical on every rank) and of the optimizer state. Each tensor's CRC-32 is combined from
+// the ranks' CRCs of their pieces (zlib's crc32_combine) before the write; temporary name,
+// MPI_File_sync, then rank 0's fsync and rename. The caller has checked every value finite.
+// Returns the file's size on every rank; throws UserError on every rank if any failed.
+int64_t write_checkpoint_sharded(Comm& comm, const std::string& path, const Model& model,
+                                 Optimizer& opt, const TrainState& st, const Provenance& prov);
 
 struct LoadedCheckpoint {
   std::string format;  // "strata-checkpoint" or "strata-parameters"

@@ -62,7 +62,8 @@ class Checkpointer {
     std::string path, error;
     int64_t step = 0, bytes = 0;
     double seconds = 0;  // rank 0's write time (tensors, CRCs, fsync, rename)
-    double stall_s = 0;  // time the training thread spent in save() (the snapshot, if async)
+    double stall_s = 0;  // time the training thread spent on it: the caller's preparation
+                         // (before_s) and save() (the snapshot, if async)
     double copy_s = 0;   // local cache: the newest copy to checkpoint.dir's time
   };
   // Collective. Writes a checkpoint of `model` and `opt` at `st` (sequence filled in), then the
@@ -76,8 +77,15 @@ class Checkpointer {
   //    background thread while training goes on; the outcome comes from poll() later.
   // Call finish() first to collect the outcome of a write still in flight (save() waits for it
   // too, but does not report it).
+  // before_s: the caller's time preparing this checkpoint (copies to the host, gathering
+  // stages or shards), counted in stall_s.
   SaveResult save(const Model& model, Optimizer& opt, TrainState st, const Provenance& prov,
-                  bool wait, bool durable = false);
+                  bool wait, bool durable = false, double before_s = 0);
+  // Collective, synchronous: the same checkpoint written by every rank at once, each its
+  // ZeRO shard (write_checkpoint_sharded), then rank 0's `latest` and retention. For runs
+  // whose ranks each hold the whole model (no stages or tensor parts), with no local cache.
+  SaveResult save_sharded(const Model& model, Optimizer& opt, TrainState st,
+                          const Provenance& prov, double before_s = 0);
   // Rank 0: the outcome of a background write that has finished since the last call, if any;
   // else a failed copy to checkpoint.dir (ok = false), if any.
   std::optional<SaveResult> poll();

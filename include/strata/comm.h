@@ -72,6 +72,9 @@ class Comm {
 
   // Host name of this rank (for error messages naming a rank).
   virtual std::string host() const = 0;
+  // The MPI communicator (an MPI_Comm*) for MPI-IO (parallel HDF5 checkpoints); null where
+  // this Comm is not one (one process, in-process ranks).
+  virtual const void* mpi_handle() const { return nullptr; }
   // Host names of all ranks, indexed by rank. Collective.
   std::vector<std::string> all_hosts() { return all_gather_text(host()); }
   // Every rank's `mine` (at most 255 bytes kept), indexed by rank. Collective.

@@ -79,6 +79,7 @@ struct RunConfig {
     int64_t keep_last = 3;      // newest K kept; older ones deleted (unless kept by keep_every)
     int64_t keep_every = 0;     // every M-th checkpoint (by sequence number) is never deleted
     bool final = true;          // write one when training finishes
+    std::string writer = "auto";  // auto | rank0 | parallel (ZeRO shards: checkpointer.h)
     bool async = true;          // periodic ones: snapshot, then write on a background thread
     // A node-local directory ("" = off; "%n" = the Slurm node's name) that receives each
     // checkpoint first; a background thread copies it to `dir` (checkpoint_cache.h).

@@ -68,6 +68,9 @@ class Publisher {
 
  private:
   void report(const Checkpointer::SaveResult& r);
+  bool finish_save(const Checkpointer::SaveResult& r, int64_t steps_done, bool waited,
+                   std::chrono::steady_clock::time_point t_save);
+  bool parallel_writes() const;
 
   const RunConfig& cfg_;
   Comm& comm_;

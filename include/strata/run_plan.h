@@ -34,6 +34,10 @@ struct RunPlan {
 // The grid's shape on `ranks` ranks: D = ranks / (P T) data-parallel replicas (P T divides the
 // ranks, D the global batch) and M micro-batches per step (dividing each replica's batch).
 // Throws UserError naming the key at fault. plan_run checks it; so does `train --check_grid`.
+// Why checkpoints of ZeRO shards are not written by every rank at once (parallel HDF5) in
+// this run: "" when they are (checkpoint.writer parallel, or auto: see README).
+std::string sharded_writer(const RunConfig& cfg, const RunPlan& p, const Comm& comm);
+
 struct GridShape {
   int D = 1, M = 1;
 };
