@@ -1,5 +1,5 @@
 // A checkpoint written by every rank at once (ZeRO): parallel HDF5 over MPI-IO, each rank
-// writing its shard of the flat buffers into the whole tensors of the one file.
+// writing its shard of its stage's flat buffers into the whole tensors of the one file.
 #include <mpi.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -7,6 +7,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <map>
 
 #include <fmt/format.h>
 
@@ -21,7 +22,8 @@ namespace strata {
 namespace {
 
 // One dataset of the file and where its elements come from: flat-buffer elements
-// [offset, offset + numel(shape)), element i at base[i - base_at] on this rank.
+// [offset, offset + numel(shape)), element i at base[i - base_at] on this rank; base null:
+// another stage's tensor.
 struct Dataset {
   std::string path;
   Shape shape;
@@ -115,7 +117,7 @@ void write_datasets(hid_t f, const std::vector<Dataset>& sets, const std::vector
     // This rank's elements of it (every rank takes part in the collective write, with an
     // empty selection if it holds none).
     const int64_t a = std::max(mine.begin, t.offset) - t.offset;
-    const int64_t b = std::min(mine.end, t.offset + numel(t.shape)) - t.offset;
+    const int64_t b = t.base ? std::min(mine.end, t.offset + numel(t.shape)) - t.offset : a;
     const hsize_t n = hsize_t(std::max<int64_t>(0, b - a));
     const hsize_t one = 1;
     H5Id mem(H5_CHECK(H5Screate_simple(1, n ? &n : &one, nullptr)), H5Sclose);
@@ -143,18 +145,34 @@ int64_t write_checkpoint_sharded(Comm& comm, const std::string& path, const Mode
   comm.broadcast(&pid, sizeof pid, 0);
   const std::string tmp = fmt::format("{}.tmp.{}", path, pid);
   const OptimShard mine = opt.shard();
-  // Every dataset, with this rank's piece of it and that piece's CRC.
-  std::vector<Dataset> sets;
+  // Every dataset of the whole model, in the same order on every rank (creation is
+  // collective), and where this rank's stage holds it: its parameters before block_params()
+  // (after it, a pipeline's last stage keeps its copy of the token table, which the first
+  // stage writes). Tensors of other stages: no piece here.
+  std::map<std::string, const Param*> here;
   for (const Param* p : model.params())
-    sets.push_back({param_path(p->name), p->shape, p->offset, p->host, p->offset});
-  for (auto& [name, t] : opt.state())
-    for (const Param* p : model.params())
-      sets.push_back({"/optimizer/" + name + param_path(p->name).substr(7), p->shape, p->offset,
-                      t->data(), mine.begin});
+    if (p->offset < model.block_params()) here[p->name] = p;
+  const auto whole = Model::describe_params(model.spec(), model.input_shape(), model.classes());
+  std::vector<Dataset> sets;
+  auto add = [&](const std::string& path, const Shape& shape, const Param* p, const float* base,
+                 int64_t base_at) {
+    sets.push_back(p ? Dataset{path, shape, p->offset, base, base_at}
+                     : Dataset{path, shape, 0, nullptr, 0});
+  };
+  for (const auto& [name, shape] : whole) {
+    const Param* p = here.count(name) ? here[name] : nullptr;
+    add(param_path(name), shape, p, p ? p->host : nullptr, p ? p->offset : 0);
+  }
+  for (auto& [state, t] : opt.state())
+    for (const auto& [name, shape] : whole) {
+      const Param* p = here.count(name) ? here[name] : nullptr;
+      add("/optimizer/" + state + param_path(name).substr(7), shape, p, t->data(), mine.begin);
+    }
   std::vector<uint32_t> crc;
   std::vector<int64_t> len;
   for (const Dataset& t : sets) {
-    const int64_t a = std::max(mine.begin, t.offset), b = std::min(mine.end, t.offset + numel(t.shape));
+    const int64_t a = std::max(mine.begin, t.offset);
+    const int64_t b = t.base ? std::min(mine.end, t.offset + numel(t.shape)) : a;
     len.push_back(std::max<int64_t>(0, b - a));
     crc.push_back(len.back() ? crc32_of(t.base + (a - t.base_at), len.back()) : 0);
   }

@@ -44,9 +44,9 @@ void check_grid(const RunConfig& cfg, RunPlan& p) {
 std::string sharded_writer(const RunConfig& cfg, const RunPlan& p, const Comm& comm) {
   if (cfg.checkpoint.writer == "rank0") return "checkpoint.writer = rank0";
   if (cfg.parallel.zero == 0) return "parallel.zero = 0: every replica holds the whole state";
-  if (p.gathered())
-    return "pipeline stages and tensor parts are gathered on rank 0 (sharded writes cover "
-           "data parallelism only, for now)";
+  if (p.T > 1)
+    return "tensor parts are gathered on rank 0 (sharded writes cover data and pipeline "
+           "parallelism, for now)";
   if (!comm.mpi_handle()) return "no MPI communicator (MPI-IO writes the file)";
   if (!cfg.checkpoint.local_dir.empty())
     return "checkpoint.local_dir: a node-local file cannot be written by every rank";

@@ -49,10 +49,11 @@ int64_t write_checkpoint(const std::string& path, const Model& model,
                          const std::vector<NamedTensor>& tensors, const TrainState& st,
                          const Provenance& prov);
 
-// Collective over `comm` (an MPI communicator whose rank r owns ZeRO shard r): the same file,
-// written by every rank at once with parallel HDF5 (collective MPI-IO writes of hyperslabs):
-// each rank writes its shard [opt.shard()) of the parameters (`model` is whole, its values
-// identical on every rank) and of the optimizer state. Each tensor's CRC-32 is combined from
+// Collective over `comm` (every rank of the run, MPI): the same file, written by every rank at
+// once with parallel HDF5 (collective MPI-IO writes of hyperslabs): each rank writes its ZeRO
+// shard [opt.shard()) of its stage's parameters (`model`: this rank's stage, whole tensors,
+// values identical over the stage's replicas) and of the optimizer state; comm's rank order
+// is each stage's replica order. Each tensor's CRC-32 is combined from
 // the ranks' CRCs of their pieces (zlib's crc32_combine) before the write; temporary name,
 // MPI_File_sync, then rank 0's fsync and rename. The caller has checked every value finite.
 // Returns the file's size on every rank; throws UserError on every rank if any failed.

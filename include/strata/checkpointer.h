@@ -82,8 +82,8 @@ class Checkpointer {
   SaveResult save(const Model& model, Optimizer& opt, TrainState st, const Provenance& prov,
                   bool wait, bool durable = false, double before_s = 0);
   // Collective, synchronous: the same checkpoint written by every rank at once, each its
-  // ZeRO shard (write_checkpoint_sharded), then rank 0's `latest` and retention. For runs
-  // whose ranks each hold the whole model (no stages or tensor parts), with no local cache.
+  // ZeRO shard of its stage (write_checkpoint_sharded), then rank 0's `latest` and retention.
+  // Without tensor parts or a local cache.
   SaveResult save_sharded(const Model& model, Optimizer& opt, TrainState st,
                           const Provenance& prov, double before_s = 0);
   // Rank 0: the outcome of a background write that has finished since the last call, if any;

@@ -3,7 +3,9 @@
 are the files rank 0 writes from the gathered shards (checkpoint.writer = rank0).
 
 For an MLP on D = 3 (shards that split rows of the weight matrices, so each rank writes a
-union of partial and whole rows) and a GPT on D = 2 (1-, 2- and 3-buffer tensors), zero = 2,
+union of partial and whole rows), a GPT on D = 2, and the GPT on 2 pipeline stages x D = 2
+(each stage's replicas write its tensors; the last stage's copy of the token table is not
+written, the first stage's table is), zero = 2,
 AdamW, checkpoints at steps 10 and 20 with each writer:
   - every dataset of the two files (parameters and optimizer state) bitwise the same, with the
     same crc32 attribute, and that attribute the CRC-32 of the dataset's bytes (so the CRC
@@ -59,7 +61,9 @@ def contents(path):
     return sets, attrs
 
 
-for name, ranks, args in [("mlp-d3", 3, MLP), ("gpt-d2", 2, GPT)]:
+for name, ranks, model, grid in [("mlp-d3", 3, MLP, []), ("gpt-d2", 2, GPT, []),
+                                 ("gpt-p2d2", 4, GPT, ["--parallel.pipeline_stages", "2"])]:
+    args = model + grid
     runs = {w: train(f"{name}-{w}", ranks, args + ["--train.max_steps", "30", "--parallel.zero",
                                                     "2", "--checkpoint.writer", w])
             for w in ("parallel", "rank0")}
@@ -86,7 +90,7 @@ for name, ranks, args in [("mlp-d3", 3, MLP), ("gpt-d2", 2, GPT)]:
     print(f"{name}: the parallel step-20 checkpoint resumed on its grid to step 30: model.h5 "
           f"bitwise: {ok}")
     check(ok, f"{name}: resumed from the parallel checkpoint, model.h5 not bitwise")
-    one = train(f"{name}-one-rank", 1, args + ["--train.max_steps", "30", "--resume", ck20])
+    one = train(f"{name}-one-rank", 1, model + ["--train.max_steps", "30", "--resume", ck20])
     got, ref = losses(os.path.join(one, "metrics.jsonl")), losses(os.path.join(runs["parallel"], "metrics.jsonl"))[20:]
     dl = float(np.max(np.abs(got - ref) / np.abs(ref))) if len(got) == len(ref) else float("inf")
     print(f"{name}: resumed on one rank: losses 21-30 within {dl:.2e} relative")
