@@ -134,41 +134,71 @@ void write_datasets(hid_t f, const std::vector<Dataset>& sets, const std::vector
   }
 }
 
+// Every dataset of the whole model, in the same order on every rank (creation is collective),
+// and where this rank's stage holds it: its parameters before block_params() (after it, a
+// pipeline's last stage keeps its copy of the token table, which the first stage writes).
+std::vector<Dataset> datasets_of(const Model& model, Optimizer& opt) {
+  std::map<std::string, const Param*> here;
+  for (const Param* p : model.params())
+    if (p->offset < model.block_params()) here[p->name] = p;
+  const auto whole = Model::describe_params(model.spec(), model.input_shape(), model.classes());
+  std::vector<Dataset> sets;
+  auto add = [&](const std::string& path, const Shape& shape, const std::string& name,
+                 const float* state, int64_t state_at) {
+    const auto it = here.find(name);
+    if (it == here.end()) {  // another stage's
+      sets.push_back({path, shape, 0, nullptr, 0});
+      return;
+    }
+    const Param* p = it->second;
+    sets.push_back(state ? Dataset{path, shape, p->offset, state, state_at}
+                         : Dataset{path, shape, p->offset, p->host, p->offset});
+  };
+  for (const auto& [name, shape] : whole) add(param_path(name), shape, name, nullptr, 0);
+  for (auto& [state, t] : opt.state())
+    for (const auto& [name, shape] : whole)
+      add("/optimizer/" + state + param_path(name).substr(7), shape, name, t->data(),
+          opt.shard().begin);
+  return sets;
+}
+
+// The temporary file, written collectively; "" or what failed on this rank.
+std::string write_file(const std::string& tmp, MPI_Comm mpi, const Model& model,
+                       const TrainState& st, const Provenance& prov,
+                       const std::vector<Dataset>& sets, const std::vector<int64_t>& crcs,
+                       OptimShard mine) {
+  std::lock_guard lock(hdf5_mutex());  // this HDF5 build is not thread-safe
+  h5_quiet();
+  H5Id fapl(H5_CHECK(H5Pcreate(H5P_FILE_ACCESS)), H5Pclose);
+  H5_CHECK(H5Pset_libver_bounds(fapl.get(), H5F_LIBVER_V18, H5F_LIBVER_LATEST));
+  H5_CHECK(H5Pset_fapl_mpio(fapl.get(), mpi, MPI_INFO_NULL));
+  hid_t f = H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get());
+  if (f < 0) return "cannot create the file";
+  std::string error;
+  try {
+    write_checkpoint_attrs(f, model, st, prov);
+    write_datasets(f, sets, crcs, mine);
+    H5_CHECK(H5Fflush(f, H5F_SCOPE_GLOBAL));  // MPI_File_sync: every rank's writes durable
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  if (H5Fclose(f) < 0 && error.empty()) error = "closing the file failed";
+  return error;
+}
+
 }  // namespace
 
 int64_t write_checkpoint_sharded(Comm& comm, const std::string& path, const Model& model,
                                  Optimizer& opt, const TrainState& st, const Provenance& prov) {
   const auto* mpi = static_cast<const MPI_Comm*>(comm.mpi_handle());
   STRATA_CHECK(mpi && opt.num_params() == model.num_params(),
-               "a sharded checkpoint is written over MPI from the whole model's shards");
+               "a sharded checkpoint is written over MPI from the stage's shards");
   int64_t pid = ::getpid();
   comm.broadcast(&pid, sizeof pid, 0);
   const std::string tmp = fmt::format("{}.tmp.{}", path, pid);
   const OptimShard mine = opt.shard();
-  // Every dataset of the whole model, in the same order on every rank (creation is
-  // collective), and where this rank's stage holds it: its parameters before block_params()
-  // (after it, a pipeline's last stage keeps its copy of the token table, which the first
-  // stage writes). Tensors of other stages: no piece here.
-  std::map<std::string, const Param*> here;
-  for (const Param* p : model.params())
-    if (p->offset < model.block_params()) here[p->name] = p;
-  const auto whole = Model::describe_params(model.spec(), model.input_shape(), model.classes());
-  std::vector<Dataset> sets;
-  auto add = [&](const std::string& path, const Shape& shape, const Param* p, const float* base,
-                 int64_t base_at) {
-    sets.push_back(p ? Dataset{path, shape, p->offset, base, base_at}
-                     : Dataset{path, shape, 0, nullptr, 0});
-  };
-  for (const auto& [name, shape] : whole) {
-    const Param* p = here.count(name) ? here[name] : nullptr;
-    add(param_path(name), shape, p, p ? p->host : nullptr, p ? p->offset : 0);
-  }
-  for (auto& [state, t] : opt.state())
-    for (const auto& [name, shape] : whole) {
-      const Param* p = here.count(name) ? here[name] : nullptr;
-      add("/optimizer/" + state + param_path(name).substr(7), shape, p, t->data(), mine.begin);
-    }
-  std::vector<uint32_t> crc;
+  const std::vector<Dataset> sets = datasets_of(model, opt);
+  std::vector<uint32_t> crc;  // of this rank's piece of each dataset
   std::vector<int64_t> len;
   for (const Dataset& t : sets) {
     const int64_t a = std::max(mine.begin, t.offset);
@@ -179,28 +209,7 @@ int64_t write_checkpoint_sharded(Comm& comm, const std::string& path, const Mode
   const std::vector<int64_t> crcs = combined_crcs(comm, crc, len);
   Provenance same = prov;
   same.created_utc = from_rank0(comm, prov.created_utc);
-
-  std::string error;
-  {
-    std::lock_guard lock(hdf5_mutex());  // this HDF5 build is not thread-safe
-    h5_quiet();
-    H5Id fapl(H5_CHECK(H5Pcreate(H5P_FILE_ACCESS)), H5Pclose);
-    H5_CHECK(H5Pset_libver_bounds(fapl.get(), H5F_LIBVER_V18, H5F_LIBVER_LATEST));
-    H5_CHECK(H5Pset_fapl_mpio(fapl.get(), *mpi, MPI_INFO_NULL));
-    hid_t f = H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get());
-    if (f < 0) {
-      error = "cannot create the file";
-    } else {
-      try {
-        write_checkpoint_attrs(f, model, st, same);
-        write_datasets(f, sets, crcs, mine);
-        H5_CHECK(H5Fflush(f, H5F_SCOPE_GLOBAL));  // MPI_File_sync: every rank's writes durable
-      } catch (const std::exception& e) {
-        error = e.what();
-      }
-      if (H5Fclose(f) < 0 && error.empty()) error = "closing the file failed";
-    }
-  }
+  std::string error = write_file(tmp, *mpi, model, st, same, sets, crcs, mine);
   int64_t failed = error.empty() ? 0 : 1;
   comm.allreduce_sum(&failed, 1);
   int64_t size = 0;
