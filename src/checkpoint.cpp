@@ -116,17 +116,12 @@ int64_t write_atomically(const std::string& path, const std::vector<NamedTensor>
                                                  "directory?)", path, dir_of(path)));
     try {
       write_attrs(f);
-      H5Id lcpl(H5_CHECK(H5Pcreate(H5P_LINK_CREATE)), H5Pclose);
-      H5_CHECK(H5Pset_create_intermediate_group(lcpl.get(), 1));
-      H5Id dcpl(H5_CHECK(H5Pcreate(H5P_DATASET_CREATE)), H5Pclose);
-      H5_CHECK(H5Pset_layout(dcpl.get(), H5D_CONTIGUOUS));
-      H5_CHECK(H5Pset_alloc_time(dcpl.get(), H5D_ALLOC_TIME_EARLY));
-      H5_CHECK(H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER));
+      const TensorPlists pl = tensor_plists();
       for (const auto& t : tensors) {
         std::vector<hsize_t> dims(t.shape.begin(), t.shape.end());
         H5Id space(H5_CHECK(H5Screate_simple(int(dims.size()), dims.data(), nullptr)), H5Sclose);
-        H5Id d(H5_CHECK(H5Dcreate2(f, t.path.c_str(), H5T_IEEE_F32LE, space.get(), lcpl.get(),
-                                   dcpl.get(), H5P_DEFAULT)),
+        H5Id d(H5_CHECK(H5Dcreate2(f, t.path.c_str(), H5T_IEEE_F32LE, space.get(), pl.link.get(),
+                                   pl.dataset.get(), H5P_DEFAULT)),
                H5Dclose);
         write_int_attr(d.get(), "crc32", int64_t(0));  // filled in once the data is written
         const haddr_t at = H5Dget_offset(d.get());
@@ -224,6 +219,16 @@ uint32_t crc32_of(const float* p, int64_t n) {
     left -= chunk;
   }
   return uint32_t(crc);
+}
+
+TensorPlists tensor_plists() {
+  TensorPlists p{H5Id(H5_CHECK(H5Pcreate(H5P_LINK_CREATE)), H5Pclose),
+                 H5Id(H5_CHECK(H5Pcreate(H5P_DATASET_CREATE)), H5Pclose)};
+  H5_CHECK(H5Pset_create_intermediate_group(p.link.get(), 1));
+  H5_CHECK(H5Pset_layout(p.dataset.get(), H5D_CONTIGUOUS));
+  H5_CHECK(H5Pset_alloc_time(p.dataset.get(), H5D_ALLOC_TIME_EARLY));
+  H5_CHECK(H5Pset_fill_time(p.dataset.get(), H5D_FILL_TIME_NEVER));
+  return p;
 }
 
 void write_checkpoint_attrs(hid_t f, const Model& model, const TrainState& st,

@@ -97,12 +97,7 @@ std::string from_rank0(Comm& comm, const std::string& s) {
 
 void write_datasets(hid_t f, const std::vector<Dataset>& sets, const std::vector<int64_t>& crcs,
                     OptimShard mine) {
-  H5Id lcpl(H5_CHECK(H5Pcreate(H5P_LINK_CREATE)), H5Pclose);
-  H5_CHECK(H5Pset_create_intermediate_group(lcpl.get(), 1));
-  H5Id dcpl(H5_CHECK(H5Pcreate(H5P_DATASET_CREATE)), H5Pclose);
-  H5_CHECK(H5Pset_layout(dcpl.get(), H5D_CONTIGUOUS));
-  H5_CHECK(H5Pset_alloc_time(dcpl.get(), H5D_ALLOC_TIME_EARLY));
-  H5_CHECK(H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER));
+  const TensorPlists pl = tensor_plists();
   H5Id xfer(H5_CHECK(H5Pcreate(H5P_DATASET_XFER)), H5Pclose);
   H5_CHECK(H5Pset_dxpl_mpio(xfer.get(), H5FD_MPIO_COLLECTIVE));
   for (size_t i = 0; i < sets.size(); ++i) {
@@ -110,8 +105,8 @@ void write_datasets(hid_t f, const std::vector<Dataset>& sets, const std::vector
     std::vector<hsize_t> dims(t.shape.begin(), t.shape.end());
     if (dims.empty()) dims = {1};
     H5Id space(H5_CHECK(H5Screate_simple(int(dims.size()), dims.data(), nullptr)), H5Sclose);
-    H5Id d(H5_CHECK(H5Dcreate2(f, t.path.c_str(), H5T_IEEE_F32LE, space.get(), lcpl.get(),
-                               dcpl.get(), H5P_DEFAULT)),
+    H5Id d(H5_CHECK(H5Dcreate2(f, t.path.c_str(), H5T_IEEE_F32LE, space.get(), pl.link.get(),
+                               pl.dataset.get(), H5P_DEFAULT)),
            H5Dclose);
     write_int_attr(d.get(), "crc32", crcs[i]);
     // This rank's elements of it (every rank takes part in the collective write, with an

@@ -11,6 +11,15 @@ MPI_ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CO
                OMPI_MCA_rmaps_base_oversubscribe="1")
 
 
+def art_text(strata, work):
+    """A small byte-level corpus (Debian's fortunes, art) as a token file in work/art.h5."""
+    path = os.path.join(work, "art.h5")
+    if not os.path.exists(path):
+        subprocess.run([strata, "prepare", "text", "--input", "/usr/share/games/fortunes/art",
+                        "--out", path], env=MPI_ENV, check=True, capture_output=True)
+    return path
+
+
 def run_strata(strata, ranks, args, timeout=600):
     """Runs `strata train ARGS` on `ranks` ranks; fails the test on a non-zero exit."""
     cmd = ["mpirun", "-n", str(ranks), "--oversubscribe", "--bind-to", "none", strata] + args

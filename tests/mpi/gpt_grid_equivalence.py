@@ -20,13 +20,12 @@ Every figure measured is printed.
 """
 import os
 import shutil
-import subprocess
 import sys
 
 import h5py
 import numpy as np
 
-from common import Checks, losses, metrics, parameters, run_strata
+from common import art_text, Checks, losses, metrics, parameters, run_strata
 
 strata, work = sys.argv[1:3]
 os.makedirs(work, exist_ok=True)
@@ -46,10 +45,7 @@ LOSS_RTOL = 1e-5
 PARAM_TOL_REF = 1e-3
 PARAM_TOL_UPDATE = 1e-2
 
-data = os.path.join(work, "art.h5")
-if not os.path.exists(data):
-    subprocess.run([strata, "prepare", "text", "--input", "/usr/share/games/fortunes/art",
-                    "--out", data], check=True, capture_output=True)
+data = art_text(strata, work)
 
 SETTINGS = {"model.type": "gpt", "model.layers": "2", "model.heads": "4", "model.dim": "32",
             "model.context": "16", "model.dropout": "0.1", "train.optimizer": "adamw",

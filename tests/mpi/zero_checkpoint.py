@@ -18,21 +18,17 @@ Usage: zero_checkpoint.py STRATA DATA WORKDIR     (DATA: fashion-mnist.h5)
 """
 import os
 import shutil
-import subprocess
 import sys
 import zlib
 
 import h5py
 import numpy as np
 
-from common import Checks, losses, parameters, run_strata
+from common import art_text, Checks, losses, parameters, run_strata
 
 strata, mnist, work = sys.argv[1:4]
 os.makedirs(work, exist_ok=True)
-text = os.path.join(work, "art.h5")
-if not os.path.exists(text):
-    subprocess.run([strata, "prepare", "text", "--input", "/usr/share/games/fortunes/art",
-                    "--out", text], check=True, capture_output=True)
+text = art_text(strata, work)
 MLP = ["--data.path", mnist, "--model.hidden", "50", "--train.batch_size", "48"]
 GPT = ["--data.path", text, "--model.type", "gpt", "--model.layers", "2", "--model.heads", "4",
        "--model.dim", "32", "--model.context", "16", "--train.batch_size", "8"]

@@ -24,12 +24,11 @@ Every figure measured is printed.
 """
 import os
 import shutil
-import subprocess
 import sys
 
 import numpy as np
 
-from common import Checks, losses, metrics, parameters, run_strata
+from common import art_text, Checks, losses, metrics, parameters, run_strata
 
 strata, mnist, work = sys.argv[1:4]
 os.makedirs(work, exist_ok=True)
@@ -46,10 +45,7 @@ STEPS = 100
 LOSS_RTOL = 1e-6
 PARAM_TOL = 1e-4
 
-data_gpt = os.path.join(work, "art.h5")
-if not os.path.exists(data_gpt):
-    subprocess.run([strata, "prepare", "text", "--input", "/usr/share/games/fortunes/art",
-                    "--out", data_gpt], check=True, capture_output=True)
+data_gpt = art_text(strata, work)
 
 MLP = ["--data.path", mnist, "--model.hidden", "64", "--train.batch_size", "32",
        "--train.grad_clip", "0.5", "--train.seed", "3"]
