@@ -7,6 +7,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <stdexcept>
 #include <map>
 
 #include <fmt/format.h>
@@ -95,37 +96,69 @@ std::string from_rank0(Comm& comm, const std::string& s) {
   return out;
 }
 
-void write_datasets(hid_t f, const std::vector<Dataset>& sets, const std::vector<int64_t>& crcs,
-                    OptimShard mine) {
+// Every rank or none goes on: a failure on some ranks throws on all, so no rank is left in a
+// collective call the others never make.
+void agree(Comm& comm, const std::string& error, const std::string& what) {
+  int64_t failed = error.empty() ? 0 : 1;
+  comm.allreduce_sum(&failed, 1);
+  if (failed == 0) return;
+  throw std::runtime_error(error.empty() ? fmt::format("{} failed on {} of {} ranks", what, failed,
+                                                       comm.size())
+                                         : error);
+}
+
+// This rank's elements of a dataset as a file selection and a 1-D memory space (empty where it
+// holds none: every rank takes part in each collective write).
+struct Selection {
+  H5Id file, mem;
+  const float* src = nullptr;
+};
+Selection select_piece(const Dataset& t, OptimShard mine) {
+  std::vector<hsize_t> dims(t.shape.begin(), t.shape.end());
+  if (dims.empty()) dims = {1};
+  Selection sel{H5Id(H5_CHECK(H5Screate_simple(int(dims.size()), dims.data(), nullptr)), H5Sclose), {}};
+  const int64_t a = std::max(mine.begin, t.offset) - t.offset;
+  const int64_t b = t.base ? std::min(mine.end, t.offset + numel(t.shape)) - t.offset : a;
+  const hsize_t n = hsize_t(std::max<int64_t>(0, b - a)), one = 1;
+  sel.mem = H5Id(H5_CHECK(H5Screate_simple(1, n ? &n : &one, nullptr)), H5Sclose);
+  if (n == 0) {
+    H5_CHECK(H5Sselect_none(sel.mem.get()));
+    H5_CHECK(H5Sselect_none(sel.file.get()));
+    return sel;
+  }
+  std::vector<hsize_t> start(dims.size(), 0);
+  bool first = true;
+  select_range(sel.file.get(), dims, 0, start, a, b, first);
+  sel.src = t.base + (t.offset + a - t.base_at);
+  return sel;
+}
+
+void write_datasets(Comm& comm, hid_t f, const std::vector<Dataset>& sets,
+                    const std::vector<int64_t>& crcs, OptimShard mine) {
   const TensorPlists pl = tensor_plists();
   H5Id xfer(H5_CHECK(H5Pcreate(H5P_DATASET_XFER)), H5Pclose);
   H5_CHECK(H5Pset_dxpl_mpio(xfer.get(), H5FD_MPIO_COLLECTIVE));
   for (size_t i = 0; i < sets.size(); ++i) {
     const Dataset& t = sets[i];
-    std::vector<hsize_t> dims(t.shape.begin(), t.shape.end());
-    if (dims.empty()) dims = {1};
-    H5Id space(H5_CHECK(H5Screate_simple(int(dims.size()), dims.data(), nullptr)), H5Sclose);
-    H5Id d(H5_CHECK(H5Dcreate2(f, t.path.c_str(), H5T_IEEE_F32LE, space.get(), pl.link.get(),
-                               pl.dataset.get(), H5P_DEFAULT)),
-           H5Dclose);
-    write_int_attr(d.get(), "crc32", crcs[i]);
-    // This rank's elements of it (every rank takes part in the collective write, with an
-    // empty selection if it holds none).
-    const int64_t a = std::max(mine.begin, t.offset) - t.offset;
-    const int64_t b = t.base ? std::min(mine.end, t.offset + numel(t.shape)) - t.offset : a;
-    const hsize_t n = hsize_t(std::max<int64_t>(0, b - a));
-    const hsize_t one = 1;
-    H5Id mem(H5_CHECK(H5Screate_simple(1, n ? &n : &one, nullptr)), H5Sclose);
-    if (n == 0) {
-      H5_CHECK(H5Sselect_none(mem.get()));
-      H5_CHECK(H5Sselect_none(space.get()));
-    } else {
-      std::vector<hsize_t> start(dims.size(), 0);
-      bool first = true;
-      select_range(space.get(), dims, 0, start, a, b, first);
+    Selection sel;
+    std::string error;
+    try {  // local: the selection
+      sel = select_piece(t, mine);
+    } catch (const std::exception& e) {
+      error = e.what();
     }
-    const float* src = n ? t.base + (t.offset + a - t.base_at) : nullptr;
-    H5_CHECK(H5Dwrite(d.get(), H5T_NATIVE_FLOAT, mem.get(), space.get(), xfer.get(), src));
+    agree(comm, error, "selecting " + t.path);
+    try {  // collective: creation, the CRC attribute, the write
+      H5Id d(H5_CHECK(H5Dcreate2(f, t.path.c_str(), H5T_IEEE_F32LE, sel.file.get(), pl.link.get(),
+                                 pl.dataset.get(), H5P_DEFAULT)),
+             H5Dclose);
+      write_int_attr(d.get(), "crc32", crcs[i]);
+      // (creation reads only the space's extent; the write, its selection)
+      H5_CHECK(H5Dwrite(d.get(), H5T_NATIVE_FLOAT, sel.mem.get(), sel.file.get(), xfer.get(), sel.src));
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    agree(comm, error, "writing " + t.path);
   }
 }
 
@@ -158,7 +191,7 @@ std::vector<Dataset> datasets_of(const Model& model, Optimizer& opt) {
 }
 
 // The temporary file, written collectively; "" or what failed on this rank.
-std::string write_file(const std::string& tmp, MPI_Comm mpi, const Model& model,
+std::string write_file(Comm& comm, const std::string& tmp, MPI_Comm mpi, const Model& model,
                        const TrainState& st, const Provenance& prov,
                        const std::vector<Dataset>& sets, const std::vector<int64_t>& crcs,
                        OptimShard mine) {
@@ -168,11 +201,11 @@ std::string write_file(const std::string& tmp, MPI_Comm mpi, const Model& model,
   H5_CHECK(H5Pset_libver_bounds(fapl.get(), H5F_LIBVER_V18, H5F_LIBVER_LATEST));
   H5_CHECK(H5Pset_fapl_mpio(fapl.get(), mpi, MPI_INFO_NULL));
   hid_t f = H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get());
-  if (f < 0) return "cannot create the file";
+  if (f < 0) return "cannot create the file";  // MPI_File_open is collective: on every rank
   std::string error;
   try {
     write_checkpoint_attrs(f, model, st, prov);
-    write_datasets(f, sets, crcs, mine);
+    write_datasets(comm, f, sets, crcs, mine);
     H5_CHECK(H5Fflush(f, H5F_SCOPE_GLOBAL));  // MPI_File_sync: every rank's writes durable
   } catch (const std::exception& e) {
     error = e.what();
@@ -204,7 +237,7 @@ int64_t write_checkpoint_sharded(Comm& comm, const std::string& path, const Mode
   const std::vector<int64_t> crcs = combined_crcs(comm, crc, len);
   Provenance same = prov;
   same.created_utc = from_rank0(comm, prov.created_utc);
-  std::string error = write_file(tmp, *mpi, model, st, same, sets, crcs, mine);
+  std::string error = write_file(comm, tmp, *mpi, model, st, same, sets, crcs, mine);
   int64_t failed = error.empty() ? 0 : 1;
   comm.allreduce_sum(&failed, 1);
   int64_t size = 0;

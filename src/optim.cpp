@@ -17,7 +17,8 @@ double lr_at(const OptimConfig& c, int64_t step) {
 }
 
 Optimizer::Optimizer(OptimConfig c, int64_t n, OptimShard shard)
-    : c_(std::move(c)), n_(n), shard_(shard.end < 0 ? OptimShard{0, n} : shard) {
+    : c_(std::move(c)), n_(n), sharded_(shard.end >= 0),
+      shard_(sharded_ ? shard : OptimShard{0, n}) {
   const int64_t m = shard_.end - shard_.begin;
   s0_ = h0_ = Tensor({m});
   if (c_.kind == "adamw") s1_ = h1_ = Tensor({m});

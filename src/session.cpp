@@ -273,7 +273,7 @@ int TrainingSession::finish_run(Clock::time_point t_start, double cpu_start) {
   Model* final_model = model_.get();
   if (plan_.gathered()) {
     gather_stages(comm_, grid_, plan_.layers, plan_.ranges, *model_, *opt_, whole_.get(),
-                  whole_opt_.get());
+                  whole_opt_.get(), /*with_state=*/false);
     final_model = whole_.get();
   }
   const RankMemory memory = rank_memory();

@@ -17,9 +17,10 @@ void recv(Comm& c, float* p, int64_t n, int from) {
 }
 
 // The flat buffers a stage moves: parameters, then each optimizer state, in state() order.
-std::vector<float*> buffers(Model& m, Optimizer& opt) {
+std::vector<float*> buffers(Model& m, Optimizer& opt, bool with_state = true) {
   std::vector<float*> b = {m.host_values().data()};
-  for (auto& [name, t] : opt.state()) b.push_back(t->data());
+  if (with_state)
+    for (auto& [name, t] : opt.state()) b.push_back(t->data());
   return b;
 }
 
@@ -36,14 +37,15 @@ StageBlock stage_block(const std::vector<LayerInfo>& layers, LayerRange r) {
 
 void gather_stages(Comm& world, const ProcessGrid& grid, const std::vector<LayerInfo>& layers,
                    const std::vector<LayerRange>& ranges, Model& stage, Optimizer& opt,
-                   Model* whole, Optimizer* whole_opt) {
+                   Model* whole, Optimizer* whole_opt, bool with_state) {
   const bool root = world.rank() == 0;
   if (root) {
     STRATA_CHECK(whole && whole_opt, "rank 0 gathers into a whole model");
     whole_opt->set_steps_taken(opt.steps_taken());
   }
   if (grid.replica != 0 && !root) return;
-  auto mine = buffers(stage, opt);
+  STRATA_CHECK(!with_state || !opt.sharded(), "a ZeRO shard is gathered with zero.h first");
+  auto mine = buffers(stage, opt, with_state);
   // Tensor parallelism: part 0 of each stage assembles the stage's unsplit block first.
   std::vector<std::vector<float>> assembled;
   if (grid.tensors > 1) {
@@ -68,7 +70,7 @@ void gather_stages(Comm& world, const ProcessGrid& grid, const std::vector<Layer
     for (float* p : mine) send(world, p, stage.whole_block_params(), 0);
     return;
   }
-  auto dst = buffers(*whole, *whole_opt);
+  auto dst = buffers(*whole, *whole_opt, with_state);
   for (int s = 0; s < grid.stages; ++s) {
     const StageBlock b = stage_block(layers, ranges[size_t(s)]);
     for (size_t k = 0; k < dst.size(); ++k) {

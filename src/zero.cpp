@@ -59,7 +59,21 @@ void take_shard(Optimizer& whole, Optimizer& opt) {
 }
 
 void allgather_shards(Comm& stage_comm, float* values, const std::vector<int64_t>& counts) {
-  stage_comm.wait(stage_comm.start_allgather(values, counts));
+  constexpr int64_t kPiece = int64_t(1) << 28;
+  int64_t n = 0;
+  for (int64_t c : counts) n += c;
+  std::vector<int> handles;
+  for (int64_t p0 = 0; p0 < n; p0 += kPiece) {
+    const int64_t p1 = std::min(n, p0 + kPiece);
+    std::vector<int64_t> part;  // each shard's part of [p0, p1): contiguous, in rank order
+    int64_t s0 = 0;
+    for (int64_t c : counts) {
+      part.push_back(std::max<int64_t>(0, std::min(s0 + c, p1) - std::max(s0, p0)));
+      s0 += c;
+    }
+    handles.push_back(stage_comm.start_allgather(values + p0, part));
+  }
+  for (int h : handles) stage_comm.wait(h);
 }
 
 }  // namespace strata

@@ -49,7 +49,8 @@ class Comm {
   // Non-blocking collectives of sharded state (ZeRO): x holds sum(counts) floats in the same
   // layout on every rank, rank r's shard at offset counts[0] + ... + counts[r-1]; `counts`
   // (one per rank, >= 0) is the same on every rank. reduce_scatter: on completion this rank's
-  // shard holds the sum over ranks of that shard, added in rank order (the rest of x is then
+  // shard holds the sum over ranks of that shard, added in an order fixed for a given size and
+  // layout (the in-process comm: rank order; MPI and NCCL: the library's) (the rest of x is then
   // unspecified). allgather: on completion every shard of x holds its owner's values.
   virtual int start_reduce_scatter_sum(float* x, const std::vector<int64_t>& counts) = 0;
   virtual int start_allgather(float* x, const std::vector<int64_t>& counts) = 0;

@@ -30,7 +30,7 @@ double lr_at(const OptimConfig& c, int64_t step);
 // The part [begin, end) of the flat buffers an optimizer updates and keeps state for: the whole
 // buffer, or with ZeRO (zero.h) this rank's shard of it.
 struct OptimShard {
-  int64_t begin = 0, end = -1;  // end < 0: the whole buffer
+  int64_t begin = 0, end = -1;  // end < 0: the whole buffer, unsharded
 };
 
 class Optimizer {
@@ -39,7 +39,9 @@ class Optimizer {
   // The flat buffer's size and the part of it this optimizer owns.
   int64_t num_params() const { return n_; }
   const OptimShard& shard() const { return shard_; }
-  bool sharded() const { return shard_.begin != 0 || shard_.end != n_; }
+  // Given a shard (ZeRO), even one that is the whole buffer or empty: the same answer on
+  // every rank of a run, so collective paths can branch on it.
+  bool sharded() const { return sharded_; }
   const OptimConfig& config() const { return c_; }
   // Clips (if configured) and applies one update to the shard. Returns the global gradient
   // norm before clipping, or -1 when clipping is off (the norm is not computed then). `step`
@@ -83,6 +85,7 @@ class Optimizer {
  private:
   OptimConfig c_;
   int64_t n_;
+  bool sharded_;
   OptimShard shard_;
   Tensor s0_, s1_;  // what the updates use
   Tensor h0_, h1_;  // their host copies (the same storage on the CPU)

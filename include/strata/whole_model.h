@@ -22,10 +22,11 @@ StageBlock stage_block(const std::vector<LayerInfo>& layers, LayerRange r);
 // Collective over `world`: copies every stage's parameters and optimizer state (from replica
 // 0; with tensor parallelism, each stage's parts assembled into whole tensors by its part 0)
 // into `whole` and `whole_opt` on world rank 0 (which is stage 0 of replica 0, part 0).
-// Others may pass null for whole and whole_opt.
+// Others may pass null for whole and whole_opt. with_state = false: the parameters only
+// (the final parameter file; `opt` may then be a ZeRO shard).
 void gather_stages(Comm& world, const ProcessGrid& grid, const std::vector<LayerInfo>& layers,
                    const std::vector<LayerRange>& ranges, Model& stage, Optimizer& opt,
-                   Model* whole, Optimizer* whole_opt);
+                   Model* whole, Optimizer* whole_opt, bool with_state = true);
 
 // This rank's stage block (its tensor part of it) of a whole model and its optimizer state
 // (after a resume), and the token table's copy if the stage has one.

@@ -21,8 +21,8 @@
 namespace strata {
 
 // Each replica's shard size of a flat buffer of n floats: contiguous, in replica order, each
-// starting at a multiple of 16 floats (64 bytes: whole cache lines and vectors); the last
-// ones are empty when n < 16 D.
+// starting at a multiple of 16 floats (64 bytes: whole cache lines and vectors); with fewer
+// than 16 D floats some shards are empty (one replica may hold them all).
 std::vector<int64_t> zero_counts(int64_t n, int replicas);
 OptimShard zero_shard(const std::vector<int64_t>& counts, int replica);
 
@@ -34,7 +34,8 @@ std::unique_ptr<Optimizer> gather_shards(Comm& world, const ProcessGrid& grid, O
 void take_shard(Optimizer& whole, Optimizer& opt);
 
 // After each replica has updated its shard of `values` (backend memory): every shard from its
-// owner, over the stage's replicas.
+// owner, over the stage's replicas, in pieces of at most 2^28 floats (one MPI call's counts
+// are ints).
 void allgather_shards(Comm& stage_comm, float* values, const std::vector<int64_t>& counts);
 
 }  // namespace strata

@@ -36,8 +36,9 @@ STEPS = 100
 # TOLERANCES. zero = 1 all-reduces the gradients as zero = 0 does and applies the same
 # element-wise update to each shard; clipping's norm sums squares per shard, then over shards
 # (another grouping of the same fp64 sum, which the fp32 scale rarely sees). zero = 2
-# reduce-scatters, adding each element's sum over replicas in rank order, as these
-# allreduces do; the token table of a pipelined GPT is all-reduced as without ZeRO. Measured:
+# reduce-scatters: each element's sum over replicas is added in the MPI library's order, which
+# here matched the allreduce's (not guaranteed in general); the token table of a pipelined GPT
+# is all-reduced as without ZeRO. Measured:
 # every grid here bitwise the same as zero = 0 over 100 steps (0 printed below); resumes on
 # another grid within 2e-7 relative. The bounds are the issue's; a wrong shard, a missing
 # all-gather or a skipped update is far outside them (with the all-gather left out: losses
