@@ -138,6 +138,23 @@ check(np.array_equal(losses(os.path.join(rc, "metrics.jsonl")),
       "gpt (1,2,2) zero 2: recompute changes the losses")
 print("gpt (1,2,2) zero 2 with train.recompute = block: bitwise the same losses")
 
+# Degenerate shards, 3 pipeline stages x D = 2 with checkpoints every 5 steps: a stage without
+# parameters (flatten alone: every shard empty), and one of 2 parameters (one replica holds
+# them all). Every rank must take the same checkpoint path (a per-rank "sharded?" once split
+# them: with it back, the first split hangs at its first checkpoint, checked), and train as
+# zero = 0 does.
+for split in (["1", "2", "1"], ["2", "1", "1"]):
+    tiny_args = ["--data.path", mnist, "--model.type", "custom", "--model.layers", "flatten",
+                 "linear 1", "linear 1", "linear 10", "--parallel.stage_layers"] + split + [
+                 "--train.batch_size", "32", "--train.optimizer", "adamw",
+                 "--checkpoint.every_steps", "5"]
+    tiny = {z: train(f"tiny-{''.join(split)}-z{z}", 3, 2, 1, tiny_args, z, steps=10) for z in (0, 2)}
+    same = np.array_equal(losses(os.path.join(tiny[0], "metrics.jsonl")),
+                          losses(os.path.join(tiny[2], "metrics.jsonl")))
+    print(f"3 stages of {'/'.join(split)} layers (flatten, linear 1, linear 1, linear 10) x D = 2, "
+          f"zero 2 with checkpoints: finished; losses bitwise zero 0's: {same}")
+    check(same, f"stages {split}: zero 2 does not follow zero 0")
+
 # Checkpoints: the zero-2 run's of step 50 on this grid, one rank and D = 4; zero 0's on ZeRO-2.
 base = runs["mlp-121", 2]
 tail = losses(os.path.join(base, "metrics.jsonl"))[50:]

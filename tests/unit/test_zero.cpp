@@ -33,6 +33,15 @@ TEST_CASE("zero_counts: contiguous shards of whole cache lines that tile the buf
     }
 }
 
+TEST_CASE("sharded(): given a shard, whatever its extent; the same on every replica", "[unit]") {
+  const OptimConfig c{.kind = "adamw"};
+  for (int64_t n : {0, 10, 100}) {
+    const auto counts = zero_counts(n, 2);  // 10 floats: [10, 0]; none: [0, 0]
+    for (int r = 0; r < 2; ++r) CHECK(Optimizer(c, n, zero_shard(counts, r)).sharded());
+    CHECK_FALSE(Optimizer(c, n).sharded());
+  }
+}
+
 namespace {
 // A fixed, non-trivial buffer.
 std::vector<float> values(int64_t n, int salt) {
