@@ -19,9 +19,10 @@ import os
 import shutil
 import statistics
 import subprocess
+import sys
 
-ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-           OMPI_MCA_rmaps_base_oversubscribe="1")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "mpi"))
+from common import MPI_ENV as ENV, art_text  # noqa: E402  (mpirun as root, oversubscribed)
 
 
 def models(mnist, text):
@@ -53,10 +54,7 @@ def main():
     ap.add_argument("--work", default="/tmp/bench_zero")
     a = ap.parse_args()
     os.makedirs(a.work, exist_ok=True)
-    text = os.path.join(a.work, "art.h5")
-    if not os.path.exists(text):
-        subprocess.run([a.strata, "prepare", "text", "--input", "/usr/share/games/fortunes/art",
-                        "--out", text], check=True, capture_output=True)
+    text = art_text(a.strata, a.work)
     cores = os.cpu_count()
     with open("/proc/cpuinfo") as f:
         cpu = next(l.split(":", 1)[1].strip() for l in f if l.startswith("model name"))

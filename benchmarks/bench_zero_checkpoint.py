@@ -23,9 +23,10 @@ import re
 import shutil
 import statistics
 import subprocess
+import sys
 
-ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-           OMPI_MCA_rmaps_base_oversubscribe="1")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "mpi"))
+from common import MPI_ENV as ENV  # noqa: E402  (mpirun as root, oversubscribed)
 WRITERS = {"parallel": ["--checkpoint.writer", "parallel"],
            "rank0 sync": ["--checkpoint.writer", "rank0", "--checkpoint.async", "false"],
            "rank0 background": ["--checkpoint.writer", "rank0", "--checkpoint.async", "true"],

@@ -109,6 +109,19 @@ void agree(Comm& comm, const std::string& error, const std::string& what) {
 
 // This rank's elements of a dataset as a file selection and a 1-D memory space (empty where it
 // holds none: every rank takes part in each collective write).
+// This rank's piece of a dataset: its elements [first, first + count) (row-major) and where
+// they are here.
+struct Piece {
+  int64_t first = 0, count = 0;
+  const float* src = nullptr;
+};
+Piece piece_of(const Dataset& t, OptimShard mine) {
+  if (!t.base) return {};  // another stage's tensor
+  const int64_t a = std::max(mine.begin, t.offset), b = std::min(mine.end, t.offset + numel(t.shape));
+  if (b <= a) return {};
+  return {a - t.offset, b - a, t.base + (a - t.base_at)};
+}
+
 struct Selection {
   H5Id file, mem;
   const float* src = nullptr;
@@ -117,9 +130,8 @@ Selection select_piece(const Dataset& t, OptimShard mine) {
   std::vector<hsize_t> dims(t.shape.begin(), t.shape.end());
   if (dims.empty()) dims = {1};
   Selection sel{H5Id(H5_CHECK(H5Screate_simple(int(dims.size()), dims.data(), nullptr)), H5Sclose), {}};
-  const int64_t a = std::max(mine.begin, t.offset) - t.offset;
-  const int64_t b = t.base ? std::min(mine.end, t.offset + numel(t.shape)) - t.offset : a;
-  const hsize_t n = hsize_t(std::max<int64_t>(0, b - a)), one = 1;
+  const Piece p = piece_of(t, mine);
+  const hsize_t n = hsize_t(p.count), one = 1;
   sel.mem = H5Id(H5_CHECK(H5Screate_simple(1, n ? &n : &one, nullptr)), H5Sclose);
   if (n == 0) {
     H5_CHECK(H5Sselect_none(sel.mem.get()));
@@ -128,8 +140,8 @@ Selection select_piece(const Dataset& t, OptimShard mine) {
   }
   std::vector<hsize_t> start(dims.size(), 0);
   bool first = true;
-  select_range(sel.file.get(), dims, 0, start, a, b, first);
-  sel.src = t.base + (t.offset + a - t.base_at);
+  select_range(sel.file.get(), dims, 0, start, p.first, p.first + p.count, first);
+  sel.src = p.src;
   return sel;
 }
 
@@ -229,10 +241,9 @@ int64_t write_checkpoint_sharded(Comm& comm, const std::string& path, const Mode
   std::vector<uint32_t> crc;  // of this rank's piece of each dataset
   std::vector<int64_t> len;
   for (const Dataset& t : sets) {
-    const int64_t a = std::max(mine.begin, t.offset);
-    const int64_t b = t.base ? std::min(mine.end, t.offset + numel(t.shape)) : a;
-    len.push_back(std::max<int64_t>(0, b - a));
-    crc.push_back(len.back() ? crc32_of(t.base + (a - t.base_at), len.back()) : 0);
+    const Piece p = piece_of(t, mine);
+    len.push_back(p.count);
+    crc.push_back(p.count ? crc32_of(p.src, p.count) : 0);
   }
   const std::vector<int64_t> crcs = combined_crcs(comm, crc, len);
   Provenance same = prov;

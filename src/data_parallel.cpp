@@ -2,12 +2,14 @@
 
 #include <chrono>
 
+#include "strata/zero.h"
+
 namespace strata {
 
 GradientAllreducer::GradientAllreducer(Comm& comm, const Model& model, float* grads,
                                        double bucket_bytes, bool overlap,
                                        const std::vector<int64_t>* shards)
-    : comm_(comm), grads_(grads), overlap_(overlap) {
+    : comm_(comm), grads_(grads), overlap_(overlap), scatters_(shards != nullptr) {
   // Parameter boundaries in flat-buffer order (reverse layer order).
   std::vector<int64_t> ends;
   for (auto* p : model.params()) ends.push_back(p->offset + numel(p->shape));
@@ -23,19 +25,12 @@ GradientAllreducer::GradientAllreducer(Comm& comm, const Model& model, float* gr
   if (!ends.empty() && bounds_.back() != ends.back()) bounds_.push_back(ends.back());
   handles_.assign(bounds_.size(), -1);
   if (shards)
-    for (size_t b = 0; b + 1 < bounds_.size(); ++b) {
-      std::vector<int64_t> part;
-      int64_t s0 = 0;
-      for (int64_t c : *shards) {
-        part.push_back(std::max<int64_t>(0, std::min(s0 + c, bounds_[b + 1]) - std::max(s0, bounds_[b])));
-        s0 += c;
-      }
-      scatter_.push_back(std::move(part));
-    }
+    for (size_t b = 0; b + 1 < bounds_.size(); ++b)
+      scatter_.push_back(shard_parts(*shards, bounds_[b], bounds_[b + 1]));
 }
 
 void GradientAllreducer::start(size_t b) {
-  handles_[b] = scatter_.empty() || whole(b)
+  handles_[b] = !scatters_ || whole(b)
                     ? comm_.start_allreduce_sum(grads_ + bounds_[b], bounds_[b + 1] - bounds_[b])
                     : comm_.start_reduce_scatter_sum(grads_ + bounds_[b], scatter_[b]);
   stats_.buckets++;

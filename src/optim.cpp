@@ -50,11 +50,13 @@ double Optimizer::step(const Backend& be, Tensor& params, Tensor& grads, int64_t
   double norm = -1;  // a pass over every gradient: only when clipping needs it
   if (c_.grad_clip > 0) {
     double sq = 0;
-    const std::vector<std::pair<int64_t, int64_t>> all = {{0, n_}};
-    for (auto [b, e] : norm_ranges ? *norm_ranges : all) {
+    auto add = [&](int64_t b, int64_t e) {  // the part of [b, e) in the shard
       b = std::max(b, first), e = std::min(e, last);
       if (e > b) sq += be.sum_squares(grads.data() + b, e - b);
-    }
+    };
+    if (!norm_ranges) add(0, n_);
+    else
+      for (auto [b, e] : *norm_ranges) add(b, e);
     if (shards_over) shards_over->allreduce_sum(&sq, 1);
     if (norm_over) norm_over->allreduce_sum(&sq, 1);
     norm = std::sqrt(sq);

@@ -87,7 +87,7 @@ TrainingSession::TrainingSession(const RunConfig& cfg, Comm& comm)
     pipe_ = std::make_unique<PipelineStage>(*model_, *grid_.pipe_comm, plan_.P, plan_.M,
                                             cfg.parallel.schedule, *tracer_);
   step_ = std::make_unique<TrainStep>(*model_, *opt_, *reducer_, pipe_.get(), grid_, *tracer_, G,
-                                      plan_.ranks == 1, zero);
+                                      plan_.ranks == 1, zero ? &shards_ : nullptr);
   hooks_.add(watchdog_hook(*watchdog_));
   hooks_.add(trace_hook(*tracer_));
   hooks_.add(goodput_hook(*goodput_));

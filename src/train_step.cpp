@@ -6,13 +6,13 @@ namespace strata {
 
 TrainStep::TrainStep(Model& model, Optimizer& opt, GradientAllreducer& reducer,
                      PipelineStage* pipe, const ProcessGrid& grid, Tracer& tracer,
-                     int64_t global_batch, bool one_rank, int zero)
+                     int64_t global_batch, bool one_rank,
+                     const std::vector<int64_t>* shards)
     : model_(model), opt_(opt), reducer_(reducer), pipe_(pipe), grid_(grid), tracer_(tracer),
       global_batch_(global_batch),
       update_in_backward_(one_rank && !pipe && opt.can_update_in_backward()),
       norm_comm_(grid.stages > 1 || grid.tensors > 1 ? grid.model_comm.get() : nullptr),
-      norm_ranges_(model.norm_ranges()), zero_(zero),
-      shards_(zero ? zero_counts(model.num_params(), grid.replicas) : std::vector<int64_t>{}),
+      norm_ranges_(model.norm_ranges()), shards_(shards),
       head_(model.classes(), model.rows_per_sample()) {
   allreduce_tied_gradient();
 }
@@ -59,12 +59,12 @@ void TrainStep::update(const Backend& be, int64_t step) {
   {
     Tracer::Scope span(tracer_, "optimizer", "optimizer step");
     opt_.step(be, model_.values(), model_.grads(), step, norm_comm_, &norm_ranges_,
-              zero_ ? grid_.stage_comm.get() : nullptr);
+              shards_ ? grid_.stage_comm.get() : nullptr);
   }
-  if (zero_) {
+  if (shards_) {
     Tracer::Scope span(tracer_, "allreduce", "parameter all-gather (ZeRO)");
     const auto t0 = std::chrono::steady_clock::now();
-    allgather_shards(*grid_.stage_comm, model_.values().data(), shards_);
+    allgather_shards(*grid_.stage_comm, model_.values().data(), *shards_);
     reducer_.count_exposed(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
 }
@@ -73,7 +73,7 @@ void TrainStep::update(const Backend& be, int64_t step) {
 // the replicas' reduction, whose shards on the two stages cover different parts of it: its
 // buckets are all-reduced.
 void TrainStep::allreduce_tied_gradient() {
-  if (Param* t = model_.tied_table(); t && zero_ == 2 && pipe_ && grid_.tied_comm)
+  if (Param* t = model_.tied_table(); t && reducer_.scatters() && pipe_ && grid_.tied_comm)
     reducer_.allreduce_whole(t->offset, t->offset + numel(t->shape));
 }
 

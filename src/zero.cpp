@@ -25,6 +25,16 @@ OptimShard zero_shard(const std::vector<int64_t>& counts, int replica) {
   return s;
 }
 
+std::vector<int64_t> shard_parts(const std::vector<int64_t>& counts, int64_t begin, int64_t end) {
+  std::vector<int64_t> parts;
+  int64_t s0 = 0;
+  for (int64_t c : counts) {
+    parts.push_back(std::max<int64_t>(0, std::min(s0 + c, end) - std::max(s0, begin)));
+    s0 += c;
+  }
+  return parts;
+}
+
 std::unique_ptr<Optimizer> gather_shards(Comm& world, const ProcessGrid& grid, Optimizer& opt) {
   constexpr int kTag = 71;  // apart from the pipeline's tags
   const int root = grid.world_rank(grid.stage, 0, grid.tensor);
@@ -63,16 +73,9 @@ void allgather_shards(Comm& stage_comm, float* values, const std::vector<int64_t
   int64_t n = 0;
   for (int64_t c : counts) n += c;
   std::vector<int> handles;
-  for (int64_t p0 = 0; p0 < n; p0 += kPiece) {
-    const int64_t p1 = std::min(n, p0 + kPiece);
-    std::vector<int64_t> part;  // each shard's part of [p0, p1): contiguous, in rank order
-    int64_t s0 = 0;
-    for (int64_t c : counts) {
-      part.push_back(std::max<int64_t>(0, std::min(s0 + c, p1) - std::max(s0, p0)));
-      s0 += c;
-    }
-    handles.push_back(stage_comm.start_allgather(values + p0, part));
-  }
+  for (int64_t p0 = 0; p0 < n; p0 += kPiece)
+    handles.push_back(stage_comm.start_allgather(
+        values + p0, shard_parts(counts, p0, std::min(n, p0 + kPiece))));
   for (int h : handles) stage_comm.wait(h);
 }
 

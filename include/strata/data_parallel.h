@@ -46,6 +46,7 @@ class GradientAllreducer {
   void count_exposed(double seconds) { stats_.exposed_s += seconds; }
   void reset_stats() { stats_ = {}; }
   int64_t num_buckets() const { return int64_t(bounds_.size()) - 1; }
+  bool scatters() const { return scatters_; }  // ZeRO-2
 
  private:
   void start(size_t b);
@@ -54,6 +55,7 @@ class GradientAllreducer {
   float* grads_;
   bool overlap_;
   std::vector<int64_t> bounds_;  // bucket b = [bounds_[b], bounds_[b+1])
+  bool scatters_;
   std::vector<std::vector<int64_t>> scatter_;  // ZeRO-2: bucket b's part of each rank's shard
   int64_t whole_begin_ = 0, whole_end_ = 0;
   std::vector<int> handles_;

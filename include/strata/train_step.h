@@ -31,10 +31,11 @@ class TrainStep {
  public:
   // pipe: this rank's stage when the run is pipelined (stages or micro-batches), else null.
   // one_rank: the whole run is this one rank.
-  // zero: parallel.zero (the optimizer then owns this replica's shard, zero.h).
+  // shards: with ZeRO, each replica's shard size of the flat buffer (zero.h; the optimizer
+  // owns this replica's); null without.
   TrainStep(Model& model, Optimizer& opt, GradientAllreducer& reducer, PipelineStage* pipe,
             const ProcessGrid& grid, Tracer& tracer, int64_t global_batch, bool one_rank,
-            int zero = 0);
+            const std::vector<int64_t>* shards = nullptr);
   // This rank's sum of per-row losses over its share of the batch (0 on a stage without the
   // loss).
   double compute(const Backend& be, const Loader::Batch& batch, const StepInfo& si);
@@ -59,8 +60,7 @@ class TrainStep {
   // each parameter counted once.
   Comm* norm_comm_;
   std::vector<std::pair<int64_t, int64_t>> norm_ranges_;
-  int zero_;
-  std::vector<int64_t> shards_;  // ZeRO: each replica's shard size of the flat buffer
+  const std::vector<int64_t>* shards_;  // ZeRO's (the session's); null without
   BatchOnBackend on_be_;
   SoftmaxXentHead head_;
   Tensor dlogits_;

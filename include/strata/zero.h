@@ -25,6 +25,9 @@ namespace strata {
 // than 16 D floats some shards are empty (one replica may hold them all).
 std::vector<int64_t> zero_counts(int64_t n, int replicas);
 OptimShard zero_shard(const std::vector<int64_t>& counts, int replica);
+// Each shard's part of the flat range [begin, end): contiguous, in replica order, summing to
+// end - begin (a bucket's reduce-scatter, a piece of the all-gather).
+std::vector<int64_t> shard_parts(const std::vector<int64_t>& counts, int64_t begin, int64_t end);
 
 // Collective over `world` (host memory): replica 0 of each stage and tensor part receives the
 // other replicas' shards of `opt`'s state and returns the unsharded state (every other rank
