@@ -27,16 +27,17 @@ int local_rank() {
 // The CPU's ops on memory that host code must treat as a device's (a separate allocation,
 // reached only through upload/download): every copy and host mirror the GPU path makes is
 // made, so CI checks that path's logic where no GPU exists (--device cpu-staged).
-const Backend& staged_backend() {
+const Backend& staged_backend(bool bf16) {
   static const Memory m{.name = "cpu-staged", .host = false, .alloc = host_memory().alloc,
                         .release = host_memory().release, .zero = host_memory().zero};
-  static const Backend b = [] {
-    Backend t = cpu_backend();
+  auto make = [](bool b16) {
+    Backend t = cpu_backend(b16);
     t.name = "cpu-staged";
     t.memory = &m;
     return t;
-  }();
-  return b;
+  };
+  static const Backend fp32 = make(false), b16 = make(true);
+  return bf16 ? b16 : fp32;
 }
 
 // "libcudart.so.13, libcublas.so.13 from DIR (SOURCE); ...": the libraries grouped by
@@ -64,8 +65,8 @@ std::string describe_libraries(const std::vector<CudaLibrary>& libs) {
 
 }  // namespace
 
-const Backend& cpu_backend() {
-  static const Backend b = [] {
+const Backend& cpu_backend(bool bf16) {
+  static const Backend fp32 = [] {
     Backend t{.name = "cpu", .memory = &host_memory(), .upload = host_copy,
               .download = host_copy, .copy = host_copy, .synchronize = host_sync,
               .conv_pool_chunk_bytes = 256 << 10};  // L2-sized (see ConvPool in layers.cpp)
@@ -73,7 +74,15 @@ const Backend& cpu_backend() {
 #include "strata/ops.def"
     return t;
   }();
-  return b;
+  // bf16: the ops with GEMMs read bf16 copies of their inputs (kernels_cpu.h lists them).
+  static const Backend b16 = [] {
+    Backend t = fp32;
+#define STRATA_BF16_OP(name) t.name = cpu::bf16::name;
+    STRATA_CPU_BF16_OPS(STRATA_BF16_OP)
+#undef STRATA_BF16_OP
+    return t;
+  }();
+  return bf16 ? b16 : fp32;
 }
 
 bool Backend::supports(Op op) const {
@@ -119,19 +128,25 @@ const Backend& select_backend(const DeviceRequest& req, std::string* why) {
                          describe_libraries(cuda_libraries()));
     return be;
   }
-  if (req.precision == "bf16")
-    fail_input("train.precision = \"bf16\" needs a GPU (the CPU path computes in fp32); {} — "
-               "use precision \"fp32\" here", req.device == "auto" ? no_gpu : "--device cpu");
+  const bool bf16 = req.precision == "bf16";
+  std::string no_bf16;
+  if (bf16 && !cpu::bf16_supported(&no_bf16))
+    fail_input("train.precision = \"bf16\" on the CPU: {}; use precision \"fp32\" here",
+               no_bf16);
   cpu::blas_init(req.threads);
   if (req.device == "cpu-staged") {
     if (why) *why = "cpu-staged (the CPU ops on separate memory, for tests of the GPU path)";
-    return staged_backend();
+    return staged_backend(bf16);
   }
   if (why)
-    *why = fmt::format("cpu ({} thread{}, {} GEMM kernels){}", req.threads,
+    *why = fmt::format("cpu ({} thread{}, {} GEMM kernels{}){}", req.threads,
                        req.threads == 1 ? "" : "s", cpu::blas_corename(),
+                       bf16 ? fmt::format("; bf16: linear and conv GEMMs on bf16 inputs with "
+                                          "fp32 accumulation, oneDNN {}",
+                                          cpu::bf16_matmul_kernels())
+                            : "",
                        req.device == "auto" ? fmt::format("; no GPU: {}", no_gpu) : "");
-  return cpu_backend();
+  return cpu_backend(bf16);
 }
 
 Tensor to_backend(const Backend& be, const Tensor& t) {

@@ -37,7 +37,8 @@ struct Backend {
   bool supports(Op op) const;
 };
 
-const Backend& cpu_backend();
+// The CPU's ops; bf16: its linear and conv GEMMs on bf16 copies of their inputs (kernels_cpu.h).
+const Backend& cpu_backend(bool bf16 = false);
 
 struct DeviceRequest {
   std::string device = "auto";    // auto | cpu | cuda | cpu-staged (tests: see backend.cpp)
@@ -46,7 +47,8 @@ struct DeviceRequest {
 };
 // Resolves a request to a backend: auto takes the GPU of this node-local rank when one is
 // visible, else the CPU. Throws UserError (exit 2) for what this build or node cannot provide:
-// cuda without a GPU or without the CUDA backend, bf16 on the CPU. `why` says what was
+// cuda without a GPU or without the CUDA backend, bf16 on a CPU without native bf16 GEMMs
+// (AVX512_BF16 or AMX). `why` says what was
 // chosen and why, for the log.
 const Backend& select_backend(const DeviceRequest& req, std::string* why);
 

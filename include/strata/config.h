@@ -50,8 +50,8 @@ struct RunConfig {
     uint64_t seed = 0;
     int64_t log_every = 50;
     int64_t max_steps = 0;  // stop after this many steps (0 = run all epochs)
-    // fp32 | bf16: bf16 GEMMs and convolutions on the GPU, with fp32 master weights, optimizer
-    // state and reductions. The CPU path computes in fp32 and refuses bf16.
+    // fp32 | bf16: bf16 inputs to the GEMMs of linear layers and convolutions (and, on a GPU,
+    // attention's), fp32 accumulation, master weights, optimizer state and reductions.
     std::string precision = "fp32";
     // none | block: keep only each transformer block's input from forward and recompute the
     // rest in backward (less activation memory for about one more forward).

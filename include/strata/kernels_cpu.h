@@ -4,7 +4,9 @@
 // rest of this header is what only the CPU has: the GEMM entry points the CPU layers and
 // kernels share, and the scalar references the tests check the vectorised kernels against.
 #pragma once
+#include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "strata/ops.h"
 
@@ -32,6 +34,37 @@ void matmul(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int
 // accumulating weight gradients of micro-batches).
 void matmul_accumulate(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda,
                        const float* B, int ldb, float* C, int ldc);
+
+// ---- bf16 (kernels/cpu/bf16.cpp, gemm.cpp) ---------------------------------------------
+// train.precision = "bf16" on the CPU: the GEMMs of linear layers and convolutions read bf16
+// copies of their inputs (rounded to nearest even) and accumulate and write fp32; everything
+// else (weights, gradients, optimizer state, activations kept for backward) stays fp32.
+using bf16_t = uint16_t;  // a bf16's bits: the upper half of the fp32 it rounds
+// Whether bf16 GEMMs run natively here (AVX512_BF16 or AMX, and oneDNN using them); else
+// *why says what is missing.
+bool bf16_supported(std::string* why);
+std::string bf16_matmul_kernels();  // oneDNN's bf16 matmul implementation, "brg:avx512_core_bf16"
+// dst[i] = src[i] rounded to bf16 (the CPU's VCVTNEPS2BF16; needs AVX512_BF16).
+void to_bf16(bf16_t* dst, const float* src, int64_t n);
+// At least n bf16 of the calling thread's buffer `slot` (< kBf16ScratchSlots), kept between
+// calls: an op's bf16 copies of its GEMM operands.
+constexpr int kBf16ScratchSlots = 3;
+bf16_t* bf16_scratch(int slot, size_t n);
+// matmul with bf16 A and B (layouts as matmul's), fp32 accumulation, C (+ bias, ReLU) in fp32;
+// accumulate adds the product to C.
+void matmul_bf16(bool trans_a, bool trans_b, int M, int N, int K, const bf16_t* A, int lda,
+                 const bf16_t* B, int ldb, float* C, int ldc, const float* bias, bool relu,
+                 bool accumulate);
+
+// The ops the CPU's bf16 table replaces (cpu_backend(true)), with the fp32 ops' signatures.
+#define STRATA_CPU_BF16_OPS(X) \
+  X(linear_forward) X(linear_backward) X(linear_relu_forward) X(linear_relu_backward) \
+  X(conv2d_forward) X(conv2d_backward)
+namespace bf16 {
+#define STRATA_DECLARE_BF16(name) decltype(strata::cpu::name) name;
+STRATA_CPU_BF16_OPS(STRATA_DECLARE_BF16)
+#undef STRATA_DECLARE_BF16
+}  // namespace bf16
 
 // ---- Activations (kernels/cpu/activation.cpp) -----------------------------------------
 // gelu_forward/backward run on W lanes at once (AVX-512, AVX2 or SSE, picked at run time) with

@@ -159,19 +159,68 @@ float sum_floats(const float* x, int64_t n) {
   return total;
 }
 
-}  // namespace
+// The three GEMMs of a chunk, in fp32 or (train.precision = "bf16") on bf16 copies of their
+// inputs: the weight rounded once per call, dy once per chunk for both backward products.
+class ChunkGemms {
+ public:
+  // need_weight false: no product reads the weight (backward without dinp), none is rounded.
+  ChunkGemms(bool bf16, const float* weight, int64_t weight_size, bool need_weight = true)
+      : bf16_(bf16), w_(weight) {
+    if (bf16_ && need_weight) {
+      wb_ = bf16_scratch(1, size_t(weight_size));
+      to_bf16(wb_, weight, weight_size);
+    }
+  }
+  // y (OC, n) = weight (OC, CK) @ cols (CK, n), added to y when `add`.
+  void forward(float* y, const float* cols, int OC, int64_t n, int64_t CK, bool add) const {
+    if (!bf16_)
+      return sgemm(false, false, OC, int(n), int(CK), 1.f, w_, int(CK), cols, int(n),
+                   add ? 1.f : 0.f, y, int(n));
+    matmul_bf16(false, false, OC, int(n), int(CK), wb_, int(CK), rounded(0, cols, CK * n),
+                int(n), y, int(n), nullptr, false, add);
+  }
+  // Backward's gradient at the chunk's output, dy (OC, n), for the next two products.
+  void set_dy(const float* dy, int OC, int64_t n) {
+    dy_ = dy;
+    if (bf16_) dyb_ = rounded(2, dy, OC * n);
+  }
+  // dweight (OC, CK) = dy @ cols^T, added to dweight when `add`.
+  void weight_grad(float* dweight, const float* cols, int OC, int64_t n, int64_t CK,
+                   bool add) const {
+    if (!bf16_)
+      return sgemm(false, true, OC, int(CK), int(n), 1.f, dy_, int(n), cols, int(n),
+                   add ? 1.f : 0.f, dweight, int(CK));
+    matmul_bf16(false, true, OC, int(CK), int(n), dyb_, int(n), rounded(0, cols, CK * n),
+                int(n), dweight, int(CK), nullptr, false, add);
+  }
+  // dcols (CK, n) = weight^T @ dy.
+  void input_grad(float* dcols, int OC, int64_t n, int64_t CK) const {
+    if (!bf16_)
+      return sgemm(true, false, int(CK), int(n), OC, 1.f, w_, int(CK), dy_, int(n), 0.f, dcols,
+                   int(n));
+    matmul_bf16(true, false, int(CK), int(n), OC, wb_, int(CK), dyb_, int(n), dcols, int(n),
+                nullptr, false, false);
+  }
 
-// Scratch: cols (CK, nb*P), plus y/dy (OC, nb*P) when chunks hold more than one sample.
-int64_t conv2d_scratch_size(const Conv2dShape& s) {
-  const int64_t nb = chunk_samples(s), n = nb * p_of(s);
-  return ck_of(s) * n + (nb > 1 ? int64_t(s.OC) * n : 0);
-}
+ private:
+  static const bf16_t* rounded(int slot, const float* x, int64_t n) {
+    bf16_t* r = bf16_scratch(slot, size_t(n));
+    to_bf16(r, x, n);
+    return r;
+  }
+  bool bf16_;
+  const float* w_;
+  bf16_t* wb_ = nullptr;
+  const float* dy_ = nullptr;
+  const bf16_t* dyb_ = nullptr;
+};
 
 // inp (B,C,H,W), weight (OC,C,KH,KW), bias (OC) -> out (B,OC,OH,OW)
-void conv2d_forward(float* out, const float* inp, const float* weight, const float* bias,
-                    const Conv2dShape& s, float* scratch) {
+void forward(float* out, const float* inp, const float* weight, const float* bias,
+             const Conv2dShape& s, float* scratch, bool bf16) {
   const int64_t CK = ck_of(s), P = p_of(s), in_sample = int64_t(s.C) * s.H * s.W;
   const int nb_max = chunk_samples(s);
+  const ChunkGemms gemms(bf16, weight, s.OC * CK);
   float* cols = scratch;
   for (int b0 = 0; b0 < s.B; b0 += nb_max) {
     const int nb = std::min(nb_max, s.B - b0);
@@ -182,11 +231,11 @@ void conv2d_forward(float* out, const float* inp, const float* weight, const flo
       // out_b (OC, P) is the gemm's own layout: bias first, then accumulate (beta = 1).
       if (bias)
         for (int oc = 0; oc < s.OC; ++oc) std::fill(out0 + oc * P, out0 + (oc + 1) * P, bias[oc]);
-      sgemm(false, false, s.OC, n, CK, 1.f, weight, CK, cols, n, bias ? 1.f : 0.f, out0, n);
+      gemms.forward(out0, cols, s.OC, n, CK, bias != nullptr);
       continue;
     }
     float* y = cols + CK * n;
-    sgemm(false, false, s.OC, n, CK, 1.f, weight, CK, cols, n, 0.f, y, n);
+    gemms.forward(y, cols, s.OC, n, CK, false);
     // y (OC, nb, P) -> out (nb, OC, P), adding the bias on the way.
     for (int oc = 0; oc < s.OC; ++oc) {
       const float bv = bias ? bias[oc] : 0.f;
@@ -201,11 +250,12 @@ void conv2d_forward(float* out, const float* inp, const float* weight, const flo
 
 // dout (B,OC,OH,OW), inp (B,C,H,W), weight (OC,C,KH,KW)
 //   -> dinp (B,C,H,W), dweight (OC,C,KH,KW), dbias (OC)
-void conv2d_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                     const float* inp, const float* weight, const Conv2dShape& s, float* scratch,
-                     bool accumulate) {
+void backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+              const float* weight, const Conv2dShape& s, float* scratch, bool accumulate,
+              bool bf16) {
   const int64_t CK = ck_of(s), P = p_of(s), in_sample = int64_t(s.C) * s.H * s.W;
   const int nb_max = chunk_samples(s);
+  ChunkGemms gemms(bf16, weight, s.OC * CK, dinp != nullptr);  // dinp's product reads it
   float* cols = scratch;
   if (dbias && !accumulate) std::fill(dbias, dbias + s.OC, 0.f);
   if (dweight && s.B == 0 && !accumulate) std::fill(dweight, dweight + s.OC * CK, 0.f);
@@ -228,15 +278,49 @@ void conv2d_backward(float* dinp, float* dweight, float* dbias, const float* dou
       for (int b = 0; b < nb; ++b)
         for (int oc = 0; oc < s.OC; ++oc)
           dbias[oc] += sum_floats(dout0 + (int64_t(b) * s.OC + oc) * P, P);
+    gemms.set_dy(dy, s.OC, n);
     if (dweight) {
       im2col(cols, inp + b0 * in_sample, nb, s);
-      sgemm(false, true, s.OC, CK, n, 1.f, dy, n, cols, n, b0 == 0 && !accumulate ? 0.f : 1.f, dweight, CK);
+      gemms.weight_grad(dweight, cols, s.OC, n, CK, b0 > 0 || accumulate);
     }
     if (dinp) {
-      sgemm(true, false, CK, n, s.OC, 1.f, weight, CK, dy, n, 0.f, cols, n);
+      gemms.input_grad(cols, s.OC, n, CK);
       col2im(dinp + b0 * in_sample, cols, nb, s);
     }
   }
 }
 
+}  // namespace
+
+// Scratch: cols (CK, nb*P), plus y/dy (OC, nb*P) when chunks hold more than one sample.
+int64_t conv2d_scratch_size(const Conv2dShape& s) {
+  const int64_t nb = chunk_samples(s), n = nb * p_of(s);
+  return ck_of(s) * n + (nb > 1 ? int64_t(s.OC) * n : 0);
+}
+
+void conv2d_forward(float* out, const float* inp, const float* weight, const float* bias,
+                    const Conv2dShape& s, float* scratch) {
+  forward(out, inp, weight, bias, s, scratch, false);
+}
+
+void conv2d_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                     const float* inp, const float* weight, const Conv2dShape& s, float* scratch,
+                     bool accumulate) {
+  backward(dinp, dweight, dbias, dout, inp, weight, s, scratch, accumulate, false);
+}
+
+namespace bf16 {
+
+void conv2d_forward(float* out, const float* inp, const float* weight, const float* bias,
+                    const Conv2dShape& s, float* scratch) {
+  forward(out, inp, weight, bias, s, scratch, true);
+}
+
+void conv2d_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                     const float* inp, const float* weight, const Conv2dShape& s, float* scratch,
+                     bool accumulate) {
+  backward(dinp, dweight, dbias, dout, inp, weight, s, scratch, accumulate, true);
+}
+
+}  // namespace bf16
 }  // namespace strata::cpu

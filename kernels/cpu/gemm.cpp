@@ -69,7 +69,8 @@ struct Matmul {
   dnnl::memory a, b, c, bias;  // descriptors bound to the caller's pointers at each call
 };
 
-using MatmulKey = std::tuple<bool, bool, int, int, int, int, int, int, bool, bool, bool>;
+// (trans_a, trans_b, M, N, K, lda, ldb, ldc, bias, relu, accumulate, bf16 inputs)
+using MatmulKey = std::tuple<bool, bool, int, int, int, int, int, int, bool, bool, bool, bool>;
 
 struct MatmulCache {
   dnnl::engine eng{dnnl::engine::kind::cpu, 0};
@@ -87,12 +88,13 @@ Matmul& get_matmul(MatmulCache& mc, const MatmulKey& key) {
   auto it = mc.prims.find(key);
   if (it != mc.prims.end()) return it->second;
   if (mc.prims.size() >= 64) mc.prims.clear();  // shapes that keep changing: bound the memory
-  const auto [ta, tb, M, N, K, lda, ldb, ldc, has_bias, relu, accumulate] = key;
+  const auto [ta, tb, M, N, K, lda, ldb, ldc, has_bias, relu, accumulate, bf16] = key;
   using dt = dnnl::memory::data_type;
   using dims = dnnl::memory::dims;
+  const dt in = bf16 ? dt::bf16 : dt::f32;  // C and the bias are fp32 either way
   // Row-major op(A) (M,K): element (m,k) at m*lda + k, or at k*lda + m when transposed.
-  dnnl::memory::desc a_md(dims{M, K}, dt::f32, ta ? dims{1, lda} : dims{lda, 1});
-  dnnl::memory::desc b_md(dims{K, N}, dt::f32, tb ? dims{1, ldb} : dims{ldb, 1});
+  dnnl::memory::desc a_md(dims{M, K}, in, ta ? dims{1, lda} : dims{lda, 1});
+  dnnl::memory::desc b_md(dims{K, N}, in, tb ? dims{1, ldb} : dims{ldb, 1});
   dnnl::memory::desc c_md(dims{M, N}, dt::f32, dims{ldc, 1});
   dnnl::memory::desc bias_md(dims{1, N}, dt::f32, dims{N, 1});
   dnnl::primitive_attr attr;
@@ -112,9 +114,10 @@ Matmul& get_matmul(MatmulCache& mc, const MatmulKey& key) {
   return mc.prims.emplace(key, std::move(m)).first->second;
 }
 
-void run_matmul(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda,
-                const float* B, int ldb, float* C, int ldc, const float* bias, bool relu,
-                bool accumulate) {
+// A and B are float, or bf16_t when `bf16`.
+void run_matmul(bool trans_a, bool trans_b, int M, int N, int K, const void* A, int lda,
+                const void* B, int ldb, float* C, int ldc, const float* bias, bool relu,
+                bool accumulate, bool bf16 = false) {
   if (M <= 0 || N <= 0) return;
   if (K <= 0) {  // C = (accumulate ? C : 0) + bias (or 0), then ReLU
     for (int i = 0; i < M; ++i)
@@ -128,9 +131,9 @@ void run_matmul(bool trans_a, bool trans_b, int M, int N, int K, const float* A,
   try {
     MatmulCache& mc = matmul_cache();
     Matmul& m = get_matmul(mc, {trans_a, trans_b, M, N, K, lda, ldb, ldc, bias != nullptr, relu,
-                                accumulate});
-    m.a.set_data_handle(const_cast<float*>(A));
-    m.b.set_data_handle(const_cast<float*>(B));
+                                accumulate, bf16});
+    m.a.set_data_handle(const_cast<void*>(A));
+    m.b.set_data_handle(const_cast<void*>(B));
     m.c.set_data_handle(C);
     dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, m.a.get()},
                                {DNNL_ARG_WEIGHTS, m.b.get()},
@@ -144,9 +147,10 @@ void run_matmul(bool trans_a, bool trans_b, int M, int N, int K, const float* A,
     dnnl_status_t st = dnnl_primitive_execute(m.prim.get(), mc.stream.get(), nargs, args);
     if (st != dnnl_success) throw dnnl::error(st, "dnnl_primitive_execute");
   } catch (const dnnl::error& e) {
-    throw std::runtime_error(fmt::format("oneDNN matmul({}, {}, M={}, N={}, K={}) failed: {} "
-                                         "(status {})", trans_a ? 'T' : 'N', trans_b ? 'T' : 'N',
-                                         M, N, K, e.what(), int(e.status)));
+    throw std::runtime_error(fmt::format("oneDNN {} matmul({}, {}, M={}, N={}, K={}) failed: {} "
+                                         "(status {})", bf16 ? "bf16" : "fp32",
+                                         trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', M, N, K,
+                                         e.what(), int(e.status)));
   }
 }
 
@@ -160,6 +164,27 @@ void matmul(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int
 void matmul_accumulate(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda,
                        const float* B, int ldb, float* C, int ldc) {
   run_matmul(trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc, nullptr, false, true);
+}
+
+void matmul_bf16(bool trans_a, bool trans_b, int M, int N, int K, const bf16_t* A, int lda,
+                 const bf16_t* B, int ldb, float* C, int ldc, const float* bias, bool relu,
+                 bool accumulate) {
+  run_matmul(trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc, bias, relu, accumulate, true);
+}
+
+// The implementation oneDNN picks for a bf16 matmul of a training-sized shape.
+std::string bf16_matmul_kernels() {
+  try {
+    using dt = dnnl::memory::data_type;
+    using dims = dnnl::memory::dims;
+    const dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+    const dnnl::memory::desc a(dims{256, 384}, dt::bf16, dims{384, 1});
+    const dnnl::memory::desc b(dims{384, 384}, dt::bf16, dims{1, 384});
+    const dnnl::memory::desc c(dims{256, 384}, dt::f32, dims{384, 1});
+    return dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, c), eng).impl_info_str();
+  } catch (const dnnl::error& e) {
+    return std::string("none (") + e.what() + ")";
+  }
 }
 
 }  // namespace strata::cpu

@@ -62,38 +62,45 @@ void backward_products(float* dinp, float* dweight, const float* dout, const flo
     matmul(true, false, O, I, B, dout, O, inp, I, dweight, I, nullptr, false);
 }
 
-}  // namespace
-
-// out (B,O) = inp (B,I) @ weight (O,I)^T + bias (O)
-void linear_forward(float* out, const float* inp, const float* weight, const float* bias, int B,
-                    int I, int O) {
-  forward(out, inp, weight, bias, B, I, O, false);
+// bf16 (train.precision = "bf16"): the same products on bf16 copies of their inputs, each
+// operand rounded once per call (dout serves both backward products), all through the matmul
+// primitive: its bf16 kernels beat the fp32 ones on every shape, small ones included.
+const bf16_t* rounded(int slot, const float* x, int64_t n) {
+  bf16_t* r = bf16_scratch(slot, size_t(n));
+  to_bf16(r, x, n);
+  return r;
 }
 
-// dout (B,O), inp (B,I), weight (O,I) -> dinp (B,I), dweight (O,I), dbias (O)
-void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                     const float* inp, const float* weight, int B, int I, int O, bool accumulate) {
-  backward_products(dinp, dweight, dout, inp, weight, B, I, O, accumulate);
-  if (dbias) {
-    // Row by row so the inner loop runs over contiguous memory and vectorises.
-    if (!accumulate) std::fill(dbias, dbias + O, 0.f);
-    for (int b = 0; b < B; ++b) {
-      const float* d = dout + int64_t(b) * O;
-      for (int o = 0; o < O; ++o) dbias[o] += d[o];
-    }
+void forward_bf16(float* out, const float* inp, const float* weight, const float* bias, int B,
+                  int I, int O, bool relu) {
+  matmul_bf16(false, true, B, O, I, rounded(0, inp, int64_t(B) * I), I,
+              rounded(1, weight, int64_t(O) * I), I, out, O, bias, relu, false);
+}
+
+void backward_products_bf16(float* dinp, float* dweight, const float* dout, const float* inp,
+                            const float* weight, int B, int I, int O, bool accumulate) {
+  const bf16_t* d = rounded(0, dout, int64_t(B) * O);
+  if (dinp)
+    matmul_bf16(false, false, B, I, O, d, O, rounded(1, weight, int64_t(O) * I), I, dinp, I,
+                nullptr, false, false);
+  if (dweight)
+    matmul_bf16(true, false, O, I, B, d, O, rounded(2, inp, int64_t(B) * I), I, dweight, I,
+                nullptr, false, accumulate);
+}
+
+void bias_grad(float* dbias, const float* dout, int B, int O, bool accumulate) {
+  // Row by row so the inner loop runs over contiguous memory and vectorises.
+  if (!accumulate) std::fill(dbias, dbias + O, 0.f);
+  for (int b = 0; b < B; ++b) {
+    const float* d = dout + int64_t(b) * O;
+    for (int o = 0; o < O; ++o) dbias[o] += d[o];
   }
 }
 
-void linear_relu_forward(float* out, const float* inp, const float* weight, const float* bias,
-                         int B, int I, int O) {
-  forward(out, inp, weight, bias, B, I, O, true);
-}
-
 // The ReLU's backward and the bias gradient in one pass over dout (the same sums, in the same
-// row order, as relu_backward followed by linear_backward), then the two products.
-void linear_relu_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                          const float* out, const float* inp, const float* weight, int B, int I,
-                          int O, float* dpre, bool accumulate) {
+// row order, as relu_backward followed by linear_backward): dpre = dout where out > 0.
+void relu_bias_grad(float* dpre, float* dbias, const float* dout, const float* out, int B, int O,
+                    bool accumulate) {
   if (dbias && !accumulate) std::fill(dbias, dbias + O, 0.f);
   for (int b = 0; b < B; ++b) {
     const float* d = dout + int64_t(b) * O;
@@ -106,7 +113,59 @@ void linear_relu_backward(float* dinp, float* dweight, float* dbias, const float
     if (dbias)
       for (int o = 0; o < O; ++o) dbias[o] += g[o];
   }
+}
+
+}  // namespace
+
+// out (B,O) = inp (B,I) @ weight (O,I)^T + bias (O)
+void linear_forward(float* out, const float* inp, const float* weight, const float* bias, int B,
+                    int I, int O) {
+  forward(out, inp, weight, bias, B, I, O, false);
+}
+
+// dout (B,O), inp (B,I), weight (O,I) -> dinp (B,I), dweight (O,I), dbias (O)
+void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                     const float* inp, const float* weight, int B, int I, int O, bool accumulate) {
+  backward_products(dinp, dweight, dout, inp, weight, B, I, O, accumulate);
+  if (dbias) bias_grad(dbias, dout, B, O, accumulate);
+}
+
+void linear_relu_forward(float* out, const float* inp, const float* weight, const float* bias,
+                         int B, int I, int O) {
+  forward(out, inp, weight, bias, B, I, O, true);
+}
+
+void linear_relu_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                          const float* out, const float* inp, const float* weight, int B, int I,
+                          int O, float* dpre, bool accumulate) {
+  relu_bias_grad(dpre, dbias, dout, out, B, O, accumulate);
   backward_products(dinp, dweight, dpre, inp, weight, B, I, O, accumulate);
 }
 
+namespace bf16 {
+
+void linear_forward(float* out, const float* inp, const float* weight, const float* bias, int B,
+                    int I, int O) {
+  forward_bf16(out, inp, weight, bias, B, I, O, false);
+}
+
+void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                     const float* inp, const float* weight, int B, int I, int O, bool accumulate) {
+  backward_products_bf16(dinp, dweight, dout, inp, weight, B, I, O, accumulate);
+  if (dbias) bias_grad(dbias, dout, B, O, accumulate);
+}
+
+void linear_relu_forward(float* out, const float* inp, const float* weight, const float* bias,
+                         int B, int I, int O) {
+  forward_bf16(out, inp, weight, bias, B, I, O, true);
+}
+
+void linear_relu_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                          const float* out, const float* inp, const float* weight, int B, int I,
+                          int O, float* dpre, bool accumulate) {
+  relu_bias_grad(dpre, dbias, dout, out, B, O, accumulate);
+  backward_products_bf16(dinp, dweight, dpre, inp, weight, B, I, O, accumulate);
+}
+
+}  // namespace bf16
 }  // namespace strata::cpu

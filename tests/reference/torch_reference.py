@@ -11,6 +11,10 @@ initialised by PyTorch's own default init under a fixed seed, the file holds:
   x, y            one batch (B,1,28,28) float32 in [0,1), labels int32
   logits, loss    forward on that batch; loss is the mean cross-entropy (float64)
   grad/<name>     every parameter's gradient after loss.backward()
+  bf16/logits, bf16/loss, bf16/grad/<name>
+                  the same under torch.autocast("cpu", dtype=torch.bfloat16) (bf16 GEMMs and
+                  convolutions, fp32 parameters and gradients): train.precision = "bf16"'s
+                  reference
   <opt>/x, <opt>/y        20 batches (20,B,1,28,28), (20,B)
   <opt>/loss              the 20 losses, each computed before its step's update
   <opt>/final/<name>      the parameters after the 20 steps
@@ -187,6 +191,13 @@ def write_model(path, spec, with_adamw, seed):
     logits = model(x)
     loss = torch.nn.functional.cross_entropy(logits, y)
     loss.backward()
+    grads = {n: np32(p.grad) for n, p in params.items()}
+    # The same batch under CPU autocast: its linear and conv layers compute in bf16.
+    model.zero_grad(set_to_none=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits16 = model(x)
+    loss16 = torch.nn.functional.cross_entropy(logits16.float(), y)
+    loss16.backward()
 
     tmp = path + ".tmp"
     with h5py.File(tmp, "w") as f:
@@ -198,11 +209,14 @@ def write_model(path, spec, with_adamw, seed):
         f.attrs["draws"] = draws
         for n, p in params.items():
             f[f"init/{n}"] = np32(p)
-            f[f"grad/{n}"] = np32(p.grad)
+            f[f"grad/{n}"] = grads[n]
+            f[f"bf16/grad/{n}"] = np32(p.grad)
         f["x"] = np32(x)
         f["y"] = y.numpy().astype(np.int32)
         f["logits"] = np32(logits)
         f["loss"] = np.float64(loss.item())
+        f["bf16/logits"] = np32(logits16.float())
+        f["bf16/loss"] = np.float64(loss16.item())
         # The training runs start again from the stored initial parameters.
         write_run(f, "sgd", spec, init, "sgd", SGD, seed)
         if with_adamw:

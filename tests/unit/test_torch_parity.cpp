@@ -229,8 +229,8 @@ struct StepResult {
 // Forward, mean softmax cross-entropy over every row of logits (a sample's, or a position's)
 // and backward on one batch, as src/trainer.cpp does on a single rank (gradient scale
 // 1/rows: the mean loss's gradient).
-StepResult forward_backward(Model& m, const Tensor& x, const int32_t* y) {
-  const Backend& be = cpu_backend();
+StepResult forward_backward(Model& m, const Tensor& x, const int32_t* y,
+                            const Backend& be = cpu_backend()) {
   const Tensor& logits = m.forward(be, x, StepInfo{.training = true});
   const int V = m.classes(), rows = int(logits.size() / V);
   Tensor probs(logits.shape), dlogits(logits.shape);
@@ -243,10 +243,11 @@ StepResult forward_backward(Model& m, const Tensor& x, const int32_t* y) {
 }
 
 // An image batch (B, 1, 28, 28).
-StepResult forward_backward(Model& m, const float* x, const int32_t* y, int B) {
+StepResult forward_backward(Model& m, const float* x, const int32_t* y, int B,
+                            const Backend& be = cpu_backend()) {
   Tensor xt({B, 1, 28, 28});
   std::copy(x, x + xt.size(), xt.data());
-  return forward_backward(m, xt, y);
+  return forward_backward(m, xt, y, be);
 }
 
 void check_one_batch(const std::string& type) {
@@ -324,9 +325,59 @@ void check_training(const std::string& type, const std::string& opt) {
   }
 }
 
+// train.precision = "bf16" against torch.autocast("cpu", dtype=torch.bfloat16) on the file's
+// batch (bf16/*). Both round GEMM and convolution inputs to bf16 and accumulate in fp32, but
+// autocast also hands each layer's output and, in backward, each activation gradient on in
+// bf16 (strata keeps both fp32), and a ReLU or max-pool decision within bf16 rounding of its
+// threshold can go either way, so torch's own bf16 gradients sit up to ~11% (of the tensor's
+// largest element) from its fp32 ones on these batches. The bound for each tensor is therefore
+// twice torch's own bf16-vs-fp32 distance for it (at least 1e-2): strata in bf16 must be no
+// further from autocast than autocast is from fp32, with room for the two roundings to
+// differ. That bf16 is really used is checked too: the logits must not match fp32's.
+void expect_bf16_close(const std::string& what, const float* got, const std::vector<float>& ref16,
+                       const std::vector<float>& ref32) {
+  const auto n = int64_t(ref16.size());
+  const double own = max_err(ref16.data(), ref32.data(), n);
+  fmt::print("  {:<28} against fp32 torch {:.2e}; torch bf16 against fp32 {:.2e}\n", what,
+             max_err(got, ref32.data(), n), own);
+  expect_close(what + " (bf16)", max_err(got, ref16.data(), n), std::max(1e-2, 2 * own));
+}
+
+void check_one_batch_bf16(const std::string& type) {
+  cpu::blas_init(1);
+  std::string why;
+  if (!cpu::bf16_supported(&why)) {
+    WARN("bf16 parity not checked: " << why);
+    return;
+  }
+  RefFile f(type + ".h5");
+  auto m = load_model(f, type);
+  Shape xs;
+  auto x = f.f32("x", &xs);
+  auto y = f.i32("y");
+  const int B = int(xs[0]);
+  fmt::print("torch parity in bf16, {} (torch {} autocast), one batch of {}: "
+             "max|strata-torch| / max|torch|\n",
+             type, f.str_attr("torch_version"), B);
+  auto r = forward_backward(*m, x.data(), y.data(), B, cpu_backend(true));
+  auto ref = f.f32("bf16/logits"), fp32 = f.f32("logits");
+  REQUIRE(int64_t(ref.size()) == r.logits.size());
+  expect_bf16_close("logits", r.logits.data(), ref, fp32);
+  CHECK(max_err(r.logits.data(), fp32.data(), r.logits.size()) > 1e-4);  // fp32: ~1e-6
+  const double ref_loss = f.f64("bf16/loss").at(0);
+  expect_close("loss (bf16)", std::abs(r.loss - ref_loss) / std::abs(ref_loss), 1e-2);
+  for (Param* p : m->params())
+    expect_bf16_close("grad " + p->name, p->grad, f.f32("bf16/grad/" + p->name),
+                      f.f32("grad/" + p->name));
+}
+
 }  // namespace
 
 TEST_CASE("torch parity: MLP logits, loss and gradients", "[.][torch]") { check_one_batch("mlp"); }
+TEST_CASE("torch parity: MLP and CNN in bf16 against torch's CPU autocast", "[.][torch]") {
+  SECTION("mlp") { check_one_batch_bf16("mlp"); }
+  SECTION("cnn") { check_one_batch_bf16("cnn"); }
+}
 TEST_CASE("torch parity: CNN logits, loss and gradients", "[.][torch]") { check_one_batch("cnn"); }
 TEST_CASE("torch parity: MLP 20 SGD steps", "[.][torch]") { check_training("mlp", "sgd"); }
 TEST_CASE("torch parity: CNN 20 SGD steps", "[.][torch]") { check_training("cnn", "sgd"); }

@@ -1,0 +1,90 @@
+// bf16 on the CPU: rounding fp32 to bf16, the per-thread buffers the bf16 GEMMs read, and
+// whether this CPU runs bf16 GEMMs natively.
+//
+// The rounding is the CPU's own VCVTNEPS2BF16 (AVX512_BF16: nearest even, NaNs kept NaN, and,
+// unlike PyTorch's software rounding, denormal inputs flushed to zero): every element, tails
+// included, goes through that one instruction (masked loads and stores), so a tensor rounds
+// the same whatever the thread count or chunking. Without AVX512_BF16 strata refuses bf16 on
+// the CPU (select_backend) and nothing here runs.
+#include <immintrin.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <oneapi/dnnl/dnnl.h>
+
+#include "strata/kernels_cpu.h"
+
+namespace strata::cpu {
+namespace {
+
+#if defined(__x86_64__)
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+void round_span(bf16_t* dst, const float* src, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256bh v = _mm512_cvtneps_pbh(_mm512_loadu_ps(src + i));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), reinterpret_cast<const __m256i&>(v));
+  }
+  if (i < n) {
+    const __mmask16 m = __mmask16((1u << (n - i)) - 1);
+    const __m256bh v = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, src + i));
+    _mm256_mask_storeu_epi16(dst + i, m, reinterpret_cast<const __m256i&>(v));
+  }
+}
+#endif
+
+bool cpu_has_avx512_bf16() {
+#if defined(__x86_64__)
+  return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl");
+#else
+  return false;
+#endif
+}
+
+}  // namespace
+
+void to_bf16(bf16_t* dst, const float* src, int64_t n) {
+#if defined(__x86_64__)
+  // Large tensors split over the math threads; 64K elements (256 KB read) per piece at least.
+  constexpr int64_t kPiece = int64_t(1) << 16;
+  const int64_t pieces = (n + kPiece - 1) / kPiece;
+  if (pieces > 1 && omp_get_max_threads() > 1 && !omp_in_parallel()) {
+#pragma omp parallel for schedule(static)
+    for (int64_t p = 0; p < pieces; ++p)
+      round_span(dst + p * kPiece, src + p * kPiece, std::min(kPiece, n - p * kPiece));
+    return;
+  }
+  round_span(dst, src, n);
+#else
+  (void)dst, (void)src, (void)n;
+#endif
+}
+
+bf16_t* bf16_scratch(int slot, size_t n) {
+  thread_local std::vector<bf16_t> bufs[kBf16ScratchSlots];
+  std::vector<bf16_t>& b = bufs[slot];
+  if (b.size() < n) b.resize(n);
+  return b.data();
+}
+
+bool bf16_supported(std::string* why) {
+  if (!cpu_has_avx512_bf16()) {
+    if (why) *why = "this CPU lacks the avx512_bf16 instructions (lscpu's flags)";
+    return false;
+  }
+  const std::string impl = bf16_matmul_kernels();
+  // oneDNN may be capped below the CPU (ONEDNN_MAX_CPU_ISA) and then emulates bf16 slowly.
+  if (impl.find("bf16") == std::string::npos && impl.find("amx") == std::string::npos) {
+    if (why) *why = "oneDNN would run bf16 matmuls with " + impl + ", not native bf16 kernels "
+                    "(ONEDNN_MAX_CPU_ISA set below avx512_core_bf16?)";
+    return false;
+  }
+  return true;
+}
+
+}  // namespace strata::cpu
