@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "strata/kernels_cpu.h"
@@ -85,6 +86,10 @@ CblasSgemm load_openblas(const char** core) {
   }
 STRATA_FMA_PEAK(fma_peak_avx512, "avx512f", "zmm", 16)
 STRATA_FMA_PEAK(fma_peak_avx2, "avx2,fma", "ymm", 8)
+// The bf16 ceiling: vdpbf16ps (AVX512_BF16) does 16 lanes x 2 bf16 products per instruction.
+#undef STRATA_FMA
+#define STRATA_FMA(r, i) "vdpbf16ps %%" r "14, %%" r "15, %%" r #i "\n"
+STRATA_FMA_PEAK(dpbf16_peak_avx512, "avx512f,avx512bf16", "zmm", 32)
 #endif
 
 // The best of 5 runs of about 0.2 s each (the core's clock settles in the first).
@@ -100,6 +105,62 @@ double fma_peak(const char** isa) {
   *isa = "none";
 #endif
   return best;
+}
+
+// This core's bf16 dot-product throughput (vdpbf16ps), 0 without AVX512_BF16.
+double bf16_peak() {
+  double best = 0;
+#if defined(__x86_64__)
+  if (!__builtin_cpu_supports("avx512bf16")) return 0;
+  for (int r = 0; r < 5; ++r) best = std::max(best, dpbf16_peak_avx512(40'000'000));
+#endif
+  return best;
+}
+
+struct Shape {
+  bool ta, tb;
+  int M, N, K;
+  const char* what;
+};
+
+// train.precision = "bf16": the GPT's products as its linear op runs them (kernels/cpu/linear.cpp:
+// both operands rounded to bf16, then oneDNN's bf16 matmul), beside the matmul alone and the
+// fp32 sgemm, against the core's bf16 peak.
+void bench_bf16(const Shape* shapes, int n, int calls) {
+  std::string why;
+  if (!strata::cpu::bf16_supported(&why)) {
+    std::printf("\nbf16: not measured (%s)\n", why.c_str());
+    return;
+  }
+  const double peak = bf16_peak();
+  std::printf("\nbf16 (%s): this core's bf16 peak %.1f GFLOP/s (vdpbf16ps, 12 chains)\n",
+              strata::cpu::bf16_matmul_kernels().c_str(), peak);
+  std::printf("%-24s %11s %9s %6s %11s %9s %6s %10s %7s\n", "shape (M,N,K)", "op us", "GFLOP/s",
+              "peak", "matmul us", "GFLOP/s", "peak", "fp32 us", "op/fp32");
+  using strata::cpu::bf16_t;
+  for (int i = 0; i < n; ++i) {
+    const Shape& s = shapes[i];
+    std::vector<float> A(size_t(s.M) * s.K, 0.25f), B(size_t(s.K) * s.N, 0.5f), C(size_t(s.M) * s.N);
+    std::vector<bf16_t> Ab(A.size()), Bb(B.size());
+    const int lda = s.ta ? s.M : s.K, ldb = s.tb ? s.K : s.N;
+    auto matmul = [&] {
+      strata::cpu::matmul_bf16(s.ta, s.tb, s.M, s.N, s.K, Ab.data(), lda, Bb.data(), ldb, C.data(),
+                               s.N, nullptr, false, false);
+    };
+    const double op = median_s(calls, [&] {
+      strata::cpu::to_bf16(Ab.data(), A.data(), int64_t(A.size()));
+      strata::cpu::to_bf16(Bb.data(), B.data(), int64_t(B.size()));
+      matmul();
+    });
+    const double mm = median_s(calls, matmul);
+    const double f32 = median_s(calls, [&] {
+      strata::cpu::sgemm(s.ta, s.tb, s.M, s.N, s.K, 1.f, A.data(), lda, B.data(), ldb, 0.f, C.data(), s.N);
+    });
+    const double gf = 2.0 * s.M * s.N * s.K * 1e-9;
+    auto share = [&](double t) { return peak > 0 ? 100 * gf / t / peak : 0.0; };
+    std::printf("%-24s %11.1f %9.0f %5.0f%% %11.1f %9.0f %5.0f%% %10.1f %6.2fx\n", s.what, op * 1e6,
+                gf / op, share(op), mm * 1e6, gf / mm, share(mm), f32 * 1e6, f32 / op);
+  }
 }
 
 }  // namespace
@@ -118,11 +179,6 @@ int main(int argc, char** argv) {
   const char* isa = "";
   const double peak = fma_peak(&isa);
   std::printf("this core's FMA peak: %.1f GFLOP/s (%s, 12 independent FMA chains)\n", peak, isa);
-  struct Shape {
-    bool ta, tb;
-    int M, N, K;
-    const char* what;
-  };
   const Shape shapes[] = {
       {false, true, 64, 256, 784, "MLP fc1 forward"},   {true, false, 256, 784, 64, "MLP fc1 dW"},
       {false, true, 64, 128, 256, "MLP fc2 forward"},   {false, false, 64, 256, 128, "MLP fc2 dX"},
@@ -163,4 +219,5 @@ int main(int argc, char** argv) {
     std::printf("%-24s %10.1f %9.0f %5.0f%% %10.1f %9.0f %5.0f%% %6.2fx\n", s.what, a * 1e6, gf / a,
                 share(a), b * 1e6, gf / b, share(b), b / a);
   }
+  bench_bf16(shapes, int(sizeof shapes / sizeof shapes[0]), calls);
 }

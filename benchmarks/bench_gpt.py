@@ -105,7 +105,8 @@ def torch_worker(a):
         at += a.batch
         x, y = w[:, :-1], w[:, 1:]
         opt.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(model(x).view(-1, V), y.reshape(-1))  # mean over B*T
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.precision == "bf16"):
+            loss = F.cross_entropy(model(x).view(-1, V), y.reshape(-1))  # mean over B*T
         loss.backward()
         opt.step()
         losses.append(float(loss))
@@ -184,7 +185,7 @@ def strata_cmd(a, strata, out, steps, recompute):
             "--train.log_every", "1", "--train.seed", str(a.seed),
             "--train.recompute", recompute, "--threads", "1", "--device", "cpu",
             "--checkpoint.final", "false", "--watchdog.timeout_s", "0",
-            "--output.dir", out, "--quiet"]
+            "--train.precision", a.precision, "--output.dir", out, "--quiet"]
 
 
 def run_strata(a, tag, steps, recompute="none", strata=None):
@@ -211,7 +212,8 @@ def run_torch(a):
            "--steps", str(a.steps), "--warmup", str(a.warmup), "--batch", str(a.batch),
            "--lr", str(a.lr), "--weight-decay", str(a.weight_decay), "--seed", str(a.seed),
            "--threads", "1", "--vocab", str(a.vocab), "--layers", str(a.layers),
-           "--heads", str(a.heads), "--dim", str(a.dim), "--context", str(a.context)]
+           "--heads", str(a.heads), "--dim", str(a.dim), "--context", str(a.context),
+           "--precision", a.precision]
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
     log = os.path.join(a.work, "torch.log")
     rc, out, rss = run_child(cmd, env=env, log=log)
@@ -291,6 +293,8 @@ def main():
     ap.add_argument("--weight-decay", type=float, default=0.1)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
+                    help="bf16: strata's train.precision bf16 against torch.autocast bf16")
     ap.add_argument("--target", type=float, default=1.5, help="strata / PyTorch tokens/s, at least")
     ap.add_argument("--memory-steps", type=int, default=3, help="steps of each memory run")
     ap.add_argument("--no-speed", action="store_true")

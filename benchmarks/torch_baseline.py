@@ -188,6 +188,8 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--quiet-config", action="store_true", help="do not print the backends")
+    ap.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
+                    help="bf16: forward and loss under torch.autocast('cpu', dtype=torch.bfloat16)")
     a = ap.parse_args()
 
     torch.set_num_threads(a.threads)
@@ -223,7 +225,8 @@ def main() -> int:
             idx = perm[b * a.batch_size:(b + 1) * a.batch_size]
             xb, yb = x_train[idx], y_train[idx]
             opt.zero_grad(set_to_none=True)
-            loss = loss_fn(model(xb), yb)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.precision == "bf16"):
+                loss = loss_fn(model(xb), yb)
             loss.backward()
             opt.step()
             step += 1
@@ -233,7 +236,7 @@ def main() -> int:
     acc = evaluate(model, x_test, y_test)
     print(json.dumps({
         "framework": "pytorch", "model": a.model, "steps": total, "batch_size": a.batch_size,
-        "threads": a.threads, "train_time_s": train_s,
+        "threads": a.threads, "precision": a.precision, "train_time_s": train_s,
         "samples_per_s": total * a.batch_size / train_s, "test_accuracy": acc,
         "final_loss": last_loss, "openblas_core": core, "openblas_threads": blas_threads,
         "torch": torch.__version__}))
