@@ -56,6 +56,16 @@ void matmul_bf16(bool trans_a, bool trans_b, int M, int N, int K, const bf16_t* 
                  const bf16_t* B, int ldb, float* C, int ldc, const float* bias, bool relu,
                  bool accumulate);
 
+// ---- int8 (kernels/cpu/int8.cpp, gemm.cpp) ---------------------------------------------
+// C (M,N) int32 = A (M,K) u8 @ B^T, B (N,K) s8 row-major: oneDNN's int8 matmul (VNNI where
+// the CPU has it).
+void matmul_u8s8(int M, int N, int K, const uint8_t* A, int lda, const int8_t* B, int ldb,
+                 int32_t* C, int ldc);
+std::string int8_matmul_kernels();  // oneDNN's int8 matmul implementation, "brg:avx512_core_vnni"
+// Symmetric per-row int8 of w (rows, cols): q = round(w / scale[r]), scale[r] = max|w[r]| / 127
+// (1 for a zero row), col_sum[r] = sum of row r of q.
+void quantize_rows(int8_t* q, float* scale, int32_t* col_sum, const float* w, int rows, int cols);
+
 // The ops the CPU's bf16 table replaces (cpu_backend(true)), with the fp32 ops' signatures.
 #define STRATA_CPU_BF16_OPS(X) \
   X(linear_forward) X(linear_backward) X(linear_relu_forward) X(linear_relu_backward) \

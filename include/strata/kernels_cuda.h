@@ -51,6 +51,7 @@ void zero(void* p, size_t bytes);                           // stream-ordered me
 // - attention keeps a device workspace between calls (forward 4*B*T*C floats, backward
 //   7*B*T*C + B*NH*T*T); conv2d_scratch_size counts floats of cuDNN workspace.
 #define STRATA_OP(name, ret, params) ret name params;
+#define STRATA_CPU_OP(name, ret, params)
 #include "strata/ops.def"
 
 }  // namespace strata::cuda

@@ -14,6 +14,17 @@ struct Conv2dShape {
   int OW() const { return (W + 2 * pad - KW) / stride + 1; }
 };
 
+// An int8 weight matrix (O, I) for inference (strata quantize): q[o][i] = round(w[o][i] /
+// scale[o]) in [-127, 127], symmetric per output channel; col_sum[o] = sum_i q[o][i] (the
+// kernels feed activations as unsigned bytes, x + 128, and subtract 128 * col_sum). act_scale
+// > 0: a static activation scale from calibration; 0: each input row's own max|x| / 127.
+struct Int8Matrix {
+  const int8_t* q = nullptr;
+  const float* scale = nullptr;
+  const int32_t* col_sum = nullptr;
+  float act_scale = 0;
+};
+
 enum class Op {
 #define STRATA_OP(name, ret, params) name,
 #include "strata/ops.def"

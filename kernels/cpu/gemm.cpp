@@ -11,6 +11,7 @@
 #include <oneapi/dnnl/dnnl.hpp>
 #include <omp.h>
 
+#include <algorithm>
 #include <map>
 #include <mutex>
 #include <stdexcept>
@@ -69,8 +70,10 @@ struct Matmul {
   dnnl::memory a, b, c, bias;  // descriptors bound to the caller's pointers at each call
 };
 
-// (trans_a, trans_b, M, N, K, lda, ldb, ldc, bias, relu, accumulate, bf16 inputs)
-using MatmulKey = std::tuple<bool, bool, int, int, int, int, int, int, bool, bool, bool, bool>;
+// What A, B and C hold: fp32 throughout, bf16 inputs with fp32 C, or u8 A, s8 B, s32 C.
+enum class Types { f32, bf16, u8s8 };
+// (trans_a, trans_b, M, N, K, lda, ldb, ldc, bias, relu, accumulate, types)
+using MatmulKey = std::tuple<bool, bool, int, int, int, int, int, int, bool, bool, bool, Types>;
 
 struct MatmulCache {
   dnnl::engine eng{dnnl::engine::kind::cpu, 0};
@@ -88,14 +91,15 @@ Matmul& get_matmul(MatmulCache& mc, const MatmulKey& key) {
   auto it = mc.prims.find(key);
   if (it != mc.prims.end()) return it->second;
   if (mc.prims.size() >= 64) mc.prims.clear();  // shapes that keep changing: bound the memory
-  const auto [ta, tb, M, N, K, lda, ldb, ldc, has_bias, relu, accumulate, bf16] = key;
+  const auto [ta, tb, M, N, K, lda, ldb, ldc, has_bias, relu, accumulate, types] = key;
   using dt = dnnl::memory::data_type;
   using dims = dnnl::memory::dims;
-  const dt in = bf16 ? dt::bf16 : dt::f32;  // C and the bias are fp32 either way
+  const dt a_t = types == Types::u8s8 ? dt::u8 : types == Types::bf16 ? dt::bf16 : dt::f32;
+  const dt b_t = types == Types::u8s8 ? dt::s8 : a_t;
   // Row-major op(A) (M,K): element (m,k) at m*lda + k, or at k*lda + m when transposed.
-  dnnl::memory::desc a_md(dims{M, K}, in, ta ? dims{1, lda} : dims{lda, 1});
-  dnnl::memory::desc b_md(dims{K, N}, in, tb ? dims{1, ldb} : dims{ldb, 1});
-  dnnl::memory::desc c_md(dims{M, N}, dt::f32, dims{ldc, 1});
+  dnnl::memory::desc a_md(dims{M, K}, a_t, ta ? dims{1, lda} : dims{lda, 1});
+  dnnl::memory::desc b_md(dims{K, N}, b_t, tb ? dims{1, ldb} : dims{ldb, 1});
+  dnnl::memory::desc c_md(dims{M, N}, types == Types::u8s8 ? dt::s32 : dt::f32, dims{ldc, 1});
   dnnl::memory::desc bias_md(dims{1, N}, dt::f32, dims{N, 1});
   dnnl::primitive_attr attr;
   dnnl::post_ops ops;
@@ -114,11 +118,16 @@ Matmul& get_matmul(MatmulCache& mc, const MatmulKey& key) {
   return mc.prims.emplace(key, std::move(m)).first->second;
 }
 
-// A and B are float, or bf16_t when `bf16`.
+// A, B and C hold what `types` says (C float unless u8s8, then int32).
 void run_matmul(bool trans_a, bool trans_b, int M, int N, int K, const void* A, int lda,
-                const void* B, int ldb, float* C, int ldc, const float* bias, bool relu,
-                bool accumulate, bool bf16 = false) {
+                const void* B, int ldb, void* Cv, int ldc, const float* bias, bool relu,
+                bool accumulate, Types types = Types::f32) {
   if (M <= 0 || N <= 0) return;
+  if (types == Types::u8s8 && K <= 0) {
+    for (int i = 0; i < M; ++i) std::fill_n(static_cast<int32_t*>(Cv) + int64_t(i) * ldc, N, 0);
+    return;
+  }
+  float* C = static_cast<float*>(Cv);
   if (K <= 0) {  // C = (accumulate ? C : 0) + bias (or 0), then ReLU
     for (int i = 0; i < M; ++i)
       for (int j = 0; j < N; ++j) {
@@ -131,10 +140,10 @@ void run_matmul(bool trans_a, bool trans_b, int M, int N, int K, const void* A, 
   try {
     MatmulCache& mc = matmul_cache();
     Matmul& m = get_matmul(mc, {trans_a, trans_b, M, N, K, lda, ldb, ldc, bias != nullptr, relu,
-                                accumulate, bf16});
+                                accumulate, types});
     m.a.set_data_handle(const_cast<void*>(A));
     m.b.set_data_handle(const_cast<void*>(B));
-    m.c.set_data_handle(C);
+    m.c.set_data_handle(Cv);
     dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, m.a.get()},
                                {DNNL_ARG_WEIGHTS, m.b.get()},
                                {DNNL_ARG_DST, m.c.get()},
@@ -148,7 +157,8 @@ void run_matmul(bool trans_a, bool trans_b, int M, int N, int K, const void* A, 
     if (st != dnnl_success) throw dnnl::error(st, "dnnl_primitive_execute");
   } catch (const dnnl::error& e) {
     throw std::runtime_error(fmt::format("oneDNN {} matmul({}, {}, M={}, N={}, K={}) failed: {} "
-                                         "(status {})", bf16 ? "bf16" : "fp32",
+                                         "(status {})",
+                                         types == Types::u8s8 ? "int8" : types == Types::bf16 ? "bf16" : "fp32",
                                          trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', M, N, K,
                                          e.what(), int(e.status)));
   }
@@ -169,7 +179,27 @@ void matmul_accumulate(bool trans_a, bool trans_b, int M, int N, int K, const fl
 void matmul_bf16(bool trans_a, bool trans_b, int M, int N, int K, const bf16_t* A, int lda,
                  const bf16_t* B, int ldb, float* C, int ldc, const float* bias, bool relu,
                  bool accumulate) {
-  run_matmul(trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc, bias, relu, accumulate, true);
+  run_matmul(trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc, bias, relu, accumulate,
+             Types::bf16);
+}
+
+void matmul_u8s8(int M, int N, int K, const uint8_t* A, int lda, const int8_t* B, int ldb,
+                 int32_t* C, int ldc) {
+  run_matmul(false, true, M, N, K, A, lda, B, ldb, C, ldc, nullptr, false, false, Types::u8s8);
+}
+
+std::string int8_matmul_kernels() {
+  try {
+    using dt = dnnl::memory::data_type;
+    using dims = dnnl::memory::dims;
+    const dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+    const dnnl::memory::desc a(dims{64, 384}, dt::u8, dims{384, 1});
+    const dnnl::memory::desc b(dims{384, 384}, dt::s8, dims{1, 384});
+    const dnnl::memory::desc c(dims{64, 384}, dt::s32, dims{384, 1});
+    return dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, c), eng).impl_info_str();
+  } catch (const dnnl::error& e) {
+    return std::string("none (") + e.what() + ")";
+  }
 }
 
 // The implementation oneDNN picks for a bf16 matmul of a training-sized shape.

@@ -56,6 +56,7 @@ const Backend& cuda_backend(int device, bool bf16) {
               .synchronize = cuda::synchronize,
               .conv_pool_chunk_bytes = int64_t(1) << 40};  // the whole batch: one cuDNN call
 #define STRATA_OP(name, ret, params) t.name = cuda::name;
+#define STRATA_CPU_OP(name, ret, params)
 #include "strata/ops.def"
     return t;
   }();

@@ -16,6 +16,15 @@ using namespace strata::optest;
     REQUIRE(select_target(Precision::fp32).supports(Op::name)); \
     check_##name();                                             \
   }
+// A CPU-only op is checked where the backend under test has it, and named where it has not.
+#define STRATA_CPU_OP(name, ret, params)                                           \
+  TEST_CASE(#name, "[vs_cpu]") {                                                   \
+    if (!select_target(Precision::fp32).supports(Op::name)) {                      \
+      WARN(#name " is a CPU-only op: not on " << device() << ", nothing to check"); \
+      return;                                                                      \
+    }                                                                              \
+    check_##name();                                                                \
+  }
 #include "strata/ops.def"
 
 #define STRATA_FD_TEST(name) \
