@@ -31,6 +31,7 @@ namespace {
 
 constexpr const char* kCheckpointFormat = "strata-checkpoint";
 constexpr const char* kParamsFormat = "strata-parameters";
+constexpr const char* kInt8Format = "strata-int8";
 
 [[noreturn]] void fail_checkpoint(const std::string& msg) {
   throw UserError(kExitBadCheckpoint, msg);
@@ -285,6 +286,24 @@ void save_parameters(const std::string& path, const Model& model, const ParamFil
   });
 }
 
+void save_int8(const std::string& path, const Model& model, const Int8Table& table,
+               const ParamFileMeta& meta) {
+  std::vector<NamedTensor> tensors;
+  for (const NamedTensor& t : model_tensors(model)) {
+    bool replaced = false;
+    for (const auto& [name, w] : table.weights) replaced |= name == w.source && param_path(name) == t.path;
+    if (!replaced) tensors.push_back(t);
+  }
+  for (const NamedTensor& t : int8_float_tensors(table)) tensors.push_back(t);
+  write_atomically(path, tensors, [&](hid_t f) {
+    write_model_attrs(f, model, kInt8Format);
+    write_int_attr(f, "step", meta.step);
+    write_str_attr(f, "config", meta.config_toml);
+    write_str_attr(f, "dataset_sha256", meta.dataset_sha256);
+    write_int8_products(f, table);
+  });
+}
+
 namespace {
 
 constexpr int64_t kFormatVersion = 1;
@@ -326,6 +345,21 @@ std::map<std::string, Shape> expected_tensors(hid_t f, const std::string& path,
   }
   std::map<std::string, Shape> want;
   for (const auto& [name, sh] : params) want[param_path(name)] = sh;
+  if (out.format == kInt8Format) {
+    std::string list;
+    if (!read_str_attr(f, "int8_products", &list))
+      fail_checkpoint(fmt::format("{}: an int8 file without the root attribute int8_products", path));
+    for (const auto& [name, source] : parse_int8_products(list, path)) {
+      const Shape q = int8_q_shape(f, path, name);
+      Int8Weight& w = out.int8.weights[name];
+      w.source = source;
+      w.rows = int(q[0]);
+      w.cols = int(q[1]);
+      want[int8_path(name) + "/scale"] = {q[0]};
+      want[int8_path(name) + "/act_scale"] = {1};
+      if (name == source) want.erase(param_path(name));  // the weight is only in int8
+    }
+  }
   if (out.format == kCheckpointFormat)
     for (const std::string& state : Optimizer::state_names(out.state.optimizer))
       for (const auto& [name, sh] : params)
@@ -413,14 +447,16 @@ LoadedCheckpoint read_checkpoint(const std::string& path, bool tolerate_mismatch
   LoadedCheckpoint out;
   try {
     if (!read_str_attr(f.get(), "format", &out.format) ||
-        (out.format != kCheckpointFormat && out.format != kParamsFormat))
+        (out.format != kCheckpointFormat && out.format != kParamsFormat &&
+         out.format != kInt8Format))
       fail_input("{}: not a strata checkpoint or parameter file (root attribute 'format' is "
                  "missing)", path);
     read_state_attrs(f.get(), path, out);
     const std::map<std::string, Shape> want = expected_tensors(f.get(), path, out);
     const std::vector<std::string> present = list_datasets(f.get());
     for (const std::string& ds : present)
-      if (!want.count(ds))
+      if (!want.count(ds) && !(out.format == kInt8Format && ds.rfind("/int8/", 0) == 0 &&
+                               ds.size() > 2 && ds.compare(ds.size() - 2, 2, "/q") == 0))
         fail_checkpoint(fmt::format("{}: holds {}, which is not a tensor of the model in the "
                                     "file (model_layers)", path, ds));
     // Every tensor's shape, type and storage first: the file holds what it claims before the
@@ -470,6 +506,7 @@ LoadedCheckpoint read_checkpoint(const std::string& path, bool tolerate_mismatch
       out.shapes[ds] = shape;
       out.tensors[ds] = std::move(v);
     }
+    if (out.format == kInt8Format) read_int8_products(f.get(), path, out);
   } catch (const UserError&) {
     throw;
   } catch (const std::exception& e) {
@@ -481,9 +518,24 @@ LoadedCheckpoint read_checkpoint(const std::string& path, bool tolerate_mismatch
 
 LoadedParams load_parameters(const std::string& path) { return read_checkpoint(path); }
 
-void copy_parameters_into(Model& model, const LoadedParams& p, const std::string& path) {
+void copy_parameters_into(Model& model, const LoadedParams& p, const std::string& path,
+                          Int8Table* int8) {
+  if (!p.int8.weights.empty()) {
+    if (!int8) fail_input("{}: an int8 file (strata quantize) where fp32 parameters are needed", path);
+    std::map<std::string, Int8Target> targets;
+    for (auto& t : model.int8_targets()) targets[t.name] = t;
+    for (const auto& [name, w] : p.int8.weights) {
+      auto t = targets.find(name);
+      if (t == targets.end() || t->second.source != w.source || t->second.rows != w.rows ||
+          t->second.cols != w.cols)
+        fail_checkpoint(fmt::format("{}: int8 product {} ({} x {} from {}) is not one of the "
+                                    "model's", path, name, w.rows, w.cols, w.source));
+    }
+    *int8 = p.int8;
+  }
   for (auto* q : model.params()) {
     const std::string ds = param_path(q->name);
+    if (p.int8.weights.count(q->name) && p.int8.weights.at(q->name).source == q->name) continue;
     auto it = p.tensors.find(ds);
     if (it == p.tensors.end()) fail_input("{}: missing dataset {}", path, ds);
     if (p.shapes.at(ds) != q->shape)

@@ -4,6 +4,9 @@
 #include <hdf5.h>
 
 #include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "strata/checkpoint.h"
 #include "hdf5_util.h"
@@ -21,5 +24,16 @@ TensorPlists tensor_plists();
 // Every root attribute of a checkpoint: the model, the train state and the provenance.
 void write_checkpoint_attrs(hid_t f, const Model& model, const TrainState& st,
                             const Provenance& prov);
+
+// int8 files (checkpoint_int8.cpp): "/int8/fc1/weight" for the product "fc1.weight"; the root
+// attribute and the int8 datasets (written inside write_atomically's attribute step), the
+// float tensors of the products (scale, act_scale); the products' q shapes and data on read.
+std::string int8_path(const std::string& product);
+std::vector<std::pair<std::string, std::string>> parse_int8_products(const std::string& text,
+                                                                     const std::string& path);
+void write_int8_products(hid_t f, const Int8Table& table);
+std::vector<NamedTensor> int8_float_tensors(const Int8Table& table);
+Shape int8_q_shape(hid_t f, const std::string& path, const std::string& product);
+void read_int8_products(hid_t f, const std::string& path, LoadedCheckpoint& out);
 
 }  // namespace strata

@@ -1,6 +1,7 @@
 #include "strata/evaluate.h"
 
 #include <algorithm>
+#include <chrono>
 #include <functional>
 #include <utility>
 
@@ -17,7 +18,8 @@ namespace {
 EvalResult evaluate_split(
     const DatasetInfo& info, const std::string& split, int64_t batch, int replica, int replicas,
     Comm& comm, int64_t rows,
-    const std::function<std::pair<double, int64_t>(const Loader::Batch&, int64_t)>& batch_sums) {
+    const std::function<std::pair<double, int64_t>(const Loader::Batch&, int64_t)>& batch_sums,
+    std::vector<double>* batch_seconds = nullptr) {
   // `batch` counts rows of logits: a language model's T rows per sample make its batches
   // T times fewer samples (its activations per sample are T times larger).
   batch = std::max<int64_t>(1, batch / rows);
@@ -28,7 +30,11 @@ EvalResult evaluate_split(
     const auto& b = loader.next();
     const int64_t bs = b.x.dim(0);  // samples; the same on every stage of a replica
     if (bs == 0) continue;
+    const auto t0 = std::chrono::steady_clock::now();
     auto [loss, correct] = batch_sums(b, bs);
+    if (batch_seconds)
+      batch_seconds->push_back(
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     sums[0] += loss;
     sums[1] += double(correct);
   }
@@ -41,7 +47,7 @@ EvalResult evaluate_split(
 
 EvalResult evaluate_replica(Model& model, const Backend& be, const DatasetInfo& info,
                             const std::string& split, Comm& comm, int replica, int replicas,
-                            bool counts, int64_t batch) {
+                            bool counts, int64_t batch, std::vector<double>* batch_seconds) {
   BatchOnBackend on_be;
   SoftmaxXentHead head(model.classes(), model.rows_per_sample());
   return evaluate_split(info, split, batch, replica, replicas, comm, model.rows_per_sample(),
@@ -50,12 +56,14 @@ EvalResult evaluate_replica(Model& model, const Backend& be, const DatasetInfo& 
     const Tensor& logits = model.forward(be, b.x, StepInfo{.training = false});
     if (!counts) return std::pair<double, int64_t>{0, 0};
     return head.loss_and_correct(be, logits, b.y, bs);
-  });
+  }, batch_seconds);
 }
 
 EvalResult evaluate(Model& model, const Backend& be, const DatasetInfo& info,
-                    const std::string& split, Comm& comm, int64_t batch) {
-  return evaluate_replica(model, be, info, split, comm, comm.rank(), comm.size(), true, batch);
+                    const std::string& split, Comm& comm, int64_t batch,
+                    std::vector<double>* batch_seconds) {
+  return evaluate_replica(model, be, info, split, comm, comm.rank(), comm.size(), true, batch,
+                          batch_seconds);
 }
 
 EvalResult evaluate_pipelined(PipelineStage& pipe, const Backend& be, const DatasetInfo& info,

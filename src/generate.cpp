@@ -33,8 +33,10 @@ int run_generate(const GenerateOptions& o) {
   require_model_memory(Model::describe_layers(lp.spec, lp.input_shape, lp.classes), {}, 2, 1, 1,
                        o.checkpoint);
   Model model(lp.spec, lp.input_shape, lp.classes);
+  Int8Table int8;  // an int8 file's products (strata quantize)
+  copy_parameters_into(model, lp, o.checkpoint, &int8);
+  if (!int8.weights.empty()) model.set_int8(&int8);
   model.check_backend(be);
-  copy_parameters_into(model, lp, o.checkpoint);
   model.place(be);
 
   const int T = int(lp.input_shape[0]), V = lp.classes;

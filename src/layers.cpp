@@ -29,7 +29,12 @@ class Linear final : public Layer {
   }
   // y (B,O) = x (B,I) W^T + b
   void forward(const Backend& be, const Tensor& x, Tensor& y, const StepInfo& si) override {
-    be.linear_forward(y.data(), x.data(), params[0].value, params[1].value, batch_of(x), in_, out_);
+    if (!int8_linear(int8, params[0].name, be, y.data(), x.data(), params[1].value, batch_of(x),
+                     in_, out_, false))
+      be.linear_forward(y.data(), x.data(), params[0].value, params[1].value, batch_of(x), in_, out_);
+  }
+  std::vector<Int8Target> int8_targets() const override {
+    return {{params[0].name, params[0].name, out_, in_}};
   }
   void backward(const Backend& be, const Tensor& x, const Tensor&, const Tensor& dy,
                 Tensor* dx, int slot, bool accumulate) override {
@@ -326,7 +331,12 @@ class LinearRelu final : public Layer {
   double flops_per_sample(const Shape& in) const override { return lin_->flops_per_sample(in); }
   void forward(const Backend& be, const Tensor& x, Tensor& y, const StepInfo& si) override {
     const int B = batch_of(x), I = int(x.size() / std::max(B, 1)), O = int(y.size() / std::max(B, 1));
-    be.linear_relu_forward(y.data(), x.data(), params[0].value, params[1].value, B, I, O);
+    if (!int8_linear(int8, params[0].name, be, y.data(), x.data(), params[1].value, B, I, O, true))
+      be.linear_relu_forward(y.data(), x.data(), params[0].value, params[1].value, B, I, O);
+  }
+  std::vector<Int8Target> int8_targets() const override {
+    const Shape& w = params[0].shape;
+    return {{params[0].name, params[0].name, int(w[0]), int(w[1])}};
   }
   void backward(const Backend& be, const Tensor& x, const Tensor& y, const Tensor& dy,
                 Tensor* dx, int slot, bool accumulate) override {

@@ -143,7 +143,14 @@ class LmHead final : public Layer {
   double flops_per_sample(const Shape& in) const override { return 2.0 * double(numel(in)) * V_; }
   void forward(const Backend& be, const Tensor& x, Tensor& y, const StepInfo& si) override {
     STRATA_CHECK(wte_, "{} is not tied to an embedding", name);
-    be.linear_forward(y.data(), x.data(), wte_->value, nullptr, rows_of(x), int(x.dim(2)), V_);
+    if (!int8_linear(int8, name + ".weight", be, y.data(), x.data(), nullptr, rows_of(x),
+                     int(x.dim(2)), V_, false))
+      be.linear_forward(y.data(), x.data(), wte_->value, nullptr, rows_of(x), int(x.dim(2)), V_);
+  }
+  // Its own int8 copy of the token table (the embedding keeps reading the fp32 one).
+  std::vector<Int8Target> int8_targets() const override {
+    if (!wte_) return {};
+    return {{name + ".weight", wte_->name, int(wte_->shape[0]), int(wte_->shape[1])}};
   }
   void backward(const Backend& be, const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx,
                 int slot, bool accumulate) override {
@@ -307,6 +314,23 @@ class Block final : public Layer {
   float* value(Which i) const { return params[i].value; }
   float* grad(Which i) const { return params[i].grad; }
 
+  // y (N,O) = x (N,I) W^T + bias for the weight `w`: from its int8 copy when the model has one.
+  void linear(const Backend& be, Which w, float* y, const float* x, const float* bias, int N,
+              int I, int O) {
+    if (!int8_linear(int8, params[w].name, be, y, x, bias, N, I, O, false))
+      be.linear_forward(y, x, value(w), bias, N, I, O);
+  }
+
+ public:
+  std::vector<Int8Target> int8_targets() const override {
+    std::vector<Int8Target> t;
+    for (Which w : {kAttnW, kAttnProjW, kFcW, kMlpProjW})
+      t.push_back({params[w].name, params[w].name, int(params[w].shape[0]), int(params[w].shape[1])});
+    return t;
+  }
+
+ private:
+
   // What forward keeps for backward (BlockActs), with its shapes for B samples of T positions
   // (this rank's tensor part): the buffers' sizes and the reports of what recompute saves.
   std::vector<std::pair<Tensor BlockActs::*, Shape>> act_shapes(int64_t B, int64_t T) const {
@@ -347,16 +371,16 @@ class Block final : public Layer {
                          s.step, s.first_sample);
     };
     be.layernorm_forward(a.ln1.data(), a.st1.data(), a.st1.data() + N, x.data(), value(kLn1W), value(kLn1B), N, C);
-    be.linear_forward(a.qkv.data(), a.ln1.data(), value(kAttnW), value(kAttnB), N, C, 3 * Cl);
+    linear(be, kAttnW, a.qkv.data(), a.ln1.data(), value(kAttnB), N, C, 3 * Cl);
     be.attention_forward(a.y.data(), a.att.data(), a.qkv.data(), B, T, Cl, NHl);
-    be.linear_forward(tmp, a.y.data(), value(kAttnProjW), bias(kAttnProjB), N, Cl, C);
+    linear(be, kAttnProjW, tmp, a.y.data(), bias(kAttnProjB), N, Cl, C);
     tensor_sum(tmp, n);
     drop(mk.m1, 0);
     be.residual_forward(a.res1.data(), x.data(), tmp, n);
     be.layernorm_forward(a.ln2.data(), a.st2.data(), a.st2.data() + N, a.res1.data(), value(kLn2W), value(kLn2B), N, C);
-    be.linear_forward(a.fc.data(), a.ln2.data(), value(kFcW), value(kFcB), N, C, Hl);
+    linear(be, kFcW, a.fc.data(), a.ln2.data(), value(kFcB), N, C, Hl);
     be.gelu_forward(a.fcg.data(), a.fc.data(), int64_t(N) * Hl);
-    be.linear_forward(tmp, a.fcg.data(), value(kMlpProjW), bias(kMlpProjB), N, Hl, C);
+    linear(be, kMlpProjW, tmp, a.fcg.data(), bias(kMlpProjB), N, Hl, C);
     tensor_sum(tmp, n);
     drop(mk.m2, 1);
     be.residual_forward(out, a.res1.data(), tmp, n);

@@ -1,4 +1,6 @@
-// strata: the command line. Subcommands: prepare, train, eval, generate, inspect, devices.
+// strata: the command line. Subcommands: prepare, train, eval, quantize, generate, inspect,
+// devices.
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstdio>
@@ -21,6 +23,7 @@
 #include "strata/generate.h"
 #include "strata/grid.h"
 #include "strata/prepare.h"
+#include "strata/quantize.h"
 #include "strata/evaluate.h"
 #include "strata/session.h"
 
@@ -64,37 +67,90 @@ CLI::Validator real_in(double lo, double hi) {
 // A JSON number; JSON has no NaN or infinity: those are null.
 std::string json_value(double x) { return std::isfinite(x) ? fmt::format("{}", x) : "null"; }
 
-int run_eval(const std::string& checkpoint, const std::string& data, bool json, int threads,
-             const std::string& device, Comm& comm) {
+struct EvalOptions {
+  std::string ckpt, data, device = "auto";
+  bool json = false, throughput = false;
+  int threads = 1;
+  int64_t batch_size = 0;  // samples per batch; 0: 1000 rows of logits
+  CLI::Option* threads_flag = nullptr;
+};
+
+// p-th percentile (nearest rank) of v, which it sorts.
+double percentile(std::vector<double>& v, double p) {
+  std::sort(v.begin(), v.end());
+  if (v.empty()) return 0;
+  const size_t k = size_t(std::ceil(p / 100.0 * double(v.size())));
+  return v[std::min(v.size() - 1, k == 0 ? 0 : k - 1)];
+}
+
+// Samples per second and the batch latencies, leaving out the first batch (it creates oneDNN's
+// kernels for the shape: a cost paid once per process, not per batch served).
+std::pair<double, std::vector<double>> throughput_of(const std::vector<double>& seconds,
+                                                     int64_t samples, int64_t batch_samples) {
+  std::vector<double> lat(seconds.begin() + (seconds.size() > 1 ? 1 : 0), seconds.end());
+  if (seconds.size() > 1) samples -= std::min(samples, batch_samples);
+  double total = 0;
+  for (double t : lat) total += t;
+  return {total > 0 ? double(samples) / total : 0.0, lat};
+}
+
+int run_eval(const EvalOptions& o, Comm& comm) {
   std::string note;
   const Backend* be = nullptr;
   LoadedParams lp;
   DatasetInfo info;
   std::unique_ptr<Model> model;
+  Int8Table int8;  // an int8 file's products (strata quantize)
   collectively(comm, [&] {
-    be = &select_backend({.device = device, .threads = threads}, &note);
-    lp = load_parameters(checkpoint);
-    info = open_dataset(data);
+    be = &select_backend({.device = o.device, .threads = o.threads}, &note);
+    lp = load_parameters(o.ckpt);
+    info = open_dataset(o.data);
     if (info.tokens && lp.input_shape.size() == 1) set_context(info, lp.input_shape[0]);
-    if (!info.has_test) fail_input("{}: has no /test split to evaluate", data);
+    if (!info.has_test) fail_input("{}: has no /test split to evaluate", o.data);
     if (info.test.sample_shape != lp.input_shape || info.classes != lp.classes)
       fail_input("{}: samples {} with {} classes do not fit the model in {} ({} with {} classes)",
-                 data, shape_str(info.test.sample_shape), info.classes, checkpoint,
+                 o.data, shape_str(info.test.sample_shape), info.classes, o.ckpt,
                  shape_str(lp.input_shape), lp.classes);
     require_model_memory(Model::describe_layers(lp.spec, lp.input_shape, lp.classes), {}, 2, 1, 1,
-                         checkpoint);
+                         o.ckpt);
     model = std::make_unique<Model>(lp.spec, lp.input_shape, lp.classes);
+    copy_parameters_into(*model, lp, o.ckpt, &int8);
+    if (!int8.weights.empty()) model->set_int8(&int8);
     model->check_backend(*be);
-    copy_parameters_into(*model, lp, checkpoint);
   });
   model->place(*be);
-  EvalResult r = evaluate(*model, *be, info, "test", comm);
-  if (comm.rank() == 0) {
-    if (json)
-      fmt::print("{{\"accuracy\": {}, \"loss\": {}, \"samples\": {}}}\n", json_value(r.accuracy),
-                 json_value(r.loss), r.samples);
-    else
-      fmt::print("test accuracy {:.4f}, test loss {:.4f} over {} samples\n", r.accuracy, r.loss, r.samples);
+  const int64_t rows = model->rows_per_sample();
+  const int64_t batch_samples = o.batch_size > 0 ? o.batch_size : std::max<int64_t>(1, 1000 / rows);
+  std::vector<double> seconds;
+  EvalResult r = evaluate(*model, *be, info, "test", comm,
+                          o.batch_size > 0 ? o.batch_size * rows : 1000,
+                          o.throughput ? &seconds : nullptr);
+  if (comm.rank() != 0) return kExitOk;
+  const std::string precision = int8.weights.empty() ? "fp32" : fmt::format("int8 ({} products)", int8.weights.size());
+  if (o.json) {
+    std::string extra;
+    if (o.throughput) {
+      auto [sps, lat] = throughput_of(seconds, r.samples, batch_samples);
+      extra = fmt::format(", \"samples_per_s\": {}, \"tokens_per_s\": {}, \"batches\": {}, "
+                          "\"latency_p50_ms\": {}, \"latency_p99_ms\": {}", json_value(sps),
+                          json_value(info.tokens ? sps * double(rows) : 0), lat.size(),
+                          json_value(1e3 * percentile(lat, 50)), json_value(1e3 * percentile(lat, 99)));
+    }
+    fmt::print("{{\"accuracy\": {}, \"loss\": {}, \"samples\": {}, \"precision\": \"{}\"{}}}\n",
+               json_value(r.accuracy), json_value(r.loss), r.samples,
+               int8.weights.empty() ? "fp32" : "int8", extra);
+    return kExitOk;
+  }
+  fmt::print("test accuracy {:.4f}, test loss {:.4f} over {} samples ({})\n", r.accuracy, r.loss,
+             r.samples, precision);
+  if (o.throughput) {
+    auto [sps, lat] = throughput_of(seconds, r.samples, batch_samples);
+    fmt::print("throughput: {:.1f} samples/s{} on {} with {} thread{} ({} batches of {} samples); "
+               "latency per batch p50 {:.3f} ms, p99 {:.3f} ms\n", sps,
+               info.tokens ? fmt::format(" ({:.1f} tokens/s)", sps * double(rows)) : "", be->name,
+               o.threads, o.threads == 1 ? "" : "s",
+               lat.size(), batch_samples,
+               1e3 * percentile(lat, 50), 1e3 * percentile(lat, 99));
   }
   return kExitOk;
 }
@@ -136,7 +192,17 @@ int run_inspect(const std::string& path) {
     bad += status != "ok" && status != "none";
     fmt::print("  {:<40} {:<14} float32  crc32 {}\n", name, shape_str(shape), status);
   }
-  fmt::print("{} tensors, {:.2f} MB; {}\n", ck.shapes.size(), double(bytes) / 1e6,
+  if (!ck.int8.weights.empty()) {
+    fmt::print("int8 products (strata quantize: q int8, per output channel):\n");
+    for (const auto& [name, w] : ck.int8.weights) {
+      const std::string q = "/int8" + param_path(name).substr(7) + "/q";
+      fmt::print("  {:<40} ({}, {})  int8     crc32 {}  from {}, activations {}\n", q, w.rows,
+                 w.cols, ck.checksum.count(q) ? ck.checksum.at(q) : "none", w.source,
+                 w.act_scale > 0 ? fmt::format("static scale {:.4g}", w.act_scale) : "per row");
+      bytes += int64_t(w.q.size());
+    }
+  }
+  fmt::print("{} tensors, {:.2f} MB; {}\n", ck.shapes.size() + ck.int8.weights.size(), double(bytes) / 1e6,
              bad ? fmt::format("{} FAIL their checksum", bad) : std::string("all checksums verify"));
   fmt::print("read and verified in {:.3f} s ({:.0f} MB/s)\n", ck.read_seconds,
              double(ck.tensor_bytes) / 1e6 / std::max(ck.read_seconds, 1e-9));
@@ -281,22 +347,45 @@ std::vector<Subcommand> add_prepare(CLI::App& app) {
 }
 
 Subcommand add_eval(CLI::App& app) {
-  struct Opts {
-    std::string ckpt, data, device = "auto";
-    bool json = false;
-    int threads = 1;
-    CLI::Option* threads_flag = nullptr;
-  };
-  auto o = std::make_shared<Opts>();
-  auto* eval = app.add_subcommand("eval", "evaluate a parameter file on a dataset's test split");
-  eval->add_option("--checkpoint", o->ckpt, "parameter file written by train")->required();
+  auto o = std::make_shared<EvalOptions>();
+  auto* eval = app.add_subcommand("eval", "evaluate a parameter file (or an int8 file from "
+                                          "strata quantize) on a dataset's test split");
+  eval->add_option("--checkpoint", o->ckpt, "parameter file written by train, or an int8 file")
+      ->required();
   eval->add_option("--data", o->data, "HDF5 dataset with a /test split")->required();
   eval->add_flag("--json", o->json, "print {\"accuracy\": ..., \"loss\": ...}");
   o->threads_flag = eval->add_option("--threads", o->threads)->check(int_in(1, kMaxThreads));
   eval->add_option("--device", o->device)->capture_default_str();
+  eval->add_option("--batch_size", o->batch_size,
+                   "samples per batch (default: 1000 rows of logits, i.e. 1000 / context "
+                   "sequences for a language model)")
+      ->check(int_in(1, INT32_MAX));
+  eval->add_flag("--throughput", o->throughput,
+                 "also report samples/s (tokens/s) and each batch's latency, p50 and p99 (the first "
+                 "batch, which builds the kernels, left out)");
   return {eval, [o](Comm& comm) {
             collectively(comm, [&] { o->threads = threads_from(o->threads_flag, o->threads); });
-            return run_eval(o->ckpt, o->data, o->json, o->threads, o->device, comm);
+            return run_eval(*o, comm);
+          }};
+}
+
+Subcommand add_quantize(CLI::App& app) {
+  auto o = std::make_shared<QuantizeOptions>();
+  auto* q = app.add_subcommand("quantize", "write an int8 file (linear layers' weights int8, "
+                                           "per output channel) for strata eval and generate");
+  q->add_option("--checkpoint", o->checkpoint, "parameter file or checkpoint of a run")->required();
+  q->add_option("--out", o->out, "the int8 file to write (.h5)")->required();
+  q->add_option("--calibrate", o->calibrate,
+                "static activation scales from N batches of --data's train split (default 0: "
+                "each row's own scale at run time)")
+      ->check(int_in(0, INT32_MAX));
+  q->add_option("--data", o->data, "HDF5 dataset for --calibrate");
+  q->add_option("--batch_size", o->batch_size, "samples per calibration batch")
+      ->check(int_in(1, INT32_MAX))->capture_default_str();
+  auto* threads = q->add_option("--threads", o->threads)->check(int_in(1, kMaxThreads));
+  return {q, [o, threads](Comm& comm) {
+            o->threads = threads_from(threads, o->threads);
+            return comm.rank() == 0 ? run_quantize(*o) : int(kExitOk);
           }};
 }
 
@@ -377,6 +466,7 @@ int main(int argc, char** argv) {
   std::vector<Subcommand> commands = {add_train(app)};
   for (auto& c : add_prepare(app)) commands.push_back(std::move(c));
   commands.push_back(add_eval(app));
+  commands.push_back(add_quantize(app));
   commands.push_back(add_generate(app));
   for (auto& c : add_rank0_tools(app)) commands.push_back(std::move(c));
 

@@ -361,6 +361,21 @@ void Model::check_backend(const Backend& be) const {
       if (!be.supports(op))
         fail_input("model: {} ({}) needs the op {}, which the {} backend does not have (use "
                    "--device cpu)", l->name, l->describe(), op_name(op), be.name);
+  if (int8_ && !int8_->weights.empty() && !be.supports(Op::linear_int8_forward))
+    fail_input("model: its int8 weights need the op linear_int8_forward, which the {} backend "
+               "does not have (int8 inference runs on the CPU: use --device cpu)", be.name);
+}
+
+std::vector<Int8Target> Model::int8_targets() const {
+  std::vector<Int8Target> out;
+  for (auto& l : layers_)
+    for (auto& t : l->int8_targets()) out.push_back(std::move(t));
+  return out;
+}
+
+void Model::set_int8(Int8Table* table) {
+  int8_ = table;
+  for (auto& l : layers_) l->int8 = table;
 }
 
 double Model::flops_per_sample() const {

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "strata/comm.h"
+#include "strata/int8.h"
 #include "strata/model.h"
 #include "strata/optim.h"
 
@@ -61,7 +62,7 @@ int64_t write_checkpoint_sharded(Comm& comm, const std::string& path, const Mode
                                  Optimizer& opt, const TrainState& st, const Provenance& prov);
 
 struct LoadedCheckpoint {
-  std::string format;  // "strata-checkpoint" or "strata-parameters"
+  std::string format;  // "strata-checkpoint", "strata-parameters" or "strata-int8"
   ModelSpec spec;
   Shape input_shape;
   int classes = 0;
@@ -73,6 +74,7 @@ struct LoadedCheckpoint {
   bool verified = true;  // every tensor that has a checksum matches it
   int64_t tensor_bytes = 0;
   double read_seconds = 0;  // opening, reading and verifying every tensor
+  Int8Table int8;           // an int8 file's quantized products (strata quantize)
 };
 
 // Reads a checkpoint or parameter file and checks every tensor's CRC-32. A file that is missing,
@@ -95,10 +97,18 @@ struct ParamFileMeta {
 };
 void save_parameters(const std::string& path, const Model& model, const ParamFileMeta& meta);
 
-// The model-defining part of either kind of file (for `strata eval`).
+// int8 files (strata quantize): a parameter file whose products in `table` are int8
+// (checkpoint_int8.cpp has the layout); weights replaced by int8 are not stored in fp32.
+void save_int8(const std::string& path, const Model& model, const Int8Table& table,
+               const ParamFileMeta& meta);
+
+// The model-defining part of any of the three kinds of file (for `strata eval`).
 using LoadedParams = LoadedCheckpoint;
 LoadedParams load_parameters(const std::string& path);
-// Copies the file's parameters into a model with the same spec (sizes checked).
-void copy_parameters_into(Model& model, const LoadedParams& p, const std::string& path);
+// Copies the file's parameters into a model with the same spec (sizes checked); for an int8
+// file, also its int8 products into `int8` (each checked against the model's int8_targets),
+// which the model then runs (set_int8). The weights replaced by int8 stay zero in fp32.
+void copy_parameters_into(Model& model, const LoadedParams& p, const std::string& path,
+                          Int8Table* int8 = nullptr);
 
 }  // namespace strata

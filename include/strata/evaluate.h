@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "strata/backend.h"
 #include "strata/comm.h"
@@ -20,13 +21,16 @@ struct EvalResult {
 
 // `batch` counts rows of logits (samples x T for a language model), so memory stays the same
 // for either. evaluate: each rank of `comm` is a replica holding the whole model.
+// batch_seconds: each batch's wall time (forward, loss and count; not the data loading).
 EvalResult evaluate(Model& model, const Backend& be, const DatasetInfo& info,
-                    const std::string& split, Comm& comm, int64_t batch = 1000);
+                    const std::string& split, Comm& comm, int64_t batch = 1000,
+                    std::vector<double>* batch_seconds = nullptr);
 // Replica `replica` of `replicas`; a tensor group's parts all run every batch (the blocks
 // exchange partial sums) and only the part that `counts` adds its losses. Sums over `comm`.
 EvalResult evaluate_replica(Model& model, const Backend& be, const DatasetInfo& info,
                             const std::string& split, Comm& comm, int replica, int replicas,
-                            bool counts, int64_t batch);
+                            bool counts, int64_t batch,
+                            std::vector<double>* batch_seconds = nullptr);
 // The model split into pipeline stages: each replica's pipeline evaluates its share, batch by
 // batch, forward only; the last stages' sums are added over `world`. rows_per_sample: the
 // whole model's rows of logits per sample.

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "strata/backend.h"
+#include "strata/int8.h"
 #include "strata/rng.h"
 #include "strata/tensor.h"
 
@@ -85,6 +86,10 @@ class Layer {
   // for reports of what recomputation saves.
   virtual int64_t internal_bytes_per_sample(const Shape& in) const { return 0; }
   virtual bool recomputes() const { return false; }
+  // int8 inference: the linear products this layer can run from int8 weights (strata quantize
+  // quantizes them), and the model's table of those it has; forward uses them when set.
+  virtual std::vector<Int8Target> int8_targets() const { return {}; }
+  Int8Table* int8 = nullptr;
 };
 
 // State a layer keeps from forward for backward, one per activation slot. A deque: growing it

@@ -105,6 +105,12 @@ class Model {
   int64_t rows_per_sample() const { return numel(shapes_.back()) / classes_; }
   // Throws UserError naming the layer and the op when `be` lacks an op a layer calls.
   void check_backend(const Backend& be) const;
+  // int8 inference (strata quantize): the linear products that can run from int8 weights, and
+  // the table of those that do (null: none). With a table, check_backend also asks for
+  // linear_int8_forward.
+  std::vector<Int8Target> int8_targets() const;
+  void set_int8(Int8Table* table);
+  Int8Table* int8() const { return int8_; }
 
   // PyTorch's default initialisation (uniform ±1/sqrt(fan_in) for weights and biases), each
   // tensor seeded by (seed, name): independent of rank count and layer order.
@@ -156,6 +162,7 @@ class Model {
   std::deque<Activations> acts_;  // per slot; a deque so views into a slot stay valid
   Activations& slot(int k);       // made on first use
   std::vector<double>* profile_ = nullptr;
+  Int8Table* int8_ = nullptr;
 };
 
 }  // namespace strata
