@@ -222,6 +222,9 @@ void check_resumable(const LoadedCheckpoint& ck, const std::string& path, const 
   auto bad = [&](const std::string& what) {
     throw UserError(kExitBadCheckpoint, fmt::format("{}: cannot continue this run from it: {}", path, what));
   };
+  if (ck.format == "strata-int8")
+    bad("it is an int8 inference file (strata quantize): its weights are int8, and it has no "
+        "optimizer state or data position; resume from a checkpoint");
   if (ck.format != "strata-checkpoint")
     bad("it is a parameter file, not a checkpoint (no optimizer state or data position)");
   if (ck.spec != model.spec()) bad("it holds a different model (model_layers differ)");

@@ -83,12 +83,20 @@ double percentile(std::vector<double>& v, double p) {
   return v[std::min(v.size() - 1, k == 0 ? 0 : k - 1)];
 }
 
-// Samples per second and the batch latencies, leaving out the first batch (it creates oneDNN's
-// kernels for the shape: a cost paid once per process, not per batch served).
+// Samples per second and the latencies of the full batches, leaving out the first (it creates
+// oneDNN's kernels for the shape: a cost paid once per process, not per batch served) and a
+// last, partial one (another shape, and its own kernels), when there are others.
 std::pair<double, std::vector<double>> throughput_of(const std::vector<double>& seconds,
                                                      int64_t samples, int64_t batch_samples) {
-  std::vector<double> lat(seconds.begin() + (seconds.size() > 1 ? 1 : 0), seconds.end());
-  if (seconds.size() > 1) samples -= std::min(samples, batch_samples);
+  std::vector<double> lat = seconds;
+  if (lat.size() > 2 && samples % batch_samples != 0) {
+    lat.pop_back();
+    samples -= samples % batch_samples;
+  }
+  if (lat.size() > 1) {
+    lat.erase(lat.begin());
+    samples -= batch_samples;
+  }
   double total = 0;
   for (double t : lat) total += t;
   return {total > 0 ? double(samples) / total : 0.0, lat};
@@ -102,6 +110,9 @@ int run_eval(const EvalOptions& o, Comm& comm) {
   std::unique_ptr<Model> model;
   Int8Table int8;  // an int8 file's products (strata quantize)
   collectively(comm, [&] {
+    if (o.throughput && comm.size() > 1)
+      fail_input("--throughput measures one process serving batches: run strata eval on one "
+                 "rank (without mpirun/srun), not {}", comm.size());
     be = &select_backend({.device = o.device, .threads = o.threads}, &note);
     lp = load_parameters(o.ckpt);
     info = open_dataset(o.data);

@@ -584,9 +584,54 @@ def cases(fx: Fixtures):
 
     def json_ok(stdout):
         r = json.loads(stdout.strip().splitlines()[-1])
-        return set(r) == {"accuracy", "loss", "samples"}
+        return set(r) == {"accuracy", "loss", "samples", "precision"} and r["precision"] == "fp32"
     out["params"].append(Case("params: eval --json prints valid JSON", evc + ["--json"], 0,
                               make=mutated(fx.mlp_params, lambda f: None), check_stdout=json_ok))
+
+    # ---- int8 files: strata quantize, and where an int8 file is handed (issue 19) ----
+    def int8_file(case_dir):
+        subprocess.run([S, "quantize", "--checkpoint", fx.mlp_params, "--out",
+                        os.path.join(case_dir, "in.h5")], check=True, capture_output=True)
+
+    def int8_mutated(fn):
+        def make(case_dir):
+            int8_file(case_dir)
+            with h5py.File(os.path.join(case_dir, "in.h5"), "r+") as f:
+                fn(f)
+        return make
+    qz = [S, "quantize", "--checkpoint", "{C}/in.h5", "--out", "{C}/q.h5"]
+    for name, argv, code, pattern, make in [
+            ("quantize of a data file", [S, "quantize", "--checkpoint", D, "--out", "{C}/q.h5"], 2,
+             r"tiny\.h5: not a strata checkpoint or parameter file", None),
+            ("quantize of an int8 file", qz, 2, r"in\.h5: already an int8 file", int8_file),
+            ("quantize --calibrate without --data", qz + ["--calibrate", "4"], 2,
+             r"--calibrate 4 needs --data", mutated(fx.mlp_params, lambda f: None)),
+            ("quantize --calibrate with tokens for an mlp", qz + ["--calibrate", "4", "--data", fx.tokens], 2,
+             r"--data .*: samples .* do not fit the model in .*in\.h5", mutated(fx.mlp_params, lambda f: None)),
+            ("quantize --calibrate -1", qz + ["--calibrate", "-1"], 2, r"flag --calibrate: must be in",
+             mutated(fx.mlp_params, lambda f: None)),
+            ("quantize into a missing directory", [S, "quantize", "--checkpoint", "{C}/in.h5", "--out", "{C}/no/q.h5"], 2,
+             r"q\.h5: cannot create the file", mutated(fx.mlp_params, lambda f: None)),
+            ("an int8 file to train --resume", train + ["--train.max_steps", "3", "--resume", "{C}/in.h5"], 4,
+             r"in\.h5: cannot continue this run from it: it is an int8 inference file", int8_file),
+            ("an int8 file with a damaged int8 weight", [S, "eval", "--checkpoint", "{C}/in.h5", "--data", D], 4,
+             r"in\.h5: tensor /int8/fc1/weight/q fails its checksum",
+             int8_mutated(lambda f: f["int8/fc1/weight/q"].__setitem__((0, 0), 99))),
+            ("an int8 file whose products list is damaged", [S, "eval", "--checkpoint", "{C}/in.h5", "--data", D], 4,
+             r"in\.h5: root attribute int8_products: line 'fc1.weight' is not",
+             int8_mutated(lambda f: f.attrs.__setitem__("int8_products", "fc1.weight\n"))),
+            ("eval --throughput --batch_size 0", [S, "eval", "--checkpoint", "{C}/in.h5", "--data", D,
+                                                  "--throughput", "--batch_size", "0"], 2,
+             r"flag --batch_size: must be in", int8_file)]:
+        out["params"].append(Case(f"params: {name}", argv, code, pattern, make=make))
+
+    def int8_json_ok(stdout):
+        r = json.loads(stdout.strip().splitlines()[-1])
+        return r["precision"] == "int8" and r["samples_per_s"] > 0 and r["latency_p99_ms"] >= r["latency_p50_ms"] > 0
+    out["params"].append(Case("params: eval of an int8 file --throughput --json", [S, "eval", "--checkpoint", "{C}/in.h5",
+                                                                                 "--data", D, "--json", "--throughput",
+                                                                                 "--batch_size", "16"], 0,
+                              make=int8_file, check_stdout=int8_json_ok))
 
     def huge_logits(f):
         replace_tensor(f, "params/fc2/weight", np.full((4, 8), 3e38))

@@ -1,12 +1,15 @@
 #!/usr/bin/python3
-"""bf16 training on the CPU is as good as fp32 (issue 19).
+"""Reduced precision on the CPU is as good as fp32 (issue 19): bf16 training, int8 inference.
 
-Usage: bf16_training.py STRATA DATA.h5 WORKDIR {mlp|cnn|gpt|resume}
+Usage: precision.py STRATA DATA.h5 WORKDIR {mlp|cnn|gpt|resume}
 
   mlp, cnn  configs/fmnist_{mlp,cnn}.toml in full on one rank, fp32 and bf16 at the same seed:
-            test accuracies within 0.5 points.
+            test accuracies within 0.5 points. The fp32 model quantized (strata quantize:
+            activations per row, and calibrated on 20 batches) and evaluated in int8: test
+            accuracy at most 0.5 points below fp32's.
   gpt       configs/gpt_fortunes.toml (600 steps) on the `art` fortunes, fp32 and bf16:
-            validation losses within 1 %.
+            validation losses within 1 %; int8 (per row): validation loss at most 2 % above
+            fp32's; strata generate runs the int8 file.
   resume    a bf16 run's checkpoint resumed in fp32 and an fp32 one resumed in bf16, with
             `train.precision` the only change: both finish, the checkpoints hold fp32 tensors,
             and the resumed losses stay within bf16's rounding of the uninterrupted run's.
@@ -15,6 +18,7 @@ Each bf16 run's start-up line must name oneDNN's bf16 kernels. On a CPU without 
 instructions the test exits 77 (ctest: skipped), after checking that strata refuses bf16 with
 one line naming the instruction set.
 """
+import json
 import os
 import shutil
 import subprocess
@@ -54,6 +58,25 @@ def train(strata, out, args, precision, fresh=True):
     return [m for m in metrics(os.path.join(out, "metrics.jsonl")) if m.get("event") == "done"][-1]
 
 
+def int8_eval(strata, params, data, out, calibrate=0):
+    """strata quantize params (calibrated on `calibrate` batches of data), then strata eval."""
+    cmd = [strata, "quantize", "--checkpoint", params, "--out", out]
+    if calibrate:
+        cmd += ["--calibrate", str(calibrate), "--data", data]
+    p = subprocess.run(cmd, env=MPI_ENV, capture_output=True, text=True, timeout=600)
+    if p.returncode != 0:
+        fail(f"{' '.join(cmd)} exited {p.returncode}: {p.stderr[-1000:]}")
+    print("  " + p.stdout.strip().replace("\n", "\n  "))
+    p = subprocess.run([strata, "eval", "--checkpoint", out, "--data", data, "--json"], env=MPI_ENV,
+                       capture_output=True, text=True, timeout=600)
+    if p.returncode != 0:
+        fail(f"strata eval of {out} exited {p.returncode}: {p.stderr[-1000:]}")
+    r = json.loads(p.stdout.strip().splitlines()[-1])
+    if r["precision"] != "int8":
+        fail(f"strata eval of {out} ran {r['precision']}, not int8")
+    return r
+
+
 def accuracy(strata, data, work, model):
     args = ["--config", os.path.join(ROOT, "configs", f"fmnist_{model}.toml"), "--data.path", data]
     acc = {p: train(strata, f"{work}/{model}-{p}", args, p)["test_accuracy"] for p in ("fp32", "bf16")}
@@ -62,6 +85,14 @@ def accuracy(strata, data, work, model):
           f"{gap:.2f} points apart (at most 0.5)")
     if gap > 0.5:
         fail(f"{model}: bf16 is {gap:.2f} points from fp32")
+    params = f"{work}/{model}-fp32/model.h5"
+    for calibrate in (0, 20):
+        r = int8_eval(strata, params, data, f"{work}/{model}-int8-{calibrate}.h5", calibrate)
+        drop = (acc["fp32"] - r["accuracy"]) * 100
+        print(f"{model}: int8 ({'calibrated on 20 batches' if calibrate else 'per row'}) test "
+              f"accuracy {r['accuracy']:.4f}: {drop:+.2f} points below fp32 (at most 0.5)")
+        if drop > 0.5:
+            fail(f"{model}: int8 loses {drop:.2f} points")
 
 
 def gpt(strata, work):
@@ -73,6 +104,17 @@ def gpt(strata, work):
           f"{rel * 100:.2f} % apart (at most 1 %)")
     if rel > 0.01:
         fail(f"gpt: bf16's validation loss is {rel * 100:.2f} % from fp32's")
+    text = art_text(strata, work)
+    int8 = f"{work}/gpt-int8.h5"
+    r = int8_eval(strata, f"{work}/gpt-fp32/model.h5", text, int8)
+    up = r["loss"] / val["fp32"] - 1
+    print(f"gpt: int8 validation loss {r['loss']:.4f}: {up * 100:+.2f} % against fp32 (at most 2 %)")
+    if up > 0.02:
+        fail(f"gpt: int8 raises the validation loss by {up * 100:.2f} %")
+    p = subprocess.run([strata, "generate", "--checkpoint", int8, "--tokens", "40", "--seed", "1",
+                        "--prompt", "The "], env=MPI_ENV, capture_output=True, text=True, timeout=300)
+    if p.returncode != 0 or len(p.stdout) < 44:
+        fail(f"strata generate of the int8 file: exit {p.returncode}, {p.stdout!r} {p.stderr[-500:]}")
 
 
 def resume(strata, data, work):
