@@ -16,11 +16,11 @@ LAYERS = [
     ("base", "error parse rng tensor memory files subprocess activity ops read_guard hdf5_util"),
     ("kernels", "kernels_cpu kernels_cuda common lanes dispatch cuda_module"),
     ("seams", "backend comm comm_threads trace metrics goodput prometheus job model_spec data "
-              "h5_datasets cuda_loader elf_needed cuda_libraries"),
+              "h5_datasets cuda_loader elf_needed cuda_libraries int8"),
     ("config and grid", "config grid"),
     ("model", "layers model loss optim checkpoint checkpoint_write batch_on_backend"),
     ("parallelism and persistence", "pipeline data_parallel whole_model zero checkpoint_cache "
-                                    "checkpointer watchdog evaluate generate prepare"),
+                                    "checkpointer watchdog evaluate generate prepare quantize"),
     ("the step", "run_plan train_step publisher step_hooks"),
     ("the session", "session"),
     ("the command line", "main"),
@@ -28,7 +28,7 @@ LAYERS = [
 LEVEL = {m: i for i, (_, mods) in enumerate(LAYERS) for m in mods.split()}
 # .cpp files that implement a module of another name.
 IMPLEMENTS = {
-    "collectively": "comm", "checkpoint_sharded": "checkpoint", "dataset": "data", "config_file": "config", "config_keys": "config", "loader": "data", "session_report": "session",
+    "collectively": "comm", "checkpoint_sharded": "checkpoint", "checkpoint_int8": "checkpoint", "dataset": "data", "config_file": "config", "config_keys": "config", "loader": "data", "session_report": "session",
     "layers_gpt": "layers", "cuda_backend": "backend", "device_comm": "backend",
     "module": "backend", "embedding": "kernels_cpu", "layernorm": "kernels_cpu",
 }
