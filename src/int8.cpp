@@ -34,4 +34,20 @@ bool int8_linear(Int8Table* table, const std::string& name, const Backend& be, f
   return true;
 }
 
+bool int8_conv(Int8Table* table, const std::string& name, const Backend& be, float* y,
+               const float* x, const float* bias, const Conv2dShape& s, float* scratch) {
+  if (!table) return false;
+  auto it = table->weights.find(name);
+  if (it == table->weights.end()) return false;
+  Int8Weight& w = it->second;
+  if (table->calibrating) {
+    // The receptive fields hold the input's values (and padding zeros): the input's max.
+    for (int64_t i = 0, n = int64_t(s.B) * s.C * s.H * s.W; i < n; ++i)
+      w.observed_max = std::max(w.observed_max, std::abs(x[i]));
+    return false;
+  }
+  be.conv2d_int8_forward(y, x, w.matrix(), bias, s, scratch);
+  return true;
+}
+
 }  // namespace strata

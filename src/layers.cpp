@@ -71,7 +71,12 @@ class Conv2d final : public Layer {
   void forward(const Backend& be, const Tensor& x, Tensor& y, const StepInfo& si) override {
     auto s = conv_shape(batch_of(x), {x.dim(1), x.dim(2), x.dim(3)});
     scratch_.resize({be.conv2d_scratch_size(s)}, *be.memory);
-    be.conv2d_forward(y.data(), x.data(), params[0].value, params[1].value, s, scratch_.data());
+    if (!int8_conv(int8, params[0].name, be, y.data(), x.data(), params[1].value, s,
+                   scratch_.data()))
+      be.conv2d_forward(y.data(), x.data(), params[0].value, params[1].value, s, scratch_.data());
+  }
+  std::vector<Int8Target> int8_targets() const override {
+    return {{params[0].name, params[0].name, oc_, c_ * k_ * k_}};
   }
   void backward(const Backend& be, const Tensor& x, const Tensor&, const Tensor& dy,
                 Tensor* dx, int slot, bool accumulate) override {
@@ -247,6 +252,10 @@ class ConvPool final : public Layer {
     return {c[0], (c[1] - k_) / st_ + 1, (c[2] - k_) / st_ + 1};
   }
   double flops_per_sample(const Shape& in) const override { return conv_->flops_per_sample(in); }
+  std::vector<Int8Target> int8_targets() const override {
+    const Shape& w = params[0].shape;
+    return {{params[0].name, params[0].name, int(w[0]), int(w[1] * w[2] * w[3])}};
+  }
 
   // x (B,C,H,W) -> y (B,OC,PH,PW)
   void forward(const Backend& be, const Tensor& x, Tensor& y, const StepInfo& si) override {
@@ -257,8 +266,10 @@ class ConvPool final : public Layer {
       const int nb = std::min(g.nb, g.B - b0);
       auto s = g.conv;
       s.B = nb;
-      be.conv2d_forward(conv_out_.data(), x.data() + int64_t(b0) * g.in, params[0].value,
-                        params[1].value, s, scratch_.data());
+      if (!int8_conv(int8, params[0].name, be, conv_out_.data(), x.data() + int64_t(b0) * g.in,
+                     params[1].value, s, scratch_.data()))
+        be.conv2d_forward(conv_out_.data(), x.data() + int64_t(b0) * g.in, params[0].value,
+                          params[1].value, s, scratch_.data());
       be.maxpool2d_forward(y.data() + int64_t(b0) * g.out, argmax.i32() + int64_t(b0) * g.out,
                            conv_out_.data(), nb, s.OC, s.OH(), s.OW(), k_, st_);
     }

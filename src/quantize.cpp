@@ -69,7 +69,7 @@ int run_quantize(const QuantizeOptions& o) {
   }
   if (o.calibrate > 0) calibrate(model, table, o, lp, be);
 
-  // Layers with weights that stay fp32: convolutions, embeddings, LayerNorms, biases.
+  // Layers with weights that stay fp32: embeddings, LayerNorms (and every bias).
   std::vector<std::string> kept;
   for (const LayerInfo& l : Model::describe_layers(lp.spec, lp.input_shape, lp.classes))
     if (l.params > 0 && !quantized_layers.count(l.name))
@@ -77,7 +77,7 @@ int run_quantize(const QuantizeOptions& o) {
   save_int8(o.out, model, table,
             {.config_toml = lp.prov.config_toml, .dataset_sha256 = lp.prov.dataset_sha256,
              .step = lp.state.step});
-  fmt::print("wrote {}: {} linear products in int8 (weights {:.2f} MB -> {:.2f} MB; symmetric "
+  fmt::print("wrote {}: {} products (linear and convolution weights) in int8 (weights {:.2f} MB -> {:.2f} MB; symmetric "
              "per output channel; activations {}; oneDNN {})\n",
              o.out, table.weights.size(), double(fp32_bytes) / 1e6, double(int8_bytes) / 1e6,
              o.calibrate > 0 ? "with calibrated static scales" : "quantized per row at run time",

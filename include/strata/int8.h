@@ -46,5 +46,9 @@ struct Int8Table {
 // its fp32 op. Host memory only (int8 inference is the CPU's).
 bool int8_linear(Int8Table* table, const std::string& name, const Backend& be, float* y,
                  const float* x, const float* bias, int B, int I, int O, bool relu);
+// The same for a convolution (its weight viewed as (OC, C*KH*KW)): y = conv(x) + bias from the
+// int8 weight `name`, scratch of conv2d_scratch_size.
+bool int8_conv(Int8Table* table, const std::string& name, const Backend& be, float* y,
+               const float* x, const float* bias, const Conv2dShape& s, float* scratch);
 
 }  // namespace strata

@@ -61,7 +61,13 @@ void matmul_bf16(bool trans_a, bool trans_b, int M, int N, int K, const bf16_t* 
 // the CPU has it).
 void matmul_u8s8(int M, int N, int K, const uint8_t* A, int lda, const int8_t* B, int ldb,
                  int32_t* C, int ldc);
+// C (M,N) int32 = A (M,K) s8 @ B (K,N) s8, both row-major (a convolution: weights @ columns).
+void matmul_s8s8(int M, int N, int K, const int8_t* A, int lda, const int8_t* B, int ldb,
+                 int32_t* C, int ldc);
 std::string int8_matmul_kernels();  // oneDNN's int8 matmul implementation, "brg:avx512_core_vnni"
+// dst[i] = round(x[i] * inv_scale[i]) saturated to [-127, 127] (per-element scales: a row of
+// convolution columns, each column its own).
+void quantize_scaled(int8_t* dst, const float* x, const float* inv_scale, int64_t n);
 // Symmetric per-row int8 of w (rows, cols): q = round(w / scale[r]), scale[r] = max|w[r]| / 127
 // (1 for a zero row), col_sum[r] = sum of row r of q.
 void quantize_rows(int8_t* q, float* scale, int32_t* col_sum, const float* w, int rows, int cols);

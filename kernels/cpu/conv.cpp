@@ -11,7 +11,9 @@
 // layouts coincide and the gemms read and write the activations in place. cols is rebuilt in
 // backward rather than kept from forward, so one scratch buffer can serve every layer.
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "strata/kernels_cpu.h"
 
@@ -307,6 +309,47 @@ void conv2d_backward(float* dinp, float* dweight, float* dbias, const float* dou
                      const float* inp, const float* weight, const Conv2dShape& s, float* scratch,
                      bool accumulate) {
   backward(dinp, dweight, dbias, dout, inp, weight, s, scratch, accumulate, false);
+}
+
+// int8 inference: per chunk, y (OC, n) = w.q (OC, CK) @ cq (CK, n), cq the chunk's columns
+// quantized per output position (each column of cols its own scale; s8, so no transposition),
+// summed in int32 by oneDNN, then scaled back with the bias (into NCHW, as forward does).
+void conv2d_int8_forward(float* out, const float* inp, const Int8Matrix& w, const float* bias,
+                         const Conv2dShape& s, float* scratch) {
+  const int64_t CK = ck_of(s), P = p_of(s), in_sample = int64_t(s.C) * s.H * s.W;
+  const int nb_max = chunk_samples(s);
+  const int64_t n_max = nb_max * P;
+  thread_local std::vector<int8_t> cq;
+  thread_local std::vector<float> scale, inv;
+  thread_local std::vector<int32_t> acc;
+  cq.resize(size_t(n_max * CK));
+  scale.resize(size_t(n_max));
+  inv.resize(size_t(n_max));
+  acc.resize(size_t(n_max * s.OC));
+  float* cols = scratch;
+  for (int b0 = 0; b0 < s.B; b0 += nb_max) {
+    const int nb = std::min(nb_max, s.B - b0);
+    const int64_t n = nb * P;
+    im2col(cols, inp + b0 * in_sample, nb, s);
+    std::fill(scale.begin(), scale.begin() + n, 0.f);
+    if (w.act_scale <= 0)
+      for (int64_t k = 0; k < CK; ++k)
+        for (int64_t j = 0; j < n; ++j) scale[j] = std::max(scale[j], std::abs(cols[k * n + j]));
+    for (int64_t j = 0; j < n; ++j) {
+      scale[j] = w.act_scale > 0 ? w.act_scale : scale[j] > 0 ? scale[j] / 127.f : 1.f;
+      inv[j] = 1.f / scale[j];
+    }
+    for (int64_t k = 0; k < CK; ++k) quantize_scaled(cq.data() + k * n, cols + k * n, inv.data(), n);
+    matmul_s8s8(s.OC, int(n), int(CK), w.q, int(CK), cq.data(), int(n), acc.data(), int(n));
+    for (int b = 0; b < nb; ++b)
+      for (int oc = 0; oc < s.OC; ++oc) {
+        float* y = out + (int64_t(b0 + b) * s.OC + oc) * P;
+        const int32_t* a = acc.data() + oc * n + b * P;
+        const float ws = w.scale[oc], bv = bias ? bias[oc] : 0.f;
+        const float* sc = scale.data() + b * P;
+        for (int64_t p = 0; p < P; ++p) y[p] = float(a[p]) * (sc[p] * ws) + bv;
+      }
+  }
 }
 
 namespace bf16 {

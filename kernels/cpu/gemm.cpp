@@ -70,8 +70,8 @@ struct Matmul {
   dnnl::memory a, b, c, bias;  // descriptors bound to the caller's pointers at each call
 };
 
-// What A, B and C hold: fp32 throughout, bf16 inputs with fp32 C, or u8 A, s8 B, s32 C.
-enum class Types { f32, bf16, u8s8 };
+// What A, B and C hold: fp32 throughout, bf16 inputs with fp32 C, or u8 (s8) A, s8 B, s32 C.
+enum class Types { f32, bf16, u8s8, s8s8 };
 // (trans_a, trans_b, M, N, K, lda, ldb, ldc, bias, relu, accumulate, types)
 using MatmulKey = std::tuple<bool, bool, int, int, int, int, int, int, bool, bool, bool, Types>;
 
@@ -94,12 +94,16 @@ Matmul& get_matmul(MatmulCache& mc, const MatmulKey& key) {
   const auto [ta, tb, M, N, K, lda, ldb, ldc, has_bias, relu, accumulate, types] = key;
   using dt = dnnl::memory::data_type;
   using dims = dnnl::memory::dims;
-  const dt a_t = types == Types::u8s8 ? dt::u8 : types == Types::bf16 ? dt::bf16 : dt::f32;
-  const dt b_t = types == Types::u8s8 ? dt::s8 : a_t;
+  const bool int8 = types == Types::u8s8 || types == Types::s8s8;
+  const dt a_t = types == Types::u8s8   ? dt::u8
+                 : types == Types::s8s8 ? dt::s8
+                 : types == Types::bf16 ? dt::bf16
+                                        : dt::f32;
+  const dt b_t = int8 ? dt::s8 : a_t;
   // Row-major op(A) (M,K): element (m,k) at m*lda + k, or at k*lda + m when transposed.
   dnnl::memory::desc a_md(dims{M, K}, a_t, ta ? dims{1, lda} : dims{lda, 1});
   dnnl::memory::desc b_md(dims{K, N}, b_t, tb ? dims{1, ldb} : dims{ldb, 1});
-  dnnl::memory::desc c_md(dims{M, N}, types == Types::u8s8 ? dt::s32 : dt::f32, dims{ldc, 1});
+  dnnl::memory::desc c_md(dims{M, N}, int8 ? dt::s32 : dt::f32, dims{ldc, 1});
   dnnl::memory::desc bias_md(dims{1, N}, dt::f32, dims{N, 1});
   dnnl::primitive_attr attr;
   dnnl::post_ops ops;
@@ -123,7 +127,7 @@ void run_matmul(bool trans_a, bool trans_b, int M, int N, int K, const void* A, 
                 const void* B, int ldb, void* Cv, int ldc, const float* bias, bool relu,
                 bool accumulate, Types types = Types::f32) {
   if (M <= 0 || N <= 0) return;
-  if (types == Types::u8s8 && K <= 0) {
+  if ((types == Types::u8s8 || types == Types::s8s8) && K <= 0) {
     for (int i = 0; i < M; ++i) std::fill_n(static_cast<int32_t*>(Cv) + int64_t(i) * ldc, N, 0);
     return;
   }
@@ -158,7 +162,7 @@ void run_matmul(bool trans_a, bool trans_b, int M, int N, int K, const void* A, 
   } catch (const dnnl::error& e) {
     throw std::runtime_error(fmt::format("oneDNN {} matmul({}, {}, M={}, N={}, K={}) failed: {} "
                                          "(status {})",
-                                         types == Types::u8s8 ? "int8" : types == Types::bf16 ? "bf16" : "fp32",
+                                         types == Types::bf16 ? "bf16" : types == Types::f32 ? "fp32" : "int8",
                                          trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', M, N, K,
                                          e.what(), int(e.status)));
   }
@@ -186,6 +190,11 @@ void matmul_bf16(bool trans_a, bool trans_b, int M, int N, int K, const bf16_t* 
 void matmul_u8s8(int M, int N, int K, const uint8_t* A, int lda, const int8_t* B, int ldb,
                  int32_t* C, int ldc) {
   run_matmul(false, true, M, N, K, A, lda, B, ldb, C, ldc, nullptr, false, false, Types::u8s8);
+}
+
+void matmul_s8s8(int M, int N, int K, const int8_t* A, int lda, const int8_t* B, int ldb,
+                 int32_t* C, int ldc) {
+  run_matmul(false, false, M, N, K, A, lda, B, ldb, C, ldc, nullptr, false, false, Types::s8s8);
 }
 
 std::string int8_matmul_kernels() {

@@ -44,6 +44,19 @@ __attribute__((target("avx512f,avx512bw"))) void quantize_row_avx512(uint8_t* ds
   }
   quantize_row_scalar(dst + i, x + i, n - i, inv);
 }
+
+__attribute__((target("avx512f"))) void quantize_scaled_avx512(int8_t* dst, const float* x,
+                                                              const float* inv, int64_t n) {
+  const __m512 lo = _mm512_set1_ps(-127.f), hi = _mm512_set1_ps(127.f);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 v = _mm512_min_ps(
+        _mm512_max_ps(_mm512_mul_ps(_mm512_loadu_ps(x + i), _mm512_loadu_ps(inv + i)), lo), hi);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i),
+                     _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(v)));
+  }
+  for (; i < n; ++i) dst[i] = int8_t(std::clamp(std::nearbyint(x[i] * inv[i]), -127.f, 127.f));
+}
 #pragma GCC diagnostic pop
 #endif
 
@@ -70,6 +83,15 @@ T* thread_buffer(size_t n) {
 }
 
 }  // namespace
+
+void quantize_scaled(int8_t* dst, const float* x, const float* inv_scale, int64_t n) {
+#if defined(__x86_64__)
+  static const bool avx512 = __builtin_cpu_supports("avx512f");
+  if (avx512) return quantize_scaled_avx512(dst, x, inv_scale, n);
+#endif
+  for (int64_t i = 0; i < n; ++i)
+    dst[i] = int8_t(std::clamp(std::nearbyint(x[i] * inv_scale[i]), -127.f, 127.f));
+}
 
 void quantize_rows(int8_t* q, float* scale, int32_t* col_sum, const float* w, int rows, int cols) {
   for (int r = 0; r < rows; ++r) {

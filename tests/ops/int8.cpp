@@ -1,9 +1,11 @@
-// linear_int8_forward (CPU only: int8 inference after strata quantize): the backend under test
+// linear_int8_forward and conv2d_int8_forward (CPU only: int8 inference after strata quantize):
+// the backend under test
 // against the CPU's int8 op (exact: the same integer sums and one fp32 scaling per element),
 // and the int8 result against the fp32 linear_forward of the unquantized weights:
 //  - dynamic (per-row) activation scales, max_rel 2e-2: weights and inputs rounded to 8 bits
 //    (half a step of max|row| / 127 each, ~0.4 % of the row's largest value), the errors of I
-//    products partly cancelling; measured 4.6e-3..6.8e-3 on these shapes (clipping: 0.31-0.41).
+//    products partly cancelling; measured 4.6e-3..6.8e-3 on these shapes (clipping: 0.31-0.41);
+//    the convolution, its receptive fields quantized per output position: 4.6e-3..5.8e-3.
 //  - a static scale (calibrated on this very input, so no value clips) within the same bound;
 //    a static scale half the input's range clips and must show it (max_rel above 0.1).
 #include <fmt/format.h>
@@ -76,6 +78,36 @@ void check_linear_int8_forward() {
         else
           CHECK(e < 2e-2);
       }
+  }
+}
+
+void check_conv2d_int8_forward() {
+  const Conv2dShape shapes[] = {
+      {.B = 4, .C = 3, .H = 17, .W = 17, .OC = 8, .KH = 3, .KW = 3, .stride = 1, .pad = 1},
+      {.B = 3, .C = 32, .H = 14, .W = 14, .OC = 64, .KH = 3, .KW = 3, .stride = 1, .pad = 1},
+      {.B = 2, .C = 16, .H = 9, .W = 11, .OC = 5, .KH = 5, .KW = 3, .stride = 2, .pad = 2}};
+  for (const Conv2dShape& s : shapes) {
+    const int64_t CK = int64_t(s.C) * s.KH * s.KW, nout = int64_t(s.B) * s.OC * s.OH() * s.OW();
+    const auto x = random_vector(1, size_t(s.B) * s.C * s.H * s.W),
+               w = random_vector(2, size_t(s.OC * CK)), bias = random_vector(3, size_t(s.OC));
+    const Quantized qw(w, s.OC, int(CK));
+    for (const float act : {0.f, 1.f / 127.f}) {  // per position; static (inputs in [-1, 1])
+      OpCase c(fmt::format("conv2d_int8_forward {}x{}x{}x{} oc{} k{}x{} s{} p{} {}", s.B, s.C, s.H,
+                           s.W, s.OC, s.KH, s.KW, s.stride, s.pad, act == 0 ? "per-position" : "static"));
+      const F32 in = c.in(x), b = c.in(bias);
+      const F32 scratch = c.scratch([&](const Backend& be) { return be.conv2d_scratch_size(s); });
+      const F32 out = c.out("out", size_t(nout), Tol::exact());
+      c.run([&](const Backend& be, const Ptrs& p) {
+        be.conv2d_int8_forward(p[out], p[in], qw.matrix(act), p[b], s, p[scratch]);
+      });
+      std::vector<float> ref(static_cast<size_t>(nout));
+      std::vector<float> work(static_cast<size_t>(cpu::conv2d_scratch_size(s)));
+      cpu::conv2d_forward(ref.data(), x.data(), w.data(), bias.data(), s, work.data());
+      const double e = max_rel(c.got(out), ref);
+      fmt::print("  int8 against the fp32 op: max_rel {:.2e}\n", e);
+      INFO("int8 against fp32, max_rel " << e);
+      CHECK(e < 2e-2);
+    }
   }
 }
 
