@@ -30,9 +30,11 @@ void calibrate(Model& model, Int8Table& table, const QuantizeOptions& o, const L
   const int64_t batches = std::min(o.calibrate, loader.batches_per_epoch());
   table.calibrating = true;
   model.set_int8(&table);
-  for (int64_t i = 0; i < batches; ++i) model.forward(be, loader.next().x, StepInfo{.training = false});
+  for (int64_t i = 0; i < batches; ++i)
+    model.forward(be, loader.next().x, StepInfo{.training = false});
   table.calibrating = false;
-  for (auto& [name, w] : table.weights) w.act_scale = w.observed_max > 0 ? w.observed_max / 127.f : 0.f;
+  for (auto& [name, w] : table.weights)
+    w.act_scale = w.observed_max > 0 ? w.observed_max / 127.f : 0.f;
   fmt::print("calibrated on {} batches of {} samples of {}'s train split: static activation "
              "scales\n", batches, o.batch_size, o.data);
 }
@@ -42,7 +44,8 @@ void calibrate(Model& model, Int8Table& table, const QuantizeOptions& o, const L
 int run_quantize(const QuantizeOptions& o) {
   if (o.calibrate < 0) fail_input("--calibrate {}: must be 0 or more", o.calibrate);
   if (o.calibrate > 0 && o.data.empty())
-    fail_input("--calibrate {} needs --data (the dataset whose train split calibrates)", o.calibrate);
+    fail_input("--calibrate {} needs --data (the dataset whose train split calibrates)",
+               o.calibrate);
   if (o.batch_size < 1) fail_input("--batch_size {}: must be 1 or more", o.batch_size);
   const Backend& be = select_backend({.device = "cpu", .threads = o.threads}, nullptr);
   const LoadedParams lp = load_parameters(o.checkpoint);

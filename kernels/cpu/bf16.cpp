@@ -73,18 +73,19 @@ bf16_t* bf16_scratch(int slot, size_t n) {
 }
 
 bool bf16_supported(std::string* why) {
-  if (!cpu_has_avx512_bf16()) {
-    if (why) *why = "this CPU lacks the avx512_bf16 instructions (lscpu's flags)";
-    return false;
-  }
-  const std::string impl = bf16_matmul_kernels();
-  // oneDNN may be capped below the CPU (ONEDNN_MAX_CPU_ISA) and then emulates bf16 slowly.
-  if (impl.find("bf16") == std::string::npos && impl.find("amx") == std::string::npos) {
-    if (why) *why = "oneDNN would run bf16 matmuls with " + impl + ", not native bf16 kernels "
-                    "(ONEDNN_MAX_CPU_ISA set below avx512_core_bf16?)";
-    return false;
-  }
-  return true;
+  // Asked once per backend selection (the op table: once per case): decided once.
+  static const std::string missing = [] {
+    if (!cpu_has_avx512_bf16())
+      return std::string("this CPU lacks the avx512_bf16 instructions (lscpu's flags)");
+    const std::string impl = bf16_matmul_kernels();
+    // oneDNN may be capped below the CPU (ONEDNN_MAX_CPU_ISA) and then emulates bf16 slowly.
+    if (impl.find("bf16") == std::string::npos && impl.find("amx") == std::string::npos)
+      return "oneDNN would run bf16 matmuls with " + impl + ", not native bf16 kernels "
+             "(ONEDNN_MAX_CPU_ISA set below avx512_core_bf16?)";
+    return std::string();
+  }();
+  if (!missing.empty() && why) *why = missing;
+  return missing.empty();
 }
 
 }  // namespace strata::cpu

@@ -339,7 +339,8 @@ void conv2d_int8_forward(float* out, const float* inp, const Int8Matrix& w, cons
       scale[j] = w.act_scale > 0 ? w.act_scale : scale[j] > 0 ? scale[j] / 127.f : 1.f;
       inv[j] = 1.f / scale[j];
     }
-    for (int64_t k = 0; k < CK; ++k) quantize_scaled(cq.data() + k * n, cols + k * n, inv.data(), n);
+    for (int64_t k = 0; k < CK; ++k)
+      quantize_scaled(cq.data() + k * n, cols + k * n, inv.data(), n);
     matmul_s8s8(s.OC, int(n), int(CK), w.q, int(CK), cq.data(), int(n), acc.data(), int(n));
     for (int b = 0; b < nb; ++b)
       for (int oc = 0; oc < s.OC; ++oc) {

@@ -162,7 +162,9 @@ void run_matmul(bool trans_a, bool trans_b, int M, int N, int K, const void* A, 
   } catch (const dnnl::error& e) {
     throw std::runtime_error(fmt::format("oneDNN {} matmul({}, {}, M={}, N={}, K={}) failed: {} "
                                          "(status {})",
-                                         types == Types::bf16 ? "bf16" : types == Types::f32 ? "fp32" : "int8",
+                                         types == Types::bf16  ? "bf16"
+                                         : types == Types::f32 ? "fp32"
+                                                               : "int8",
                                          trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', M, N, K,
                                          e.what(), int(e.status)));
   }

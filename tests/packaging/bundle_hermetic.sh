@@ -84,7 +84,7 @@ step "strata prepare" 0 "^wrote /data/d.h5" "$B/bin/strata" prepare fashion-mnis
 step "1-rank training, MPI singleton" 0 "1 rank, device cpu.*no GPU" "$B/bin/strata" "${train[@]}" --output.dir /runs/one
 step "2-rank training, the bundle's mpirun" 0 "^done: 20 steps" \
   "$B/bin/mpirun" -n 2 --oversubscribe --bind-to none "$B/bin/strata" "${train[@]}" --output.dir /runs/two
-step "strata eval" 0 '^\{"accuracy": [0-9.]+, "loss": [0-9.]+, "samples": 128\}' \
+step "strata eval" 0 '^\{"accuracy": [0-9.]+, "loss": [0-9.]+, "samples": 128, "precision": "fp32"\}' \
   "$B/bin/strata" eval --checkpoint /runs/two/model.h5 --data /data/d.h5 --json
 step "strata inspect" 0 "all checksums verify" "$B/bin/strata" inspect /runs/two/model.h5
 step "--device cuda without CUDA libraries" 2 \
