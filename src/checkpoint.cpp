@@ -472,6 +472,7 @@ LoadedCheckpoint read_checkpoint(const std::string& path, bool tolerate_mismatch
     }
     int64_t bytes = 0;
     for (const auto& [ds, shape] : want) bytes += numel(shape) * 4;
+    for (const auto& [name, w] : out.int8.weights) bytes += int64_t(w.rows) * w.cols * 5;
     require_memory(double(bytes), fmt::format("{}: reading its {} tensors", path, want.size()));
     for (const auto& [ds, shape] : want) {
       const H5Id& d = opened.at(ds);
@@ -506,7 +507,7 @@ LoadedCheckpoint read_checkpoint(const std::string& path, bool tolerate_mismatch
       out.shapes[ds] = shape;
       out.tensors[ds] = std::move(v);
     }
-    if (out.format == kInt8Format) read_int8_products(f.get(), path, out);
+    if (out.format == kInt8Format) read_int8_products(f.get(), path, out, tolerate_mismatch);
   } catch (const UserError&) {
     throw;
   } catch (const std::exception& e) {

@@ -34,6 +34,7 @@ std::vector<std::pair<std::string, std::string>> parse_int8_products(const std::
 void write_int8_products(hid_t f, const Int8Table& table);
 std::vector<NamedTensor> int8_float_tensors(const Int8Table& table);
 Shape int8_q_shape(hid_t f, const std::string& path, const std::string& product);
-void read_int8_products(hid_t f, const std::string& path, LoadedCheckpoint& out);
+void read_int8_products(hid_t f, const std::string& path, LoadedCheckpoint& out,
+                        bool tolerate_mismatch);
 
 }  // namespace strata

@@ -86,10 +86,16 @@ double percentile(std::vector<double>& v, double p) {
 // Samples per second and the latencies of the full batches, leaving out the first (it creates
 // oneDNN's kernels for the shape: a cost paid once per process, not per batch served) and a
 // last, partial one (another shape, and its own kernels), when there are others.
-std::pair<double, std::vector<double>> throughput_of(const std::vector<double>& seconds,
-                                                     int64_t samples, int64_t batch_samples) {
-  std::vector<double> lat = seconds;
-  if (lat.size() > 2 && samples % batch_samples != 0) {
+struct Throughput {
+  double samples_per_s = 0;
+  std::vector<double> latency;  // seconds per measured batch
+  int64_t per_batch = 0;        // samples in each measured batch
+};
+Throughput throughput_of(const std::vector<double>& seconds, int64_t samples,
+                         int64_t batch_samples) {
+  Throughput t{.latency = seconds};
+  std::vector<double>& lat = t.latency;
+  if (lat.size() > 1 && samples % batch_samples != 0) {
     lat.pop_back();
     samples -= samples % batch_samples;
   }
@@ -98,8 +104,10 @@ std::pair<double, std::vector<double>> throughput_of(const std::vector<double>& 
     samples -= batch_samples;
   }
   double total = 0;
-  for (double t : lat) total += t;
-  return {total > 0 ? double(samples) / total : 0.0, lat};
+  for (double x : lat) total += x;
+  t.samples_per_s = total > 0 ? double(samples) / total : 0.0;
+  t.per_batch = lat.empty() ? 0 : samples / int64_t(lat.size());
+  return t;
 }
 
 int run_eval(const EvalOptions& o, Comm& comm) {
@@ -113,8 +121,11 @@ int run_eval(const EvalOptions& o, Comm& comm) {
     if (o.throughput && comm.size() > 1)
       fail_input("--throughput measures one process serving batches: run strata eval on one "
                  "rank (without mpirun/srun), not {}", comm.size());
-    be = &select_backend({.device = o.device, .threads = o.threads}, &note);
     lp = load_parameters(o.ckpt);
+    // int8 inference is the CPU's: auto takes the CPU for an int8 file.
+    const bool int8_file = !lp.int8.weights.empty();
+    be = &select_backend({.device = o.device == "auto" && int8_file ? "cpu" : o.device,
+                          .threads = o.threads}, &note);
     info = open_dataset(o.data);
     if (info.tokens && lp.input_shape.size() == 1) set_context(info, lp.input_shape[0]);
     if (!info.has_test) fail_input("{}: has no /test split to evaluate", o.data);
@@ -141,7 +152,7 @@ int run_eval(const EvalOptions& o, Comm& comm) {
   if (o.json) {
     std::string extra;
     if (o.throughput) {
-      auto [sps, lat] = throughput_of(seconds, r.samples, batch_samples);
+      auto [sps, lat, per_batch] = throughput_of(seconds, r.samples, batch_samples);
       extra = fmt::format(", \"samples_per_s\": {}, \"tokens_per_s\": {}, \"batches\": {}, "
                           "\"latency_p50_ms\": {}, \"latency_p99_ms\": {}", json_value(sps),
                           json_value(info.tokens ? sps * double(rows) : 0), lat.size(),
@@ -155,12 +166,12 @@ int run_eval(const EvalOptions& o, Comm& comm) {
   fmt::print("test accuracy {:.4f}, test loss {:.4f} over {} samples ({})\n", r.accuracy, r.loss,
              r.samples, precision);
   if (o.throughput) {
-    auto [sps, lat] = throughput_of(seconds, r.samples, batch_samples);
+    auto [sps, lat, per_batch] = throughput_of(seconds, r.samples, batch_samples);
     fmt::print("throughput: {:.1f} samples/s{} on {} with {} thread{} ({} batches of {} samples); "
                "latency per batch p50 {:.3f} ms, p99 {:.3f} ms\n", sps,
                info.tokens ? fmt::format(" ({:.1f} tokens/s)", sps * double(rows)) : "", be->name,
                o.threads, o.threads == 1 ? "" : "s",
-               lat.size(), batch_samples,
+               lat.size(), per_batch,
                1e3 * percentile(lat, 50), 1e3 * percentile(lat, 99));
   }
   return kExitOk;
@@ -211,6 +222,7 @@ int run_inspect(const std::string& path) {
                  w.cols, ck.checksum.count(q) ? ck.checksum.at(q) : "none", w.source,
                  w.act_scale > 0 ? fmt::format("static scale {:.4g}", w.act_scale) : "per row");
       bytes += int64_t(w.q.size());
+      bad += ck.checksum.count(q) && ck.checksum.at(q) != "ok";
     }
   }
   fmt::print("{} tensors, {:.2f} MB; {}\n", ck.shapes.size() + ck.int8.weights.size(), double(bytes) / 1e6,

@@ -77,6 +77,11 @@ int run_quantize(const QuantizeOptions& o) {
   for (const LayerInfo& l : Model::describe_layers(lp.spec, lp.input_shape, lp.classes))
     if (l.params > 0 && !quantized_layers.count(l.name))
       kept.push_back(fmt::format("{} ({})", l.name, l.describe));
+  for (const LayerSpec& l : lp.spec)
+    if (l.kind == LayerSpec::Kind::kBlock) {
+      kept.push_back("in every block its two LayerNorms and the attention's per-head products");
+      break;
+    }
   save_int8(o.out, model, table,
             {.config_toml = lp.prov.config_toml, .dataset_sha256 = lp.prov.dataset_sha256,
              .step = lp.state.step});
@@ -85,8 +90,8 @@ int run_quantize(const QuantizeOptions& o) {
              o.out, table.weights.size(), double(fp32_bytes) / 1e6, double(int8_bytes) / 1e6,
              o.calibrate > 0 ? "with calibrated static scales" : "quantized per row at run time",
              cpu::int8_matmul_kernels());
-  fmt::print("stays fp32: {}\n", kept.empty() ? std::string("nothing (biases excepted)")
-                                              : fmt::format("{}", fmt::join(kept, ", ")));
+  fmt::print("stays fp32: {}\n", kept.empty() ? std::string("the biases only")
+                                              : fmt::format("{}; the biases", fmt::join(kept, ", ")));
   return kExitOk;
 }
 
