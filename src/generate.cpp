@@ -22,11 +22,12 @@ int run_generate(const GenerateOptions& o) {
     fail_input("--temperature {}: must be a finite number, 0 or more", o.temperature);
   if (o.top_k < 0) fail_input("--top_k {}: must be 0 or more", o.top_k);
   std::string note;
+  // A device asked for by name is checked first; auto takes the CPU for an int8 file.
+  if (o.device != "auto") select_backend({.device = o.device, .threads = o.threads}, &note);
   const LoadedParams lp = load_parameters(o.checkpoint);
-  // int8 inference is the CPU's: auto takes the CPU for an int8 file.
-  const bool int8_file = !lp.int8.weights.empty();
   const Backend& be = select_backend(
-      {.device = o.device == "auto" && int8_file ? "cpu" : o.device, .threads = o.threads}, &note);
+      {.device = o.device == "auto" && !lp.int8.weights.empty() ? "cpu" : o.device,
+       .threads = o.threads}, &note);
   if (lp.spec.empty() || lp.spec.front().kind != LayerSpec::Kind::kEmbedding || lp.input_shape.size() != 1)
     fail_input("{}: not a language model (strata generate takes a model.type = \"gpt\" run's "
                "model.h5 or checkpoint)", o.checkpoint);

@@ -121,11 +121,13 @@ int run_eval(const EvalOptions& o, Comm& comm) {
     if (o.throughput && comm.size() > 1)
       fail_input("--throughput measures one process serving batches: run strata eval on one "
                  "rank (without mpirun/srun), not {}", comm.size());
+    // A device asked for by name is checked first; auto takes the CPU for an int8 file (int8
+    // inference is the CPU's), so it is chosen once the file is read.
+    if (o.device != "auto") be = &select_backend({.device = o.device, .threads = o.threads}, &note);
     lp = load_parameters(o.ckpt);
-    // int8 inference is the CPU's: auto takes the CPU for an int8 file.
-    const bool int8_file = !lp.int8.weights.empty();
-    be = &select_backend({.device = o.device == "auto" && int8_file ? "cpu" : o.device,
-                          .threads = o.threads}, &note);
+    if (!be)
+      be = &select_backend({.device = lp.int8.weights.empty() ? "auto" : "cpu",
+                            .threads = o.threads}, &note);
     info = open_dataset(o.data);
     if (info.tokens && lp.input_shape.size() == 1) set_context(info, lp.input_shape[0]);
     if (!info.has_test) fail_input("{}: has no /test split to evaluate", o.data);
