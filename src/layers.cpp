@@ -36,14 +36,30 @@ class Linear final : public Layer {
   std::vector<Int8Target> int8_targets() const override {
     return {{params[0].name, params[0].name, out_, in_}};
   }
-  void backward(const Backend& be, const Tensor& x, const Tensor&, const Tensor& dy,
-                Tensor* dx, int slot, bool accumulate) override {
-    be.linear_backward(dx ? dx->data() : nullptr, params[0].grad, params[1].grad, dy.data(),
-                       x.data(), params[0].value, batch_of(x), in_, out_, accumulate);
+  // B and W (Layer::backward_input): the same kernel call, with the other half's outputs null.
+  bool splits_backward() const override { return true; }
+  void backward(const Backend& be, const Tensor& x, const Tensor& y, const Tensor& dy,
+                Tensor* dx, int, bool accumulate) override {
+    grads(be, x, y, dy, dx, true, accumulate);
+  }
+  void backward_input(const Backend& be, const Tensor& x, const Tensor& y, const Tensor& dy,
+                      Tensor* dx, int, bool accumulate) override {
+    if (dx) grads(be, x, y, dy, dx, false, accumulate);
+  }
+  void backward_weight(const Backend& be, const Tensor& x, const Tensor& y, const Tensor& dy,
+                       int, bool accumulate) override {
+    grads(be, x, y, dy, nullptr, true, accumulate);
   }
   double flops_per_sample(const Shape&) const override { return 2.0 * in_ * out_; }
 
  private:
+  // dx if not null; the parameter gradients if `param_grads`.
+  void grads(const Backend& be, const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx,
+             bool param_grads, bool accumulate) {
+    be.linear_backward(dx ? dx->data() : nullptr, param_grads ? params[0].grad : nullptr,
+                       param_grads ? params[1].grad : nullptr, dy.data(), x.data(),
+                       params[0].value, batch_of(x), in_, out_, accumulate);
+  }
   int in_, out_;
 };
 
@@ -78,12 +94,27 @@ class Conv2d final : public Layer {
   std::vector<Int8Target> int8_targets() const override {
     return {{params[0].name, params[0].name, oc_, c_ * k_ * k_}};
   }
-  void backward(const Backend& be, const Tensor& x, const Tensor&, const Tensor& dy,
-                Tensor* dx, int slot, bool accumulate) override {
+  // B and W (Layer::backward_input): the same kernel call, with the other half's outputs null.
+  bool splits_backward() const override { return true; }
+  void backward(const Backend& be, const Tensor& x, const Tensor& y, const Tensor& dy,
+                Tensor* dx, int, bool accumulate) override {
+    grads(be, x, y, dy, dx, true, accumulate);
+  }
+  void backward_input(const Backend& be, const Tensor& x, const Tensor& y, const Tensor& dy,
+                      Tensor* dx, int, bool accumulate) override {
+    if (dx) grads(be, x, y, dy, dx, false, accumulate);
+  }
+  void backward_weight(const Backend& be, const Tensor& x, const Tensor& y, const Tensor& dy,
+                       int, bool accumulate) override {
+    grads(be, x, y, dy, nullptr, true, accumulate);
+  }
+  void grads(const Backend& be, const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx,
+             bool param_grads, bool accumulate) {
     auto s = conv_shape(batch_of(x), {x.dim(1), x.dim(2), x.dim(3)});
     scratch_.resize({be.conv2d_scratch_size(s)}, *be.memory);
-    be.conv2d_backward(dx ? dx->data() : nullptr, params[0].grad, params[1].grad, dy.data(),
-                       x.data(), params[0].value, s, scratch_.data(), accumulate);
+    be.conv2d_backward(dx ? dx->data() : nullptr, param_grads ? params[0].grad : nullptr,
+                       param_grads ? params[1].grad : nullptr, dy.data(), x.data(),
+                       params[0].value, s, scratch_.data(), accumulate);
   }
   double flops_per_sample(const Shape& in) const override {
     auto s = conv_shape(1, in);
@@ -274,8 +305,26 @@ class ConvPool final : public Layer {
                            conv_out_.data(), nb, s.OC, s.OH(), s.OW(), k_, st_);
     }
   }
+  bool splits_backward() const override { return true; }
   void backward(const Backend& be, const Tensor& x, const Tensor&, const Tensor& dy,
                 Tensor* dx, int slot, bool accumulate) override {
+    grads(be, x, dy, dx, slot, true, accumulate);
+  }
+  void backward_input(const Backend& be, const Tensor& x, const Tensor&, const Tensor& dy,
+                      Tensor* dx, int slot, bool accumulate) override {
+    if (dx) grads(be, x, dy, dx, slot, false, accumulate);
+  }
+  void backward_weight(const Backend& be, const Tensor& x, const Tensor&, const Tensor& dy,
+                       int slot, bool accumulate) override {
+    grads(be, x, dy, nullptr, slot, true, accumulate);
+  }
+
+ private:
+  // Per chunk: the pooling's backward into the chunk's conv output gradient, then dx (if not
+  // null) and the parameter gradients (if param_grads). B and W each redo the pooling's
+  // backward (a copy by argmax), so neither keeps it.
+  void grads(const Backend& be, const Tensor& x, const Tensor& dy, Tensor* dx, int slot,
+             bool param_grads, bool accumulate) {
     const Geometry g = geometry(be, x);
     const int64_t nw = numel(params[0].shape), nbias = numel(params[1].shape);
     dw_.resize({nw + nbias}, *be.memory);
@@ -287,18 +336,16 @@ class ConvPool final : public Layer {
                             argmax_[slot].i32() + int64_t(b0) * g.out, nb, s.OC, s.OH(), s.OW(), k_, st_);
       // The first chunk writes the gradient (unless accumulating); the others add to it.
       const bool writes = b0 == 0 && !accumulate;
-      float* gw = writes ? params[0].grad : dw_.data();
-      float* gb = writes ? params[1].grad : dw_.data() + nw;
+      float* gw = !param_grads ? nullptr : writes ? params[0].grad : dw_.data();
+      float* gb = !param_grads ? nullptr : writes ? params[1].grad : dw_.data() + nw;
       be.conv2d_backward(dx ? dx->data() + int64_t(b0) * g.in : nullptr, gw, gb, conv_out_.data(),
                          x.data() + int64_t(b0) * g.in, params[0].value, s, scratch_.data(), false);
-      if (!writes) {
+      if (param_grads && !writes) {
         be.add_inplace(params[0].grad, dw_.data(), nw);
         be.add_inplace(params[1].grad, dw_.data() + nw, nbias);
       }
     }
   }
-
- private:
   struct Geometry {
     Conv2dShape conv;
     int B, nb;
@@ -349,15 +396,31 @@ class LinearRelu final : public Layer {
     const Shape& w = params[0].shape;
     return {{params[0].name, params[0].name, int(w[0]), int(w[1])}};
   }
+  // B and W (Layer::backward_input): the same kernel call, with the other half's outputs null (each
+  // recomputes the ReLU's mask of dy: one pass, so neither keeps it)
+  bool splits_backward() const override { return true; }
   void backward(const Backend& be, const Tensor& x, const Tensor& y, const Tensor& dy,
-                Tensor* dx, int slot, bool accumulate) override {
-    const int B = batch_of(x), I = int(x.size() / std::max(B, 1)), O = int(y.size() / std::max(B, 1));
-    dpre_.resize(y.shape, *be.memory);
-    be.linear_relu_backward(dx ? dx->data() : nullptr, params[0].grad, params[1].grad, dy.data(),
-                            y.data(), x.data(), params[0].value, B, I, O, dpre_.data(), accumulate);
+                Tensor* dx, int, bool accumulate) override {
+    grads(be, x, y, dy, dx, true, accumulate);
+  }
+  void backward_input(const Backend& be, const Tensor& x, const Tensor& y, const Tensor& dy,
+                      Tensor* dx, int, bool accumulate) override {
+    if (dx) grads(be, x, y, dy, dx, false, accumulate);
+  }
+  void backward_weight(const Backend& be, const Tensor& x, const Tensor& y, const Tensor& dy,
+                       int, bool accumulate) override {
+    grads(be, x, y, dy, nullptr, true, accumulate);
   }
 
  private:
+  void grads(const Backend& be, const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx,
+             bool param_grads, bool accumulate) {
+    const int B = batch_of(x), I = int(x.size() / std::max(B, 1)), O = int(y.size() / std::max(B, 1));
+    dpre_.resize(y.shape, *be.memory);
+    be.linear_relu_backward(dx ? dx->data() : nullptr, param_grads ? params[0].grad : nullptr,
+                            param_grads ? params[1].grad : nullptr, dy.data(), y.data(), x.data(),
+                            params[0].value, B, I, O, dpre_.data(), accumulate);
+  }
   std::unique_ptr<Linear> lin_;
   Tensor dpre_;  // workspace
 };

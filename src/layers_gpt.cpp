@@ -64,6 +64,14 @@ class Embedding final : public Layer {
     }
     be.embedding_forward(y.data(), token_ids(be, si.slot), params[0].value, params[1].value, B, t, C_, V_);
   }
+  // No input gradient (token ids): B has nothing to do, W is the whole backward.
+  bool splits_backward() const override { return true; }
+  void backward_input(const Backend&, const Tensor&, const Tensor&, const Tensor&, Tensor*, int,
+                      bool) override {}
+  void backward_weight(const Backend& be, const Tensor& x, const Tensor& y, const Tensor& dy,
+                       int slot, bool accumulate) override {
+    backward(be, x, y, dy, nullptr, slot, accumulate);
+  }
   void backward(const Backend& be, const Tensor& x, const Tensor&, const Tensor& dy, Tensor*,
                 int slot, bool accumulate) override {
     const int B = int(x.dim(0)), t = int(x.dim(1));
@@ -113,12 +121,26 @@ class LayerNorm final : public Layer {
   }
   void backward(const Backend& be, const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx,
                 int slot, bool accumulate) override {
-    const int N = rows_of(x);
     dscratch_.resize(x.shape, *be.memory);
+    grads(be, x, dy, dx ? dx->data() : dscratch_.data(), slot, true, accumulate);
+  }
+  // B and W: the kernel computes dx and the parameters' sums independently.
+  bool splits_backward() const override { return true; }
+  void backward_input(const Backend& be, const Tensor& x, const Tensor&, const Tensor& dy,
+                      Tensor* dx, int slot, bool accumulate) override {
+    if (dx) grads(be, x, dy, dx->data(), slot, false, accumulate);
+  }
+  void backward_weight(const Backend& be, const Tensor& x, const Tensor&, const Tensor& dy,
+                       int slot, bool accumulate) override {
+    grads(be, x, dy, nullptr, slot, true, accumulate);
+  }
+  void grads(const Backend& be, const Tensor& x, const Tensor& dy, float* dx, int slot,
+             bool param_grads, bool accumulate) {
+    const int N = rows_of(x);
     const auto& s = stats_[slot];
-    be.layernorm_backward(dx ? dx->data() : dscratch_.data(), params[0].grad, params[1].grad,
-                          dy.data(), x.data(), params[0].value, s.data(), s.data() + N, N, C_,
-                          accumulate);
+    be.layernorm_backward(dx, param_grads ? params[0].grad : nullptr,
+                          param_grads ? params[1].grad : nullptr, dy.data(), x.data(),
+                          params[0].value, s.data(), s.data() + N, N, C_, accumulate);
   }
   double flops_per_sample(const Shape& in) const override { return 8.0 * double(numel(in)); }
 
@@ -154,9 +176,22 @@ class LmHead final : public Layer {
   }
   void backward(const Backend& be, const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx,
                 int slot, bool accumulate) override {
-    // Runs before the embedding's backward, which adds its part to the same gradient.
+    // Runs before the embedding's backward, which adds its part to the same gradient (W runs
+    // in the same layer order, so the sum's order is the same).
     be.linear_backward(dx ? dx->data() : nullptr, wte_->grad, nullptr, dy.data(), x.data(),
                        wte_->value, rows_of(x), int(x.dim(2)), V_, accumulate);
+  }
+  bool splits_backward() const override { return true; }
+  void backward_input(const Backend& be, const Tensor& x, const Tensor&, const Tensor& dy,
+                      Tensor* dx, int, bool accumulate) override {
+    if (dx)
+      be.linear_backward(dx->data(), nullptr, nullptr, dy.data(), x.data(), wte_->value,
+                         rows_of(x), int(x.dim(2)), V_, accumulate);
+  }
+  void backward_weight(const Backend& be, const Tensor& x, const Tensor&, const Tensor& dy, int,
+                       bool accumulate) override {
+    be.linear_backward(nullptr, wte_->grad, nullptr, dy.data(), x.data(), wte_->value,
+                       rows_of(x), int(x.dim(2)), V_, accumulate);
   }
   int V_;
   Param* wte_ = nullptr;
@@ -258,6 +293,35 @@ class Block final : public Layer {
 
   void backward(const Backend& be, const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx,
                 int slot, bool accumulate) override {
+    input_pass(be, x, dy, dx, slot, accumulate, nullptr);
+  }
+  // B and W. B runs the chain of input gradients with the parameter gradients left out and
+  // keeps, per slot, the gradients at the outputs of the six ops with parameters
+  // (5C + 7C/S floats per position, S tensor parts: BlockGrads); W runs the six parameter-gradient
+  // products from them and the forward's activations. Under recompute those activations live
+  // in one set shared by every block and are gone by W: the block then runs whole in B.
+  bool splits_backward() const override { return !recompute_; }
+  void backward_input(const Backend& be, const Tensor& x, const Tensor&, const Tensor& dy,
+                      Tensor* dx, int slot, bool accumulate) override {
+    input_pass(be, x, dy, dx, slot, accumulate, recompute_ ? nullptr : &kept_[slot]);
+  }
+  void backward_weight(const Backend& be, const Tensor& x, const Tensor&, const Tensor& dy,
+                       int slot, bool accumulate) override {
+    if (!recompute_) weight_pass(be, x, dy, slot, accumulate);
+  }
+
+ private:
+  // Gradients B keeps for W: at the MLP branch's output (after dropout's backward), c_fc's
+  // output, ln_2's output, the stream between the branches, the attention branch's output
+  // (after dropout's backward), c_attn's output and ln_1's output.
+  struct BlockGrads {
+    Tensor dmlp, dfc, dln2, dres, dattn, dqkv, dln1;
+  };
+
+  // The whole backward (keep null: parameter gradients written, intermediate gradients in the
+  // shared workspace), or B (keep: parameter gradients left out, the gradients W needs kept).
+  void input_pass(const Backend& be, const Tensor& x, const Tensor& dy, Tensor* dx, int slot,
+                  bool accumulate, BlockGrads* keep) {
     BlockWorkspace& w = block_workspace();
     BlockActs& a = recompute_ ? w.recomputed : acts_[slot];
     if (recompute_) {  // the activations again, from the block's input (same masks: same keys)
@@ -269,42 +333,66 @@ class Block final : public Layer {
     const int Cl = C / tp_.size, NHl = NH_ / tp_.size, Hl = 4 * Cl;  // this rank's share
     const int64_t n = int64_t(N) * C;
     auto ws = [&](Tensor& t, Shape s) { t.resize(std::move(s), *be.memory); return t.data(); };
-    float* g = ws(w.g, {N, C});        // gradient at a residual branch's output
-    float* g4 = ws(w.g4, {N, Hl});     // gradients inside the MLP
-    float* g4b = ws(w.g4b, {N, Hl});
-    float* gc = ws(w.gc, {N, C});      // gradient at a LayerNorm's output
-    float* gr = ws(w.gr, {N, C});      // gradient at res1 (the stream between the branches)
-    float* g3 = ws(w.g3, {N, 3 * Cl});
+    auto kept = [&](Tensor& shared, Tensor BlockGrads::*k, Shape s) { return ws(keep ? keep->*k : shared, s); };
+    auto pg = [&](Which i) { return keep ? nullptr : grad(i); };  // parameter gradients now?
+    float* g4 = ws(w.g4, {N, Hl});                                 // inside the MLP
+    float* gy = ws(w.gc, {N, C});                                  // at the attention's output
+    float* gm = kept(w.g, &BlockGrads::dmlp, {N, C});              // at the MLP branch's output
+    float* g4b = kept(w.g4b, &BlockGrads::dfc, {N, Hl});           // at c_fc's output
+    float* gc2 = kept(w.gc, &BlockGrads::dln2, {N, C});            // at ln_2's output
+    float* gr = kept(w.gr, &BlockGrads::dres, {N, C});             // at res1 (the stream)
+    float* ga = kept(w.g, &BlockGrads::dattn, {N, C});             // at the attention branch's output
+    float* g3 = kept(w.g3, &BlockGrads::dqkv, {N, 3 * Cl});        // at c_attn's output
+    float* gc1 = kept(w.gc, &BlockGrads::dln1, {N, C});            // at ln_1's output
     // MLP branch: out = res1 + drop(c_proj(gelu(c_fc(ln_2(res1)))))
     const float* d = dy.data();
     if (mk.active) {
-      be.dropout_backward(g, d, mk.m2.data(), n);
-      d = g;
+      be.dropout_backward(gm, d, mk.m2.data(), n);
+      d = gm;
     }
-    be.linear_backward(g4, grad(kMlpProjW), grad(kMlpProjB), d, a.fcg.data(), value(kMlpProjW), N, Hl, C, accumulate);
+    be.linear_backward(g4, pg(kMlpProjW), pg(kMlpProjB), d, a.fcg.data(), value(kMlpProjW), N, Hl, C, accumulate);
     be.gelu_backward(g4b, g4, a.fc.data(), int64_t(N) * Hl);
-    be.linear_backward(gc, grad(kFcW), grad(kFcB), g4b, a.ln2.data(), value(kFcW), N, C, Hl, accumulate);
-    tensor_sum(gc, n);
-    be.layernorm_backward(gr, grad(kLn2W), grad(kLn2B), gc, a.res1.data(), value(kLn2W), a.st2.data(),
+    be.linear_backward(gc2, pg(kFcW), pg(kFcB), g4b, a.ln2.data(), value(kFcW), N, C, Hl, accumulate);
+    tensor_sum(gc2, n);
+    be.layernorm_backward(gr, pg(kLn2W), pg(kLn2B), gc2, a.res1.data(), value(kLn2W), a.st2.data(),
                           a.st2.data() + N, N, C, accumulate);
     be.residual_forward(gr, gr, dy.data(), n);  // + the stream's own path
     // Attention branch: res1 = x + drop(c_proj(attn(c_attn(ln_1(x)))))
     d = gr;
     if (mk.active) {
-      be.dropout_backward(g, gr, mk.m1.data(), n);
-      d = g;
+      be.dropout_backward(ga, gr, mk.m1.data(), n);
+      d = ga;
     }
-    be.linear_backward(gc, grad(kAttnProjW), grad(kAttnProjB), d, a.y.data(), value(kAttnProjW), N, Cl, C, accumulate);
-    be.attention_backward(g3, gc, a.qkv.data(), a.att.data(), B, T, Cl, NHl);
-    be.linear_backward(gc, grad(kAttnW), grad(kAttnB), g3, a.ln1.data(), value(kAttnW), N, C, 3 * Cl, accumulate);
-    tensor_sum(gc, n);
+    be.linear_backward(gy, pg(kAttnProjW), pg(kAttnProjB), d, a.y.data(), value(kAttnProjW), N, Cl, C, accumulate);
+    be.attention_backward(g3, gy, a.qkv.data(), a.att.data(), B, T, Cl, NHl);
+    be.linear_backward(gc1, pg(kAttnW), pg(kAttnB), g3, a.ln1.data(), value(kAttnW), N, C, 3 * Cl, accumulate);
+    tensor_sum(gc1, n);
+    if (keep && !dx) return;  // W takes ln_1's parameters
     float* dxp = dx ? dx->data() : ws(w.g, {N, C});
-    be.layernorm_backward(dxp, grad(kLn1W), grad(kLn1B), gc, x.data(), value(kLn1W), a.st1.data(), a.st1.data() + N,
+    be.layernorm_backward(dxp, pg(kLn1W), pg(kLn1B), gc1, x.data(), value(kLn1W), a.st1.data(), a.st1.data() + N,
                           N, C, accumulate);
     if (dx) be.residual_forward(dxp, dxp, gr, n);
   }
 
- private:
+  // W: the six parameter gradients from what B kept (the same products backward runs).
+  void weight_pass(const Backend& be, const Tensor& x, const Tensor& dy, int slot, bool accumulate) {
+    const BlockActs& a = acts_[slot];
+    const BlockGrads& k = kept_[slot];
+    const bool dropped = masks_[slot].active;
+    const int N = int(x.dim(0) * x.dim(1)), C = C_, Cl = C / tp_.size, Hl = 4 * Cl;
+    be.linear_backward(nullptr, grad(kMlpProjW), grad(kMlpProjB), dropped ? k.dmlp.data() : dy.data(),
+                       a.fcg.data(), value(kMlpProjW), N, Hl, C, accumulate);
+    be.linear_backward(nullptr, grad(kFcW), grad(kFcB), k.dfc.data(), a.ln2.data(), value(kFcW), N, C, Hl, accumulate);
+    be.layernorm_backward(nullptr, grad(kLn2W), grad(kLn2B), k.dln2.data(), a.res1.data(), value(kLn2W),
+                          a.st2.data(), a.st2.data() + N, N, C, accumulate);
+    be.linear_backward(nullptr, grad(kAttnProjW), grad(kAttnProjB), dropped ? k.dattn.data() : k.dres.data(),
+                       a.y.data(), value(kAttnProjW), N, Cl, C, accumulate);
+    be.linear_backward(nullptr, grad(kAttnW), grad(kAttnB), k.dqkv.data(), a.ln1.data(), value(kAttnW), N, C, 3 * Cl,
+                       accumulate);
+    be.layernorm_backward(nullptr, grad(kLn1W), grad(kLn1B), k.dln1.data(), x.data(), value(kLn1W), a.st1.data(),
+                          a.st1.data() + N, N, C, accumulate);
+  }
+
   // The block's parameters, by name: their places in `params`.
   enum Which : size_t {
     kLn1W, kLn1B, kAttnW, kAttnB, kAttnProjW, kAttnProjB,  // ln_1, attn.c_attn, attn.c_proj
@@ -394,6 +482,7 @@ class Block final : public Layer {
   PerSlot<BlockActs> acts_;  // without recompute
   PerSlot<Masks> masks_;
   PerSlot<StepInfo> step_;
+  PerSlot<BlockGrads> kept_;  // B's gradients for W (split schedules)
 };
 
 }  // namespace

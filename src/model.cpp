@@ -467,24 +467,34 @@ const Tensor& Model::forward(const Backend& be, const Tensor& x, const StepInfo&
 
 const Tensor* Model::backward(const Backend& be, const Tensor& dout, int k,
                               const std::function<void(int64_t)>& on_ready, bool accumulate) {
+  return run_backward(be, dout, k, on_ready, accumulate, Pass::kWhole);
+}
+
+const Tensor* Model::backward_input(const Backend& be, const Tensor& dout, int k, bool accumulate) {
+  slot(k).dout = &dout;
+  return run_backward(be, dout, k, nullptr, accumulate, Pass::kInput);
+}
+
+// The first stage needs no gradient below its lowest layer with parameters: that layer
+// skips its input gradient (for the MLP, fc1's 64x784 product behind the flatten: a third
+// of backward's FLOPs) and the layers under it skip backward altogether, as autograd does
+// for data. Later stages send the gradient at their input to the stage before.
+size_t Model::lowest_with_input_grad() const {
+  if (first_ > 0) return 0;
+  for (size_t i = 0; i < layers_.size(); ++i)
+    if (!layers_[i]->params.empty()) return i;
+  return layers_.size();
+}
+
+const Tensor* Model::run_backward(const Backend& be, const Tensor& dout, int k,
+                                  const std::function<void(int64_t)>& on_ready, bool accumulate,
+                                  Pass pass) {
   Activations& a = slot(k);
   STRATA_CHECK(a.input, "backward before forward");
   const int64_t b = a.input->dim(0);
   const Tensor* dy = &dout;
-  // The first stage needs no gradient below its lowest layer with parameters: that layer
-  // skips its input gradient (for the MLP, fc1's 64x784 product behind the flatten: a third
-  // of backward's FLOPs) and the layers under it skip backward altogether, as autograd does
-  // for data. Later stages send the gradient at their input to the stage before.
   const bool input_grad = first_ > 0;
-  size_t lowest = 0;
-  if (!input_grad) {
-    lowest = layers_.size();
-    for (size_t i = 0; i < layers_.size(); ++i)
-      if (!layers_[i]->params.empty()) {
-        lowest = i;
-        break;
-      }
-  }
+  const size_t lowest = lowest_with_input_grad();
   for (size_t i = layers_.size(); i-- > 0;) {
     if (i < lowest) {
       if (on_ready) on_ready(ready_after_[i]);
@@ -499,7 +509,11 @@ const Tensor* Model::backward(const Backend& be, const Tensor& dout, int k,
       else a.douts[i].resize(is, *be.memory);
       dx = &a.douts[i];
     }
-    if (!layers_[i]->is_reshape()) layers_[i]->backward(be, x, a.outs[i], *dy, dx, k, accumulate);
+    Layer& l = *layers_[i];
+    if (!l.is_reshape()) {
+      if (pass == Pass::kWhole) l.backward(be, x, a.outs[i], *dy, dx, k, accumulate);
+      else l.backward_input(be, x, a.outs[i], *dy, dx, k, accumulate);
+    }
     if (profile_) {
       be.synchronize();  // a device's ops are asynchronous: time what they did
       (*profile_)[i] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -508,6 +522,24 @@ const Tensor* Model::backward(const Backend& be, const Tensor& dout, int k,
     dy = dx;
   }
   return input_grad ? &a.douts[0] : nullptr;
+}
+
+// W: each layer's parameter gradients from its input (kept from forward) and the gradient at
+// its output (kept from B: the layer above's input gradient, or the stage's).
+void Model::backward_weight(const Backend& be, int k, const std::function<void(int64_t)>& on_ready,
+                            bool accumulate) {
+  Activations& a = slot(k);
+  STRATA_CHECK(a.input && a.dout, "weight gradients before the input gradients");
+  const size_t lowest = lowest_with_input_grad();
+  for (size_t i = layers_.size(); i-- > 0;) {
+    if (i >= lowest && !layers_[i]->is_reshape()) {
+      const Tensor& x = i ? a.outs[i - 1] : *a.input;
+      const Tensor& dy = i + 1 < layers_.size() ? a.douts[i + 1] : *a.dout;
+      layers_[i]->backward_weight(be, x, a.outs[i], dy, k, accumulate);
+    }
+    if (on_ready) on_ready(ready_after_[i]);
+  }
+  a.dout = nullptr;
 }
 
 }  // namespace strata

@@ -136,24 +136,6 @@ int resolve_microbatches(int configured, int stages, int64_t global_batch, int r
   return configured;
 }
 
-std::vector<PipeOp> pipeline_schedule(const std::string& kind, int stages, int stage, int micros) {
-  std::vector<PipeOp> ops;
-  if (kind == "gpipe") {
-    for (int m = 0; m < micros; ++m) ops.push_back({true, m});
-    for (int m = 0; m < micros; ++m) ops.push_back({false, m});
-    return ops;
-  }
-  STRATA_CHECK(kind == "1f1b", "schedule '{}'", kind);
-  const int warmup = std::min(stages - stage - 1, micros);
-  for (int m = 0; m < warmup; ++m) ops.push_back({true, m});
-  for (int i = 0; i < micros - warmup; ++i) {
-    ops.push_back({true, warmup + i});
-    ops.push_back({false, i});
-  }
-  for (int m = micros - warmup; m < micros; ++m) ops.push_back({false, m});
-  return ops;
-}
-
 namespace {
 // Forward activations and backward gradients of micro-batch m never share a tag; evaluation
 // has its own (micro-batches are at most 4096, so training tags stay below 8194).
@@ -170,7 +152,8 @@ PipelineStage::PipelineStage(Model& model, Comm& pipe, int stages, int micros,
   ops_ = pipeline_schedule(schedule_, stages_, stage_, micros_);
   first_ = stage_ == 0;
   last_ = stage_ == stages_ - 1;
-  max_live_ = schedule_ == "gpipe" ? micros_ : std::min(stages_ - stage_, micros_);
+  split_ = splits_backward(schedule_);
+  max_live_ = schedule_peak_live(ops_);
 }
 
 int PipelineStage::alloc_slot() {
@@ -246,83 +229,115 @@ double PipelineStage::run(const Backend& be, const Tensor& x, const int32_t* lab
                           int64_t batch, const StepInfo& si, int64_t global_batch,
                           const std::function<void(int64_t)>& on_ready) {
   STRATA_CHECK(batch % micros_ == 0, "batch {} in {} micro-batches", batch, micros_);
-  const int64_t bm = batch / micros_;
   const int M = micros_;
+  step_ = Step{&be, &x, labels, batch / micros_, &si, global_batch, &on_ready};
   mem_ = be.memory;
   slot_of_.assign(size_t(M), -1);
   recv_in_.assign(size_t(M), -1);
   recv_grad_.assign(size_t(M), -1);
-  size_t next_recv = 0;  // ops_ index of the next forward whose input is not yet asked for
-  auto post_next_recv = [&] {
-    if (first_) return;
-    while (next_recv < ops_.size() && !ops_[next_recv].forward) ++next_recv;
-    if (next_recv < ops_.size()) post_input_recv(ops_[next_recv++].micro, bm);
-  };
+  next_recv_ = 0;
+  backwards_ = weights_ = 0;
   post_next_recv();
   double loss = 0;
-  int backwards = 0;
-  const int64_t in_per_sample = numel(model_.stage_input_shape());
   for (const PipeOp& op : ops_) {
-    const int m = op.micro;
-    if (op.forward) {
-      int slot;
-      if (first_) {
-        slot = alloc_slot();
-        slot_of_[size_t(m)] = slot;
-        in_[size_t(slot)] = Tensor::view(const_cast<float*>(x.data()) + m * bm * in_per_sample,
-                                         batched(bm, model_.stage_input_shape()), *x.memory);
-      } else {
-        slot = slot_of_[size_t(m)];
-        STRATA_CHECK(slot >= 0, "micro-batch {} input not requested", m);
-        wait(recv_in_[size_t(m)], "receive", "wait for activation", m);
-        post_next_recv();  // one ahead: its data lands while this one computes
-      }
-      StepInfo sm = si;
-      sm.first_sample = si.first_sample + m * bm;
-      sm.slot = slot;
-      const Tensor* out;
-      {
-        Tracer::Scope span(*tracer_, "compute", fmt::format("forward {}", m), m);
-        out = &model_.forward(be, in_[size_t(slot)], sm);
-        if (last_) {
-          // A row of logits per sample, or per position for a language model.
-          loss += head_.loss_and_gradient(be, *out, labels + m * bm * head_.rows_per_sample(),
-                                          bm, global_batch, dout_[size_t(slot)]);
-        }
-      }
-      slot_bytes_[size_t(slot)] = model_.activation_bytes(slot) + (first_ ? 0 : in_[size_t(slot)].size() * 4);
-      live_bytes_ += slot_bytes_[size_t(slot)];
-      ++live_;
-      if (live_ > stats_.peak_live) stats_.peak_live = live_;
-      stats_.peak_act_bytes = std::max(stats_.peak_act_bytes, live_bytes_);
-      if (!last_) {
-        Tensor& dy = dout_[size_t(slot)];
-        dy.resize(batched(bm, model_.stage_output_shape()), *be.memory);
-        sends_[size_t(slot)].push_back(pipe_.start_send(out->data(), out->size(), stage_ + 1, tag_of(m, false)));
-        recv_grad_[size_t(m)] = pipe_.start_recv(dy.data(), dy.size(), stage_ + 1, tag_of(m, true));
-      }
-    } else {
-      const int slot = slot_of_[size_t(m)];
-      if (!last_) wait(recv_grad_[size_t(m)], "receive", "wait for gradient", m);
-      const Tensor* dx;
-      {
-        Tracer::Scope span(*tracer_, "compute", fmt::format("backward {}", m), m);
-        const bool final_backward = backwards == M - 1;
-        dx = model_.backward(be, dout_[size_t(slot)], slot, final_backward ? on_ready : nullptr,
-                             /*accumulate=*/backwards > 0);
-      }
-      ++backwards;
-      if (!first_)
-        sends_[size_t(slot)].push_back(pipe_.start_send(dx->data(), dx->size(), stage_ - 1, tag_of(m, true)));
-      --live_;
-      live_bytes_ -= slot_bytes_[size_t(slot)];
-      release_slot(slot);
-    }
+    if (op.kind == PipeOp::kForward) loss += forward(op.micro);
+    else if (op.kind == PipeOp::kBackward) backward(op.micro);
+    else weight_grads(op.micro);
     progress();
   }
   for (auto& v : sends_)
     for (int& h : v) wait(h, "send", "wait for sends", -1);
   return loss;
+}
+
+// Posts the receive of the next forward's input (one ahead: its data lands while this rank
+// computes the current one).
+void PipelineStage::post_next_recv() {
+  if (first_) return;
+  while (size_t(next_recv_) < ops_.size() && ops_[size_t(next_recv_)].kind != PipeOp::kForward) ++next_recv_;
+  if (size_t(next_recv_) < ops_.size()) post_input_recv(ops_[size_t(next_recv_++)].micro, step_.bm);
+}
+
+double PipelineStage::forward(int m) {
+  const Backend& be = *step_.be;
+  const int64_t bm = step_.bm;
+  int slot;
+  if (first_) {
+    slot = alloc_slot();
+    slot_of_[size_t(m)] = slot;
+    const int64_t in_per_sample = numel(model_.stage_input_shape());
+    in_[size_t(slot)] = Tensor::view(const_cast<float*>(step_.x->data()) + m * bm * in_per_sample,
+                                     batched(bm, model_.stage_input_shape()), *step_.x->memory);
+  } else {
+    slot = slot_of_[size_t(m)];
+    STRATA_CHECK(slot >= 0, "micro-batch {} input not requested", m);
+    wait(recv_in_[size_t(m)], "receive", "wait for activation", m);
+    post_next_recv();
+  }
+  StepInfo sm = *step_.si;
+  sm.first_sample = step_.si->first_sample + m * bm;
+  sm.slot = slot;
+  const Tensor* out;
+  double loss = 0;
+  {
+    Tracer::Scope span(*tracer_, "compute", fmt::format("forward {}", m), m);
+    out = &model_.forward(be, in_[size_t(slot)], sm);
+    if (last_)  // a row of logits per sample, or per position for a language model
+      loss = head_.loss_and_gradient(be, *out, step_.labels + m * bm * head_.rows_per_sample(),
+                                     bm, step_.global_batch, dout_[size_t(slot)]);
+  }
+  slot_bytes_[size_t(slot)] = model_.activation_bytes(slot) + (first_ ? 0 : in_[size_t(slot)].size() * 4);
+  live_bytes_ += slot_bytes_[size_t(slot)];
+  ++live_;
+  stats_.peak_live = std::max(stats_.peak_live, live_);
+  stats_.peak_act_bytes = std::max(stats_.peak_act_bytes, live_bytes_);
+  if (!last_) {
+    Tensor& dy = dout_[size_t(slot)];
+    dy.resize(batched(bm, model_.stage_output_shape()), *be.memory);
+    sends_[size_t(slot)].push_back(pipe_.start_send(out->data(), out->size(), stage_ + 1, tag_of(m, false)));
+    recv_grad_[size_t(m)] = pipe_.start_recv(dy.data(), dy.size(), stage_ + 1, tag_of(m, true));
+  }
+  return loss;
+}
+
+// B: the whole backward, or (split) only the gradient at the stage's input; sent down.
+void PipelineStage::backward(int m) {
+  const int slot = slot_of_[size_t(m)];
+  if (!last_) wait(recv_grad_[size_t(m)], "receive", "wait for gradient", m);
+  const Tensor* dx;
+  {
+    Tracer::Scope span(*tracer_, "compute", fmt::format("backward{} {}", split_ ? " B" : "", m), m);
+    const bool accumulate = backwards_ > 0;
+    if (split_) {
+      dx = model_.backward_input(*step_.be, dout_[size_t(slot)], slot, accumulate);
+    } else {
+      const bool final_backward = backwards_ == micros_ - 1;
+      dx = model_.backward(*step_.be, dout_[size_t(slot)], slot,
+                           final_backward ? *step_.on_ready : nullptr, accumulate);
+    }
+  }
+  ++backwards_;
+  if (!first_)
+    sends_[size_t(slot)].push_back(pipe_.start_send(dx->data(), dx->size(), stage_ - 1, tag_of(m, true)));
+  if (!split_) retire(slot);
+}
+
+// W: the parameter gradients of a split backward; the slot is free after it.
+void PipelineStage::weight_grads(int m) {
+  const int slot = slot_of_[size_t(m)];
+  {
+    Tracer::Scope span(*tracer_, "compute", fmt::format("backward W {}", m), m);
+    const bool final_weights = weights_ == micros_ - 1;
+    model_.backward_weight(*step_.be, slot, final_weights ? *step_.on_ready : nullptr, weights_ > 0);
+  }
+  ++weights_;
+  retire(slot);
+}
+
+void PipelineStage::retire(int slot) {
+  --live_;
+  live_bytes_ -= slot_bytes_[size_t(slot)];
+  release_slot(slot);
 }
 
 }  // namespace strata
@@ -359,11 +374,16 @@ std::string partition_summary(const std::vector<LayerInfo>& layers,
 namespace strata {
 
 PipelineFigures pipeline_figures(Comm& world, const ProcessGrid& grid, const PipelineStats& stats,
-                                 std::vector<double> idle_shares, int micros) {
+                                 std::vector<double> idle_shares, int micros,
+                                 const std::string& schedule) {
   const size_t P = size_t(grid.stages), s = size_t(grid.stage);
   PipelineFigures f{.peak_live = std::vector<double>(P, 0.0), .peak_mb = std::vector<double>(P, 0.0),
                     .idle = std::vector<double>(P, 0.0),
-                    .theory = double(grid.stages - 1) / double(micros + grid.stages - 1)};
+                    .theory_idle = schedule_idle_shares(schedule, grid.stages, micros),
+                    .bound_live = {}};
+  for (double v : f.theory_idle) f.theory += v / double(P);
+  for (int k = 0; k < grid.stages; ++k)
+    f.bound_live.push_back(schedule_peak_live(pipeline_schedule(schedule, grid.stages, k, micros)));
   f.peak_live[s] = stats.peak_live;
   f.peak_mb[s] = double(stats.peak_act_bytes) / 1e6;
   world.allreduce_max(f.peak_live.data(), int64_t(P));

@@ -244,7 +244,8 @@ int TrainingSession::finish_run(Clock::time_point t_start, double cpu_start) {
   progress_->finish();
   loader_.reset();  // the loader thread owns HDF5 while alive
   PipelineFigures figures;
-  if (pipe_) figures = pipeline_figures(comm_, grid_, pipe_->stats(), idle_shares_, plan_.M);
+  if (pipe_) figures = pipeline_figures(comm_, grid_, pipe_->stats(), idle_shares_, plan_.M,
+                                              cfg_.parallel.schedule);
   tracer_->write(comm_, cfg_.trace,
                  fmt::format("rank {} · {} · {}", comm_.rank(), grid_.where(), comm_.host()));
   model_->pull(be_);

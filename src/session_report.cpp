@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "strata/job.h"
+#include "strata/pipeline_schedule.h"
 #include "strata/session.h"
 
 namespace strata {
@@ -16,10 +17,18 @@ namespace {
 void print_pipeline(const RunConfig& cfg, const RunPlan& p, const ProcessGrid& grid,
                     const std::string& host) {
   const int P = p.P, D = p.D;
+  // The schedule in theory: its mean idle share with F, B and W costing the same, and the
+  // most micro-batches a stage holds.
+  double bubble = 0;
+  int live = 0;
+  for (double v : schedule_idle_shares(cfg.parallel.schedule, P, p.M)) bubble += v / P;
+  for (int s = 0; s < P; ++s)
+    live = std::max(live, schedule_peak_live(pipeline_schedule(cfg.parallel.schedule, P, s, p.M)));
   fmt::print("pipeline: {} stage{} x {} data-parallel replica{} ({}), {} micro-batches of {} "
-             "per step, schedule {}, partition {}\n{}\n", P, P == 1 ? "" : "s", D,
+             "per step, schedule {} (bubble {:.3f} in theory, at most {} micro-batch{} alive "
+             "on a stage), partition {}\n{}\n", P, P == 1 ? "" : "s", D,
              D == 1 ? "" : "s", cfg.parallel.placement, p.M, p.micro_batch(cfg.train.batch_size),
-             cfg.parallel.schedule,
+             cfg.parallel.schedule, bubble, live, live == 1 ? "" : "es",
              !cfg.parallel.stage_layers.empty() ? "parallel.stage_layers" : cfg.parallel.balance,
              partition_summary(p.layers, p.costs, p.ranges));
   for (int st = 0; st < P; ++st) {
@@ -158,11 +167,13 @@ void TrainingSession::report_done(const EvalResult& ev, const PipelineFigures& f
     done.push_back({"peak_activation_mb", json_list(figures.peak_mb, 3)});
     done.push_back({"stage_idle_share", json_list(figures.idle, 4)});
     done.push_back({"bubble_theory", json_number(figures.theory)});
-    fmt::print("pipeline: peak live micro-batches per stage {} (schedule {}: {}), activations "
-               "at peak {} MB; idle share per stage {} (theory (P-1)/(M+P-1) = {:.3f})\n",
+    done.push_back({"stage_bubble_theory", json_list(figures.theory_idle, 4)});
+    done.push_back({"live_microbatches_bound", json_list(figures.bound_live, 0)});
+    fmt::print("pipeline: peak live micro-batches per stage {} (schedule {} allows {}), activations "
+               "at peak {} MB; idle share per stage {} (the schedule's theory {}, mean {:.3f})\n",
                json_list(figures.peak_live, 0), cfg.parallel.schedule,
-               cfg.parallel.schedule == "gpipe" ? "M" : "at most P - stage",
-               json_list(figures.peak_mb, 2), json_list(figures.idle, 3), figures.theory);
+               json_list(figures.bound_live, 0), json_list(figures.peak_mb, 2),
+               json_list(figures.idle, 3), json_list(figures.theory_idle, 3), figures.theory);
   }
   if (info.has_test) {
     done.push_back({"test_accuracy", json_number(ev.accuracy)});

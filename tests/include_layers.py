@@ -19,7 +19,7 @@ LAYERS = [
               "h5_datasets cuda_loader elf_needed cuda_libraries int8"),
     ("config and grid", "config grid"),
     ("model", "layers model loss optim checkpoint checkpoint_write batch_on_backend"),
-    ("parallelism and persistence", "pipeline data_parallel whole_model zero checkpoint_cache "
+    ("parallelism and persistence", "pipeline pipeline_schedule data_parallel whole_model zero checkpoint_cache "
                                     "checkpointer watchdog evaluate generate prepare quantize"),
     ("the step", "run_plan train_step publisher step_hooks"),
     ("the session", "session"),

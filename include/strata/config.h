@@ -66,7 +66,7 @@ struct RunConfig {
     int tensor = 1;             // T: ranks splitting each transformer block (Megatron-style)
     int microbatches = 0;       // M per step; 0 = the largest divisor of the per-replica
                                 // batch up to 4 P (1 without a pipeline)
-    std::string schedule = "1f1b";  // 1f1b | gpipe
+    std::string schedule = "1f1b";  // 1f1b | gpipe | zb-h1 | zb-h2 (pipeline_schedule.h)
     std::vector<int> stage_layers;  // layers per stage; empty = balanced by `balance` cost
     std::string balance = "estimated";  // estimated (FLOPs) | measured (timed on rank 0)
     std::string placement = "replicas_in_node";  // | pipeline_in_node (see grid.h)

@@ -76,6 +76,19 @@ class Layer {
   // `slot`: the slot of the forward this backward belongs to.
   virtual void backward(const Backend& be, const Tensor& x, const Tensor& y, const Tensor& dy,
                         Tensor* dx, int slot, bool accumulate) = 0;
+  // Zero-bubble schedules split backward in two: backward_input (B) writes only dx, which the
+  // stage below waits for; backward_weight (W), called later for the same slot with the same
+  // x, y and dy, only the parameter gradients, which nothing waits for. B then W write exactly
+  // what backward writes, bitwise (the same kernels on the same operands). A layer that does
+  // not split (splits_backward() false: no parameters, or state backward cannot keep until W)
+  // does all of backward in B, and W is a no-op.
+  virtual bool splits_backward() const { return false; }
+  virtual void backward_input(const Backend& be, const Tensor& x, const Tensor& y, const Tensor& dy,
+                              Tensor* dx, int slot, bool accumulate) {
+    backward(be, x, y, dy, dx, slot, accumulate);
+  }
+  virtual void backward_weight(const Backend& be, const Tensor& x, const Tensor& y,
+                               const Tensor& dy, int slot, bool accumulate) {}
   // True for layers that only reshape (Flatten): the model then passes views instead of
   // calling forward/backward, so no bytes are copied.
   virtual bool is_reshape() const { return false; }

@@ -135,6 +135,13 @@ class Model {
   // (valid until the slot's next backward), else nullptr.
   const Tensor* backward(const Backend& be, const Tensor& dout, int slot,
                          const std::function<void(int64_t)>& on_ready = {}, bool accumulate = false);
+  // Zero-bubble schedules: backward in two passes over the layers. backward_input (B) runs
+  // each layer's input-gradient half and returns what backward returns; backward_weight (W),
+  // later, the parameter-gradient halves from what B left in the slot (on_ready as in
+  // backward). B then W write exactly what backward writes, bitwise (Layer::backward_input).
+  const Tensor* backward_input(const Backend& be, const Tensor& dout, int slot, bool accumulate);
+  void backward_weight(const Backend& be, int slot, const std::function<void(int64_t)>& on_ready,
+                       bool accumulate);
   // While set, forward and backward add each layer's wall time to (*seconds)[layer] (for the
   // measured pipeline partition); nullptr stops it.
   void set_profile(std::vector<double>* seconds) { profile_ = seconds; }
@@ -158,7 +165,12 @@ class Model {
     const Tensor* input = nullptr;
     std::vector<Tensor> outs;   // outs[i]: output of layer i
     std::vector<Tensor> douts;  // douts[i]: gradient w.r.t. input of layer i
+    const Tensor* dout = nullptr;  // the stage's output gradient, from B until W
   };
+  enum class Pass { kWhole, kInput };
+  const Tensor* run_backward(const Backend& be, const Tensor& dout, int slot,
+                             const std::function<void(int64_t)>& on_ready, bool accumulate, Pass pass);
+  size_t lowest_with_input_grad() const;  // the first layer backward runs
   std::deque<Activations> acts_;  // per slot; a deque so views into a slot stay valid
   Activations& slot(int k);       // made on first use
   std::vector<double>* profile_ = nullptr;

@@ -3,18 +3,11 @@
 //
 //   partition_layers   which layers each stage holds: balanced by estimated cost, or explicit
 //   pipeline_schedule  the order of one stage's forwards and backwards in a step
+//                      (pipeline_schedule.h: gpipe, 1f1b, zb-h1, zb-h2)
 //   PipelineStage      runs one step of that order on this rank: non-blocking sends and
 //                      receives of activations (forward) and their gradients (backward) to
 //                      the neighbour stages, the loss on the last stage, gradients summed
 //                      over micro-batches
-//
-// Schedules (S = stage, P stages, M micro-batches):
-//   gpipe  all M forwards, then all M backwards: M micro-batches' activations alive at once.
-//   1f1b   P-S-1 forwards to fill the pipeline, then one forward and one backward in turn,
-//          then the remaining backwards (PipeDream-Flush, Megatron-LM's default): at most P-S
-//          alive. The same arithmetic as gpipe, in another order: the gradients are summed in
-//          micro-batch order by both, so the two give bitwise-identical parameters.
-// Both leave (P-1)/(M+P-1) of a step idle per stage when stages cost the same (the bubble).
 #pragma once
 #include <cstdint>
 #include <deque>
@@ -28,6 +21,7 @@
 #include "strata/grid.h"
 #include "strata/loss.h"
 #include "strata/model.h"
+#include "strata/pipeline_schedule.h"
 #include "strata/trace.h"
 
 namespace strata {
@@ -57,14 +51,8 @@ std::string partition_summary(const std::vector<LayerInfo>& layers,
 // pipeline). Throws UserError naming parallel.microbatches.
 int resolve_microbatches(int configured, int stages, int64_t global_batch, int replicas);
 
-struct PipeOp {
-  bool forward;
-  int micro;
-};
-std::vector<PipeOp> pipeline_schedule(const std::string& kind, int stages, int stage, int micros);
-
 struct PipelineStats {
-  int peak_live = 0;            // most micro-batches between forward and backward at once
+  int peak_live = 0;            // most micro-batches between forward and backward (its W) at once
   int64_t peak_act_bytes = 0;   // their activations at that moment
   double wait_s = 0;            // waiting for neighbours (receives, and sends at step end)
 };
@@ -78,8 +66,8 @@ class PipelineStage {
   // every micro-batch forward and backward in schedule order. Parameter gradients are
   // overwritten by the first micro-batch and summed over the rest (dlogits scaled by
   // 1/global_batch, so the sum is the mini-batch mean). on_ready is the model's gradient
-  // callback during the last micro-batch's backward (the data-parallel allreduce starts
-  // then). Returns the sum of the per-sample losses on the last stage, 0 elsewhere.
+  // callback during the last micro-batch's backward, its W when split (the data-parallel
+  // allreduce starts then). Returns the sum of the per-sample losses on the last stage, 0 elsewhere.
   double run(const Backend& be, const Tensor& x, const int32_t* labels, int64_t batch,
              const StepInfo& si, int64_t global_batch,
              const std::function<void(int64_t)>& on_ready);
@@ -91,6 +79,11 @@ class PipelineStage {
   const PipelineStats& stats() const { return stats_; }
 
  private:
+  double forward(int m);       // F: returns the micro-batch's loss sum on the last stage
+  void backward(int m);        // B
+  void weight_grads(int m);    // W (split schedules)
+  void retire(int slot);       // the micro-batch's backward is done: its slot is free
+  void post_next_recv();
   int alloc_slot();
   void release_slot(int slot);
   void post_input_recv(int m, int64_t bm);
@@ -103,7 +96,19 @@ class PipelineStage {
   const Memory* mem_ = &host_memory();  // the backend's, for the buffers below (set by run)
   int stage_, stages_, micros_;
   std::string schedule_;
+  bool split_ = false;  // B and W apart (zero-bubble schedules)
   Tracer* tracer_;
+  // The step run() is in.
+  struct Step {
+    const Backend* be = nullptr;
+    const Tensor* x = nullptr;
+    const int32_t* labels = nullptr;
+    int64_t bm = 0;  // samples per micro-batch
+    const StepInfo* si = nullptr;
+    int64_t global_batch = 0;
+    const std::function<void(int64_t)>* on_ready = nullptr;
+  } step_;
+  int backwards_ = 0, weights_ = 0;  // B's and W's done this step
   std::vector<PipeOp> ops_;
   bool first_, last_;
   SoftmaxXentHead head_;  // the last stage's loss
@@ -125,13 +130,15 @@ class PipelineStage {
 
 // A run's per-stage figures, on every rank (collective over `world`): the most micro-batches
 // alive at once (max over replicas), their activation memory, and the idle share (the median
-// of this rank's per-step shares, mean over replicas), beside (P-1)/(M+P-1).
+// of this rank's per-step shares, mean over replicas), beside the schedule's theory
+// (schedule_idle_shares: per stage, and their mean) and its bound on live micro-batches.
 struct PipelineFigures {
-  std::vector<double> peak_live, peak_mb, idle;
+  std::vector<double> peak_live, peak_mb, idle, theory_idle, bound_live;
   double theory = 0;
 };
 PipelineFigures pipeline_figures(Comm& world, const ProcessGrid& grid, const PipelineStats& stats,
-                                 std::vector<double> idle_shares, int micros);
+                                 std::vector<double> idle_shares, int micros,
+                                 const std::string& schedule);
 // "[a, b, c]" with `decimals` digits after the point (metrics and reports).
 std::string json_list(const std::vector<double>& v, int decimals);
 

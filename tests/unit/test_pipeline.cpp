@@ -2,6 +2,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <map>
 #include <set>
 
 #include "strata/backend.h"
@@ -65,28 +66,66 @@ TEST_CASE("explicit partition and its errors", "[pipeline]") {
   CHECK_THROWS_AS(partition_layers(layers, estimated_costs(layers), 5, {}), UserError);         // more stages than layers
 }
 
-TEST_CASE("schedules: every micro-batch once forward, once backward, forward first", "[pipeline]") {
-  for (std::string kind : {"gpipe", "1f1b"})
+// Every schedule's order on every stage: each micro-batch's F before its B before its W, each
+// once; B's and W's in micro-batch order (the gradient sums' order, which bitwise equality
+// across schedules rests on); the live micro-batches within the schedule's formula.
+TEST_CASE("schedules: F before B before W, each once, sums in micro-batch order, live bound", "[pipeline]") {
+  for (const std::string& kind : pipeline_schedules())
     for (int P : {1, 2, 4})
-      for (int M : {1, 2, 3, 8})
+      for (int M = 1; M <= 8; ++M)
         for (int s = 0; s < P; ++s) {
           INFO(kind << " P=" << P << " M=" << M << " stage " << s);
-          auto ops = pipeline_schedule(kind, P, s, M);
-          REQUIRE(ops.size() == size_t(2 * M));
-          std::vector<int> fwd_at(size_t(M), -1), bwd_at(size_t(M), -1);
-          int live = 0, peak = 0, next_b = 0;
+          const auto ops = pipeline_schedule(kind, P, s, M);
+          const bool split = splits_backward(kind);
+          REQUIRE(ops.size() == size_t((split ? 3 : 2) * M));
+          std::map<char, std::vector<int>> at;  // kind -> position of each micro-batch's op
+          for (char k : {'F', 'B', 'W'}) at[k].assign(size_t(M), -1);
+          std::map<char, int> next;
+          int live = 0, peak = 0;
           for (size_t i = 0; i < ops.size(); ++i) {
-            auto& at = ops[i].forward ? fwd_at : bwd_at;
-            CHECK(at[size_t(ops[i].micro)] == -1);
-            at[size_t(ops[i].micro)] = int(i);
-            live += ops[i].forward ? 1 : -1;
-            peak = std::max(peak, live);
-            if (!ops[i].forward) CHECK(ops[i].micro == next_b++);  // gradients summed in order
+            const PipeOp& o = ops[i];
+            REQUIRE(o.micro >= 0);
+            REQUIRE(o.micro < M);
+            CHECK(at[o.kind][size_t(o.micro)] == -1);
+            at[o.kind][size_t(o.micro)] = int(i);
+            CHECK(o.micro == next[o.kind]++);  // each kind in micro-batch order
+            if (o.kind == PipeOp::kForward) peak = std::max(peak, ++live);
+            if (o.kind == (split ? PipeOp::kWeight : PipeOp::kBackward)) --live;
           }
-          for (int m = 0; m < M; ++m) CHECK(fwd_at[size_t(m)] < bwd_at[size_t(m)]);
-          if (kind == "gpipe") CHECK(peak == M);
-          else CHECK(peak == std::min(P - s, M));
+          CHECK(live == 0);
+          for (int m = 0; m < M; ++m) {
+            CHECK(at['F'][size_t(m)] < at['B'][size_t(m)]);
+            if (split) CHECK(at['B'][size_t(m)] < at['W'][size_t(m)]);
+            else CHECK(at['W'][size_t(m)] == -1);
+          }
+          CHECK(peak == schedule_peak_live(ops));
+          const int bound = kind == "gpipe" ? M : kind == "1f1b" ? std::min(P - s, M)
+                          : kind == "zb-h1" ? std::min(P, M) : std::min(2 * P - 1, M);
+          CHECK(peak == bound);
         }
+}
+
+// All stages together, each waiting for its neighbours' ops: no deadlock (every stage finishes
+// its list), and the idle share of each schedule's theory: 1f1b and gpipe (P-1)/(M+P-1); zb-h1
+// (P-1)/(3M+P-1) once M >= P (the optimum of a synchronous step with F, B and W costing the
+// same: stage S starts S units late and has 3M units of work); zb-h2 never above 1f1b.
+TEST_CASE("schedules: no deadlock across stages, and each schedule's bubble", "[pipeline]") {
+  for (const std::string& kind : pipeline_schedules())
+    for (int P : {1, 2, 4})
+      for (int M = 1; M <= 8; ++M) {
+        INFO(kind << " P=" << P << " M=" << M);
+        const auto idle = schedule_idle_shares(kind, P, M);
+        REQUIRE(idle.size() == size_t(P));
+        const double fb = double(P - 1) / (M + P - 1), zb = double(P - 1) / (3 * M + P - 1);
+        for (double v : idle) {
+          if (kind == "1f1b" || kind == "gpipe") CHECK(v == Approx(fb).margin(1e-12));
+          if (kind == "zb-h1" && M >= P) CHECK(v == Approx(zb).margin(1e-12));
+          if (kind != "1f1b" && kind != "gpipe") {
+            CHECK(v <= fb + 1e-12);
+            CHECK(v >= zb - 1e-12);
+          }
+        }
+      }
 }
 
 TEST_CASE("micro-batch count: auto picks the largest divisor up to 4P; a given one must divide", "[pipeline]") {

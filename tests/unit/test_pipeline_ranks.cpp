@@ -198,7 +198,7 @@ TEST_CASE("pipeline stages x replicas give the one-rank gradients, losses and ev
         const auto ref = reference(net, D, M);
         for (int P : {2, 3, 4}) {
           if (M != 1 && M != 2 && M != 4 && M != P + 1) continue;
-          for (const std::string schedule : {"1f1b", "gpipe"}) {
+          for (const std::string& schedule : pipeline_schedules()) {
             INFO(net.name << ": P " << P << " x D " << D << ", " << M << " micro-batches, " << schedule);
             auto ranks = on_ranks(P * D, [&](Comm& c) { return pipeline_rank(c, net, P, M, schedule); });
             check_against(ranks, ref, P);

@@ -1,0 +1,100 @@
+#include "strata/pipeline_schedule.h"
+
+#include <algorithm>
+#include <map>
+
+#include "strata/error.h"
+
+namespace strata {
+
+const std::vector<std::string>& pipeline_schedules() {
+  static const std::vector<std::string> all{"1f1b", "gpipe", "zb-h1", "zb-h2"};
+  return all;
+}
+
+bool splits_backward(const std::string& schedule) { return schedule == "zb-h1" || schedule == "zb-h2"; }
+
+namespace {
+
+using Op = PipeOp;
+
+// `warmup` forwards, then F, B and (split) the W of micro-batch m - defer, in turn; the
+// forwards run out first, then the backwards, then the deferred W's.
+std::vector<Op> interleave(int micros, int warmup, bool split, int defer) {
+  std::vector<Op> ops;
+  int f = 0, w = 0;
+  for (; f < std::min(warmup, micros); ++f) ops.push_back({Op::kForward, f});
+  for (int b = 0; b < micros; ++b) {
+    if (f < micros) ops.push_back({Op::kForward, f++});
+    ops.push_back({Op::kBackward, b});
+    for (; split && w <= b - defer; ++w) ops.push_back({Op::kWeight, w});
+  }
+  for (; split && w < micros; ++w) ops.push_back({Op::kWeight, w});
+  return ops;
+}
+
+}  // namespace
+
+std::vector<PipeOp> pipeline_schedule(const std::string& kind, int stages, int stage, int micros) {
+  const int P = stages, S = stage;
+  if (kind == "gpipe") {
+    std::vector<Op> ops;
+    for (int m = 0; m < micros; ++m) ops.push_back({Op::kForward, m});
+    for (int m = 0; m < micros; ++m) ops.push_back({Op::kBackward, m});
+    return ops;
+  }
+  if (kind == "1f1b") return interleave(micros, P - S - 1, false, 0);
+  if (kind == "zb-h1") return interleave(micros, P - S - 1, true, S);
+  if (kind == "zb-h2") return interleave(micros, 2 * (P - S) - 2, true, 2 * S);
+  STRATA_CHECK(false, "unknown pipeline schedule '{}'", kind);
+  return {};
+}
+
+int schedule_peak_live(const std::vector<PipeOp>& ops) {
+  const bool split = std::any_of(ops.begin(), ops.end(), [](const Op& o) { return o.kind == Op::kWeight; });
+  int live = 0, peak = 0;
+  for (const Op& o : ops) {
+    if (o.kind == Op::kForward) peak = std::max(peak, ++live);
+    else if (o.kind == (split ? Op::kWeight : Op::kBackward)) --live;
+  }
+  return peak;
+}
+
+std::vector<double> schedule_idle_shares(const std::string& kind, int stages, int micros) {
+  const int P = stages;
+  const bool split = splits_backward(kind);
+  std::vector<std::vector<Op>> ops;
+  for (int s = 0; s < P; ++s) ops.push_back(pipeline_schedule(kind, P, s, micros));
+  // Finish times of F and B per (stage, micro-batch); each stage runs its list in order.
+  std::map<std::tuple<char, int, int>, double> done;
+  std::vector<size_t> next(size_t(P), 0);
+  std::vector<double> clock(size_t(P), 0.0), busy(size_t(P), 0.0);
+  for (bool moved = true; moved;) {
+    moved = false;
+    for (int s = 0; s < P; ++s)
+      for (size_t& i = next[size_t(s)]; i < ops[size_t(s)].size(); ++i) {
+        const Op& o = ops[size_t(s)][i];
+        // F waits for the stage before's F of the same micro-batch, B for the stage after's B.
+        const int from = o.kind == Op::kForward ? s - 1 : o.kind == Op::kBackward ? s + 1 : -1;
+        double ready = 0;
+        if (from >= 0 && from < P && o.kind != Op::kWeight) {
+          auto it = done.find({char(o.kind), from, o.micro});
+          if (it == done.end()) break;
+          ready = it->second;
+        }
+        const double cost = o.kind == Op::kBackward && !split ? 2.0 : 1.0;
+        clock[size_t(s)] = std::max(clock[size_t(s)], ready) + cost;
+        busy[size_t(s)] += cost;
+        done[{char(o.kind), s, o.micro}] = clock[size_t(s)];
+        moved = true;
+      }
+  }
+  for (int s = 0; s < P; ++s)
+    if (next[size_t(s)] < ops[size_t(s)].size()) return {};
+  const double span = *std::max_element(clock.begin(), clock.end());
+  std::vector<double> idle;
+  for (int s = 0; s < P; ++s) idle.push_back(span > 0 ? (span - busy[size_t(s)]) / span : 0.0);
+  return idle;
+}
+
+}  // namespace strata
