@@ -101,10 +101,14 @@ std::vector<ConfigKey> config_keys(RunConfig& c) {
           "tensor-parallel ranks T splitting each transformer block's heads and MLP"),
       key("parallel.microbatches", &c.parallel.microbatches, in(0, 4096),
           "micro-batches per step (0 = auto: largest divisor of the per-replica batch up to 4 P)"),
-      text("parallel.schedule", &c.parallel.schedule, {"1f1b", "gpipe", "zb-h1", "zb-h2"},
-           "1f1b | gpipe | zb-h1 | zb-h2 (zero-bubble: backward split into input and weight gradients)"),
+      text("parallel.schedule", &c.parallel.schedule, {"1f1b", "gpipe", "zb-h1", "zb-h2", "interleaved"},
+           "1f1b | gpipe | zb-h1 | zb-h2 (zero-bubble: backward split into input and weight "
+           "gradients) | interleaved (parallel.virtual_stages chunks per stage)"),
+      key("parallel.virtual_stages", &c.parallel.virtual_stages, in(1, 64),
+          "model chunks per pipeline stage, for the interleaved schedule (2 or more)"),
       key("parallel.stage_layers", &c.parallel.stage_layers, in(0, 1 << 20),
-          "layers per stage, as the model summary lists them ([] = balanced by cost)"),
+          "layers per stage (per chunk when interleaved), as the model summary lists them "
+          "([] = balanced by cost)"),
       text("parallel.balance", &c.parallel.balance, {"estimated", "measured"},
            "cost the partition balances: estimated (FLOPs) | measured (each layer timed on rank 0)"),
       text("parallel.placement", &c.parallel.placement, {"replicas_in_node", "pipeline_in_node"},

@@ -207,17 +207,32 @@ std::vector<LayerInfo> Model::describe_layers(const ModelSpec& spec, const Shape
   return out;
 }
 
+std::vector<LayerRange> stage_chunks(const std::vector<LayerRange>& virtual_ranges, int stages,
+                                     int stage) {
+  std::vector<LayerRange> out;
+  for (size_t k = size_t(stage); k < virtual_ranges.size(); k += size_t(stages)) out.push_back(virtual_ranges[k]);
+  return out;
+}
+
 Model::Model(const ModelSpec& spec, Shape input_shape, int classes, LayerRange stage,
+             TensorSplit tp)
+    : Model(spec, std::move(input_shape), classes, std::vector<LayerRange>{stage}, tp) {}
+
+Model::Model(const ModelSpec& spec, Shape input_shape, int classes, std::vector<LayerRange> chunks,
              TensorSplit tp)
     : spec_(spec), input_shape_(std::move(input_shape)), classes_(classes), tp_(tp) {
   Built b = build_layers(spec, input_shape_, classes, tp);
   const int total_layers = int(b.layers.size());
-  const int last = stage.last < 0 ? total_layers : stage.last;
-  STRATA_CHECK(0 <= stage.first && stage.first < last && last <= total_layers,
-               "layer range [{}, {}) of a {}-layer model", stage.first, last, total_layers);
-  first_ = stage.first;
-  // Later stages' parameters come first in the whole model's flat layout.
-  for (int i = last; i < total_layers; ++i) offset_in_whole_ += whole_param_count(*b.layers[size_t(i)]);
+  std::vector<bool> here(size_t(total_layers), false);
+  int prev_last = 0;
+  for (LayerRange& r : chunks) {
+    if (r.last < 0) r.last = total_layers;
+    STRATA_CHECK(prev_last <= r.first && r.first < r.last && r.last <= total_layers,
+                 "layer ranges [{}, {}) after {} of a {}-layer model", r.first, r.last, prev_last, total_layers);
+    prev_last = r.last;
+    for (int i = r.first; i < r.last; ++i) here[size_t(i)] = true;
+  }
+  STRATA_CHECK(!chunks.empty(), "a model with no layers");
   // GPT-2's output layer reads the token embedding's table. On a stage holding the head but
   // not the embedding (a pipeline's last stage), the head reads a copy of the table, named as
   // the table is (so init gives it the same values), kept after the stage's block in the flat
@@ -227,22 +242,38 @@ Model::Model(const ModelSpec& spec, Shape input_shape, int classes, LayerRange s
   std::string table_name;
   for (int i = 0; i < total_layers; ++i) {
     Layer& l = *b.layers[size_t(i)];
-    const bool here = first_ <= i && i < last;
     head_anywhere = head_anywhere || is_lm_head(l);
     if (Param* t = token_table(l)) {
       whole_table = t;
       table_name = l.name + "." + t->name;
-      embedding_here = embedding_here || here;
+      embedding_here = embedding_here || here[size_t(i)];
     }
-    head_here = head_here || (here && is_lm_head(l));
+    head_here = head_here || (here[size_t(i)] && is_lm_head(l));
   }
   if (head_here && !embedding_here) {
     if (!whole_table) fail_input("model: the LM head needs an embedding layer before it");
     tied_copy_ = std::make_unique<Param>(*whole_table);
     tied_copy_->name = table_name;
   }
-  for (int i = first_; i < last; ++i) layers_.push_back(std::move(b.layers[size_t(i)]));
-  shapes_.assign(b.shapes.begin() + first_, b.shapes.begin() + last + 1);
+  // Each chunk's block in the whole model: the parameters of the layers after it come first.
+  int64_t block_at = 0;
+  for (size_t c = chunks.size(); c-- > 0;) {
+    Segment g{.block_offset = block_at, .whole_offset = 0, .count = 0};
+    for (int i = chunks[c].last; i < total_layers; ++i) g.whole_offset += whole_param_count(*b.layers[size_t(i)]);
+    for (int i = chunks[c].first; i < chunks[c].last; ++i) g.count += whole_param_count(*b.layers[size_t(i)]);
+    segments_.push_back(g);
+    block_at += g.count;
+  }
+  for (const LayerRange& r : chunks) {
+    chunk_begin_.push_back(int(layers_.size()));
+    chunk_first_.push_back(r.first);
+    for (int i = r.first; i < r.last; ++i) {
+      layers_.push_back(std::move(b.layers[size_t(i)]));
+      in_shapes_.push_back(b.shapes[size_t(i)]);
+      out_shapes_.push_back(b.shapes[size_t(i) + 1]);
+    }
+  }
+  chunk_begin_.push_back(int(layers_.size()));
 
   // Flat layout in reverse layer order: backward finishes gradients front to back.
   int64_t total = 0;
@@ -338,8 +369,9 @@ Model::Activations& Model::slot(int k) {
 
 int64_t Model::activation_bytes(int k) const {
   int64_t n = 0;
-  for (size_t i = 0; i < layers_.size(); ++i)
-    if (!layers_[i]->is_reshape()) n += acts_[size_t(k)].outs[i].size();
+  const Activations& a = acts_[size_t(k)];
+  for (int i = chunk_begin_[size_t(a.chunk)]; i < chunk_begin_[size_t(a.chunk) + 1]; ++i)
+    if (!layers_[size_t(i)]->is_reshape()) n += a.outs[size_t(i)].size();
   return n * int64_t(sizeof(float));
 }
 
@@ -349,7 +381,7 @@ std::string Model::summary() const {
     int64_t n = 0;
     for (auto& p : layers_[i]->params) n += numel(p.shape);
     s += fmt::format("  {:<8} {:<40} -> {:<16} {:>10}\n", layers_[i]->name, layers_[i]->describe(),
-                     shape_str(shapes_[i + 1]), n ? fmt::format("{} params", n) : "");
+                     shape_str(out_shapes_[i]), n ? fmt::format("{} params", n) : "");
   }
   return s + fmt::format("  total {} parameters, {:.2f} MFLOP per sample forward", values_.size(),
                          flops_per_sample() * 1e-6);
@@ -380,7 +412,7 @@ void Model::set_int8(Int8Table* table) {
 
 double Model::flops_per_sample() const {
   double f = 0;
-  for (size_t i = 0; i < layers_.size(); ++i) f += layers_[i]->flops_per_sample(shapes_[i]);
+  for (size_t i = 0; i < layers_.size(); ++i) f += layers_[i]->flops_per_sample(in_shapes_[i]);
   return f;
 }
 
@@ -443,12 +475,14 @@ void Model::push(const Backend& be) {
 }
 
 const Tensor& Model::forward(const Backend& be, const Tensor& x, const StepInfo& s) {
+  STRATA_CHECK(0 <= s.chunk && s.chunk < chunks(), "chunk {} of {}", s.chunk, chunks());
   Activations& a = slot(s.slot);
   a.input = &x;
+  a.chunk = s.chunk;
   const int64_t b = x.dim(0);
   const Tensor* in = &x;
-  for (size_t i = 0; i < layers_.size(); ++i) {
-    const Shape os = batched(b, shapes_[i + 1]);
+  for (size_t i = size_t(chunk_begin_[size_t(s.chunk)]); i < size_t(chunk_begin_[size_t(s.chunk) + 1]); ++i) {
+    const Shape os = batched(b, out_shapes_[i]);
     const auto t0 = profile_ ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
     if (layers_[i]->is_reshape()) {
       a.outs[i] = Tensor::view(const_cast<float*>(in->data()), os, *in->memory);
@@ -479,11 +513,12 @@ const Tensor* Model::backward_input(const Backend& be, const Tensor& dout, int k
 // skips its input gradient (for the MLP, fc1's 64x784 product behind the flatten: a third
 // of backward's FLOPs) and the layers under it skip backward altogether, as autograd does
 // for data. Later stages send the gradient at their input to the stage before.
-size_t Model::lowest_with_input_grad() const {
-  if (first_ > 0) return 0;
-  for (size_t i = 0; i < layers_.size(); ++i)
+size_t Model::lowest_with_input_grad(int chunk) const {
+  const size_t begin = size_t(chunk_begin_[size_t(chunk)]), end = size_t(chunk_begin_[size_t(chunk) + 1]);
+  if (chunk_first_[size_t(chunk)] > 0) return begin;
+  for (size_t i = begin; i < end; ++i)
     if (!layers_[i]->params.empty()) return i;
-  return layers_.size();
+  return end;
 }
 
 const Tensor* Model::run_backward(const Backend& be, const Tensor& dout, int k,
@@ -493,18 +528,19 @@ const Tensor* Model::run_backward(const Backend& be, const Tensor& dout, int k,
   STRATA_CHECK(a.input, "backward before forward");
   const int64_t b = a.input->dim(0);
   const Tensor* dy = &dout;
-  const bool input_grad = first_ > 0;
-  const size_t lowest = lowest_with_input_grad();
-  for (size_t i = layers_.size(); i-- > 0;) {
+  const size_t begin = size_t(chunk_begin_[size_t(a.chunk)]), end = size_t(chunk_begin_[size_t(a.chunk) + 1]);
+  const bool input_grad = chunk_first_[size_t(a.chunk)] > 0;
+  const size_t lowest = lowest_with_input_grad(a.chunk);
+  for (size_t i = end; i-- > begin;) {
     if (i < lowest) {
       if (on_ready) on_ready(ready_after_[i]);
       continue;
     }
     const auto t0 = profile_ ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
-    const Tensor& x = i ? a.outs[i - 1] : *a.input;
+    const Tensor& x = i > begin ? a.outs[i - 1] : *a.input;
     Tensor* dx = nullptr;
     if (i > lowest || input_grad) {
-      const Shape is = batched(b, shapes_[i]);
+      const Shape is = batched(b, in_shapes_[i]);
       if (layers_[i]->is_reshape()) a.douts[i] = Tensor::view(const_cast<float*>(dy->data()), is, *dy->memory);
       else a.douts[i].resize(is, *be.memory);
       dx = &a.douts[i];
@@ -521,7 +557,7 @@ const Tensor* Model::run_backward(const Backend& be, const Tensor& dout, int k,
     if (on_ready) on_ready(ready_after_[i]);
     dy = dx;
   }
-  return input_grad ? &a.douts[0] : nullptr;
+  return input_grad ? &a.douts[begin] : nullptr;
 }
 
 // W: each layer's parameter gradients from its input (kept from forward) and the gradient at
@@ -530,11 +566,12 @@ void Model::backward_weight(const Backend& be, int k, const std::function<void(i
                             bool accumulate) {
   Activations& a = slot(k);
   STRATA_CHECK(a.input && a.dout, "weight gradients before the input gradients");
-  const size_t lowest = lowest_with_input_grad();
-  for (size_t i = layers_.size(); i-- > 0;) {
+  const size_t begin = size_t(chunk_begin_[size_t(a.chunk)]), end = size_t(chunk_begin_[size_t(a.chunk) + 1]);
+  const size_t lowest = lowest_with_input_grad(a.chunk);
+  for (size_t i = end; i-- > begin;) {
     if (i >= lowest && !layers_[i]->is_reshape()) {
-      const Tensor& x = i ? a.outs[i - 1] : *a.input;
-      const Tensor& dy = i + 1 < layers_.size() ? a.douts[i + 1] : *a.dout;
+      const Tensor& x = i > begin ? a.outs[i - 1] : *a.input;
+      const Tensor& dy = i + 1 < end ? a.douts[i + 1] : *a.dout;
       layers_[i]->backward_weight(be, x, a.outs[i], dy, k, accumulate);
     }
     if (on_ready) on_ready(ready_after_[i]);

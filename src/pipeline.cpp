@@ -122,44 +122,64 @@ std::vector<LayerRange> partition_layers(const std::vector<LayerInfo>& layers,
   return out;
 }
 
-int resolve_microbatches(int configured, int stages, int64_t global_batch, int replicas) {
+int resolve_microbatches(int configured, int stages, int64_t global_batch, int replicas,
+                         bool interleaved) {
   const int64_t per_replica = global_batch / replicas;
+  const int step = interleaved ? stages : 1;  // the interleaved schedule takes P at a time
   if (configured == 0) {
     for (int m = stages == 1 ? 1 : 4 * stages; m > 1; --m)
-      if (per_replica % m == 0) return m;
-    return 1;
+      if (per_replica % m == 0 && m % step == 0) return m;
+    if (step == 1) return 1;
+    fail_input("parallel.schedule = \"interleaved\" needs a multiple of parallel.pipeline_stages "
+               "= {} micro-batches, and none up to {} divides the per-replica batch of {} "
+               "(train.batch_size = {} over {} replica{})", stages, 4 * stages, per_replica,
+               global_batch, replicas, replicas == 1 ? "" : "s");
   }
   if (per_replica % configured != 0)
     fail_input("parallel.microbatches = {} does not divide the per-replica batch of {} "
                "(train.batch_size = {} over {} replica{})", configured, per_replica,
                global_batch, replicas, replicas == 1 ? "" : "s");
+  if (configured % step != 0)
+    fail_input("parallel.microbatches = {} is not a multiple of parallel.pipeline_stages = {}, "
+               "which parallel.schedule = \"interleaved\" needs", configured, stages);
   return configured;
 }
 
 namespace {
-// Forward activations and backward gradients of micro-batch m never share a tag; evaluation
-// has its own (micro-batches are at most 4096, so training tags stay below 8194).
-int tag_of(int m, bool backward) { return 2 * m + (backward ? 1 : 0); }
+// Messages of different micro-batches, chunks and directions never share a tag: a message
+// carries the (chunk, micro-batch) of its receiver. Evaluation has its own (chunks x
+// micro-batches are at most 4096 x 2, so training tags stay below 16388).
+int tag_of(int chunk, int m, int micros, bool backward) { return 2 * (chunk * micros + m) + (backward ? 1 : 0); }
 constexpr int kEvalTag = 30000;
 }  // namespace
 
 PipelineStage::PipelineStage(Model& model, Comm& pipe, int stages, int micros,
                              std::string schedule, Tracer& tracer)
     : model_(model), pipe_(pipe), stage_(pipe.rank()), stages_(stages), micros_(micros),
-      schedule_(std::move(schedule)), tracer_(&tracer),
+      chunks_(model.chunks()), schedule_(std::move(schedule)), tracer_(&tracer),
       head_(model.classes(), model.rows_per_sample()) {
   STRATA_CHECK(pipe.size() == stages, "pipeline communicator of {} ranks for {} stages", pipe.size(), stages);
-  ops_ = pipeline_schedule(schedule_, stages_, stage_, micros_);
-  first_ = stage_ == 0;
-  last_ = stage_ == stages_ - 1;
+  STRATA_CHECK(chunks_ * micros_ <= 8192, "{} chunks x {} micro-batches", chunks_, micros_);
+  ops_ = pipeline_schedule(schedule_, stages_, stage_, micros_, chunks_);
+  next_ = (stage_ + 1) % stages_;
+  prev_ = (stage_ + stages_ - 1) % stages_;
   split_ = splits_backward(schedule_);
-  max_live_ = schedule_peak_live(ops_);
+  free_slots_.resize(size_t(chunks_));
+  slots_.assign(size_t(chunks_), 0);
+  // Per chunk, the most of its micro-batches the schedule keeps alive.
+  for (int c = 0; c < chunks_; ++c) {
+    std::vector<PipeOp> mine;
+    for (const PipeOp& o : ops_)
+      if (o.chunk == c) mine.push_back(o);
+    max_live_.push_back(schedule_peak_live(mine));
+  }
 }
 
-int PipelineStage::alloc_slot() {
-  // A free slot whose sends have completed; else one more slot than the schedule keeps alive
-  // (the neighbour may be computing and not take a message for a while: waiting for it would
-  // add to this stage's idle time); else wait for the oldest free slot's sends.
+int PipelineStage::alloc_slot(int c) {
+  // A free slot of this chunk whose sends have completed; else one more slot than the
+  // schedule keeps alive (the neighbour may be computing and not take a message for a while:
+  // waiting for it would add to this stage's idle time); else wait for the oldest free slot's
+  // sends. Slots are per chunk: a slot keeps its chunk's layers' buffers.
   auto sent = [&](int k) {
     bool done = true;
     for (int& h : sends_[size_t(k)]) {
@@ -168,19 +188,21 @@ int PipelineStage::alloc_slot() {
     }
     return done;
   };
+  std::vector<int>& free = free_slots_[size_t(c)];
   int slot = -1;
-  for (size_t i = 0; i < free_slots_.size(); ++i)
-    if (sent(free_slots_[i])) {
-      slot = free_slots_[i];
-      free_slots_.erase(free_slots_.begin() + long(i));
+  for (size_t i = 0; i < free.size(); ++i)
+    if (sent(free[i])) {
+      slot = free[i];
+      free.erase(free.begin() + long(i));
       break;
     }
-  if (slot < 0 && !free_slots_.empty() && slots_ >= max_live_ + 1) {
-    slot = free_slots_.front();
-    free_slots_.erase(free_slots_.begin());
+  if (slot < 0 && !free.empty() && slots_[size_t(c)] >= max_live_[size_t(c)] + 1) {
+    slot = free.front();
+    free.erase(free.begin());
   }
   if (slot < 0) {
-    slot = slots_++;
+    slot = int(in_.size());
+    ++slots_[size_t(c)];
     in_.emplace_back();
     dout_.emplace_back();
     sends_.emplace_back();
@@ -192,14 +214,14 @@ int PipelineStage::alloc_slot() {
   return slot;
 }
 
-void PipelineStage::release_slot(int slot) { free_slots_.push_back(slot); }
+void PipelineStage::release_slot(int c, int slot) { free_slots_[size_t(c)].push_back(slot); }
 
-void PipelineStage::post_input_recv(int m, int64_t bm) {
-  const int slot = alloc_slot();
-  slot_of_[size_t(m)] = slot;
-  in_[size_t(slot)].resize(batched(bm, model_.stage_input_shape()), *mem_);
-  recv_in_[size_t(m)] = pipe_.start_recv(in_[size_t(slot)].data(), in_[size_t(slot)].size(),
-                                         stage_ - 1, tag_of(m, false));
+void PipelineStage::post_input_recv(int c, int m, int64_t bm) {
+  const int slot = alloc_slot(c);
+  slot_of_[at(c, m)] = slot;
+  in_[size_t(slot)].resize(batched(bm, model_.chunk_input_shape(c)), *mem_);
+  recv_in_[at(c, m)] = pipe_.start_recv(in_[size_t(slot)].data(), in_[size_t(slot)].size(),
+                                         prev_, tag_of(c, m, micros_, false));
 }
 
 // MPI moves a message only inside MPI calls; testing what is in flight between operations
@@ -229,20 +251,21 @@ double PipelineStage::run(const Backend& be, const Tensor& x, const int32_t* lab
                           int64_t batch, const StepInfo& si, int64_t global_batch,
                           const std::function<void(int64_t)>& on_ready) {
   STRATA_CHECK(batch % micros_ == 0, "batch {} in {} micro-batches", batch, micros_);
-  const int M = micros_;
+  const size_t n = size_t(chunks_ * micros_);
   step_ = Step{&be, &x, labels, batch / micros_, &si, global_batch, &on_ready};
   mem_ = be.memory;
-  slot_of_.assign(size_t(M), -1);
-  recv_in_.assign(size_t(M), -1);
-  recv_grad_.assign(size_t(M), -1);
+  slot_of_.assign(n, -1);
+  recv_in_.assign(n, -1);
+  recv_grad_.assign(n, -1);
   next_recv_ = 0;
-  backwards_ = weights_ = 0;
+  backwards_.assign(size_t(chunks_), 0);
+  weights_.assign(size_t(chunks_), 0);
   post_next_recv();
   double loss = 0;
   for (const PipeOp& op : ops_) {
-    if (op.kind == PipeOp::kForward) loss += forward(op.micro);
-    else if (op.kind == PipeOp::kBackward) backward(op.micro);
-    else weight_grads(op.micro);
+    if (op.kind == PipeOp::kForward) loss += forward(op.chunk, op.micro);
+    else if (op.kind == PipeOp::kBackward) backward(op.chunk, op.micro);
+    else weight_grads(op.chunk, op.micro);
     progress();
   }
   for (auto& v : sends_)
@@ -253,91 +276,103 @@ double PipelineStage::run(const Backend& be, const Tensor& x, const int32_t* lab
 // Posts the receive of the next forward's input (one ahead: its data lands while this rank
 // computes the current one).
 void PipelineStage::post_next_recv() {
-  if (first_) return;
-  while (size_t(next_recv_) < ops_.size() && ops_[size_t(next_recv_)].kind != PipeOp::kForward) ++next_recv_;
-  if (size_t(next_recv_) < ops_.size()) post_input_recv(ops_[size_t(next_recv_++)].micro, step_.bm);
+  auto needs_input = [&](const PipeOp& o) { return o.kind == PipeOp::kForward && !first(o.chunk); };
+  while (size_t(next_recv_) < ops_.size() && !needs_input(ops_[size_t(next_recv_)])) ++next_recv_;
+  if (size_t(next_recv_) < ops_.size()) {
+    const PipeOp& o = ops_[size_t(next_recv_++)];
+    post_input_recv(o.chunk, o.micro, step_.bm);
+  }
 }
 
-double PipelineStage::forward(int m) {
+// The span's name: the micro-batch, and its chunk when the stage has several.
+std::string PipelineStage::span_name(const char* what, int c, int m) const {
+  return chunks_ > 1 ? fmt::format("{} {}.{}", what, m, c) : fmt::format("{} {}", what, m);
+}
+
+double PipelineStage::forward(int c, int m) {
   const Backend& be = *step_.be;
   const int64_t bm = step_.bm;
   int slot;
-  if (first_) {
-    slot = alloc_slot();
-    slot_of_[size_t(m)] = slot;
+  if (first(c)) {
+    slot = alloc_slot(c);
+    slot_of_[at(c, m)] = slot;
     const int64_t in_per_sample = numel(model_.stage_input_shape());
     in_[size_t(slot)] = Tensor::view(const_cast<float*>(step_.x->data()) + m * bm * in_per_sample,
                                      batched(bm, model_.stage_input_shape()), *step_.x->memory);
   } else {
-    slot = slot_of_[size_t(m)];
-    STRATA_CHECK(slot >= 0, "micro-batch {} input not requested", m);
-    wait(recv_in_[size_t(m)], "receive", "wait for activation", m);
+    slot = slot_of_[at(c, m)];
+    STRATA_CHECK(slot >= 0, "micro-batch {} (chunk {}) input not requested", m, c);
+    wait(recv_in_[at(c, m)], "receive", "wait for activation", m);
     post_next_recv();
   }
   StepInfo sm = *step_.si;
   sm.first_sample = step_.si->first_sample + m * bm;
   sm.slot = slot;
+  sm.chunk = c;
   const Tensor* out;
   double loss = 0;
   {
-    Tracer::Scope span(*tracer_, "compute", fmt::format("forward {}", m), m);
+    Tracer::Scope span(*tracer_, "compute", span_name("forward", c, m), m);
     out = &model_.forward(be, in_[size_t(slot)], sm);
-    if (last_)  // a row of logits per sample, or per position for a language model
+    if (last(c))  // a row of logits per sample, or per position for a language model
       loss = head_.loss_and_gradient(be, *out, step_.labels + m * bm * head_.rows_per_sample(),
                                      bm, step_.global_batch, dout_[size_t(slot)]);
   }
-  slot_bytes_[size_t(slot)] = model_.activation_bytes(slot) + (first_ ? 0 : in_[size_t(slot)].size() * 4);
+  slot_bytes_[size_t(slot)] = model_.activation_bytes(slot) + (first(c) ? 0 : in_[size_t(slot)].size() * 4);
   live_bytes_ += slot_bytes_[size_t(slot)];
   ++live_;
   stats_.peak_live = std::max(stats_.peak_live, live_);
   stats_.peak_act_bytes = std::max(stats_.peak_act_bytes, live_bytes_);
-  if (!last_) {
+  if (!last(c)) {
+    // The next virtual stage: this chunk on the next rank, or the next chunk on rank 0.
+    const int to_chunk = stage_ == stages_ - 1 ? c + 1 : c;
     Tensor& dy = dout_[size_t(slot)];
-    dy.resize(batched(bm, model_.stage_output_shape()), *be.memory);
-    sends_[size_t(slot)].push_back(pipe_.start_send(out->data(), out->size(), stage_ + 1, tag_of(m, false)));
-    recv_grad_[size_t(m)] = pipe_.start_recv(dy.data(), dy.size(), stage_ + 1, tag_of(m, true));
+    dy.resize(batched(bm, model_.chunk_output_shape(c)), *be.memory);
+    sends_[size_t(slot)].push_back(pipe_.start_send(out->data(), out->size(), next_, tag_of(to_chunk, m, micros_, false)));
+    recv_grad_[at(c, m)] = pipe_.start_recv(dy.data(), dy.size(), next_, tag_of(c, m, micros_, true));
   }
   return loss;
 }
 
-// B: the whole backward, or (split) only the gradient at the stage's input; sent down.
-void PipelineStage::backward(int m) {
-  const int slot = slot_of_[size_t(m)];
-  if (!last_) wait(recv_grad_[size_t(m)], "receive", "wait for gradient", m);
+// B: the whole backward, or (split) only the gradient at the chunk's input; sent down.
+void PipelineStage::backward(int c, int m) {
+  const int slot = slot_of_[at(c, m)];
+  if (!last(c)) wait(recv_grad_[at(c, m)], "receive", "wait for gradient", m);
   const Tensor* dx;
+  int& done = backwards_[size_t(c)];
   {
-    Tracer::Scope span(*tracer_, "compute", fmt::format("backward{} {}", split_ ? " B" : "", m), m);
-    const bool accumulate = backwards_ > 0;
+    Tracer::Scope span(*tracer_, "compute", span_name(split_ ? "backward B" : "backward", c, m), m);
     if (split_) {
-      dx = model_.backward_input(*step_.be, dout_[size_t(slot)], slot, accumulate);
-    } else {
-      const bool final_backward = backwards_ == micros_ - 1;
+      dx = model_.backward_input(*step_.be, dout_[size_t(slot)], slot, done > 0);
+    } else {  // the chunk's last backward finishes its gradients: the allreduce may start
       dx = model_.backward(*step_.be, dout_[size_t(slot)], slot,
-                           final_backward ? *step_.on_ready : nullptr, accumulate);
+                           done == micros_ - 1 ? *step_.on_ready : nullptr, done > 0);
     }
   }
-  ++backwards_;
-  if (!first_)
-    sends_[size_t(slot)].push_back(pipe_.start_send(dx->data(), dx->size(), stage_ - 1, tag_of(m, true)));
-  if (!split_) retire(slot);
+  ++done;
+  if (!first(c)) {
+    const int to_chunk = stage_ == 0 ? c - 1 : c;  // the virtual stage before
+    sends_[size_t(slot)].push_back(pipe_.start_send(dx->data(), dx->size(), prev_, tag_of(to_chunk, m, micros_, true)));
+  }
+  if (!split_) retire(c, slot);
 }
 
 // W: the parameter gradients of a split backward; the slot is free after it.
-void PipelineStage::weight_grads(int m) {
-  const int slot = slot_of_[size_t(m)];
+void PipelineStage::weight_grads(int c, int m) {
+  const int slot = slot_of_[at(c, m)];
+  int& done = weights_[size_t(c)];
   {
-    Tracer::Scope span(*tracer_, "compute", fmt::format("backward W {}", m), m);
-    const bool final_weights = weights_ == micros_ - 1;
-    model_.backward_weight(*step_.be, slot, final_weights ? *step_.on_ready : nullptr, weights_ > 0);
+    Tracer::Scope span(*tracer_, "compute", span_name("backward W", c, m), m);
+    model_.backward_weight(*step_.be, slot, done == micros_ - 1 ? *step_.on_ready : nullptr, done > 0);
   }
-  ++weights_;
-  retire(slot);
+  ++done;
+  retire(c, slot);
 }
 
-void PipelineStage::retire(int slot) {
+void PipelineStage::retire(int c, int slot) {
   --live_;
   live_bytes_ -= slot_bytes_[size_t(slot)];
-  release_slot(slot);
+  release_slot(c, slot);
 }
 
 }  // namespace strata
@@ -346,7 +381,7 @@ namespace strata {
 
 std::string partition_summary(const std::vector<LayerInfo>& layers,
                               const std::vector<double>& costs,
-                              const std::vector<LayerRange>& ranges) {
+                              const std::vector<LayerRange>& ranges, int stages) {
   double total = 0;
   std::vector<double> cost(ranges.size(), 0.0);
   std::vector<int64_t> params(ranges.size(), 0);
@@ -359,8 +394,11 @@ std::string partition_summary(const std::vector<LayerInfo>& layers,
   std::string out;
   for (size_t s = 0; s < ranges.size(); ++s) {
     const auto& r = ranges[s];
-    out += fmt::format("  stage {}: {}{} ({} layer{}, {} params, {:.0f}% of the cost)\n",
-                       s, layers[size_t(r.first)].name,
+    const std::string who = int(ranges.size()) > stages
+                                ? fmt::format("stage {} chunk {}", int(s) % stages, int(s) / stages)
+                                : fmt::format("stage {}", s);
+    out += fmt::format("  {}: {}{} ({} layer{}, {} params, {:.0f}% of the cost)\n",
+                       who, layers[size_t(r.first)].name,
                        r.last - r.first > 1 ? " .. " + layers[size_t(r.last) - 1].name : "",
                        r.last - r.first, r.last - r.first == 1 ? "" : "s", params[s],
                        100.0 * cost[s] / std::max(total, 1e-30));
@@ -374,16 +412,16 @@ std::string partition_summary(const std::vector<LayerInfo>& layers,
 namespace strata {
 
 PipelineFigures pipeline_figures(Comm& world, const ProcessGrid& grid, const PipelineStats& stats,
-                                 std::vector<double> idle_shares, int micros,
+                                 std::vector<double> idle_shares, int micros, int chunks,
                                  const std::string& schedule) {
   const size_t P = size_t(grid.stages), s = size_t(grid.stage);
   PipelineFigures f{.peak_live = std::vector<double>(P, 0.0), .peak_mb = std::vector<double>(P, 0.0),
                     .idle = std::vector<double>(P, 0.0),
-                    .theory_idle = schedule_idle_shares(schedule, grid.stages, micros),
+                    .theory_idle = schedule_idle_shares(schedule, grid.stages, micros, chunks),
                     .bound_live = {}};
   for (double v : f.theory_idle) f.theory += v / double(P);
   for (int k = 0; k < grid.stages; ++k)
-    f.bound_live.push_back(schedule_peak_live(pipeline_schedule(schedule, grid.stages, k, micros)));
+    f.bound_live.push_back(schedule_peak_live(pipeline_schedule(schedule, grid.stages, k, micros, chunks)));
   f.peak_live[s] = stats.peak_live;
   f.peak_mb[s] = double(stats.peak_act_bytes) / 1e6;
   world.allreduce_max(f.peak_live.data(), int64_t(P));
@@ -409,20 +447,24 @@ namespace strata {
 
 std::pair<double, int64_t> PipelineStage::forward_only(const Backend& be, const Tensor& x,
                                                        const int32_t* labels, int64_t batch) {
-  const Tensor* in = &x;
-  if (!first_) {
-    eval_in_.resize(batched(batch, model_.stage_input_shape()), *be.memory);
-    int h = pipe_.start_recv(eval_in_.data(), eval_in_.size(), stage_ - 1, kEvalTag);
-    pipe_.wait(h);
-    in = &eval_in_;
+  // Round the ranks once per chunk: chunk c of every stage, then chunk c + 1.
+  const Tensor* out = nullptr;
+  for (int c = 0; c < chunks_; ++c) {
+    const Tensor* in = &x;
+    if (!first(c)) {
+      eval_in_.resize(batched(batch, model_.chunk_input_shape(c)), *be.memory);
+      int h = pipe_.start_recv(eval_in_.data(), eval_in_.size(), prev_, kEvalTag + c);
+      pipe_.wait(h);
+      in = &eval_in_;
+    }
+    out = &model_.forward(be, *in, StepInfo{.training = false, .chunk = c});
+    if (!last(c)) {
+      int h = pipe_.start_send(out->data(), out->size(), next_, kEvalTag + (stage_ == stages_ - 1 ? c + 1 : c));
+      pipe_.wait(h);
+    }
   }
-  const Tensor& out = model_.forward(be, *in, StepInfo{.training = false});
-  if (!last_) {
-    int h = pipe_.start_send(out.data(), out.size(), stage_ + 1, kEvalTag);
-    pipe_.wait(h);
-    return {0.0, 0};
-  }
-  return head_.loss_and_correct(be, out, labels, batch);
+  if (!last(chunks_ - 1)) return {0.0, 0};
+  return head_.loss_and_correct(be, *out, labels, batch);
 }
 
 }  // namespace strata

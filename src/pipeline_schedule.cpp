@@ -8,7 +8,7 @@
 namespace strata {
 
 const std::vector<std::string>& pipeline_schedules() {
-  static const std::vector<std::string> all{"1f1b", "gpipe", "zb-h1", "zb-h2"};
+  static const std::vector<std::string> all{"1f1b", "gpipe", "zb-h1", "zb-h2", "interleaved"};
   return all;
 }
 
@@ -33,10 +33,33 @@ std::vector<Op> interleave(int micros, int warmup, bool split, int defer) {
   return ops;
 }
 
+// Interleaved 1F1B: the k-th chunk-forward of a stage is micro-batch (k / Pv) P + k % P of
+// chunk (k / P) % v; its k-th chunk-backward the same micro-batch of chunk v-1 - (k / P) % v.
+std::vector<Op> interleaved(int P, int S, int M, int v) {
+  STRATA_CHECK(M % P == 0, "interleaved: {} micro-batches over {} stages", M, P);
+  const int total = M * v, warmup = std::min(2 * (P - S - 1) + (v - 1) * P, total);
+  auto at = [&](int k, bool forward) {
+    const int c = (k / P) % v;
+    return Op{forward ? Op::kForward : Op::kBackward, (k / (P * v)) * P + k % P, forward ? c : v - 1 - c};
+  };
+  std::vector<Op> ops;
+  for (int k = 0; k < warmup; ++k) ops.push_back(at(k, true));
+  for (int k = 0; k < total - warmup; ++k) {
+    ops.push_back(at(warmup + k, true));
+    ops.push_back(at(k, false));
+  }
+  for (int k = total - warmup; k < total; ++k) ops.push_back(at(k, false));
+  return ops;
+}
+
 }  // namespace
 
-std::vector<PipeOp> pipeline_schedule(const std::string& kind, int stages, int stage, int micros) {
+std::vector<PipeOp> pipeline_schedule(const std::string& kind, int stages, int stage, int micros,
+                                      int chunks) {
   const int P = stages, S = stage;
+  STRATA_CHECK(chunks == 1 || kind == "interleaved", "{} chunks for schedule '{}'", chunks, kind);
+  if (kind == "interleaved") return chunks == 1 ? interleave(micros, P - S - 1, false, 0)
+                                                : interleaved(P, S, micros, chunks);
   if (kind == "gpipe") {
     std::vector<Op> ops;
     for (int m = 0; m < micros; ++m) ops.push_back({Op::kForward, m});
@@ -60,12 +83,15 @@ int schedule_peak_live(const std::vector<PipeOp>& ops) {
   return peak;
 }
 
-std::vector<double> schedule_idle_shares(const std::string& kind, int stages, int micros) {
-  const int P = stages;
+std::vector<double> schedule_idle_shares(const std::string& kind, int stages, int micros,
+                                         int chunks) {
+  const int P = stages, v = chunks;
   const bool split = splits_backward(kind);
   std::vector<std::vector<Op>> ops;
-  for (int s = 0; s < P; ++s) ops.push_back(pipeline_schedule(kind, P, s, micros));
-  // Finish times of F and B per (stage, micro-batch); each stage runs its list in order.
+  for (int s = 0; s < P; ++s) ops.push_back(pipeline_schedule(kind, P, s, micros, v));
+  // Finish times of F and B per (virtual stage c P + s, micro-batch); each stage runs its list
+  // in order. F waits for the virtual stage before's F of the same micro-batch, B for the one
+  // after's B.
   std::map<std::tuple<char, int, int>, double> done;
   std::vector<size_t> next(size_t(P), 0);
   std::vector<double> clock(size_t(P), 0.0), busy(size_t(P), 0.0);
@@ -74,18 +100,18 @@ std::vector<double> schedule_idle_shares(const std::string& kind, int stages, in
     for (int s = 0; s < P; ++s)
       for (size_t& i = next[size_t(s)]; i < ops[size_t(s)].size(); ++i) {
         const Op& o = ops[size_t(s)][i];
-        // F waits for the stage before's F of the same micro-batch, B for the stage after's B.
-        const int from = o.kind == Op::kForward ? s - 1 : o.kind == Op::kBackward ? s + 1 : -1;
+        const int vs = o.chunk * P + s;
+        const int from = o.kind == Op::kForward ? vs - 1 : o.kind == Op::kBackward ? vs + 1 : -1;
         double ready = 0;
-        if (from >= 0 && from < P && o.kind != Op::kWeight) {
+        if (from >= 0 && from < P * v && o.kind != Op::kWeight) {
           auto it = done.find({char(o.kind), from, o.micro});
           if (it == done.end()) break;
           ready = it->second;
         }
-        const double cost = o.kind == Op::kBackward && !split ? 2.0 : 1.0;
+        const double cost = (o.kind == Op::kBackward && !split ? 2.0 : 1.0) / v;
         clock[size_t(s)] = std::max(clock[size_t(s)], ready) + cost;
         busy[size_t(s)] += cost;
-        done[{char(o.kind), s, o.micro}] = clock[size_t(s)];
+        done[{char(o.kind), vs, o.micro}] = clock[size_t(s)];
         moved = true;
       }
   }

@@ -60,7 +60,18 @@ GridShape grid_shape(const RunConfig& cfg, int ranks) {
     fail_input("parallel.zero = {}: shards over the data-parallel replicas, and this grid has "
                "one (D = {} ranks / ({} stages x {} tensor parts) = 1): run on more ranks or "
                "set parallel.zero = 0", cfg.parallel.zero, ranks, P, T);
-  return {.D = D, .M = resolve_microbatches(cfg.parallel.microbatches, P, cfg.train.batch_size, D)};
+  const bool interleaved = cfg.parallel.schedule == "interleaved";
+  const int v = cfg.parallel.virtual_stages;
+  if (interleaved && P < 2)
+    fail_input("parallel.schedule = \"interleaved\" needs parallel.pipeline_stages >= 2 (it has {})", P);
+  if (interleaved && v < 2)
+    fail_input("parallel.schedule = \"interleaved\" needs parallel.virtual_stages >= 2 (model "
+               "chunks per stage; it is {})", v);
+  if (!interleaved && v != 1)
+    fail_input("parallel.virtual_stages = {} needs parallel.schedule = \"interleaved\" (it is "
+               "\"{}\")", v, cfg.parallel.schedule);
+  return {.D = D, .M = resolve_microbatches(cfg.parallel.microbatches, P, cfg.train.batch_size, D,
+                                            interleaved)};
 }
 
 RunPlan plan_run(const RunConfig& cfg, Comm& comm) {
@@ -99,7 +110,18 @@ RunPlan plan_run(const RunConfig& cfg, Comm& comm) {
     comm.broadcast(p.costs.data(), int64_t(p.costs.size() * sizeof(double)), 0);
   }
   collectively(comm, [&] {
-    p.ranges = partition_layers(p.layers, p.costs, p.P, cfg.parallel.stage_layers);
+    // P v virtual stages (interleaved: stage s holds every P-th of them, from s).
+    const int v = cfg.parallel.virtual_stages, L = int(p.layers.size());
+    if (v > 1 && p.P * v > L)
+      fail_input("parallel.pipeline_stages x parallel.virtual_stages = {} x {} = {} chunks, but the "
+                 "model has {} layers (as the model summary lists them, fused layers once); every "
+                 "chunk needs at least one", p.P, v, p.P * v, L);
+    if (v > 1 && !cfg.parallel.stage_layers.empty() && int(cfg.parallel.stage_layers.size()) != p.P * v)
+      fail_input("parallel.stage_layers has {} entries; interleaved, it needs one per chunk: "
+                 "parallel.pipeline_stages x parallel.virtual_stages = {}", cfg.parallel.stage_layers.size(),
+                 p.P * v);
+    p.ranges = partition_layers(p.layers, p.costs, p.P * v, cfg.parallel.stage_layers);
+    p.v = v;
   });
   p.rows_per_sample = numel(p.layers.back().out_shape) / p.info.classes;
   return p;

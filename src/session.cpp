@@ -111,12 +111,13 @@ void TrainingSession::build_model() {
     const double states = cfg.train.optimizer == "adamw" ? 2 : 1;
     const LayerRange all{0, int(plan_.layers.size())};
     const bool whole = plan_.gathered() && lead_;
-    require_model_memory(plan_.layers, whole ? all : plan_.ranges[size_t(grid_.stage)],
+    const auto chunks = stage_chunks(plan_.ranges, plan_.P, grid_.stage);
+    // Interleaved: the first chunk alone (a lower bound: it must never refuse a run that fits).
+    require_model_memory(plan_.layers, whole ? all : chunks.front(),
                          2 + states, whole ? 1 : plan_.T, plan_.micro_batch(cfg.train.batch_size),
                          fmt::format("rank {}", comm_.rank()));
     model_ = std::make_unique<Model>(cfg.model_spec(plan_.info.classes),
-                                     plan_.info.train.sample_shape, plan_.info.classes,
-                                     plan_.ranges[size_t(grid_.stage)],
+                                     plan_.info.train.sample_shape, plan_.info.classes, chunks,
                                      TensorSplit{grid_.tensor, plan_.T, grid_.tensor_comm.get()});
     model_->check_backend(be_);
     if (lead_) {
@@ -244,7 +245,7 @@ int TrainingSession::finish_run(Clock::time_point t_start, double cpu_start) {
   progress_->finish();
   loader_.reset();  // the loader thread owns HDF5 while alive
   PipelineFigures figures;
-  if (pipe_) figures = pipeline_figures(comm_, grid_, pipe_->stats(), idle_shares_, plan_.M,
+  if (pipe_) figures = pipeline_figures(comm_, grid_, pipe_->stats(), idle_shares_, plan_.M, plan_.v,
                                               cfg_.parallel.schedule);
   tracer_->write(comm_, cfg_.trace,
                  fmt::format("rank {} · {} · {}", comm_.rank(), grid_.where(), comm_.host()));

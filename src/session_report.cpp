@@ -21,16 +21,17 @@ void print_pipeline(const RunConfig& cfg, const RunPlan& p, const ProcessGrid& g
   // most micro-batches a stage holds.
   double bubble = 0;
   int live = 0;
-  for (double v : schedule_idle_shares(cfg.parallel.schedule, P, p.M)) bubble += v / P;
+  for (double v : schedule_idle_shares(cfg.parallel.schedule, P, p.M, p.v)) bubble += v / P;
   for (int s = 0; s < P; ++s)
-    live = std::max(live, schedule_peak_live(pipeline_schedule(cfg.parallel.schedule, P, s, p.M)));
+    live = std::max(live, schedule_peak_live(pipeline_schedule(cfg.parallel.schedule, P, s, p.M, p.v)));
   fmt::print("pipeline: {} stage{} x {} data-parallel replica{} ({}), {} micro-batches of {} "
-             "per step, schedule {} (bubble {:.3f} in theory, at most {} micro-batch{} alive "
+             "per step, schedule {}{} (bubble {:.3f} in theory, at most {} {}micro-batch{} alive "
              "on a stage), partition {}\n{}\n", P, P == 1 ? "" : "s", D,
              D == 1 ? "" : "s", cfg.parallel.placement, p.M, p.micro_batch(cfg.train.batch_size),
-             cfg.parallel.schedule, bubble, live, live == 1 ? "" : "es",
+             cfg.parallel.schedule, p.v > 1 ? fmt::format(" with {} chunks per stage", p.v) : "",
+             bubble, live, p.v > 1 ? "chunk-" : "", live == 1 ? "" : "es",
              !cfg.parallel.stage_layers.empty() ? "parallel.stage_layers" : cfg.parallel.balance,
-             partition_summary(p.layers, p.costs, p.ranges));
+             partition_summary(p.layers, p.costs, p.ranges, P));
   for (int st = 0; st < P; ++st) {
     std::string where;
     for (int r = 0; r < D; ++r) {

@@ -71,18 +71,40 @@ void gather_stages(Comm& world, const ProcessGrid& grid, const std::vector<Layer
     return;
   }
   auto dst = buffers(*whole, *whole_opt, with_state);
+  std::vector<float> got;
   for (int s = 0; s < grid.stages; ++s) {
-    const StageBlock b = stage_block(layers, ranges[size_t(s)]);
+    // The stage's block: its chunks' blocks, the later chunk first (one without interleaving).
+    std::vector<StageBlock> blocks;
+    int64_t total = 0;
+    const auto chunks = stage_chunks(ranges, grid.stages, s);
+    for (size_t c = chunks.size(); c-- > 0;) {
+      blocks.push_back(stage_block(layers, chunks[c]));
+      total += blocks.back().count;
+    }
     for (size_t k = 0; k < dst.size(); ++k) {
-      if (s == grid.stage) std::copy_n(mine[k], b.count, dst[k] + b.offset);
-      else recv(world, dst[k] + b.offset, b.count, grid.world_rank(s, 0));
+      const float* from = mine[k];
+      if (s != grid.stage && blocks.size() == 1) {  // straight into place
+        recv(world, dst[k] + blocks[0].offset, total, grid.world_rank(s, 0));
+        continue;
+      }
+      if (s != grid.stage) {
+        got.resize(size_t(total));
+        recv(world, got.data(), total, grid.world_rank(s, 0));
+        from = got.data();
+      }
+      for (const StageBlock& b : blocks) {
+        std::copy_n(from, b.count, dst[k] + b.offset);
+        from += b.count;
+      }
     }
   }
 }
 
 void take_stage(Model& whole, Optimizer& whole_opt, Model& stage, Optimizer& opt) {
-  const int64_t off = stage.offset_in_whole();
   auto src = buffers(whole, whole_opt), dst = buffers(stage, opt);
+  const auto& segments = stage.whole_segments();
+  std::vector<float> block;  // the stage's chunks' blocks side by side (interleaved pipelines)
+  if (segments.size() > 1) block.resize(size_t(stage.whole_block_params()));
   // The token table's copy on the head's stage: the table's values and state.
   const Param* copy = stage.tied_table();
   const Param* table = nullptr;
@@ -90,7 +112,13 @@ void take_stage(Model& whole, Optimizer& whole_opt, Model& stage, Optimizer& opt
     for (const Param* p : whole.params())
       if (p->name == copy->name) table = p;
   for (size_t k = 0; k < src.size(); ++k) {
-    stage.extract(src[k] + off, dst[k]);
+    const float* from = src[k] + segments[0].whole_offset;
+    if (segments.size() > 1) {
+      for (const Model::Segment& g : segments)
+        std::copy_n(src[k] + g.whole_offset, g.count, block.data() + g.block_offset);
+      from = block.data();
+    }
+    stage.extract(from, dst[k]);
     if (table) std::copy_n(src[k] + table->offset, numel(table->shape), dst[k] + copy->offset);
   }
   opt.set_steps_taken(whole_opt.steps_taken());

@@ -66,8 +66,10 @@ struct RunConfig {
     int tensor = 1;             // T: ranks splitting each transformer block (Megatron-style)
     int microbatches = 0;       // M per step; 0 = the largest divisor of the per-replica
                                 // batch up to 4 P (1 without a pipeline)
-    std::string schedule = "1f1b";  // 1f1b | gpipe | zb-h1 | zb-h2 (pipeline_schedule.h)
-    std::vector<int> stage_layers;  // layers per stage; empty = balanced by `balance` cost
+    std::string schedule = "1f1b";  // 1f1b | gpipe | zb-h1 | zb-h2 | interleaved (pipeline_schedule.h)
+    int virtual_stages = 1;         // v: model chunks per stage (interleaved: 2 or more)
+    std::vector<int> stage_layers;  // layers per stage (per chunk, P v of them, in layer order
+                                    // when interleaved); empty = balanced by `balance` cost
     std::string balance = "estimated";  // estimated (FLOPs) | measured (timed on rank 0)
     std::string placement = "replicas_in_node";  // | pipeline_in_node (see grid.h)
     int zero = 0;  // optimizer state (1) and gradient sums (2) sharded over replicas (zero.h)

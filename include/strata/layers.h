@@ -57,6 +57,7 @@ struct StepInfo {
   uint64_t step = 0;
   int64_t first_sample = 0;  // this rank's first position within the global batch
   int slot = 0;              // a pipeline stage has a slot per micro-batch in flight
+  int chunk = 0;             // which of the stage's chunks runs (interleaved pipelines)
 };
 
 class Layer {

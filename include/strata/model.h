@@ -18,6 +18,10 @@ namespace strata {
 struct LayerRange {
   int first = 0, last = -1;
 };
+// An interleaved pipeline's P stages hold P v virtual stages (ranges, in layer order): stage s
+// the chunks s, s + P, ..., s + (v-1) P. Without interleaving (v = 1) one range each.
+std::vector<LayerRange> stage_chunks(const std::vector<LayerRange>& virtual_ranges, int stages,
+                                     int stage);
 
 // One built layer of the whole model, for partitioning and reports (no buffers allocated).
 struct LayerInfo {
@@ -45,6 +49,11 @@ class Model {
   // tp: this rank's part of the tensor-parallel group (transformer blocks are split over it).
   Model(const ModelSpec& spec, Shape input_shape, int classes, LayerRange stage = {},
         TensorSplit tp = {});
+  // A stage of an interleaved pipeline: several chunks (ranges in layer order, not adjacent).
+  // Each forward and backward runs one chunk (StepInfo::chunk; backward that of the slot's
+  // forward). The flat buffers hold the chunks' blocks in the whole model's order.
+  Model(const ModelSpec& spec, Shape input_shape, int classes, std::vector<LayerRange> chunks,
+        TensorSplit tp = {});
   // `where` names the spec's source in errors: "model.layers", or "FILE: attribute model_layers".
   static std::vector<LayerInfo> describe_layers(const ModelSpec& spec, const Shape& input_shape,
                                                 int classes,
@@ -57,12 +66,21 @@ class Model {
 
   const ModelSpec& spec() const { return spec_; }
   const Shape& input_shape() const { return input_shape_; }  // of the whole model
-  // This stage: the per-sample shapes entering and leaving it, and where its parameters sit
-  // in the whole model's flat buffers (stages hold contiguous blocks of them, later stages
-  // first; offsets count whole tensors).
-  const Shape& stage_input_shape() const { return shapes_.front(); }
-  const Shape& stage_output_shape() const { return shapes_.back(); }
-  int64_t offset_in_whole() const { return offset_in_whole_; }
+  // This stage: the per-sample shapes entering and leaving it (its first chunk's input, its
+  // last chunk's output), and each chunk's.
+  const Shape& stage_input_shape() const { return chunk_input_shape(0); }
+  const Shape& stage_output_shape() const { return chunk_output_shape(chunks() - 1); }
+  int chunks() const { return int(chunk_begin_.size()) - 1; }
+  const Shape& chunk_input_shape(int c) const { return in_shapes_[size_t(chunk_begin_[size_t(c)])]; }
+  const Shape& chunk_output_shape(int c) const { return out_shapes_[size_t(chunk_begin_[size_t(c) + 1] - 1)]; }
+  // Where the stage's block sits in the whole model's flat buffers (later layers first;
+  // offsets count whole tensors): per chunk, its offset in the stage's unsplit block (what
+  // assemble writes and extract reads: the chunks' blocks one after the other), its offset in
+  // the whole model, and its length.
+  struct Segment {
+    int64_t block_offset, whole_offset, count;
+  };
+  const std::vector<Segment>& whole_segments() const { return segments_; }
   int classes() const { return classes_; }
   std::vector<std::unique_ptr<Layer>>& layers() { return layers_; }
   // Parameters in forward (layer) order.
@@ -102,7 +120,7 @@ class Model {
   std::string summary() const;  // multi-line table of layers, shapes and parameter counts
   double flops_per_sample() const;  // forward
   // Rows of logits per sample: 1 for a classifier, T for a language model (one per position).
-  int64_t rows_per_sample() const { return numel(shapes_.back()) / classes_; }
+  int64_t rows_per_sample() const { return numel(stage_output_shape()) / classes_; }
   // Throws UserError naming the layer and the op when `be` lacks an op a layer calls.
   void check_backend(const Backend& be) const;
   // int8 inference (strata quantize): the linear products that can run from int8 weights, and
@@ -150,14 +168,15 @@ class Model {
   ModelSpec spec_;
   Shape input_shape_;
   int classes_;
-  int first_ = 0;
-  int64_t offset_in_whole_ = 0;
+  std::vector<int> chunk_begin_;  // chunk c: layers_[chunk_begin_[c], chunk_begin_[c+1])
+  std::vector<int> chunk_first_;  // chunk c's first layer in the whole model
+  std::vector<Segment> segments_;
   TensorSplit tp_;
   int64_t block_params_ = 0, whole_block_params_ = 0;
   std::unique_ptr<Param> tied_copy_;  // the token table's copy (the head's stage)
   Param* shared_table_ = nullptr;     // the table itself (the embedding's stage)
   std::vector<std::unique_ptr<Layer>> layers_;  // this stage's
-  std::vector<Shape> shapes_;  // per-sample shape entering layer i; shapes_.back() = output
+  std::vector<Shape> in_shapes_, out_shapes_;  // per sample, of layer i
   std::vector<Param*> params_;
   std::vector<int64_t> ready_after_;  // grads prefix complete after layer i's backward
   Tensor values_, grads_, host_values_;
@@ -166,11 +185,12 @@ class Model {
     std::vector<Tensor> outs;   // outs[i]: output of layer i
     std::vector<Tensor> douts;  // douts[i]: gradient w.r.t. input of layer i
     const Tensor* dout = nullptr;  // the stage's output gradient, from B until W
+    int chunk = 0;                 // whose forward the slot holds
   };
   enum class Pass { kWhole, kInput };
   const Tensor* run_backward(const Backend& be, const Tensor& dout, int slot,
                              const std::function<void(int64_t)>& on_ready, bool accumulate, Pass pass);
-  size_t lowest_with_input_grad() const;  // the first layer backward runs
+  size_t lowest_with_input_grad(int chunk) const;  // the first layer backward runs
   std::deque<Activations> acts_;  // per slot; a deque so views into a slot stay valid
   Activations& slot(int k);       // made on first use
   std::vector<double>* profile_ = nullptr;

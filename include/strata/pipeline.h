@@ -3,7 +3,7 @@
 //
 //   partition_layers   which layers each stage holds: balanced by estimated cost, or explicit
 //   pipeline_schedule  the order of one stage's forwards and backwards in a step
-//                      (pipeline_schedule.h: gpipe, 1f1b, zb-h1, zb-h2)
+//                      (pipeline_schedule.h: gpipe, 1f1b, zb-h1, zb-h2, interleaved)
 //   PipelineStage      runs one step of that order on this rank: non-blocking sends and
 //                      receives of activations (forward) and their gradients (backward) to
 //                      the neighbour stages, the loss on the last stage, gradients summed
@@ -41,15 +41,18 @@ std::vector<double> measured_costs(const ModelSpec& spec, const Shape& input_sha
 std::vector<LayerRange> partition_layers(const std::vector<LayerInfo>& layers,
                                          const std::vector<double>& costs, int stages,
                                          const std::vector<int>& explicit_counts);
-// One line per stage: its layers, parameters and share of the cost.
+// One line per stage (per chunk when there are more ranges than stages): its layers,
+// parameters and share of the cost.
 std::string partition_summary(const std::vector<LayerInfo>& layers,
                               const std::vector<double>& costs,
-                              const std::vector<LayerRange>& ranges);
+                              const std::vector<LayerRange>& ranges, int stages);
 
 // Micro-batches per step: `configured`, which must divide the per-replica batch G/D, or for 0
 // the largest divisor of it up to 4 P (enough to keep the bubble small; 1 without a
-// pipeline). Throws UserError naming parallel.microbatches.
-int resolve_microbatches(int configured, int stages, int64_t global_batch, int replicas);
+// pipeline); a multiple of P for the interleaved schedule. Throws UserError naming
+// parallel.microbatches.
+int resolve_microbatches(int configured, int stages, int64_t global_batch, int replicas,
+                         bool interleaved = false);
 
 struct PipelineStats {
   int peak_live = 0;            // most micro-batches between forward and backward (its W) at once
@@ -79,14 +82,20 @@ class PipelineStage {
   const PipelineStats& stats() const { return stats_; }
 
  private:
-  double forward(int m);       // F: returns the micro-batch's loss sum on the last stage
-  void backward(int m);        // B
-  void weight_grads(int m);    // W (split schedules)
-  void retire(int slot);       // the micro-batch's backward is done: its slot is free
+  // Each op on chunk c (0 but for interleaved) of micro-batch m.
+  double forward(int c, int m);      // F: returns the micro-batch's loss sum on the last stage
+  void backward(int c, int m);       // B
+  void weight_grads(int c, int m);   // W (split schedules)
+  void retire(int c, int slot);      // the micro-batch's backward is done: its slot is free
   void post_next_recv();
-  int alloc_slot();
-  void release_slot(int slot);
-  void post_input_recv(int m, int64_t bm);
+  int alloc_slot(int c);
+  void release_slot(int c, int slot);
+  void post_input_recv(int c, int m, int64_t bm);
+  std::string span_name(const char* what, int c, int m) const;
+  // The model's first and last virtual stage; a (chunk, micro-batch)'s index in the vectors.
+  bool first(int c) const { return stage_ == 0 && c == 0; }
+  bool last(int c) const { return stage_ == stages_ - 1 && c == chunks_ - 1; }
+  size_t at(int c, int m) const { return size_t(c * micros_ + m); }
   void progress();  // lets MPI move messages in flight while this rank computes
   // Waits for a transfer (counted as idle, traced as `cat`); a handle < 0 is done already.
   void wait(int& handle, const char* cat, const char* what, int m);
@@ -94,7 +103,8 @@ class PipelineStage {
   Model& model_;
   Comm& pipe_;
   const Memory* mem_ = &host_memory();  // the backend's, for the buffers below (set by run)
-  int stage_, stages_, micros_;
+  int stage_, stages_, micros_, chunks_;
+  int next_ = 0, prev_ = 0;  // the neighbour ranks (round the ring: interleaved)
   std::string schedule_;
   bool split_ = false;  // B and W apart (zero-bubble schedules)
   Tracer* tracer_;
@@ -108,23 +118,22 @@ class PipelineStage {
     int64_t global_batch = 0;
     const std::function<void(int64_t)>* on_ready = nullptr;
   } step_;
-  int backwards_ = 0, weights_ = 0;  // B's and W's done this step
+  std::vector<int> backwards_, weights_;  // per chunk, B's and W's done this step
   std::vector<PipeOp> ops_;
-  bool first_, last_;
   SoftmaxXentHead head_;  // the last stage's loss
   // Per activation slot: the stage's input (received), the gradient at its output
   // (received, or dlogits on the last stage), and sends not yet complete.
   std::deque<Tensor> in_, dout_;  // a deque: the model keeps pointers to in_[slot]
   Tensor eval_in_;
   std::vector<std::vector<int>> sends_;
-  std::vector<int> free_slots_;
-  int slots_ = 0;
-  std::vector<int> slot_of_, recv_in_, recv_grad_;  // per micro-batch; -1 = none or done
+  std::vector<std::vector<int>> free_slots_;  // per chunk
+  std::vector<int> slots_;                    // per chunk, slots made
+  std::vector<int> slot_of_, recv_in_, recv_grad_;  // per (chunk, micro-batch); -1 = none or done
   std::vector<int64_t> slot_bytes_;
   int64_t live_bytes_ = 0;
   int next_recv_ = 0;  // index into ops_ of the next forward whose input receive is not posted
   int live_ = 0;
-  int max_live_ = 1;  // the schedule's bound on live micro-batches (slots: one more)
+  std::vector<int> max_live_;  // per chunk, the schedule's bound on live micro-batches (slots: one more)
   PipelineStats stats_;
 };
 
@@ -137,7 +146,7 @@ struct PipelineFigures {
   double theory = 0;
 };
 PipelineFigures pipeline_figures(Comm& world, const ProcessGrid& grid, const PipelineStats& stats,
-                                 std::vector<double> idle_shares, int micros,
+                                 std::vector<double> idle_shares, int micros, int chunks,
                                  const std::string& schedule);
 // "[a, b, c]" with `decimals` digits after the point (metrics and reports).
 std::string json_list(const std::vector<double>& v, int decimals);

@@ -21,8 +21,16 @@
 //          (P-1)/(M+P-1) to (P-1)/(3M+P-1).
 //   zb-h2  2(P-S)-2 warm-up forwards and W deferred by 2S: at most 2P-1 alive, and the
 //          bubble stays at that bound when B costs more than W (zb-h1's grows).
-// Every schedule runs each stage's B's in micro-batch order and its W's too, so the gradients
-// are summed in the same order as 1f1b's: all four give bitwise-identical parameters.
+//   interleaved  (Narayanan et al. 2021, Megatron-LM) each stage holds v chunks of the model,
+//          stage S the chunks ("virtual stages") S, S+P, ..., so a micro-batch goes round the
+//          P ranks v times. The stage's work is M v chunk-forwards, taken P micro-batches at
+//          a time per chunk (chunk 0 of micro-batches 0..P-1, then chunk 1 of them, ...), and
+//          as many chunk-backwards in the opposite chunk order: 2(P-S-1) + (v-1)P of them
+//          forwards first, then one forward and one backward in turn. M must be a multiple of
+//          P. A chunk is 1/v of a stage, so the fill and drain shrink v times: the bubble
+//          falls to about (P-1)/(vM+P-1) at v times the point-to-point messages.
+// Every schedule runs each stage's (each chunk's) B's in micro-batch order and its W's too, so
+// the gradients are summed in the same order as 1f1b's: all give bitwise-identical parameters.
 // A synchronous step (the gradient allreduce and the optimizer wait for every stage) keeps a
 // bubble of at least (P-1)/(3M+P-1) for any order: stage S cannot start before S forwards.
 #pragma once
@@ -34,24 +42,29 @@ namespace strata {
 struct PipeOp {
   enum Kind : char { kForward = 'F', kBackward = 'B', kWeight = 'W' } kind;
   int micro;
+  int chunk = 0;  // interleaved: which of the stage's chunks
 };
 
 // The schedules parallel.schedule accepts, and whether a schedule splits backward into B and W.
 const std::vector<std::string>& pipeline_schedules();
 bool splits_backward(const std::string& schedule);
 
-// Stage `stage`'s ops for one step (throws on an unknown schedule: config validation names
-// the key before this is reached).
-std::vector<PipeOp> pipeline_schedule(const std::string& kind, int stages, int stage, int micros);
+// Stage `stage`'s ops for one step; `chunks` = v (1 but for interleaved). Throws on an unknown
+// schedule or a shape it cannot run (config validation names the key before this is reached).
+std::vector<PipeOp> pipeline_schedule(const std::string& kind, int stages, int stage, int micros,
+                                      int chunks = 1);
 
 // The most micro-batches a stage holds between a forward and the end of its backward (its W
-// when split): the activation slots the schedule needs.
+// when split): the activation slots the schedule needs. Interleaved: chunk-micro-batches,
+// each holding 1/v of a stage's activations.
 int schedule_peak_live(const std::vector<PipeOp>& ops);
 
 // Every stage running its ops as soon as its own previous op and the neighbour's op it waits
-// for are done, F, B and W each costing one unit (an unsplit B two): per stage, the share of
-// the step spent idle. This is each schedule's theoretical bubble. Empty if the schedules
-// deadlock (a stage waiting for an op that never comes before its own), which a test rules out.
-std::vector<double> schedule_idle_shares(const std::string& kind, int stages, int micros);
+// for are done, F, B and W each costing one unit (an unsplit B two; a chunk's ops 1/v of
+// that): per stage, the share of the step spent idle. This is each schedule's theoretical
+// bubble. Empty if the schedules deadlock (a stage waiting for an op that never comes before
+// its own), which a test rules out.
+std::vector<double> schedule_idle_shares(const std::string& kind, int stages, int micros,
+                                         int chunks = 1);
 
 }  // namespace strata

@@ -21,7 +21,8 @@ struct RunPlan {
   int M = 1;                // micro-batches per step
   std::vector<LayerInfo> layers;  // the whole model's
   std::vector<double> costs;      // per layer, what the partition balanced
-  std::vector<LayerRange> ranges;  // per stage
+  std::vector<LayerRange> ranges;  // per virtual stage (P v; stage s: stage_chunks)
+  int v = 1;                       // chunks per stage (the interleaved schedule)
   int64_t rows_per_sample = 1;    // rows of logits: 1 for a classifier, T for a language model
   // Micro-batches without a pipeline are plain gradient accumulation, run by the same engine.
   bool pipelined() const { return P > 1 || M > 1; }

@@ -4,6 +4,7 @@
 // Stage s holds layers [first, last) and, in the whole model's flat buffers (reverse layer
 // order), one contiguous block: the parameters of the layers after `last` come before it.
 // Moving a stage is moving that block, and the same block of each optimizer state buffer.
+// An interleaved stage holds v chunks: v blocks, side by side in its own buffers.
 #pragma once
 #include <vector>
 
@@ -24,6 +25,7 @@ StageBlock stage_block(const std::vector<LayerInfo>& layers, LayerRange r);
 // into `whole` and `whole_opt` on world rank 0 (which is stage 0 of replica 0, part 0).
 // Others may pass null for whole and whole_opt. with_state = false: the parameters only
 // (the final parameter file; `opt` may then be a ZeRO shard).
+// `ranges`: the virtual stages' (stage_chunks gives each stage's).
 void gather_stages(Comm& world, const ProcessGrid& grid, const std::vector<LayerInfo>& layers,
                    const std::vector<LayerRange>& ranges, Model& stage, Optimizer& opt,
                    Model* whole, Optimizer* whole_opt, bool with_state = true);

@@ -99,7 +99,7 @@ TEST_CASE("schedules: F before B before W, each once, sums in micro-batch order,
             else CHECK(at['W'][size_t(m)] == -1);
           }
           CHECK(peak == schedule_peak_live(ops));
-          const int bound = kind == "gpipe" ? M : kind == "1f1b" ? std::min(P - s, M)
+          const int bound = kind == "gpipe" ? M : kind == "1f1b" || kind == "interleaved" ? std::min(P - s, M)
                           : kind == "zb-h1" ? std::min(P, M) : std::min(2 * P - 1, M);
           CHECK(peak == bound);
         }
@@ -128,6 +128,56 @@ TEST_CASE("schedules: no deadlock across stages, and each schedule's bubble", "[
       }
 }
 
+// Interleaved, v chunks: every (chunk, micro-batch) once forward and once backward, forward
+// first; each chunk's micro-batches in order both ways; forwards take the chunks in turn P
+// micro-batches at a time, backwards the other way round; v = 1 is 1f1b.
+TEST_CASE("schedules: interleaved over P, M (multiples of P), v", "[pipeline]") {
+  for (int P : {1, 2, 4})
+    for (int M = P; M <= 8; M += P)
+      for (int v : {1, 2})
+        for (int s = 0; s < P; ++s) {
+          INFO("P=" << P << " M=" << M << " v=" << v << " stage " << s);
+          const auto ops = pipeline_schedule("interleaved", P, s, M, v);
+          REQUIRE(ops.size() == size_t(2 * M * v));
+          if (v == 1) {
+            const auto f1b1 = pipeline_schedule("1f1b", P, s, M);
+            for (size_t i = 0; i < ops.size(); ++i)
+              CHECK((ops[i].kind == f1b1[i].kind && ops[i].micro == f1b1[i].micro && ops[i].chunk == 0));
+          }
+          std::map<std::pair<int, int>, int> fwd, bwd;
+          std::vector<int> next_f(size_t(v), 0), next_b(size_t(v), 0);
+          int live = 0, peak = 0;
+          for (size_t i = 0; i < ops.size(); ++i) {
+            const PipeOp& o = ops[i];
+            REQUIRE((o.chunk >= 0 && o.chunk < v && o.micro >= 0 && o.micro < M));
+            REQUIRE(o.kind != PipeOp::kWeight);
+            auto& at = o.kind == PipeOp::kForward ? fwd : bwd;
+            CHECK(at.count({o.chunk, o.micro}) == 0);
+            at[{o.chunk, o.micro}] = int(i);
+            auto& next = o.kind == PipeOp::kForward ? next_f : next_b;
+            CHECK(o.micro == next[size_t(o.chunk)]++);
+            live += o.kind == PipeOp::kForward ? 1 : -1;
+            peak = std::max(peak, live);
+          }
+          for (auto& [key, i] : fwd) CHECK(i < bwd.at(key));
+          CHECK(peak == schedule_peak_live(ops));
+          CHECK(peak == (v == 1 ? std::min(P - s, M) : std::min(2 * (P - s - 1) + (v - 1) * P + 1, M * v)));
+        }
+}
+
+// Interleaved across stages: no deadlock, and the bubble of Megatron-LM's analysis,
+// (P-1)/(vM+P-1), on every stage.
+TEST_CASE("schedules: interleaved has no deadlock and its bubble is (P-1)/(vM+P-1)", "[pipeline]") {
+  for (int P : {1, 2, 4})
+    for (int M = P; M <= 8; M += P)
+      for (int v : {1, 2}) {
+        INFO("P=" << P << " M=" << M << " v=" << v);
+        const auto idle = schedule_idle_shares("interleaved", P, M, v);
+        REQUIRE(idle.size() == size_t(P));
+        for (double x : idle) CHECK(x == Approx(double(P - 1) / (v * M + P - 1)).margin(1e-12));
+      }
+}
+
 TEST_CASE("micro-batch count: auto picks the largest divisor up to 4P; a given one must divide", "[pipeline]") {
   CHECK(resolve_microbatches(0, 1, 64, 1) == 1);
   CHECK(resolve_microbatches(0, 2, 64, 1) == 8);
@@ -136,6 +186,13 @@ TEST_CASE("micro-batch count: auto picks the largest divisor up to 4P; a given o
   CHECK(resolve_microbatches(0, 2, 14, 1) == 7);
   CHECK(resolve_microbatches(4, 2, 64, 2) == 4);
   CHECK_THROWS_AS(resolve_microbatches(3, 2, 64, 2), UserError);
+  // Interleaved: a multiple of P.
+  CHECK(resolve_microbatches(0, 4, 36, 1, true) == 12);
+  CHECK(resolve_microbatches(0, 3, 48, 1, true) == 12);  // 12 divides 48: the largest multiple of 3 up to 12
+  CHECK(resolve_microbatches(0, 4, 40, 1, true) == 8);   // 16, 12 do not divide 40
+  CHECK_THROWS_AS(resolve_microbatches(0, 4, 6, 1, true), UserError);
+  CHECK_THROWS_AS(resolve_microbatches(6, 4, 48, 1, true), UserError);
+  CHECK(resolve_microbatches(8, 4, 48, 1, true) == 8);
 }
 
 TEST_CASE("measured costs: one positive time per layer, larger for a wider layer", "[pipeline]") {

@@ -132,15 +132,16 @@ std::vector<Outcome> reference(const Net& net, int D, int M) {
   return out;
 }
 
-// One rank of a P x D grid (replicas_in_node placement), as the trainer runs a step.
-Outcome pipeline_rank(Comm& world, const Net& net, int P, int M, const std::string& schedule) {
+// One rank of a P x D grid (replicas_in_node placement), as the trainer runs a step; v chunks
+// per stage for the interleaved schedule.
+Outcome pipeline_rank(Comm& world, const Net& net, int P, int M, const std::string& schedule, int v = 1) {
   const Backend& be = cpu_one_thread();
   ProcessGrid grid = make_grid(world, P, 1, "replicas_in_node", 1);
   const int D = grid.replicas;
   const int64_t G = int64_t(D) * M * kMicroBatch;
   const auto layers = Model::describe_layers(net.spec, net.input, net.classes);
-  const auto ranges = partition_layers(layers, estimated_costs(layers), P, {});
-  Model m(net.spec, net.input, net.classes, ranges[size_t(grid.stage)]);
+  const auto ranges = partition_layers(layers, estimated_costs(layers), P * v, {});
+  Model m(net.spec, net.input, net.classes, stage_chunks(ranges, P, grid.stage));
   m.init(kSeed);
   m.place(be);
   GradientAllreducer reducer(*grid.stage_comm, m, m.grads().data(), 64.0, /*overlap=*/true);
@@ -199,8 +200,12 @@ TEST_CASE("pipeline stages x replicas give the one-rank gradients, losses and ev
         for (int P : {2, 3, 4}) {
           if (M != 1 && M != 2 && M != 4 && M != P + 1) continue;
           for (const std::string& schedule : pipeline_schedules()) {
+            // Interleaved: 2 chunks per stage, M a multiple of P, a layer per chunk at least.
+            const int v = schedule == "interleaved" ? 2 : 1;
+            const int L = int(Model::describe_layers(net.spec, net.input, net.classes).size());
+            if (v > 1 && (M % P != 0 || P * v > L)) continue;
             INFO(net.name << ": P " << P << " x D " << D << ", " << M << " micro-batches, " << schedule);
-            auto ranks = on_ranks(P * D, [&](Comm& c) { return pipeline_rank(c, net, P, M, schedule); });
+            auto ranks = on_ranks(P * D, [&](Comm& c) { return pipeline_rank(c, net, P, M, schedule, v); });
             check_against(ranks, ref, P);
           }
         }
