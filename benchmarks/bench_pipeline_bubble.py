@@ -5,7 +5,8 @@ schedule's training speed beside 1f1b's on the deep MLP and on a GPT.
 
   benchmarks/bench_pipeline_bubble.py STRATA DATA.h5 [--text TEXT.h5] [--repeats 5]
                                       [--steps 60] [--stages 2 4] [--microbatches 1 2 4 8 16]
-                                      [--schedules gpipe 1f1b zb-h1 zb-h2] [--speed-steps 30]
+                                      [--schedules gpipe 1f1b zb-h1 zb-h2 interleaved]
+                                      [--speed-steps 30]
 
 Part 1 (bubble). For each P (ranks = P, D = 1, --threads 1), M and schedule it trains a model
 whose stages cost the same in forward AND in backward (GPipe runs all forwards, then all
@@ -22,12 +23,15 @@ is 256/M samples. It reads stage_idle_share from the done event of metrics.jsonl
 receive/send waits and the per-step agreement allreduce over the step's wall time; the median
 over all steps but the first; mean over replicas) and bubble_theory (the schedule's mean idle
 share with F, B and W costing the same: (P-1)/(M+P-1) for gpipe and 1f1b, (P-1)/(3M+P-1) for
-zb-h1 once M >= P; src/pipeline_schedule.cpp), and prints, per configuration, the median over
+zb-h1 once M >= P, (P-1)/(vM+P-1) for interleaved; src/pipeline_schedule.cpp), and prints,
+per configuration, the median over
 repeats of each stage's idle share, their mean, the theory and the difference in percentage
-points. Verdicts per P: gpipe and 1f1b within 5 points of theory at M >= 8; zb-h1's measured
+points. Interleaved runs 2 chunks per stage, the equal layers split evenly over the 2P chunks
+(--parallel.stage_layers 5 2 2 3 at P = 2, 4 1 1 1 1 1 1 2 at P = 4), at M a multiple of P. Verdicts per P: gpipe and 1f1b within 5 points of theory at M >= 8; zb-h1's measured
 bubble at M = 8 at most half of 1f1b's.
 
-Part 2 (speed, P = 2, M = 8, unless --speed-steps 0): samples/s of every schedule on the deep
+Part 2 (speed, P = 2, M = 8, unless --speed-steps 0; interleaved with 2 chunks per stage,
+balanced by the default partition): samples/s of every schedule on the deep
 MLP (configs/fmnist_deep_mlp_pipeline.toml's model: 8 x 1024 hidden, batch 256) and, with
 --text, on a GPT (4 blocks of dim 128, 4 heads, context 64, batch 32), each beside 1f1b's in
 the same repeat: the median of the per-repeat ratios.
@@ -57,7 +61,7 @@ ap.add_argument("--repeats", type=int, default=5)
 ap.add_argument("--steps", type=int, default=60)
 ap.add_argument("--stages", type=int, nargs="+", default=[2, 4])
 ap.add_argument("--microbatches", type=int, nargs="+", default=[1, 2, 4, 8, 16])
-ap.add_argument("--schedules", nargs="+", default=["gpipe", "1f1b", "zb-h1", "zb-h2"])
+ap.add_argument("--schedules", nargs="+", default=["gpipe", "1f1b", "zb-h1", "zb-h2", "interleaved"])
 ap.add_argument("--text", help="token file (strata prepare text) for the GPT speed figures")
 ap.add_argument("--speed-steps", type=int, default=30, help="steps per speed run (0: no speed part)")
 ap.add_argument("--keep", action="store_true", help="keep the work directory (logs, metrics)")
@@ -74,6 +78,9 @@ TOL_POINTS = 5.0
 # fc10 (512 -> 10). Stages of equal cost, given explicitly so the figures measure the schedule,
 # not the balancer; other P use strata's cost-balanced default.
 STAGE_LAYERS = {2: "7 5", 4: "5 2 2 3"}
+# Interleaved, 2 chunks per stage: P*2 chunks of equal cost (per chunk, in layer order).
+V = 2
+CHUNK_LAYERS = {2: "5 2 2 3", 4: "4 1 1 1 1 1 1 2"}
 env = dict(os.environ)
 if os.geteuid() == 0:
     env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
@@ -110,8 +117,11 @@ def run(P, M, schedule, tag, model=None, steps=None):
             "--train.log_every", str(steps), "--train.seed", "1", "--threads", "1",
             "--parallel.pipeline_stages", str(P), "--parallel.microbatches", str(M),
             "--parallel.schedule", schedule, "--output.dir", out, "--quiet"]
-    if P in STAGE_LAYERS and model is None:
-        cmd += ["--parallel.stage_layers", *STAGE_LAYERS[P].split()]
+    if schedule == "interleaved":
+        cmd += ["--parallel.virtual_stages", str(V)]
+    split = CHUNK_LAYERS if schedule == "interleaved" else STAGE_LAYERS
+    if P in split and model is None:
+        cmd += ["--parallel.stage_layers", *split[P].split()]
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     if p.returncode != 0:
         sys.exit(f"error: {' '.join(cmd)} exited {p.returncode}\n{p.stdout[-2000:]}\n{p.stderr[-3000:]}")
@@ -128,7 +138,9 @@ def load():
         return " ".join(f.read().split()[:3])
 
 
-configs = [(P, M, s) for P in a.stages for M in a.microbatches for s in a.schedules]
+# Interleaved takes a multiple of P micro-batches.
+configs = [(P, M, s) for P in a.stages for M in a.microbatches for s in a.schedules
+           if s != "interleaved" or M % P == 0]
 print(f"== pipeline bubble, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
 print(f"machine: {ncpu} CPUs, load average {load()}; strata {a.strata}")
 print(f"model: maxpool 7, Linear(16 -> {WIDTH}), 8 x Linear({WIDTH} -> {WIDTH})+ReLU, Linear({WIDTH} -> 10); "

@@ -159,25 +159,34 @@ void for_each_run(const Param& p, int t, int parts, F&& fn) {
 
 void require_model_memory(const std::vector<LayerInfo>& layers, LayerRange range, double copies,
                           int tensor_parts, int64_t batch_samples, const std::string& who) {
-  const int last = range.last < 0 ? int(layers.size()) : range.last;
+  require_chunks_memory(layers, {range}, copies, tensor_parts, batch_samples, who);
+}
+
+void require_chunks_memory(const std::vector<LayerInfo>& layers, const std::vector<LayerRange>& ranges,
+                          double copies, int tensor_parts, int64_t batch_samples,
+                          const std::string& who) {
   double params = 0, activations = 0;
+  int count = 0;
   const LayerInfo* largest = nullptr;
-  for (int i = range.first; i < last; ++i) {
-    const LayerInfo& l = layers[size_t(i)];
-    params += double(l.params);
-    activations += double(numel(l.out_shape));
-    if (!largest || l.params > largest->params) largest = &l;
+  for (const LayerRange& range : ranges) {
+    const int last = range.last < 0 ? int(layers.size()) : range.last;
+    for (int i = range.first; i < last; ++i) {
+      const LayerInfo& l = layers[size_t(i)];
+      params += double(l.params);
+      activations += double(numel(l.out_shape));
+      if (!largest || l.params > largest->params) largest = &l;
+      ++count;
+    }
+    if (range.first < last) activations += double(numel(layers[size_t(range.first)].in_shape));  // its input
   }
   if (!largest) return;
-  activations += double(numel(layers[size_t(range.first)].in_shape));  // the batch itself
   const double bytes = 4.0 * (params * copies / tensor_parts + activations * double(batch_samples));
   const std::string what =
-      last - range.first == 1
+      count == 1
           ? fmt::format("layer {} = {} ({} parameters)", largest->name, largest->describe,
                         largest->params)
           : fmt::format("the model's {} layers ({:.0f} parameters; the largest, {} = {}, has {})",
-                        last - range.first, params, largest->name, largest->describe,
-                        largest->params);
+                        count, params, largest->name, largest->describe, largest->params);
   require_memory(bytes, fmt::format("{}: {}, with gradients, optimizer state and one batch of "
                                     "{} samples,", who, what, batch_samples));
 }

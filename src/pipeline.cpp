@@ -147,8 +147,8 @@ int resolve_microbatches(int configured, int stages, int64_t global_batch, int r
 
 namespace {
 // Messages of different micro-batches, chunks and directions never share a tag: a message
-// carries the (chunk, micro-batch) of its receiver. Evaluation has its own (chunks x
-// micro-batches are at most 4096 x 2, so training tags stay below 16388).
+// carries the (chunk, micro-batch) of its receiver. Evaluation has its own (grid_shape keeps
+// chunks x micro-batches at most 8192, so training tags stay below 16384; MPI allows 32767).
 int tag_of(int chunk, int m, int micros, bool backward) { return 2 * (chunk * micros + m) + (backward ? 1 : 0); }
 constexpr int kEvalTag = 30000;
 }  // namespace

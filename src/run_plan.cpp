@@ -70,8 +70,12 @@ GridShape grid_shape(const RunConfig& cfg, int ranks) {
   if (!interleaved && v != 1)
     fail_input("parallel.virtual_stages = {} needs parallel.schedule = \"interleaved\" (it is "
                "\"{}\")", v, cfg.parallel.schedule);
-  return {.D = D, .M = resolve_microbatches(cfg.parallel.microbatches, P, cfg.train.batch_size, D,
-                                            interleaved)};
+  const int M = resolve_microbatches(cfg.parallel.microbatches, P, cfg.train.batch_size, D, interleaved);
+  // Each (chunk, micro-batch) has its own message tags, kept below the evaluation's.
+  if (int64_t(v) * M > 8192)
+    fail_input("parallel.virtual_stages x parallel.microbatches = {} x {} = {}: at most 8192 "
+               "chunk-micro-batches per step", v, M, int64_t(v) * M);
+  return {.D = D, .M = M};
 }
 
 RunPlan plan_run(const RunConfig& cfg, Comm& comm) {

@@ -112,8 +112,7 @@ void TrainingSession::build_model() {
     const LayerRange all{0, int(plan_.layers.size())};
     const bool whole = plan_.gathered() && lead_;
     const auto chunks = stage_chunks(plan_.ranges, plan_.P, grid_.stage);
-    // Interleaved: the first chunk alone (a lower bound: it must never refuse a run that fits).
-    require_model_memory(plan_.layers, whole ? all : chunks.front(),
+    require_chunks_memory(plan_.layers, whole ? std::vector<LayerRange>{all} : chunks,
                          2 + states, whole ? 1 : plan_.T, plan_.micro_batch(cfg.train.batch_size),
                          fmt::format("rank {}", comm_.rank()));
     model_ = std::make_unique<Model>(cfg.model_spec(plan_.info.classes),

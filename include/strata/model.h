@@ -40,6 +40,10 @@ struct LayerInfo {
 // the message names the largest layer. Throws UserError(kExitBadInput).
 void require_model_memory(const std::vector<LayerInfo>& layers, LayerRange range, double copies,
                           int tensor_parts, int64_t batch_samples, const std::string& who);
+// The same for an interleaved stage's chunks together.
+void require_chunks_memory(const std::vector<LayerInfo>& layers, const std::vector<LayerRange>& ranges,
+                          double copies, int tensor_parts, int64_t batch_samples,
+                          const std::string& who);
 
 class Model {
  public:

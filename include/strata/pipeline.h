@@ -70,7 +70,8 @@ class PipelineStage {
   // overwritten by the first micro-batch and summed over the rest (dlogits scaled by
   // 1/global_batch, so the sum is the mini-batch mean). on_ready is the model's gradient
   // callback during the last micro-batch's backward, its W when split (the data-parallel
-  // allreduce starts then). Returns the sum of the per-sample losses on the last stage, 0 elsewhere.
+  // allreduce starts then); interleaved, during each chunk's last (the later chunk's
+  // gradients come first in the flat buffers and finish first). Returns the sum of the per-sample losses on the last stage, 0 elsewhere.
   double run(const Backend& be, const Tensor& x, const int32_t* labels, int64_t batch,
              const StepInfo& si, int64_t global_batch,
              const std::function<void(int64_t)>& on_ready);

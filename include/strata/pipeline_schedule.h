@@ -19,8 +19,9 @@
 //          which 1f1b waits for gradients. At most P micro-batches alive on any stage (1f1b's
 //          worst stage); with F, B and W costing the same the bubble falls from 1f1b's
 //          (P-1)/(M+P-1) to (P-1)/(3M+P-1).
-//   zb-h2  2(P-S)-2 warm-up forwards and W deferred by 2S: at most 2P-1 alive, and the
-//          bubble stays at that bound when B costs more than W (zb-h1's grows).
+//   zb-h2  2(P-S)-2 warm-up forwards and W deferred by 2S: at most 2P-1 alive; zb-h1's
+//          bubble once M >= 2P-2 (more below), and at M >= 2P it stays there when B costs
+//          more than W (zb-h1's grows).
 //   interleaved  (Narayanan et al. 2021, Megatron-LM) each stage holds v chunks of the model,
 //          stage S the chunks ("virtual stages") S, S+P, ..., so a micro-batch goes round the
 //          P ranks v times. The stage's work is M v chunk-forwards, taken P micro-batches at

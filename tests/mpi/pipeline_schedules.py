@@ -14,7 +14,7 @@ parameters and losses:
     with train.recompute = "block" (a block that recomputes runs whole in B);
   - interleaved, 2 chunks per stage (each stage holds every other chunk of the model): the
     three models on P = 2 and on P = 4 (the GPT with 6 blocks there, for 8 chunks); the deep
-    MLP on P = 2 x D = 2, the GPT on P = 2 x T = 2;
+    MLP on P = 2 x D = 2 (also with ZeRO-2), the GPT on P = 2 x T = 2;
   - a checkpoint written at step 15 by zb-h2 resumed by 1f1b, one by 1f1b resumed by zb-h1,
     one by interleaved resumed by 1f1b and one by 1f1b resumed by interleaved end bitwise
     equal to the uninterrupted 1f1b run.
@@ -134,6 +134,9 @@ print("mlp-deep, P = 2 x D = 2 (4 ranks):")
 d2 = train("mlp-deep", "d2-1f1b", 2, "1f1b", ranks=4)
 compare("P=2 D=2 zb-h1 vs 1f1b", train("mlp-deep", "d2-zb-h1", 2, "zb-h1", ranks=4), d2)
 compare("P=2 D=2 interleaved vs 1f1b", train("mlp-deep", "d2-interleaved", 2, "interleaved", ranks=4), d2)
+zero = ["--parallel.zero", "2"]
+compare("P=2 D=2 ZeRO-2 interleaved vs 1f1b", train("mlp-deep", "z2-interleaved", 2, "interleaved", ranks=4, more=zero),
+        train("mlp-deep", "z2-1f1b", 2, "1f1b", ranks=4, more=zero))
 print("gpt, P = 2 x T = 2 (4 ranks), and with recompute:")
 tp = ["--parallel.tensor", "2"]
 t2 = train("gpt", "t2-1f1b", 2, "1f1b", ranks=4, more=tp)

@@ -108,7 +108,8 @@ TEST_CASE("schedules: F before B before W, each once, sums in micro-batch order,
 // All stages together, each waiting for its neighbours' ops: no deadlock (every stage finishes
 // its list), and the idle share of each schedule's theory: 1f1b and gpipe (P-1)/(M+P-1); zb-h1
 // (P-1)/(3M+P-1) once M >= P (the optimum of a synchronous step with F, B and W costing the
-// same: stage S starts S units late and has 3M units of work); zb-h2 never above 1f1b.
+// same: stage S starts S units late and has 3M units of work), zb-h2 once M >= 2P-2; neither
+// above 1f1b.
 TEST_CASE("schedules: no deadlock across stages, and each schedule's bubble", "[pipeline]") {
   for (const std::string& kind : pipeline_schedules())
     for (int P : {1, 2, 4})
@@ -120,6 +121,7 @@ TEST_CASE("schedules: no deadlock across stages, and each schedule's bubble", "[
         for (double v : idle) {
           if (kind == "1f1b" || kind == "gpipe") CHECK(v == Approx(fb).margin(1e-12));
           if (kind == "zb-h1" && M >= P) CHECK(v == Approx(zb).margin(1e-12));
+          if (kind == "zb-h2" && M >= 2 * P - 2) CHECK(v == Approx(zb).margin(1e-12));
           if (kind != "1f1b" && kind != "gpipe") {
             CHECK(v <= fb + 1e-12);
             CHECK(v >= zb - 1e-12);
