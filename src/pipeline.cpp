@@ -323,6 +323,7 @@ double PipelineStage::forward(int c, int m) {
   ++live_;
   stats_.peak_live = std::max(stats_.peak_live, live_);
   stats_.peak_act_bytes = std::max(stats_.peak_act_bytes, live_bytes_);
+  stats_.max_slot_bytes = std::max(stats_.max_slot_bytes, slot_bytes_[size_t(slot)]);
   if (!last(c)) {
     // The next virtual stage: this chunk on the next rank, or the next chunk on rank 0.
     const int to_chunk = stage_ == stages_ - 1 ? c + 1 : c;
@@ -416,7 +417,7 @@ PipelineFigures pipeline_figures(Comm& world, const ProcessGrid& grid, const Pip
                                  const std::string& schedule) {
   const size_t P = size_t(grid.stages), s = size_t(grid.stage);
   PipelineFigures f{.peak_live = std::vector<double>(P, 0.0), .peak_mb = std::vector<double>(P, 0.0),
-                    .idle = std::vector<double>(P, 0.0),
+                    .micro_mb = std::vector<double>(P, 0.0), .idle = std::vector<double>(P, 0.0),
                     .theory_idle = schedule_idle_shares(schedule, grid.stages, micros, chunks),
                     .bound_live = {}};
   for (double v : f.theory_idle) f.theory += v / double(P);
@@ -424,8 +425,10 @@ PipelineFigures pipeline_figures(Comm& world, const ProcessGrid& grid, const Pip
     f.bound_live.push_back(schedule_peak_live(pipeline_schedule(schedule, grid.stages, k, micros, chunks)));
   f.peak_live[s] = stats.peak_live;
   f.peak_mb[s] = double(stats.peak_act_bytes) / 1e6;
+  f.micro_mb[s] = double(stats.max_slot_bytes) / 1e6;
   world.allreduce_max(f.peak_live.data(), int64_t(P));
   world.allreduce_max(f.peak_mb.data(), int64_t(P));
+  world.allreduce_max(f.micro_mb.data(), int64_t(P));
   if (!idle_shares.empty()) {
     auto mid = idle_shares.begin() + long(idle_shares.size() / 2);
     std::nth_element(idle_shares.begin(), mid, idle_shares.end());

@@ -166,6 +166,7 @@ void TrainingSession::report_done(const EvalResult& ev, const PipelineFigures& f
   if (p.pipelined()) {
     done.push_back({"peak_live_microbatches", json_list(figures.peak_live, 0)});
     done.push_back({"peak_activation_mb", json_list(figures.peak_mb, 3)});
+    done.push_back({"microbatch_activation_mb", json_list(figures.micro_mb, 6)});
     done.push_back({"stage_idle_share", json_list(figures.idle, 4)});
     done.push_back({"bubble_theory", json_number(figures.theory)});
     done.push_back({"stage_bubble_theory", json_list(figures.theory_idle, 4)});

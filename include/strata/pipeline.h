@@ -57,6 +57,7 @@ int resolve_microbatches(int configured, int stages, int64_t global_batch, int r
 struct PipelineStats {
   int peak_live = 0;            // most micro-batches between forward and backward (its W) at once
   int64_t peak_act_bytes = 0;   // their activations at that moment
+  int64_t max_slot_bytes = 0;   // the most one micro-batch (interleaved: one chunk of one) held
   double wait_s = 0;            // waiting for neighbours (receives, and sends at step end)
 };
 
@@ -143,7 +144,7 @@ class PipelineStage {
 // of this rank's per-step shares, mean over replicas), beside the schedule's theory
 // (schedule_idle_shares: per stage, and their mean) and its bound on live micro-batches.
 struct PipelineFigures {
-  std::vector<double> peak_live, peak_mb, idle, theory_idle, bound_live;
+  std::vector<double> peak_live, peak_mb, micro_mb, idle, theory_idle, bound_live;
   double theory = 0;
 };
 PipelineFigures pipeline_figures(Comm& world, const ProcessGrid& grid, const PipelineStats& stats,

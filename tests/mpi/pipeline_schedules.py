@@ -21,8 +21,9 @@ parameters and losses:
 Memory, from each run's done event: peak_live_microbatches equals live_microbatches_bound and
 the schedule's formula (1f1b min(P-s, M), zb-h1 min(P, M), zb-h2 min(2P-1, M), gpipe M;
 interleaved min(2(P-s-1) + (v-1)P + 1, vM) chunk-micro-batches); the activation memory per
-stage is at most the bound x one micro-batch's (gpipe's peak / M; not checked for interleaved,
-whose chunks differ). A --trace run of zb-h1 shows a "backward B m" and a "backward W m" span
+stage is at most the bound x the largest micro-batch (chunk) the stage held
+(microbatch_activation_mb), and, but for interleaved, whose chunks differ, at most the bound x
+gpipe's peak / M. A --trace run of zb-h1 shows a "backward B m" and a "backward W m" span
 for every micro-batch on every stage, and one of interleaved a "forward m.c" per chunk.
 
 Usage: zero_bubble.py STRATA DATA.h5 WORKDIR
@@ -93,11 +94,16 @@ def compare(what, run, base):
 def memory(what, done, P, schedule, per_micro):
     peak, bound = done.get("peak_live_microbatches"), done.get("live_microbatches_bound")
     want = [BOUND[schedule](P, s) for s in range(P)]
-    mb = done.get("peak_activation_mb")
+    mb, one = done.get("peak_activation_mb"), done.get("microbatch_activation_mb")
+    gp = f", bound x gpipe's per micro-batch {[round(w * u, 3) for w, u in zip(want, per_micro)]}" \
+        if schedule != "interleaved" else ""
     print(f"  {what}: peak live micro-batches {peak}, bound {bound} (formula {want}); activation MB "
-          f"{mb} (bound x one micro-batch: {[round(w * u, 3) for w, u in zip(want, per_micro)]}); "
+          f"{mb} (bound x the largest micro-batch held {[round(w * u, 3) for w, u in zip(want, one)]}{gp}); "
           f"idle share {done.get('stage_idle_share')}, theory {done.get('stage_bubble_theory')}")
     check(peak == want and bound == want, f"{what}: peak live {peak}, bound {bound}, expected {want}")
+    # Every schedule: at most the bound x the largest micro-batch (chunk) a stage held.
+    check(all(m <= w * u * (1 + 1e-6) + 1e-3 for m, w, u in zip(mb, want, one)),
+          f"{what}: activation memory {mb} above the bound x one micro-batch's {one}")
     if schedule != "interleaved":
         check(all(m <= w * u * (1 + 1e-6) + 1e-3 for m, w, u in zip(mb, want, per_micro)),
               f"{what}: activation memory {mb} above the bound")

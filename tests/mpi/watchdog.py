@@ -8,6 +8,8 @@ Usage: watchdog.py STRATA DATA.h5 WORKDIR CASE
   hang-single             1 rank, no mpirun (MPI singleton): the self-check alone
   hang-stage1             2 ranks as a 2-stage pipeline, rank 1 (the last stage) hangs: it is
                           named, not rank 0, which waits for its gradients in a receive
+  hang-stage1-interleaved the same with the interleaved schedule (2 chunks per stage: rank 0
+                          waits for its second chunk's input from rank 1)
   stop-rank2, stop-rank0  SIGSTOP that rank's process after some steps (4 and 2 ranks): its
                           heartbeats stop and the rank watching it (0, resp. 1) names it
   deadlock                rank 1 enters a barrier rank 0 never joins: every rank waits
@@ -122,10 +124,13 @@ def run_timed(cmd, timeout, hang=None):
     return p, rc, so, se, time.monotonic() - t0
 
 
-if case in ("hang-rank1", "hang-rank0", "hang-single", "hang-stage1"):
-    rank = 1 if case in ("hang-rank1", "hang-stage1") else 0
-    ranks = {"hang-rank1": 2, "hang-rank0": 2, "hang-single": 0, "hang-stage1": 2}[case]
-    extra = ["--parallel.pipeline_stages", "2", "--parallel.microbatches", "4"] if case == "hang-stage1" else []
+if case in ("hang-rank1", "hang-rank0", "hang-single", "hang-stage1", "hang-stage1-interleaved"):
+    rank = 1 if case in ("hang-rank1", "hang-stage1", "hang-stage1-interleaved") else 0
+    ranks = 0 if case == "hang-single" else 2
+    extra = ["--parallel.pipeline_stages", "2", "--parallel.microbatches", "4"] if "stage1" in case else []
+    if case == "hang-stage1-interleaved":
+        extra += ["--parallel.schedule", "interleaved", "--parallel.virtual_stages", "2",
+                  "--model.hidden", "64", "64"]
     T = 3
     p, rc, so, se, elapsed = run_timed(command(ranks, T, 1000, extra), 60, hang=f"{rank}:5")
     expect_named(rc, so, se, rank, "in step 5", r"^busy since the step began, outside any "
