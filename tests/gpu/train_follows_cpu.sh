@@ -8,7 +8,9 @@
 #      GEMMs and convolutions).
 # CASE resume: 20 steps of the CNN on the GPU straight, and 10 + a resume for 10 more: the
 #      resumed losses must equal the straight run's exactly.
-# CASE pipeline: 2 ranks (2 stages, 4 micro-batches) on the GPU beside 1 CPU rank.
+# CASE pipeline: 2 ranks (2 stages, 4 micro-batches) on the GPU beside 1 CPU rank;
+#   pipeline-zb the same with zb-h1 (backward split into B and W), pipeline-interleaved with
+#   the interleaved schedule (2 chunks per stage).
 # CASE gpt | gpt-bf16: a 2-block GPT (dim 64, 4 heads, context 64, dropout 0.1, AdamW with
 #      gradient clipping) on the bytes of README.md (CONFIGS_DIR/../README.md, else the one in
 #      STRATA's share/doc/strata), 30 steps on the CPU and on the GPU, the same tolerances.
@@ -154,14 +156,17 @@ case $CASE in
     run 1 "${args[@]}" --checkpoint.every_steps 10 --resume auto
     identical "$straight" "$parts" "resume on the GPU"
     ;;
-  pipeline)
+  pipeline | pipeline-zb | pipeline-interleaved)
     cpu=$(fresh cpu) gpu=$(fresh gpu)
     cfg=fmnist_deep_mlp_pipeline.toml
+    sched=(--parallel.schedule 1f1b)
+    [ "$CASE" = pipeline-zb ] && sched=(--parallel.schedule zb-h1)
+    [ "$CASE" = pipeline-interleaved ] && sched=(--parallel.schedule interleaved --parallel.virtual_stages 2)
     common $cfg "$cpu" 30 cpu
     run 1 "${args[@]}" --parallel.pipeline_stages 1 --parallel.microbatches 4
     common $cfg "$gpu" 30 cuda
-    run 2 "${args[@]}" --parallel.pipeline_stages 2 --parallel.microbatches 4
-    compare "$cpu" "$gpu" "$(tolerance fp32)" "pipeline 2 stages on the GPU against 1 CPU rank"
+    run 2 "${args[@]}" --parallel.pipeline_stages 2 --parallel.microbatches 4 "${sched[@]}"
+    compare "$cpu" "$gpu" "$(tolerance fp32)" "pipeline 2 stages (${sched[*]}) on the GPU against 1 CPU rank"
     ;;
   gpt | gpt-bf16)
     prec=fp32

@@ -15,6 +15,7 @@ parameters and losses:
   - interleaved, 2 chunks per stage (each stage holds every other chunk of the model): the
     three models on P = 2 and on P = 4 (the GPT with 6 blocks there, for 8 chunks); the deep
     MLP on P = 2 x D = 2 (also with ZeRO-2), the GPT on P = 2 x T = 2;
+  - zb-h2 and interleaved on --device cpu-staged (the GPU path's host/device logic, CPU ops);
   - a checkpoint written at step 15 by zb-h2 resumed by 1f1b, one by 1f1b resumed by zb-h1,
     one by interleaved resumed by 1f1b and one by 1f1b resumed by interleaved end bitwise
     equal to the uninterrupted 1f1b run.
@@ -136,6 +137,7 @@ for model in ("cnn", "gpt6"):
     compare(f"P=4 interleaved vs 1f1b", run, train(model, "p4-1f1b", 4, "1f1b"))
     memory("P=4 interleaved", run[3], 4, "interleaved", [0] * 4)
 
+base = train("mlp-deep", "1f1b-again", 2, "1f1b")
 print("mlp-deep, P = 2 x D = 2 (4 ranks):")
 d2 = train("mlp-deep", "d2-1f1b", 2, "1f1b", ranks=4)
 compare("P=2 D=2 zb-h1 vs 1f1b", train("mlp-deep", "d2-zb-h1", 2, "zb-h1", ranks=4), d2)
@@ -152,8 +154,12 @@ rc = ["--train.recompute", "block"]
 compare("recompute zb-h1 vs 1f1b", train("gpt", "rc-zb-h1", 2, "zb-h1", more=rc),
         train("gpt", "rc-1f1b", 2, "1f1b", more=rc))
 
+print("the GPU path's host/device logic (--device cpu-staged: CPU ops on separate memory), mlp-deep, P = 2:")
+for schedule in ("zb-h2", "interleaved"):
+    compare(f"cpu-staged {schedule} vs cpu 1f1b", train("mlp-deep", f"staged-{schedule}", 2, schedule,
+                                                        more=["--device", "cpu-staged"]), base)
+
 print("checkpoints across schedules (mlp-deep, P = 2, written at step 15):")
-base = train("mlp-deep", "1f1b-again", 2, "1f1b")
 for writer, reader in (("zb-h2", "1f1b"), ("1f1b", "zb-h1"), ("interleaved", "1f1b"), ("1f1b", "interleaved")):
     out, _, _, _ = train("mlp-deep", f"ck-{writer}", 2, writer, steps=15,
                          more=["--checkpoint.every_steps", "15", "--checkpoint.async", "false"])
