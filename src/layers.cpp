@@ -11,7 +11,32 @@ namespace {
 
 int batch_of(const Tensor& t) { return int(t.dim(0)); }
 
-class Linear final : public Layer {
+// A layer whose backward is one kernel call that writes the input gradient and the parameter
+// gradients, skipping those passed null: B and W (Layer::backward_input) are that call with
+// the other half's outputs null, so together they write the whole backward's bits.
+class SplitLayer : public Layer {
+ public:
+  bool splits_backward() const override { return true; }
+  void backward(const Backend& be, const Tensor& x, const Tensor& y, const Tensor& dy,
+                Tensor* dx, int slot, bool accumulate) override {
+    grads(be, x, y, dy, dx, slot, true, accumulate);
+  }
+  void backward_input(const Backend& be, const Tensor& x, const Tensor& y, const Tensor& dy,
+                      Tensor* dx, int slot, bool accumulate) override {
+    if (dx) grads(be, x, y, dy, dx, slot, false, accumulate);
+  }
+  void backward_weight(const Backend& be, const Tensor& x, const Tensor& y, const Tensor& dy,
+                       int slot, bool accumulate) override {
+    grads(be, x, y, dy, nullptr, slot, true, accumulate);
+  }
+
+ protected:
+  // dx if not null; the parameter gradients if `param_grads`.
+  virtual void grads(const Backend& be, const Tensor& x, const Tensor& y, const Tensor& dy,
+                     Tensor* dx, int slot, bool param_grads, bool accumulate) = 0;
+};
+
+class Linear final : public SplitLayer {
  public:
   Linear(int in, int out) : in_(in), out_(out) {
     params = {{.name = "weight", .shape = {out, in}, .fan_in = in},
@@ -36,26 +61,11 @@ class Linear final : public Layer {
   std::vector<Int8Target> int8_targets() const override {
     return {{params[0].name, params[0].name, out_, in_}};
   }
-  // B and W (Layer::backward_input): the same kernel call, with the other half's outputs null.
-  bool splits_backward() const override { return true; }
-  void backward(const Backend& be, const Tensor& x, const Tensor& y, const Tensor& dy,
-                Tensor* dx, int, bool accumulate) override {
-    grads(be, x, y, dy, dx, true, accumulate);
-  }
-  void backward_input(const Backend& be, const Tensor& x, const Tensor& y, const Tensor& dy,
-                      Tensor* dx, int, bool accumulate) override {
-    if (dx) grads(be, x, y, dy, dx, false, accumulate);
-  }
-  void backward_weight(const Backend& be, const Tensor& x, const Tensor& y, const Tensor& dy,
-                       int, bool accumulate) override {
-    grads(be, x, y, dy, nullptr, true, accumulate);
-  }
   double flops_per_sample(const Shape&) const override { return 2.0 * in_ * out_; }
 
  private:
-  // dx if not null; the parameter gradients if `param_grads`.
-  void grads(const Backend& be, const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx,
-             bool param_grads, bool accumulate) {
+  void grads(const Backend& be, const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx, int,
+             bool param_grads, bool accumulate) override {
     be.linear_backward(dx ? dx->data() : nullptr, param_grads ? params[0].grad : nullptr,
                        param_grads ? params[1].grad : nullptr, dy.data(), x.data(),
                        params[0].value, batch_of(x), in_, out_, accumulate);
@@ -63,7 +73,7 @@ class Linear final : public Layer {
   int in_, out_;
 };
 
-class Conv2d final : public Layer {
+class Conv2d final : public SplitLayer {
  public:
   Conv2d(int c, int oc, int k, int stride, int pad) : c_(c), oc_(oc), k_(k), stride_(stride), pad_(pad) {
     params = {{.name = "weight", .shape = {oc, c, k, k}, .fan_in = c * k * k},
@@ -94,22 +104,8 @@ class Conv2d final : public Layer {
   std::vector<Int8Target> int8_targets() const override {
     return {{params[0].name, params[0].name, oc_, c_ * k_ * k_}};
   }
-  // B and W (Layer::backward_input): the same kernel call, with the other half's outputs null.
-  bool splits_backward() const override { return true; }
-  void backward(const Backend& be, const Tensor& x, const Tensor& y, const Tensor& dy,
-                Tensor* dx, int, bool accumulate) override {
-    grads(be, x, y, dy, dx, true, accumulate);
-  }
-  void backward_input(const Backend& be, const Tensor& x, const Tensor& y, const Tensor& dy,
-                      Tensor* dx, int, bool accumulate) override {
-    if (dx) grads(be, x, y, dy, dx, false, accumulate);
-  }
-  void backward_weight(const Backend& be, const Tensor& x, const Tensor& y, const Tensor& dy,
-                       int, bool accumulate) override {
-    grads(be, x, y, dy, nullptr, true, accumulate);
-  }
-  void grads(const Backend& be, const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx,
-             bool param_grads, bool accumulate) {
+  void grads(const Backend& be, const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx, int,
+             bool param_grads, bool accumulate) override {
     auto s = conv_shape(batch_of(x), {x.dim(1), x.dim(2), x.dim(3)});
     scratch_.resize({be.conv2d_scratch_size(s)}, *be.memory);
     be.conv2d_backward(dx ? dx->data() : nullptr, param_grads ? params[0].grad : nullptr,
@@ -264,7 +260,7 @@ class Dropout final : public Layer {
 // Unfused, the pooling pass re-read a 6 MB conv1 output per batch from memory: 13% (forward)
 // and 5% (backward) of a CNN step. Values are those of the two layers; the weight gradient is
 // summed chunk by chunk (a different, still fixed, summation order).
-class ConvPool final : public Layer {
+class ConvPool final : public SplitLayer {
  public:
   ConvPool(std::unique_ptr<Conv2d> conv, int k, int st) : conv_(std::move(conv)), k_(k), st_(st) {
     params = std::move(conv_->params);
@@ -305,26 +301,12 @@ class ConvPool final : public Layer {
                            conv_out_.data(), nb, s.OC, s.OH(), s.OW(), k_, st_);
     }
   }
-  bool splits_backward() const override { return true; }
-  void backward(const Backend& be, const Tensor& x, const Tensor&, const Tensor& dy,
-                Tensor* dx, int slot, bool accumulate) override {
-    grads(be, x, dy, dx, slot, true, accumulate);
-  }
-  void backward_input(const Backend& be, const Tensor& x, const Tensor&, const Tensor& dy,
-                      Tensor* dx, int slot, bool accumulate) override {
-    if (dx) grads(be, x, dy, dx, slot, false, accumulate);
-  }
-  void backward_weight(const Backend& be, const Tensor& x, const Tensor&, const Tensor& dy,
-                       int slot, bool accumulate) override {
-    grads(be, x, dy, nullptr, slot, true, accumulate);
-  }
-
  private:
   // Per chunk: the pooling's backward into the chunk's conv output gradient, then dx (if not
   // null) and the parameter gradients (if param_grads). B and W each redo the pooling's
   // backward (a copy by argmax), so neither keeps it.
-  void grads(const Backend& be, const Tensor& x, const Tensor& dy, Tensor* dx, int slot,
-             bool param_grads, bool accumulate) {
+  void grads(const Backend& be, const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx,
+             int slot, bool param_grads, bool accumulate) override {
     const Geometry g = geometry(be, x);
     const int64_t nw = numel(params[0].shape), nbias = numel(params[1].shape);
     dw_.resize({nw + nbias}, *be.memory);
@@ -376,7 +358,7 @@ class ConvPool final : public Layer {
 // ReLU's gradient and the bias gradient out of one pass; the values are the two layers'. The
 // ReLU's input is never stored. A backend without a fused kernel points these entries at a
 // function that runs its two ops one after the other.
-class LinearRelu final : public Layer {
+class LinearRelu final : public SplitLayer {
  public:
   LinearRelu(std::unique_ptr<Linear> lin) : lin_(std::move(lin)) {
     params = std::move(lin_->params);
@@ -396,25 +378,11 @@ class LinearRelu final : public Layer {
     const Shape& w = params[0].shape;
     return {{params[0].name, params[0].name, int(w[0]), int(w[1])}};
   }
-  // B and W (Layer::backward_input): the same kernel call, with the other half's outputs null (each
-  // recomputes the ReLU's mask of dy: one pass, so neither keeps it)
-  bool splits_backward() const override { return true; }
-  void backward(const Backend& be, const Tensor& x, const Tensor& y, const Tensor& dy,
-                Tensor* dx, int, bool accumulate) override {
-    grads(be, x, y, dy, dx, true, accumulate);
-  }
-  void backward_input(const Backend& be, const Tensor& x, const Tensor& y, const Tensor& dy,
-                      Tensor* dx, int, bool accumulate) override {
-    if (dx) grads(be, x, y, dy, dx, false, accumulate);
-  }
-  void backward_weight(const Backend& be, const Tensor& x, const Tensor& y, const Tensor& dy,
-                       int, bool accumulate) override {
-    grads(be, x, y, dy, nullptr, true, accumulate);
-  }
 
  private:
-  void grads(const Backend& be, const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx,
-             bool param_grads, bool accumulate) {
+  // B and W each recompute the ReLU's mask of dy (one pass), so neither keeps it.
+  void grads(const Backend& be, const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dx, int,
+             bool param_grads, bool accumulate) override {
     const int B = batch_of(x), I = int(x.size() / std::max(B, 1)), O = int(y.size() / std::max(B, 1));
     dpre_.resize(y.shape, *be.memory);
     be.linear_relu_backward(dx ? dx->data() : nullptr, param_grads ? params[0].grad : nullptr,

@@ -170,30 +170,22 @@ for writer, reader in (("zb-h2", "1f1b"), ("1f1b", "zb-h1"), ("interleaved", "1f
             (res[0], base[1][15:], res[2], res[3]), (base[0], base[1][15:], base[2], base[3]))
     check(res[1].tobytes() == base[1][15:].tobytes(), f"{writer} -> {reader}: losses of steps 16-30 differ")
 
-print("trace (mlp-deep, zb-h1, P = 2):")
-trace = os.path.join(work, "zb-h1-trace.json")
-train("mlp-deep", "trace", 2, "zb-h1", more=["--trace", trace], steps=3)
-with open(trace) as fh:
-    events = json.load(fh)["traceEvents"]
-names = {}
-for e in events:
-    if e.get("name", "").startswith("backward "):
-        names.setdefault(e["pid"], set()).add(e["name"])
-want = {f"backward {k} {m}" for k in "BW" for m in range(M)}
-print(f"  {trace}: backward spans per rank: {[sorted(v) for _, v in sorted(names.items())]}")
-check(len(names) == 2 and all(want <= v for v in names.values()),
-      f"trace: expected {sorted(want)} on both ranks")
-print("trace (mlp-deep, interleaved, P = 2):")
-trace = os.path.join(work, "interleaved-trace.json")
-train("mlp-deep", "trace-interleaved", 2, "interleaved", more=["--trace", trace], steps=3)
-with open(trace) as fh:
-    events = json.load(fh)["traceEvents"]
-names = {}
-for e in events:
-    if e.get("name", "").startswith("forward "):
-        names.setdefault(e["pid"], set()).add(e["name"])
-want = {f"forward {m}.{c}" for c in range(V) for m in range(M)}
-print(f"  {trace}: forward spans per rank: {[sorted(v) for _, v in sorted(names.items())]}")
-check(len(names) == 2 and all(want <= v for v in names.values()),
-      f"trace: expected {sorted(want)} on both ranks")
+def spans(tag, schedule, prefix, want):
+    """A 3-step --trace run: every rank's spans named `prefix...` include `want`."""
+    trace = os.path.join(work, f"{tag}.json")
+    train("mlp-deep", tag, 2, schedule, more=["--trace", trace], steps=3)
+    with open(trace) as fh:
+        events = json.load(fh)["traceEvents"]
+    names = {}
+    for e in events:
+        if e.get("name", "").startswith(prefix):
+            names.setdefault(e["pid"], set()).add(e["name"])
+    print(f"  {trace}: '{prefix}' spans per rank: {[sorted(v) for _, v in sorted(names.items())]}")
+    check(len(names) == 2 and all(want <= v for v in names.values()),
+          f"trace {tag}: expected {sorted(want)} on both ranks")
+
+
+print("traces (mlp-deep, P = 2): zb-h1's B and W apart, interleaved's chunks:")
+spans("trace-zb-h1", "zb-h1", "backward ", {f"backward {k} {m}" for k in "BW" for m in range(M)})
+spans("trace-interleaved", "interleaved", "forward ", {f"forward {m}.{c}" for c in range(V) for m in range(M)})
 check.finish()
