@@ -36,9 +36,10 @@ void matmul_accumulate(bool trans_a, bool trans_b, int M, int N, int K, const fl
                        const float* B, int ldb, float* C, int ldc);
 
 // ---- bf16 (kernels/cpu/bf16.cpp, gemm.cpp) ---------------------------------------------
-// train.precision = "bf16" on the CPU: the GEMMs of linear layers and convolutions read bf16
-// copies of their inputs (rounded to nearest even) and accumulate and write fp32; everything
-// else (weights, gradients, optimizer state, activations kept for backward) stays fp32.
+// train.precision = "bf16" on the CPU: the GEMMs of linear layers, convolutions and the
+// attention's products read bf16 copies of their inputs (rounded to nearest even) and
+// accumulate and write fp32; everything else (weights, gradients, optimizer state, activations
+// kept for backward, softmax, LayerNorm, GELU) stays fp32.
 using bf16_t = uint16_t;  // a bf16's bits: the upper half of the fp32 it rounds
 // Whether bf16 GEMMs run natively here (AVX512_BF16 or AMX, and oneDNN using them); else
 // *why says what is missing.
@@ -46,6 +47,10 @@ bool bf16_supported(std::string* why);
 std::string bf16_matmul_kernels();  // oneDNN's bf16 matmul implementation, "brg:avx512_core_bf16"
 // dst[i] = src[i] rounded to bf16 (the CPU's VCVTNEPS2BF16; needs AVX512_BF16).
 void to_bf16(bf16_t* dst, const float* src, int64_t n);
+// dst row r = src row r (cols floats) * scale, rounded to bf16; row strides ldd and lds. On the
+// calling thread only (a kernel's per-head operands, inside its own parallel loop).
+void to_bf16_rows(bf16_t* dst, int64_t ldd, const float* src, int64_t lds, int rows, int cols,
+                  float scale);
 // At least n bf16 of the calling thread's buffer `slot` (< kBf16ScratchSlots), kept between
 // calls: an op's bf16 copies of its GEMM operands.
 constexpr int kBf16ScratchSlots = 3;
@@ -75,7 +80,7 @@ void quantize_rows(int8_t* q, float* scale, int32_t* col_sum, const float* w, in
 // The ops the CPU's bf16 table replaces (cpu_backend(true)), with the fp32 ops' signatures.
 #define STRATA_CPU_BF16_OPS(X) \
   X(linear_forward) X(linear_backward) X(linear_relu_forward) X(linear_relu_backward) \
-  X(conv2d_forward) X(conv2d_backward)
+  X(conv2d_forward) X(conv2d_backward) X(attention_forward) X(attention_backward)
 namespace bf16 {
 #define STRATA_DECLARE_BF16(name) decltype(strata::cpu::name) name;
 STRATA_CPU_BF16_OPS(STRATA_DECLARE_BF16)

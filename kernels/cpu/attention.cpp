@@ -4,12 +4,16 @@
 // results are bitwise the same for any thread count. Its products are oneDNN sgemms straight
 // on the packed layout (a head's q, k or v is a (T,hs) matrix with row stride 3C; its slice of
 // out is a (T,hs) matrix with row stride C): no copies in or out. Inside an OpenMP region
-// oneDNN runs each sgemm on the calling thread.
+// oneDNN runs each sgemm (and matmul primitive) on the calling thread.
 //
 // Causality is used, not masked: rows are taken in blocks of kBlock queries, and a block's
 // products run only over the keys it may see (columns 0..i1 for rows i0..i1), so the products
 // do ~(T + kBlock) / 2T of the full square (62% at T = 256). Softmax works on the rows in
 // place right after the block's score product, while they are in cache.
+//
+// bf16 (train.precision = "bf16", the `bf16` namespace at the end): the same blocks, each
+// product on bf16 copies of its inputs through oneDNN's bf16 matmul (fp32 accumulation and
+// output); measured 1.45x the fp32 kernels at T = 256, hs = 64 (the [.bench] test).
 //
 // The row kernels (softmax forward and backward) are written once over GCC vector types of W
 // floats and compiled three times, picked at run time (like optimizer.cpp): for AVX-512 with
@@ -43,26 +47,27 @@ constexpr int kBlock = 64;
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// Causal softmax of one row of scores, in place: row[0..L) <- softmax(row[0..L)), then
-// row[L..Z) <- 0 (the masked keys). The row buffer holds Z >= L floats.
+// Causal softmax of one row of scores, in place: row[0..L) <- softmax(scale * row[0..L)),
+// then row[L..Z) <- 0 (the masked keys). The row buffer holds Z >= L floats. (fp32 passes
+// scale 1, exact, having scaled in its sgemm; bf16 scales here, its products having none.)
 template <int W>
-STRATA_INLINE void softmax_row_forward(float* row, int L, int Z) {
+STRATA_INLINE void softmax_row_forward(float* row, int L, int Z, float scale) {
   using V = Lanes<W>;
   using F = typename V::F;
   const int full = L / W * W, n = L - full, room = Z - full;
   F m = V::splat(kNegInf);
-  for (int j = 0; j < full; j += W) m = V::max(m, V::load(row + j));
-  if (n) m = V::max(m, V::load_tail(row + full, n, room, kNegInf));
+  for (int j = 0; j < full; j += W) m = V::max(m, V::load(row + j) * scale);
+  if (n) m = V::max(m, V::load_tail(row + full, n, room, kNegInf) * scale);
   const float mx = V::hmax(m);
   F sum{};
   for (int j = 0; j < full; j += W) {
-    const F e = V::exp_nonpos(V::load(row + j) - mx);
+    const F e = V::exp_nonpos(V::load(row + j) * scale - mx);
     V::store(row + j, e);
     sum += e;
   }
   F tail{};
-  if (n) {
-    tail = V::exp_nonpos(V::load_tail(row + full, n, room, kNegInf) - mx);  // exp(-inf) = 0
+  if (n) {  // exp(-inf) = 0
+    tail = V::exp_nonpos(V::load_tail(row + full, n, room, kNegInf) * scale - mx);
     sum += tail;
   }
   const float inv = 1.f / V::hsum(sum);
@@ -115,7 +120,7 @@ STRATA_INLINE void forward_head(float* out, float* att, const float* qkv, int T,
     float* s = att + int64_t(i0) * T;
     // S[i0:i1, 0:i1] = scale * Q[i0:i1] K[0:i1]^T
     sgemm(false, true, m, i1, hs, scale, q + int64_t(i0) * ld, ld, k, ld, 0.f, s, T);
-    for (int t = i0; t < i1; ++t) softmax_row_forward<W>(att + int64_t(t) * T, t + 1, T);
+    for (int t = i0; t < i1; ++t) softmax_row_forward<W>(att + int64_t(t) * T, t + 1, T, 1.f);
     // out[i0:i1] = P[i0:i1, 0:i1] V[0:i1]  (P is zero above the diagonal)
     sgemm(false, false, m, hs, i1, 1.f, s, T, v, ld, 0.f, out + int64_t(i0) * C, C);
   }
@@ -153,6 +158,75 @@ STRATA_INLINE void backward_head(float* dqkv, float* dp, const float* dout, cons
   }
 }
 
+// bf16 (train.precision = "bf16"): the same blocks with each product on bf16 copies of its
+// inputs (oneDNN's bf16 matmul, fp32 accumulation and output), as PyTorch's CPU autocast runs
+// attention's matmuls; scores, softmax, att and every gradient stay fp32. A head's q, k, v (and
+// dout) are rounded once into contiguous (T,hs) buffers; the scale is applied in the softmax
+// (forward) and when rounding dS (backward), so no product needs an alpha.
+struct HeadBf16 {
+  bf16_t *q, *k, *v, *g;  // (T,hs) each; g: the head's dout
+  bf16_t* p;              // (kBlock,T): a block of att, then of scale * dS
+};
+
+HeadBf16 round_head(const float* qkv, const float* dout, int T, int C, int hs) {
+  const size_t n = size_t(T) * size_t(hs);
+  bf16_t* b = bf16_scratch(0, 4 * n + size_t(kBlock) * size_t(T));
+  const HeadBf16 h{b, b + n, b + 2 * n, b + 3 * n, b + 4 * n};
+  to_bf16_rows(h.q, hs, qkv, 3 * C, T, hs, 1.f);
+  to_bf16_rows(h.k, hs, qkv + C, 3 * C, T, hs, 1.f);
+  to_bf16_rows(h.v, hs, qkv + 2 * C, 3 * C, T, hs, 1.f);
+  if (dout) to_bf16_rows(h.g, hs, dout, C, T, hs, 1.f);
+  return h;
+}
+
+template <int W>
+STRATA_INLINE void forward_head_bf16(float* out, float* att, const float* qkv, int T, int C,
+                                     int hs) {
+  const HeadBf16 h = round_head(qkv, nullptr, T, C, hs);
+  const float scale = 1.f / std::sqrt(float(hs));
+  for (int i0 = 0; i0 < T; i0 += kBlock) {
+    const int i1 = std::min(T, i0 + kBlock), m = i1 - i0;
+    float* s = att + int64_t(i0) * T;
+    // S[i0:i1, 0:i1] = Q[i0:i1] K[0:i1]^T;  P = softmax(scale * S);  out[i0:i1] = P V[0:i1]
+    matmul_bf16(false, true, m, i1, hs, h.q + int64_t(i0) * hs, hs, h.k, hs, s, T, nullptr,
+                false, false);
+    for (int t = i0; t < i1; ++t) softmax_row_forward<W>(att + int64_t(t) * T, t + 1, T, scale);
+    to_bf16_rows(h.p, T, s, T, m, i1, 1.f);
+    matmul_bf16(false, false, m, hs, i1, h.p, T, h.v, hs, out + int64_t(i0) * C, C, nullptr,
+                false, false);
+  }
+}
+
+// As backward_head: blocks last to first, the last writing dK and dV, earlier ones adding.
+template <int W>
+STRATA_INLINE void backward_head_bf16(float* dqkv, float* dp, const float* dout,
+                                      const float* qkv, const float* att, int T, int C, int hs) {
+  const int ld = 3 * C;
+  float* dq = dqkv;
+  float* dk = dqkv + C;
+  float* dv = dqkv + 2 * C;
+  const HeadBf16 h = round_head(qkv, dout, T, C, hs);
+  const float scale = 1.f / std::sqrt(float(hs));
+  const int nblocks = (T + kBlock - 1) / kBlock;
+  for (int bi = nblocks - 1; bi >= 0; --bi) {
+    const int i0 = bi * kBlock, i1 = std::min(T, i0 + kBlock), m = i1 - i0;
+    const bool add = bi != nblocks - 1;
+    const bf16_t* g = h.g + int64_t(i0) * hs;
+    // dP = dO[i0:i1] V[0:i1]^T;  dV[0:i1] (+)= P[i0:i1, 0:i1]^T dO[i0:i1]
+    matmul_bf16(false, true, m, i1, hs, g, hs, h.v, hs, dp, T, nullptr, false, false);
+    to_bf16_rows(h.p, T, att + int64_t(i0) * T, T, m, i1, 1.f);
+    matmul_bf16(true, false, i1, hs, m, h.p, T, g, hs, dv, ld, nullptr, false, add);
+    for (int t = i0; t < i1; ++t)
+      softmax_row_backward<W>(dp + int64_t(t - i0) * T, att + int64_t(t) * T, t + 1, i1, T);
+    // dQ[i0:i1] = (scale dS) K[0:i1];  dK[0:i1] (+)= (scale dS)^T Q[i0:i1]
+    to_bf16_rows(h.p, T, dp, T, m, i1, scale);
+    matmul_bf16(false, false, m, hs, i1, h.p, T, h.k, hs, dq + int64_t(i0) * ld, ld, nullptr,
+                false, false);
+    matmul_bf16(true, false, i1, hs, m, h.p, T, h.q + int64_t(i0) * hs, hs, dk, ld, nullptr,
+                false, add);
+  }
+}
+
 using ForwardHead = void (*)(float*, float*, const float*, int, int, int);
 using BackwardHead = void (*)(float*, float*, const float*, const float*, const float*, int, int,
                               int);
@@ -169,18 +243,21 @@ using BackwardHead = void (*)(float*, float*, const float*, const float*, const 
 
 STRATA_ISA_VARIANTS(STRATA_ATTENTION_VARIANT, "avx2")
 
-void check_heads(int C, int NH) {
-  STRATA_CHECK(NH > 0 && C % NH == 0, "attention: C = {} is not a multiple of NH = {}", C, NH);
+// bf16 runs only where the CPU has AVX512_BF16 (select_backend refuses it elsewhere).
+STRATA_ISA_TARGET("avx512f")
+void forward_head_bf16_avx512(float* out, float* att, const float* qkv, int T, int C, int hs) {
+  forward_head_bf16<16>(out, att, qkv, T, C, hs);
+}
+STRATA_ISA_TARGET("avx512f")
+void backward_head_bf16_avx512(float* dqkv, float* dp, const float* dout, const float* qkv,
+                               const float* att, int T, int C, int hs) {
+  backward_head_bf16<16>(dqkv, dp, dout, qkv, att, T, C, hs);
 }
 
-
-}  // namespace
-
-// qkv (B,T,3C) -> out (B,T,C), att (B,NH,T,T)
-void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) {
-  check_heads(C, NH);
-  static const ForwardHead head =
-      pick_isa(forward_head_avx512, forward_head_avx2, forward_head_generic);
+// qkv (B,T,3C) -> out (B,T,C), att (B,NH,T,T): one (batch, head) per loop iteration.
+void forward_heads(ForwardHead head, float* out, float* att, const float* qkv, int B, int T,
+                   int C, int NH) {
+  STRATA_CHECK(NH > 0 && C % NH == 0, "attention: C = {} is not a multiple of NH = {}", C, NH);
   const int hs = C / NH;
 #pragma omp parallel for schedule(static)
   for (int bh = 0; bh < B * NH; ++bh) {
@@ -191,19 +268,45 @@ void attention_forward(float* out, float* att, const float* qkv, int B, int T, i
 }
 
 // dout (B,T,C), qkv (B,T,3C), att (B,NH,T,T) -> dqkv (B,T,3C)
-void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B,
-                        int T, int C, int NH) {
-  check_heads(C, NH);
-  static const BackwardHead head =
-      pick_isa(backward_head_avx512, backward_head_avx2, backward_head_generic);
+void backward_heads(BackwardHead head, float* dqkv, const float* dout, const float* qkv,
+                    const float* att, int B, int T, int C, int NH) {
+  STRATA_CHECK(NH > 0 && C % NH == 0, "attention: C = {} is not a multiple of NH = {}", C, NH);
   const int hs = C / NH;
 #pragma omp parallel for schedule(static)
   for (int bh = 0; bh < B * NH; ++bh) {
     const int b = bh / NH, h = bh % NH;
     const int64_t qkv_off = int64_t(b) * T * 3 * C + int64_t(h) * hs;
-    head(dqkv + qkv_off, thread_scratch(size_t(kBlock) * size_t(T)), dout + int64_t(b) * T * C + int64_t(h) * hs,
-         qkv + qkv_off, att + int64_t(bh) * T * T, T, C, hs);
+    head(dqkv + qkv_off, thread_scratch(size_t(kBlock) * size_t(T)),
+         dout + int64_t(b) * T * C + int64_t(h) * hs, qkv + qkv_off, att + int64_t(bh) * T * T,
+         T, C, hs);
   }
 }
 
+}  // namespace
+
+void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) {
+  static const ForwardHead head =
+      pick_isa(forward_head_avx512, forward_head_avx2, forward_head_generic);
+  forward_heads(head, out, att, qkv, B, T, C, NH);
+}
+
+void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B,
+                        int T, int C, int NH) {
+  static const BackwardHead head =
+      pick_isa(backward_head_avx512, backward_head_avx2, backward_head_generic);
+  backward_heads(head, dqkv, dout, qkv, att, B, T, C, NH);
+}
+
+namespace bf16 {
+
+void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) {
+  forward_heads(forward_head_bf16_avx512, out, att, qkv, B, T, C, NH);
+}
+
+void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B,
+                        int T, int C, int NH) {
+  backward_heads(backward_head_bf16_avx512, dqkv, dout, qkv, att, B, T, C, NH);
+}
+
+}  // namespace bf16
 }  // namespace strata::cpu

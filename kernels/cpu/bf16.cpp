@@ -22,18 +22,35 @@ namespace strata::cpu {
 namespace {
 
 #if defined(__x86_64__)
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
-void round_span(bf16_t* dst, const float* src, int64_t n) {
+// dst[i] = bf16(src[i] * Scale ? scale : 1): the unscaled build has no multiply at all.
+template <bool Scale>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) inline void round_span_impl(
+    bf16_t* dst, const float* src, int64_t n, float scale) {
+  const __m512 s = _mm512_set1_ps(scale);
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
-    const __m256bh v = _mm512_cvtneps_pbh(_mm512_loadu_ps(src + i));
+    __m512 x = _mm512_loadu_ps(src + i);
+    if constexpr (Scale) x = _mm512_mul_ps(x, s);
+    const __m256bh v = _mm512_cvtneps_pbh(x);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), reinterpret_cast<const __m256i&>(v));
   }
   if (i < n) {
     const __mmask16 m = __mmask16((1u << (n - i)) - 1);
-    const __m256bh v = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, src + i));
+    __m512 x = _mm512_maskz_loadu_ps(m, src + i);
+    if constexpr (Scale) x = _mm512_mul_ps(x, s);
+    const __m256bh v = _mm512_cvtneps_pbh(x);
     _mm256_mask_storeu_epi16(dst + i, m, reinterpret_cast<const __m256i&>(v));
   }
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+void round_span(bf16_t* dst, const float* src, int64_t n) {
+  round_span_impl<false>(dst, src, n, 1.f);
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+void round_span_scaled(bf16_t* dst, const float* src, int64_t n, float scale) {
+  round_span_impl<true>(dst, src, n, scale);
 }
 #endif
 
@@ -62,6 +79,20 @@ void to_bf16(bf16_t* dst, const float* src, int64_t n) {
   round_span(dst, src, n);
 #else
   (void)dst, (void)src, (void)n;
+#endif
+}
+
+void to_bf16_rows(bf16_t* dst, int64_t ldd, const float* src, int64_t lds, int rows, int cols,
+                  float scale) {
+#if defined(__x86_64__)
+  for (int r = 0; r < rows; ++r) {
+    if (scale == 1.f)
+      round_span(dst + r * ldd, src + r * lds, cols);
+    else
+      round_span_scaled(dst + r * ldd, src + r * lds, cols, scale);
+  }
+#else
+  (void)dst, (void)ldd, (void)src, (void)lds, (void)rows, (void)cols, (void)scale;
 #endif
 }
 

@@ -90,7 +90,7 @@ MatmulCache& matmul_cache() {
 Matmul& get_matmul(MatmulCache& mc, const MatmulKey& key) {
   auto it = mc.prims.find(key);
   if (it != mc.prims.end()) return it->second;
-  if (mc.prims.size() >= 64) mc.prims.clear();  // shapes that keep changing: bound the memory
+  if (mc.prims.size() >= 128) mc.prims.clear();  // shapes that keep changing: bound the memory
   const auto [ta, tb, M, N, K, lda, ldb, ldc, has_bias, relu, accumulate, types] = key;
   using dt = dnnl::memory::data_type;
   using dims = dnnl::memory::dims;

@@ -5,10 +5,10 @@
 //  - fp32: att 1e-5 (scores are dot products of hs <= 32 terms; expf and the CPU's polynomial
 //    exp are within 2 ulp each), out 2e-5 (att @ v over T <= 130 keys), dqkv 5e-5 (chains of
 //    two products over T keys, the linear layers' GEMM tolerance).
-//  - bf16 5e-2: every product's inputs are rounded to bf16 (2^-9 relative each) and the chain
-//    is 2 products deep forward and 3 backward, through the softmax. NOT measured (no GPU has
-//    run this yet): set from the linear layers' measured bf16 error (3e-3 per product) times
-//    the depth of the chain, with margin; a wrong index or head gives O(1).
+//  - bf16 1.5e-2: every product's inputs are rounded to bf16 (2^-9 relative each), the chain
+//    2 products deep forward and 3 backward, through the softmax. Measured on the CPU (AMD EPYC,
+//    AVX512_BF16): max_rel 3.8e-3 (out), 1.8e-3 (att), 1.7e-3 (dqkv) over these shapes, NMSE
+//    <= 9e-6; 4x margin, still ~100x below a wrong index or head. Not yet run on a GPU.
 #include <fmt/format.h>
 
 #include "finite_diff.h"
@@ -26,9 +26,9 @@ struct AttnShape {
 };
 const AttnShape kShapes[] = {{2, 37, 48, 4}, {1, 130, 96, 3}, {3, 1, 8, 2}, {0, 5, 8, 2}};
 
-Tol att_tol(Precision p) { return Tol::close(p == Precision::bf16 ? 5e-2 : 1e-5); }
-Tol out_tol(Precision p) { return Tol::close(p == Precision::bf16 ? 5e-2 : 2e-5); }
-Tol dqkv_tol(Precision p) { return Tol::close(p == Precision::bf16 ? 5e-2 : 5e-5); }
+Tol att_tol(Precision p) { return Tol::close(p == Precision::bf16 ? 1.5e-2 : 1e-5); }
+Tol out_tol(Precision p) { return Tol::close(p == Precision::bf16 ? 1.5e-2 : 2e-5); }
+Tol dqkv_tol(Precision p) { return Tol::close(p == Precision::bf16 ? 1.5e-2 : 5e-5); }
 
 std::string attn_label(const char* op, const AttnShape& s) {
   return fmt::format("{} B{} T{} C{} NH{}", op, s.B, s.T, s.C, s.NH);

@@ -16,6 +16,11 @@ The file holds:
   logits            (B,T,V) float32
   loss              mean cross-entropy over the B*T positions (float64 of torch's float32)
   grad/<name>       every parameter's gradient; embedding1.wte's is the sum of its two uses
+  bf16/logits, bf16/loss, bf16/grad/<name>
+                    the same under torch.autocast("cpu", dtype=torch.bfloat16) (the linear
+                    layers, the LM head and the attention's two matmuls in bf16; softmax,
+                    LayerNorm, GELU, parameters and gradients fp32): train.precision = "bf16"'s
+                    reference
   adamw/x, adamw/y  20 batches (20,B,T)
   adamw/loss        the 20 losses, each computed before its step's update
   adamw/final/<name> the parameters after the 20 steps
@@ -126,6 +131,13 @@ def main():
     logits = model(x)
     loss = loss_of(logits, y)
     loss.backward()
+    grads = {n: np32(p.grad) for n, p in params.items()}
+    # The same batch under CPU autocast.
+    model.zero_grad(set_to_none=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits16 = model(x)
+    loss16 = loss_of(logits16.float(), y)
+    loss16.backward()
 
     path = os.path.join(out, "gpt.h5")
     tmp = path + ".tmp"
@@ -137,11 +149,14 @@ def main():
         f.attrs["torch_version"] = np.bytes_(str(torch.__version__))
         for n, p in params.items():
             f[f"init/{n}"] = np32(init[n])
-            f[f"grad/{n}"] = np32(p.grad)
+            f[f"grad/{n}"] = grads[n]
+            f[f"bf16/grad/{n}"] = np32(p.grad)
         f["x"] = x.numpy().astype(np.int32)
         f["y"] = y.numpy().astype(np.int32)
         f["logits"] = np32(logits)
         f["loss"] = np.float64(loss.item())
+        f["bf16/logits"] = np32(logits16.float())
+        f["bf16/loss"] = np.float64(loss16.item())
 
         # 20 AdamW steps from the same initial parameters.
         with torch.no_grad():

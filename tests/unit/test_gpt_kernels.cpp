@@ -746,6 +746,20 @@ TEST_CASE("gpt kernel timings, one thread", "[.bench]") {
               B, T, C, NH, fwd.wall, fwd.cpu, 2 * gflop / fwd.cpu * 1e3, bwd.wall, bwd.cpu,
               4 * gflop / bwd.cpu * 1e3, fwd.wall + bwd.wall, fwd.cpu + bwd.cpu);
 
+  if (bf16_supported(nullptr)) {  // the same products on bf16 copies (train.precision = "bf16")
+    const Timing f16 = median_ms(reps, [&] {
+      bf16::attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH);
+    });
+    const Timing b16 = median_ms(reps, [&] {
+      bf16::attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), B, T, C, NH);
+    });
+    std::printf("attention bf16, ms wall / cpu: forward %.2f / %.2f (%.1f causal GFLOP/s), "
+                "backward %.2f / %.2f (%.1f), forward+backward %.2f / %.2f (%.2fx fp32)\n",
+                f16.wall, f16.cpu, 2 * gflop / f16.cpu * 1e3, b16.wall, b16.cpu,
+                4 * gflop / b16.cpu * 1e3, f16.wall + b16.wall, f16.cpu + b16.cpu,
+                (fwd.cpu + bwd.cpu) / (f16.cpu + b16.cpu));
+  }
+
   const Vec x = rand_vec(rng, int64_t(N) * C), w = rand_vec(rng, C), b = rand_vec(rng, C);
   Vec y(size_t(N) * C), mean(static_cast<size_t>(N)), rstd(static_cast<size_t>(N)),
       dx(size_t(N) * C), dw(static_cast<size_t>(C)), db(static_cast<size_t>(C));

@@ -470,10 +470,11 @@ std::unique_ptr<Model> load_gpt(const RefFile& f, const GptSizes& s, const std::
 
 // Forward, mean cross-entropy over the B*T positions and backward on one batch of (B,T) token
 // ids x and targets y, as src/trainer.cpp does on a single rank.
-StepResult gpt_forward_backward(Model& m, const int32_t* x, const int32_t* y, int B, int T) {
+StepResult gpt_forward_backward(Model& m, const int32_t* x, const int32_t* y, int B, int T,
+                                const Backend& be = cpu_backend()) {
   Tensor xt({B, T});
   for (int64_t i = 0; i < xt.size(); ++i) xt.data()[i] = float(x[i]);  // ids as floats
-  StepResult r = forward_backward(m, xt, y);
+  StepResult r = forward_backward(m, xt, y, be);
   REQUIRE(r.logits.shape == Shape{B, T, m.classes()});
   return r;
 }
@@ -509,7 +510,42 @@ void check_gpt_one_batch(const std::string& recompute) {
   CHECK(checked == 2 + 12 * size_t(s.layers) + 2);  // wte, wpe; 12 per block; final LayerNorm
 }
 
+// train.precision = "bf16" against autocast on the file's batch (bf16/*), bounded as
+// check_one_batch_bf16 is: strata rounds the inputs of the linear layers, the LM head and the
+// attention's four (forward two, backward four) products; autocast also hands their outputs on
+// in bf16.
+void check_gpt_one_batch_bf16() {
+  cpu::blas_init(1);
+  std::string why;
+  if (!cpu::bf16_supported(&why)) {
+    WARN("bf16 parity not checked: " << why);
+    return;
+  }
+  RefFile f("gpt.h5");
+  const GptSizes s = gpt_sizes(f);
+  auto m = load_gpt(f, s, "none");
+  auto x = f.i32("x");
+  auto y = f.i32("y");
+  fmt::print("torch parity in bf16, GPT {} blocks (torch {} autocast), one batch of {} x {} "
+             "tokens: max|strata-torch| / max|torch|\n",
+             s.layers, f.str_attr("torch_version"), s.batch, s.context);
+  auto r = gpt_forward_backward(*m, x.data(), y.data(), s.batch, s.context, cpu_backend(true));
+  auto ref = f.f32("bf16/logits"), fp32 = f.f32("logits");
+  REQUIRE(int64_t(ref.size()) == r.logits.size());
+  expect_bf16_close("logits", r.logits.data(), ref, fp32);
+  CHECK(max_err(r.logits.data(), fp32.data(), r.logits.size()) > 1e-4);  // fp32: ~5e-7
+  const double ref_loss = f.f64("bf16/loss").at(0);
+  expect_close("loss (bf16)", std::abs(r.loss - ref_loss) / std::abs(ref_loss), 1e-2);
+  for (Param* p : m->params())
+    expect_bf16_close("grad " + p->name, p->grad, f.f32("bf16/grad/" + p->name),
+                      f.f32("grad/" + p->name));
+}
+
 }  // namespace
+
+TEST_CASE("torch parity: GPT in bf16 against torch's CPU autocast", "[.][torch]") {
+  check_gpt_one_batch_bf16();
+}
 
 TEST_CASE("torch parity: GPT logits, loss and gradients", "[.][torch]") {
   SECTION("activations stored") { check_gpt_one_batch("none"); }
