@@ -141,8 +141,8 @@ const Backend& select_backend(const DeviceRequest& req, std::string* why) {
   if (why)
     *why = fmt::format("cpu ({} thread{}, {} GEMM kernels{}){}", req.threads,
                        req.threads == 1 ? "" : "s", cpu::blas_corename(),
-                       bf16 ? fmt::format("; bf16: linear and conv GEMMs on bf16 inputs with "
-                                          "fp32 accumulation, oneDNN {}",
+                       bf16 ? fmt::format("; bf16: linear, conv and attention GEMMs on bf16 "
+                                          "inputs with fp32 accumulation, oneDNN {}",
                                           cpu::bf16_matmul_kernels())
                             : "",
                        req.device == "auto" ? fmt::format("; no GPU: {}", no_gpu) : "");

@@ -42,7 +42,8 @@ namespace {
 using simd::Lanes;
 
 // Query rows per block. 64 measured best at T = 256, hs = 64 (32: more, smaller sgemms; 128
-// and unblocked: more masked work), see the [.bench] test in tests/unit/test_gpt_kernels.cpp.
+// and unblocked: more masked work), see the [.bench] test in tests/unit/test_gpt_kernels.cpp;
+// for the bf16 products too (forward + backward 14.0 ms against 14.4 at 32 and 15.0 at 128).
 constexpr int kBlock = 64;
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
