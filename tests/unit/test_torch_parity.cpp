@@ -343,6 +343,20 @@ void expect_bf16_close(const std::string& what, const float* got, const std::vec
   expect_close(what + " (bf16)", max_err(got, ref16.data(), n), std::max(1e-2, 2 * own));
 }
 
+// One batch's bf16 result r of model m against the file's bf16/* (and fp32) data: logits, loss
+// and every gradient; and that bf16 is really used (the logits do not match fp32's).
+void expect_bf16_batch(const RefFile& f, const StepResult& r, Model& m) {
+  auto ref = f.f32("bf16/logits"), fp32 = f.f32("logits");
+  REQUIRE(int64_t(ref.size()) == r.logits.size());
+  expect_bf16_close("logits", r.logits.data(), ref, fp32);
+  CHECK(max_err(r.logits.data(), fp32.data(), r.logits.size()) > 1e-4);  // fp32: ~1e-6
+  const double ref_loss = f.f64("bf16/loss").at(0);
+  expect_close("loss (bf16)", std::abs(r.loss - ref_loss) / std::abs(ref_loss), 1e-2);
+  for (Param* p : m.params())
+    expect_bf16_close("grad " + p->name, p->grad, f.f32("bf16/grad/" + p->name),
+                      f.f32("grad/" + p->name));
+}
+
 void check_one_batch_bf16(const std::string& type) {
   cpu::blas_init(1);
   std::string why;
@@ -359,16 +373,7 @@ void check_one_batch_bf16(const std::string& type) {
   fmt::print("torch parity in bf16, {} (torch {} autocast), one batch of {}: "
              "max|strata-torch| / max|torch|\n",
              type, f.str_attr("torch_version"), B);
-  auto r = forward_backward(*m, x.data(), y.data(), B, cpu_backend(true));
-  auto ref = f.f32("bf16/logits"), fp32 = f.f32("logits");
-  REQUIRE(int64_t(ref.size()) == r.logits.size());
-  expect_bf16_close("logits", r.logits.data(), ref, fp32);
-  CHECK(max_err(r.logits.data(), fp32.data(), r.logits.size()) > 1e-4);  // fp32: ~1e-6
-  const double ref_loss = f.f64("bf16/loss").at(0);
-  expect_close("loss (bf16)", std::abs(r.loss - ref_loss) / std::abs(ref_loss), 1e-2);
-  for (Param* p : m->params())
-    expect_bf16_close("grad " + p->name, p->grad, f.f32("bf16/grad/" + p->name),
-                      f.f32("grad/" + p->name));
+  expect_bf16_batch(f, forward_backward(*m, x.data(), y.data(), B, cpu_backend(true)), *m);
 }
 
 }  // namespace
@@ -529,16 +534,8 @@ void check_gpt_one_batch_bf16() {
   fmt::print("torch parity in bf16, GPT {} blocks (torch {} autocast), one batch of {} x {} "
              "tokens: max|strata-torch| / max|torch|\n",
              s.layers, f.str_attr("torch_version"), s.batch, s.context);
-  auto r = gpt_forward_backward(*m, x.data(), y.data(), s.batch, s.context, cpu_backend(true));
-  auto ref = f.f32("bf16/logits"), fp32 = f.f32("logits");
-  REQUIRE(int64_t(ref.size()) == r.logits.size());
-  expect_bf16_close("logits", r.logits.data(), ref, fp32);
-  CHECK(max_err(r.logits.data(), fp32.data(), r.logits.size()) > 1e-4);  // fp32: ~5e-7
-  const double ref_loss = f.f64("bf16/loss").at(0);
-  expect_close("loss (bf16)", std::abs(r.loss - ref_loss) / std::abs(ref_loss), 1e-2);
-  for (Param* p : m->params())
-    expect_bf16_close("grad " + p->name, p->grad, f.f32("bf16/grad/" + p->name),
-                      f.f32("grad/" + p->name));
+  expect_bf16_batch(
+      f, gpt_forward_backward(*m, x.data(), y.data(), s.batch, s.context, cpu_backend(true)), *m);
 }
 
 }  // namespace
