@@ -13,7 +13,7 @@
 //
 // bf16 (train.precision = "bf16", the `bf16` namespace at the end): the same blocks, each
 // product on bf16 copies of its inputs through oneDNN's bf16 matmul (fp32 accumulation and
-// output); measured 1.45x the fp32 kernels at T = 256, hs = 64 (the [.bench] test).
+// output); measured 1.47-1.72x the fp32 kernels at T = 256, hs = 64 (the [.bench] test).
 //
 // The row kernels (softmax forward and backward) are written once over GCC vector types of W
 // floats and compiled three times, picked at run time (like optimizer.cpp): for AVX-512 with

@@ -22,7 +22,7 @@ namespace strata::cpu {
 namespace {
 
 #if defined(__x86_64__)
-// dst[i] = bf16(src[i] * Scale ? scale : 1): the unscaled build has no multiply at all.
+// dst[i] = bf16(Scale ? src[i] * scale : src[i]): the unscaled build has no multiply at all.
 template <bool Scale>
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) inline void round_span_impl(
     bf16_t* dst, const float* src, int64_t n, float scale) {

@@ -1,7 +1,6 @@
 // The CPU's bf16 path (kernels/cpu/bf16.cpp, gemm.cpp, attention.cpp): rounding to nearest even, and GEMMs
 // that compute exactly the products of the rounded inputs with fp32 accumulation.
 #include <catch2/catch.hpp>
-#include <omp.h>
 
 #include <bit>
 #include <cmath>
@@ -195,29 +194,4 @@ TEST_CASE("bf16: attention multiplies the rounded inputs, softmax and gradients 
   CHECK(f_att > 5e-4);
   CHECK(f_out > 5e-4);
   CHECK(f_d > 5e-4);
-}
-
-TEST_CASE("bf16: attention is bitwise the same with 1 and 2 threads", "[bf16]") {
-  if (!have_bf16()) return;
-  const Attn s{2, 100, 64, 4};
-  Rng rng(12);
-  std::vector<float> qkv(size_t(s.B) * s.T * 3 * s.C), dout(size_t(s.B) * s.T * s.C);
-  for (auto* v : {&qkv, &dout})
-    for (auto& e : *v) e = rng.uniform(-1.f, 1.f);
-  std::vector<float> out[2], att[2], dqkv[2];
-  const int saved = omp_get_max_threads();
-  for (int n : {1, 2}) {
-    omp_set_num_threads(n);
-    out[n - 1].assign(dout.size(), 0.f);
-    att[n - 1].assign(size_t(s.B) * s.NH * s.T * s.T, 0.f);
-    dqkv[n - 1].assign(qkv.size(), 0.f);
-    cpu_backend(true).attention_forward(out[n - 1].data(), att[n - 1].data(), qkv.data(), s.B,
-                                        s.T, s.C, s.NH);
-    cpu_backend(true).attention_backward(dqkv[n - 1].data(), dout.data(), qkv.data(),
-                                         att[n - 1].data(), s.B, s.T, s.C, s.NH);
-  }
-  omp_set_num_threads(saved);
-  CHECK(out[0] == out[1]);
-  CHECK(att[0] == att[1]);
-  CHECK(dqkv[0] == dqkv[1]);
 }
