@@ -18,7 +18,7 @@ using Init = Param::Init;
 
 int rows_of(const Tensor& t) { return int(t.dim(0) * t.dim(1)); }  // B*T
 
-class Embedding final : public Layer {
+class Embedding final : public SplitLayer {
  public:
   Embedding(int V, int C, int T) : V_(V), C_(C), T_(T) {
     params = {{.name = "wte", .shape = {V, C}, .fan_in = C, .init = Init::kNormal},
@@ -65,15 +65,9 @@ class Embedding final : public Layer {
     be.embedding_forward(y.data(), token_ids(be, si.slot), params[0].value, params[1].value, B, t, C_, V_);
   }
   // No input gradient (token ids): B has nothing to do, W is the whole backward.
-  bool splits_backward() const override { return true; }
-  void backward_input(const Backend&, const Tensor&, const Tensor&, const Tensor&, Tensor*, int,
-                      bool) override {}
-  void backward_weight(const Backend& be, const Tensor& x, const Tensor& y, const Tensor& dy,
-                       int slot, bool accumulate) override {
-    backward(be, x, y, dy, nullptr, slot, accumulate);
-  }
-  void backward(const Backend& be, const Tensor& x, const Tensor&, const Tensor& dy, Tensor*,
-                int slot, bool accumulate) override {
+  void grads(const Backend& be, const Tensor& x, const Tensor&, const Tensor& dy, Tensor*,
+             int slot, bool param_grads, bool accumulate) override {
+    if (!param_grads) return;
     const int B = int(x.dim(0)), t = int(x.dim(1));
     // A tied head has already written its share of the token table's gradient: add to it.
     be.embedding_backward(tied_ ? nullptr : params[0].grad, params[1].grad, dy.data(),
@@ -97,7 +91,7 @@ class Embedding final : public Layer {
   std::vector<float> host_ids_;  // x downloaded from device memory
 };
 
-class LayerNorm final : public Layer {
+class LayerNorm final : public SplitLayer {
  public:
   explicit LayerNorm(int C) : C_(C) {
     params = {{.name = "weight", .shape = {C}, .init = Init::kOnes},
@@ -119,26 +113,12 @@ class LayerNorm final : public Layer {
     be.layernorm_forward(y.data(), s.data(), s.data() + N, x.data(), params[0].value,
                          params[1].value, N, C_);
   }
-  void backward(const Backend& be, const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx,
-                int slot, bool accumulate) override {
-    dscratch_.resize(x.shape, *be.memory);
-    grads(be, x, dy, dx ? dx->data() : dscratch_.data(), slot, true, accumulate);
-  }
-  // B and W: the kernel computes dx and the parameters' sums independently.
-  bool splits_backward() const override { return true; }
-  void backward_input(const Backend& be, const Tensor& x, const Tensor&, const Tensor& dy,
-                      Tensor* dx, int slot, bool accumulate) override {
-    if (dx) grads(be, x, dy, dx->data(), slot, false, accumulate);
-  }
-  void backward_weight(const Backend& be, const Tensor& x, const Tensor&, const Tensor& dy,
-                       int slot, bool accumulate) override {
-    grads(be, x, dy, nullptr, slot, true, accumulate);
-  }
-  void grads(const Backend& be, const Tensor& x, const Tensor& dy, float* dx, int slot,
-             bool param_grads, bool accumulate) {
+  // The kernel computes dx and the parameters' sums independently, each skipped when null.
+  void grads(const Backend& be, const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx,
+             int slot, bool param_grads, bool accumulate) override {
     const int N = rows_of(x);
     const auto& s = stats_[slot];
-    be.layernorm_backward(dx, param_grads ? params[0].grad : nullptr,
+    be.layernorm_backward(dx ? dx->data() : nullptr, param_grads ? params[0].grad : nullptr,
                           param_grads ? params[1].grad : nullptr, dy.data(), x.data(),
                           params[0].value, s.data(), s.data() + N, N, C_, accumulate);
   }
@@ -147,11 +127,10 @@ class LayerNorm final : public Layer {
  private:
   int C_;
   PerSlot<Tensor> stats_;  // mean (N) then rstd (N)
-  Tensor dscratch_;
 };
 
 // Logits (T, V) = x (T, C) @ wte^T, no bias (GPT-2's lm_head shares the token table).
-class LmHead final : public Layer {
+class LmHead final : public SplitLayer {
  public:
   explicit LmHead(int V) : V_(V) {}
   std::vector<Op> ops() const override {
@@ -174,24 +153,12 @@ class LmHead final : public Layer {
     if (!wte_) return {};
     return {{name + ".weight", wte_->name, int(wte_->shape[0]), int(wte_->shape[1])}};
   }
-  void backward(const Backend& be, const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx,
-                int slot, bool accumulate) override {
-    // Runs before the embedding's backward, which adds its part to the same gradient (W runs
-    // in the same layer order, so the sum's order is the same).
-    be.linear_backward(dx ? dx->data() : nullptr, wte_->grad, nullptr, dy.data(), x.data(),
-                       wte_->value, rows_of(x), int(x.dim(2)), V_, accumulate);
-  }
-  bool splits_backward() const override { return true; }
-  void backward_input(const Backend& be, const Tensor& x, const Tensor&, const Tensor& dy,
-                      Tensor* dx, int, bool accumulate) override {
-    if (dx)
-      be.linear_backward(dx->data(), nullptr, nullptr, dy.data(), x.data(), wte_->value,
-                         rows_of(x), int(x.dim(2)), V_, accumulate);
-  }
-  void backward_weight(const Backend& be, const Tensor& x, const Tensor&, const Tensor& dy, int,
-                       bool accumulate) override {
-    be.linear_backward(nullptr, wte_->grad, nullptr, dy.data(), x.data(), wte_->value,
-                       rows_of(x), int(x.dim(2)), V_, accumulate);
+  // Runs before the embedding's backward, which adds its part to the same gradient (W runs in
+  // the same layer order, so the sum's order is the same).
+  void grads(const Backend& be, const Tensor& x, const Tensor&, const Tensor& dy, Tensor* dx, int,
+             bool param_grads, bool accumulate) override {
+    be.linear_backward(dx ? dx->data() : nullptr, param_grads ? wte_->grad : nullptr, nullptr,
+                       dy.data(), x.data(), wte_->value, rows_of(x), int(x.dim(2)), V_, accumulate);
   }
   int V_;
   Param* wte_ = nullptr;
@@ -297,8 +264,8 @@ class Block final : public Layer {
   }
   // B and W. B runs the chain of input gradients with the parameter gradients left out and
   // keeps, per slot, the gradients at the outputs of the six ops with parameters
-  // (5C + 7C/S floats per position, S tensor parts: BlockGrads); W runs the six parameter-gradient
-  // products from them and the forward's activations. Under recompute those activations live
+  // (3C + 7C/S floats per position, 4C + 7C/S with dropout, S tensor parts: BlockGrads); W runs
+  // the six parameter-gradient products from them and the forward's activations. Under recompute those activations live
   // in one set shared by every block and are gone by W: the block then runs whole in B.
   bool splits_backward() const override { return !recompute_; }
   void backward_input(const Backend& be, const Tensor& x, const Tensor&, const Tensor& dy,
@@ -328,7 +295,6 @@ class Block final : public Layer {
       w.out.resize(x.shape, *be.memory);
       run_forward(be, x, w.out.data(), step_[slot], a, masks_[slot]);
     }
-    const Masks& mk = masks_[slot];
     const int B = int(x.dim(0)), T = int(x.dim(1)), N = B * T, C = C_;
     const int Cl = C / tp_.size, NHl = NH_ / tp_.size, Hl = 4 * Cl;  // this rank's share
     const int64_t n = int64_t(N) * C;
@@ -337,11 +303,14 @@ class Block final : public Layer {
     auto pg = [&](Which i) { return keep ? nullptr : grad(i); };  // parameter gradients now?
     float* g4 = ws(w.g4, {N, Hl});                                 // inside the MLP
     float* gy = ws(w.gc, {N, C});                                  // at the attention's output
-    float* gm = kept(w.g, &BlockGrads::dmlp, {N, C});              // at the MLP branch's output
+    // W reads each projection's output gradient: after dropout's backward when there is
+    // dropout (gm, ga), else dy and the stream's gr; only those are kept.
+    const Masks& mk = masks_[slot];
+    float* gm = mk.active ? kept(w.g, &BlockGrads::dmlp, {N, C}) : ws(w.g, {N, C});
     float* g4b = kept(w.g4b, &BlockGrads::dfc, {N, Hl});           // at c_fc's output
     float* gc2 = kept(w.gc, &BlockGrads::dln2, {N, C});            // at ln_2's output
-    float* gr = kept(w.gr, &BlockGrads::dres, {N, C});             // at res1 (the stream)
-    float* ga = kept(w.g, &BlockGrads::dattn, {N, C});             // at the attention branch's output
+    float* gr = mk.active ? ws(w.gr, {N, C}) : kept(w.gr, &BlockGrads::dres, {N, C});  // res1
+    float* ga = mk.active ? kept(w.g, &BlockGrads::dattn, {N, C}) : ws(w.g, {N, C});
     float* g3 = kept(w.g3, &BlockGrads::dqkv, {N, 3 * Cl});        // at c_attn's output
     float* gc1 = kept(w.gc, &BlockGrads::dln1, {N, C});            // at ln_1's output
     // MLP branch: out = res1 + drop(c_proj(gelu(c_fc(ln_2(res1)))))

@@ -275,7 +275,7 @@ Model::Model(const ModelSpec& spec, Shape input_shape, int classes, std::vector<
   }
   for (const LayerRange& r : chunks) {
     chunk_begin_.push_back(int(layers_.size()));
-    chunk_first_.push_back(r.first);
+    input_grad_.push_back(r.first > 0);
     for (int i = r.first; i < r.last; ++i) {
       layers_.push_back(std::move(b.layers[size_t(i)]));
       in_shapes_.push_back(b.shapes[size_t(i)]);
@@ -283,6 +283,7 @@ Model::Model(const ModelSpec& spec, Shape input_shape, int classes, std::vector<
     }
   }
   chunk_begin_.push_back(int(layers_.size()));
+  for (size_t c = 0; c < chunks.size(); ++c) lowest_.push_back(lowest_with_input_grad(c));
 
   // Flat layout in reverse layer order: backward finishes gradients front to back.
   int64_t total = 0;
@@ -522,9 +523,9 @@ const Tensor* Model::backward_input(const Backend& be, const Tensor& dout, int k
 // skips its input gradient (for the MLP, fc1's 64x784 product behind the flatten: a third
 // of backward's FLOPs) and the layers under it skip backward altogether, as autograd does
 // for data. Later stages send the gradient at their input to the stage before.
-size_t Model::lowest_with_input_grad(int chunk) const {
-  const size_t begin = size_t(chunk_begin_[size_t(chunk)]), end = size_t(chunk_begin_[size_t(chunk) + 1]);
-  if (chunk_first_[size_t(chunk)] > 0) return begin;
+size_t Model::lowest_with_input_grad(size_t chunk) const {
+  const size_t begin = size_t(chunk_begin_[chunk]), end = size_t(chunk_begin_[chunk + 1]);
+  if (input_grad_[chunk]) return begin;
   for (size_t i = begin; i < end; ++i)
     if (!layers_[i]->params.empty()) return i;
   return end;
@@ -538,8 +539,8 @@ const Tensor* Model::run_backward(const Backend& be, const Tensor& dout, int k,
   const int64_t b = a.input->dim(0);
   const Tensor* dy = &dout;
   const size_t begin = size_t(chunk_begin_[size_t(a.chunk)]), end = size_t(chunk_begin_[size_t(a.chunk) + 1]);
-  const bool input_grad = chunk_first_[size_t(a.chunk)] > 0;
-  const size_t lowest = lowest_with_input_grad(a.chunk);
+  const bool input_grad = input_grad_[size_t(a.chunk)];
+  const size_t lowest = lowest_[size_t(a.chunk)];
   for (size_t i = end; i-- > begin;) {
     if (i < lowest) {
       if (on_ready) on_ready(ready_after_[i]);
@@ -576,7 +577,7 @@ void Model::backward_weight(const Backend& be, int k, const std::function<void(i
   Activations& a = slot(k);
   STRATA_CHECK(a.input && a.dout, "weight gradients before the input gradients");
   const size_t begin = size_t(chunk_begin_[size_t(a.chunk)]), end = size_t(chunk_begin_[size_t(a.chunk) + 1]);
-  const size_t lowest = lowest_with_input_grad(a.chunk);
+  const size_t lowest = lowest_[size_t(a.chunk)];
   for (size_t i = end; i-- > begin;) {
     if (i >= lowest && !layers_[i]->is_reshape()) {
       const Tensor& x = i > begin ? a.outs[i - 1] : *a.input;

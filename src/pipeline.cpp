@@ -57,23 +57,31 @@ std::vector<double> measured_costs(const ModelSpec& spec, const Shape& input_sha
 }
 
 std::vector<LayerRange> partition_layers(const std::vector<LayerInfo>& layers,
-                                         const std::vector<double>& costs, int stages,
-                                         const std::vector<int>& counts) {
+                                         const std::vector<double>& costs, int pipeline_stages,
+                                         const std::vector<int>& counts, int chunks) {
   STRATA_CHECK(costs.size() == layers.size(), "{} costs for {} layers", costs.size(), layers.size());
-  const int L = int(layers.size());
+  const int L = int(layers.size()), stages = pipeline_stages * chunks;  // the ranges
+  const char* part = chunks > 1 ? "chunk" : "stage";
+  if (stages > L && chunks > 1)
+    fail_input("parallel.pipeline_stages x parallel.virtual_stages = {} x {} = {} chunks, but the "
+               "model has {} layers (as the model summary lists them, fused layers once); every "
+               "chunk needs at least one", pipeline_stages, chunks, stages, L);
   if (stages > L)
     fail_input("parallel.pipeline_stages = {} but the model has {} layers (as the model summary "
                "lists them, fused layers once); every stage needs at least one", stages, L);
   std::vector<LayerRange> out;
   if (!counts.empty()) {
+    if (int(counts.size()) != stages && chunks > 1)
+      fail_input("parallel.stage_layers has {} entries; interleaved, it needs one per chunk: "
+                 "parallel.pipeline_stages x parallel.virtual_stages = {}", counts.size(), stages);
     if (int(counts.size()) != stages)
       fail_input("parallel.stage_layers has {} entries; parallel.pipeline_stages is {}",
                  counts.size(), stages);
     int at = 0;
     for (int s = 0; s < stages; ++s) {
       if (counts[size_t(s)] <= 0)
-        fail_input("parallel.stage_layers: stage {} gets {} layers; every stage needs at least one",
-                   s, counts[size_t(s)]);
+        fail_input("parallel.stage_layers: {} {} gets {} layers; every {} needs at least one",
+                   part, s, counts[size_t(s)], part);
       out.push_back({at, at + counts[size_t(s)]});
       at += counts[size_t(s)];
     }
@@ -154,16 +162,16 @@ constexpr int kEvalTag = 30000;
 }  // namespace
 
 PipelineStage::PipelineStage(Model& model, Comm& pipe, int stages, int micros,
-                             std::string schedule, Tracer& tracer)
+                             const std::string& schedule, Tracer& tracer)
     : model_(model), pipe_(pipe), stage_(pipe.rank()), stages_(stages), micros_(micros),
-      chunks_(model.chunks()), schedule_(std::move(schedule)), tracer_(&tracer),
+      chunks_(model.chunks()), tracer_(&tracer),
       head_(model.classes(), model.rows_per_sample()) {
   STRATA_CHECK(pipe.size() == stages, "pipeline communicator of {} ranks for {} stages", pipe.size(), stages);
   STRATA_CHECK(chunks_ * micros_ <= 8192, "{} chunks x {} micro-batches", chunks_, micros_);
-  ops_ = pipeline_schedule(schedule_, stages_, stage_, micros_, chunks_);
+  ops_ = pipeline_schedule(schedule, stages_, stage_, micros_, chunks_);
   next_ = (stage_ + 1) % stages_;
   prev_ = (stage_ + stages_ - 1) % stages_;
-  split_ = splits_backward(schedule_);
+  split_ = splits_backward(schedule);
   free_slots_.resize(size_t(chunks_));
   slots_.assign(size_t(chunks_), 0);
   // Per chunk, the most of its micro-batches the schedule keeps alive.
@@ -216,10 +224,10 @@ int PipelineStage::alloc_slot(int c) {
 
 void PipelineStage::release_slot(int c, int slot) { free_slots_[size_t(c)].push_back(slot); }
 
-void PipelineStage::post_input_recv(int c, int m, int64_t bm) {
+void PipelineStage::post_input_recv(int c, int m) {
   const int slot = alloc_slot(c);
   slot_of_[at(c, m)] = slot;
-  in_[size_t(slot)].resize(batched(bm, model_.chunk_input_shape(c)), *mem_);
+  in_[size_t(slot)].resize(batched(step_.bm, model_.chunk_input_shape(c)), *mem_);
   recv_in_[at(c, m)] = pipe_.start_recv(in_[size_t(slot)].data(), in_[size_t(slot)].size(),
                                          prev_, tag_of(c, m, micros_, false));
 }
@@ -280,7 +288,7 @@ void PipelineStage::post_next_recv() {
   while (size_t(next_recv_) < ops_.size() && !needs_input(ops_[size_t(next_recv_)])) ++next_recv_;
   if (size_t(next_recv_) < ops_.size()) {
     const PipeOp& o = ops_[size_t(next_recv_++)];
-    post_input_recv(o.chunk, o.micro, step_.bm);
+    post_input_recv(o.chunk, o.micro);
   }
 }
 
@@ -416,13 +424,12 @@ PipelineFigures pipeline_figures(Comm& world, const ProcessGrid& grid, const Pip
                                  std::vector<double> idle_shares, int micros, int chunks,
                                  const std::string& schedule) {
   const size_t P = size_t(grid.stages), s = size_t(grid.stage);
+  ScheduleTheory t = schedule_theory(schedule, grid.stages, micros, chunks);
   PipelineFigures f{.peak_live = std::vector<double>(P, 0.0), .peak_mb = std::vector<double>(P, 0.0),
                     .micro_mb = std::vector<double>(P, 0.0), .idle = std::vector<double>(P, 0.0),
-                    .theory_idle = schedule_idle_shares(schedule, grid.stages, micros, chunks),
-                    .bound_live = {}};
-  for (double v : f.theory_idle) f.theory += v / double(P);
-  for (int k = 0; k < grid.stages; ++k)
-    f.bound_live.push_back(schedule_peak_live(pipeline_schedule(schedule, grid.stages, k, micros, chunks)));
+                    .theory_idle = std::move(t.idle),
+                    .bound_live = std::vector<double>(t.live.begin(), t.live.end()),
+                    .theory = t.bubble};
   f.peak_live[s] = stats.peak_live;
   f.peak_mb[s] = double(stats.peak_act_bytes) / 1e6;
   f.micro_mb[s] = double(stats.max_slot_bytes) / 1e6;

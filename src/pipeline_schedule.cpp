@@ -123,4 +123,12 @@ std::vector<double> schedule_idle_shares(const std::string& kind, int stages, in
   return idle;
 }
 
+ScheduleTheory schedule_theory(const std::string& kind, int stages, int micros, int chunks) {
+  ScheduleTheory t{.idle = schedule_idle_shares(kind, stages, micros, chunks), .live = {}};
+  for (double v : t.idle) t.bubble += v / double(stages);
+  for (int s = 0; s < stages; ++s)
+    t.live.push_back(schedule_peak_live(pipeline_schedule(kind, stages, s, micros, chunks)));
+  return t;
+}
+
 }  // namespace strata

@@ -115,17 +115,8 @@ RunPlan plan_run(const RunConfig& cfg, Comm& comm) {
   }
   collectively(comm, [&] {
     // P v virtual stages (interleaved: stage s holds every P-th of them, from s).
-    const int v = cfg.parallel.virtual_stages, L = int(p.layers.size());
-    if (v > 1 && p.P * v > L)
-      fail_input("parallel.pipeline_stages x parallel.virtual_stages = {} x {} = {} chunks, but the "
-                 "model has {} layers (as the model summary lists them, fused layers once); every "
-                 "chunk needs at least one", p.P, v, p.P * v, L);
-    if (v > 1 && !cfg.parallel.stage_layers.empty() && int(cfg.parallel.stage_layers.size()) != p.P * v)
-      fail_input("parallel.stage_layers has {} entries; interleaved, it needs one per chunk: "
-                 "parallel.pipeline_stages x parallel.virtual_stages = {}", cfg.parallel.stage_layers.size(),
-                 p.P * v);
-    p.ranges = partition_layers(p.layers, p.costs, p.P * v, cfg.parallel.stage_layers);
-    p.v = v;
+    p.v = cfg.parallel.virtual_stages;
+    p.ranges = partition_layers(p.layers, p.costs, p.P, cfg.parallel.stage_layers, p.v);
   });
   p.rows_per_sample = numel(p.layers.back().out_shape) / p.info.classes;
   return p;

@@ -19,11 +19,9 @@ void print_pipeline(const RunConfig& cfg, const RunPlan& p, const ProcessGrid& g
   const int P = p.P, D = p.D;
   // The schedule in theory: its mean idle share with F, B and W costing the same, and the
   // most micro-batches a stage holds.
-  double bubble = 0;
-  int live = 0;
-  for (double v : schedule_idle_shares(cfg.parallel.schedule, P, p.M, p.v)) bubble += v / P;
-  for (int s = 0; s < P; ++s)
-    live = std::max(live, schedule_peak_live(pipeline_schedule(cfg.parallel.schedule, P, s, p.M, p.v)));
+  const ScheduleTheory theory = schedule_theory(cfg.parallel.schedule, P, p.M, p.v);
+  const double bubble = theory.bubble;
+  const int live = *std::max_element(theory.live.begin(), theory.live.end());
   fmt::print("pipeline: {} stage{} x {} data-parallel replica{} ({}), {} micro-batches of {} "
              "per step, schedule {}{} (bubble {:.3f} in theory, at most {} {}micro-batch{} alive "
              "on a stage), partition {}\n{}\n", P, P == 1 ? "" : "s", D,

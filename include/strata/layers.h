@@ -106,6 +106,31 @@ class Layer {
   Int8Table* int8 = nullptr;
 };
 
+// A layer whose backward is one kernel call (or a few) that writes the input gradient and the
+// parameter gradients, skipping those passed null: B and W are that call with the other half's
+// outputs null, so together they write the whole backward's bits.
+class SplitLayer : public Layer {
+ public:
+  bool splits_backward() const override { return true; }
+  void backward(const Backend& be, const Tensor& x, const Tensor& y, const Tensor& dy,
+                Tensor* dx, int slot, bool accumulate) override {
+    grads(be, x, y, dy, dx, slot, true, accumulate);
+  }
+  void backward_input(const Backend& be, const Tensor& x, const Tensor& y, const Tensor& dy,
+                      Tensor* dx, int slot, bool accumulate) override {
+    if (dx) grads(be, x, y, dy, dx, slot, false, accumulate);
+  }
+  void backward_weight(const Backend& be, const Tensor& x, const Tensor& y, const Tensor& dy,
+                       int slot, bool accumulate) override {
+    grads(be, x, y, dy, nullptr, slot, true, accumulate);
+  }
+
+ protected:
+  // dx if not null; the parameter gradients if `param_grads`.
+  virtual void grads(const Backend& be, const Tensor& x, const Tensor& y, const Tensor& dy,
+                     Tensor* dx, int slot, bool param_grads, bool accumulate) = 0;
+};
+
 // State a layer keeps from forward for backward, one per activation slot. A deque: growing it
 // never moves the states already there.
 template <class T>

@@ -173,7 +173,8 @@ class Model {
   Shape input_shape_;
   int classes_;
   std::vector<int> chunk_begin_;  // chunk c: layers_[chunk_begin_[c], chunk_begin_[c+1])
-  std::vector<int> chunk_first_;  // chunk c's first layer in the whole model
+  std::vector<bool> input_grad_;  // chunk c starts after the whole model's first layer
+  std::vector<size_t> lowest_;    // chunk c's lowest layer backward runs (the constructor's)
   std::vector<Segment> segments_;
   TensorSplit tp_;
   int64_t block_params_ = 0, whole_block_params_ = 0;
@@ -194,7 +195,7 @@ class Model {
   enum class Pass { kWhole, kInput };
   const Tensor* run_backward(const Backend& be, const Tensor& dout, int slot,
                              const std::function<void(int64_t)>& on_ready, bool accumulate, Pass pass);
-  size_t lowest_with_input_grad(int chunk) const;  // the first layer backward runs
+  size_t lowest_with_input_grad(size_t chunk) const;  // the first layer backward runs
   std::deque<Activations> acts_;  // per slot; a deque so views into a slot stay valid
   Activations& slot(int k);       // made on first use
   std::vector<double>* profile_ = nullptr;

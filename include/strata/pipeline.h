@@ -36,11 +36,12 @@ namespace strata {
 std::vector<double> estimated_costs(const std::vector<LayerInfo>& layers);
 std::vector<double> measured_costs(const ModelSpec& spec, const Shape& input_shape, int classes,
                                    const Backend& be, int64_t batch, int reps);
-// Layer ranges per stage. explicit_counts empty: contiguous ranges minimising the costliest
-// stage's cost. Otherwise the counts of layers per stage. Throws UserError naming the key.
+// Layer ranges, one per chunk of each stage (stages x chunks in layer order; chunks > 1:
+// interleaved). explicit_counts empty: contiguous ranges minimising the costliest range's
+// cost. Otherwise the counts of layers per range. Throws UserError naming the keys.
 std::vector<LayerRange> partition_layers(const std::vector<LayerInfo>& layers,
                                          const std::vector<double>& costs, int stages,
-                                         const std::vector<int>& explicit_counts);
+                                         const std::vector<int>& explicit_counts, int chunks = 1);
 // One line per stage (per chunk when there are more ranges than stages): its layers,
 // parameters and share of the cost.
 std::string partition_summary(const std::vector<LayerInfo>& layers,
@@ -64,7 +65,7 @@ struct PipelineStats {
 class PipelineStage {
  public:
   // pipe: the pipeline communicator (rank = stage). micros divides every batch run() gets.
-  PipelineStage(Model& model, Comm& pipe, int stages, int micros, std::string schedule,
+  PipelineStage(Model& model, Comm& pipe, int stages, int micros, const std::string& schedule,
                 Tracer& tracer);
   // One step over this replica's batch (x read on the first stage, labels on the last):
   // every micro-batch forward and backward in schedule order. Parameter gradients are
@@ -92,7 +93,7 @@ class PipelineStage {
   void post_next_recv();
   int alloc_slot(int c);
   void release_slot(int c, int slot);
-  void post_input_recv(int c, int m, int64_t bm);
+  void post_input_recv(int c, int m);
   std::string span_name(const char* what, int c, int m) const;
   // The model's first and last virtual stage; a (chunk, micro-batch)'s index in the vectors.
   bool first(int c) const { return stage_ == 0 && c == 0; }
@@ -107,7 +108,6 @@ class PipelineStage {
   const Memory* mem_ = &host_memory();  // the backend's, for the buffers below (set by run)
   int stage_, stages_, micros_, chunks_;
   int next_ = 0, prev_ = 0;  // the neighbour ranks (round the ring: interleaved)
-  std::string schedule_;
   bool split_ = false;  // B and W apart (zero-bubble schedules)
   Tracer* tracer_;
   // The step run() is in.

@@ -68,4 +68,13 @@ int schedule_peak_live(const std::vector<PipeOp>& ops);
 std::vector<double> schedule_idle_shares(const std::string& kind, int stages, int micros,
                                          int chunks = 1);
 
+// A schedule in theory, per stage: its idle share (schedule_idle_shares) and live bound
+// (schedule_peak_live); `bubble` the idle shares' mean over the stages.
+struct ScheduleTheory {
+  std::vector<double> idle;
+  std::vector<int> live;
+  double bubble = 0;
+};
+ScheduleTheory schedule_theory(const std::string& kind, int stages, int micros, int chunks = 1);
+
 }  // namespace strata
