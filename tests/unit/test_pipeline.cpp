@@ -6,6 +6,7 @@
 #include <set>
 
 #include "strata/backend.h"
+#include "strata/config.h"
 #include "strata/error.h"
 #include "strata/model.h"
 #include "strata/pipeline.h"
@@ -64,6 +65,19 @@ TEST_CASE("explicit partition and its errors", "[pipeline]") {
   CHECK_THROWS_AS(partition_layers(layers, estimated_costs(layers), 2, {4}), UserError);        // wrong length
   CHECK_THROWS_AS(partition_layers(layers, estimated_costs(layers), 2, {0, 4}), UserError);     // empty stage
   CHECK_THROWS_AS(partition_layers(layers, estimated_costs(layers), 5, {}), UserError);         // more stages than layers
+}
+
+// The config key offers exactly the schedules there are (config sits below the pipeline layer,
+// so it keeps its own copy of the list).
+TEST_CASE("schedules: parallel.schedule's choices are pipeline_schedules()", "[pipeline]") {
+  RunConfig c;
+  size_t found = 0;
+  for (const ConfigKey& k : config_keys(c))
+    if (k.name == "parallel.schedule") {
+      CHECK(k.choices == pipeline_schedules());
+      ++found;
+    }
+  CHECK(found == 1);
 }
 
 // Every schedule's order on every stage: each micro-batch's F before its B before its W, each
