@@ -43,9 +43,12 @@ int run_train(const RunConfig& cfg, Comm& comm) {
 TrainingSession::TrainingSession(const RunConfig& cfg, Comm& comm)
     : cfg_(cfg), comm_(comm), lead_(comm.rank() == 0), plan_(plan_run(cfg, comm)),
       be_(*plan_.be), grid_(make_grid(comm, plan_.P, plan_.T, cfg.parallel.placement, cfg.threads)) {
-  // On a GPU: NCCL for the stage replicas' gradient allreduce, device buffers for the pipeline.
+  // On a GPU every communicator that sums or moves the model's tensors carries device memory:
+  // NCCL for the stage replicas' gradients, device buffers for the pipeline and the tied token
+  // table's gradient (first + last stage). (Tensor parts run on the CPU only: run_plan.)
   grid_.stage_comm = make_device_comm(std::move(grid_.stage_comm), be_);
   grid_.pipe_comm = make_device_comm(std::move(grid_.pipe_comm), be_);
+  if (grid_.tied_comm) grid_.tied_comm = make_device_comm(std::move(grid_.tied_comm), be_);
   build_model();
   // Every stage of a replica reads the replica's share (the first stage uses the samples, the
   // last the labels), so all stay at the same position in the data order.

@@ -71,7 +71,8 @@ __global__ void sum_squares_kernel(double* partial, const float* x, int64_t n) {
   if (threadIdx.x == 0) partial[blockIdx.x] = s;
 }
 
-__global__ void sum_partials_kernel(double* out, const double* partial, int count) {
+// 1024 threads: the launch bound keeps nvcc to 64 registers a thread, or the launch fails.
+__global__ void __launch_bounds__(kSumBlocksMax) sum_partials_kernel(double* out, const double* partial, int count) {
   double s = 0.0;
   for (int i = threadIdx.x; i < count; i += blockDim.x) s += partial[i];
   s = block_sum(s);
