@@ -7,7 +7,9 @@
 
 #include "strata/error.h"
 #include "strata/kernels_cpu.h"
+#include "strata/job.h"
 #include "strata/parse.h"
+#include "strata/staged_device.h"
 
 namespace strata {
 namespace {
@@ -16,29 +18,6 @@ void host_copy(void* dst, const void* src, size_t bytes) {
   if (dst != src && bytes) std::memcpy(dst, src, bytes);
 }
 void host_sync() {}
-
-// The node-local rank: Slurm's, else Open MPI's, else MPICH's; 0 when launched alone.
-int local_rank() {
-  for (const char* v : {"SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID"})
-    if (auto r = env_int(v, 0, 1 << 20)) return int(*r);
-  return 0;
-}
-
-// The CPU's ops on memory that host code must treat as a device's (a separate allocation,
-// reached only through upload/download): every copy and host mirror the GPU path makes is
-// made, so CI checks that path's logic where no GPU exists (--device cpu-staged).
-const Backend& staged_backend(bool bf16) {
-  static const Memory m{.name = "cpu-staged", .host = false, .alloc = host_memory().alloc,
-                        .release = host_memory().release, .zero = host_memory().zero};
-  auto make = [](bool b16) {
-    Backend t = cpu_backend(b16);
-    t.name = "cpu-staged";
-    t.memory = &m;
-    return t;
-  };
-  static const Backend fp32 = make(false), b16 = make(true);
-  return bf16 ? b16 : fp32;
-}
 
 // "libcudart.so.13, libcublas.so.13 from DIR (SOURCE); ...": the libraries grouped by
 // directory in load order, cuDNN's sub-libraries counted rather than named.
@@ -105,7 +84,8 @@ const char* op_name(Op op) {
   return "?";
 }
 
-const Backend& select_backend(const DeviceRequest& req, std::string* why) {
+const Backend& select_backend(const DeviceRequest& req, std::string* why, int* gpu) {
+  if (gpu) *gpu = -1;
   if (req.device != "auto" && req.device != "cpu" && req.device != "cuda" &&
       req.device != "cpu-staged")
     fail_input("--device {}: expected auto, cpu or cuda", req.device);
@@ -119,12 +99,14 @@ const Backend& select_backend(const DeviceRequest& req, std::string* why) {
   if (gpus > 0) {
     // One GPU per rank: the node-local rank picks it (srun --gpus-per-task=1 leaves each rank
     // one visible GPU, local rank modulo 1 = 0).
-    const int lr = local_rank(), dev = lr % gpus;
+    const NodeLocalRank lr = node_local_rank();
+    const int dev = lr.rank % gpus;
     const Backend& be = cuda_backend(dev, req.precision == "bf16");
+    if (gpu) *gpu = dev;
     if (why)
-      *why = fmt::format("cuda (GPU {} of {} visible: {}; node-local rank {}; {}){}; CUDA "
-                         "libraries: {}", dev, gpus, cuda_device_name(), lr, req.precision,
-                         req.device == "auto" ? ", chosen by --device auto" : "",
+      *why = fmt::format("cuda (GPU {} of {} visible: {}; node-local rank {} from {}; {}){}; "
+                         "CUDA libraries: {}", dev, gpus, cuda_device_name(), lr.rank, lr.source,
+                         req.precision, req.device == "auto" ? ", chosen by --device auto" : "",
                          describe_libraries(cuda_libraries()));
     return be;
   }
@@ -135,7 +117,8 @@ const Backend& select_backend(const DeviceRequest& req, std::string* why) {
                no_bf16);
   cpu::blas_init(req.threads);
   if (req.device == "cpu-staged") {
-    if (why) *why = "cpu-staged (the CPU ops on separate memory, for tests of the GPU path)";
+    if (why) *why = "cpu-staged (the CPU ops as a GPU runs them: tagged device memory, deferred "
+                    "streams; for tests of the GPU path)";
     return staged_backend(bf16);
   }
   if (why)

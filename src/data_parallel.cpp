@@ -10,9 +10,10 @@ GradientAllreducer::GradientAllreducer(Comm& comm, const Model& model, float* gr
                                        double bucket_bytes, bool overlap,
                                        const std::vector<int64_t>* shards)
     : comm_(comm), grads_(grads), overlap_(overlap), scatters_(shards != nullptr) {
-  // Parameter boundaries in flat-buffer order (reverse layer order).
+  // Parameter boundaries in flat-buffer order (reverse layer order), each tensor with the
+  // padding after it (the buckets tile the buffer).
   std::vector<int64_t> ends;
-  for (auto* p : model.params()) ends.push_back(p->offset + numel(p->shape));
+  for (auto* p : model.params()) ends.push_back(p->offset + flat_span(numel(p->shape)));
   std::sort(ends.begin(), ends.end());
   bounds_ = {0};
   // As in PyTorch DDP, the first bucket is small (1/8 of the others): it closes as soon as the
@@ -38,7 +39,7 @@ void GradientAllreducer::start(size_t b) {
 }
 
 void GradientAllreducer::on_grads_ready(int64_t ready) {
-  if (!overlap_ || comm_.size() == 1) return;
+  if (!overlap_ || !sums()) return;
   auto t0 = std::chrono::steady_clock::now();
   while (next_ + 1 < bounds_.size() && bounds_[next_ + 1] <= ready) start(next_++);
   for (size_t b = 0; b < next_; ++b) comm_.test(handles_[b]);  // drive progress
@@ -47,7 +48,7 @@ void GradientAllreducer::on_grads_ready(int64_t ready) {
 }
 
 void GradientAllreducer::finish() {
-  if (comm_.size() > 1) {
+  if (sums()) {
     auto t0 = std::chrono::steady_clock::now();
     while (next_ + 1 < bounds_.size()) start(next_++);
     for (size_t b = 0; b < next_; ++b) comm_.wait(handles_[b]);

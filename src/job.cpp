@@ -167,13 +167,23 @@ std::optional<double> job_end_time(std::string* why_not) {
   return t;
 }
 
+// The launcher that started this process set its own variable: Open MPI's mpirun
+// (OMPI_COMM_WORLD_LOCAL_RANK) or MPICH's Hydra (MPI_LOCALRANKID) first, since a job step's
+// SLURM_LOCALID is inherited unchanged by every rank that mpirun starts inside an
+// allocation; then srun's SLURM_LOCALID.
+NodeLocalRank node_local_rank() {
+  for (const char* v : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"})
+    if (auto r = env_int(v, 0, 1 << 20)) return {int(*r), v};
+  return {0, "launched alone"};
+}
+
 void check_job_environment() {
   slurm_job_id();
   slurm_restart_count();
   slurm_node_name();
   attempt_start_time();  // and launch_time()
   // The node-local rank picks this rank's GPU (backend.cpp); checked even where none is used.
-  for (const char* v : {"SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID"})
+  for (const char* v : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"})
     env_int(v, 0, 1 << 20);
   std::string ignored;
   if (std::getenv("STRATA_JOB_END_TIME")) job_end_time(&ignored);

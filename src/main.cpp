@@ -435,6 +435,8 @@ Subcommand add_generate(CLI::App& app) {
   generate->add_option("--seed", gen.seed, "the same seed gives the same text")
       ->check(int_in(0, INT64_MAX))->capture_default_str();
   o->threads = generate->add_option("--threads", gen.threads)->check(int_in(1, kMaxThreads));
+  generate->add_option("--device", gen.device, "auto | cpu | cuda (auto: the CPU for an int8 file)")
+      ->capture_default_str();
   return {generate, [o](Comm& comm) {
             o->gen.threads = threads_from(o->threads, o->gen.threads);
             return comm.rank() == 0 ? run_generate(o->gen) : int(kExitOk);

@@ -132,9 +132,16 @@ int64_t param_count(const Layer& l) {  // this rank's share
   for (auto& p : l.params) n += numel(p.shape);
   return n;
 }
-int64_t whole_param_count(const Layer& l) {  // unsplit
+// Floats the layer's tensors span in the flat buffers (each padded to kFlatAlign): this rank's
+// share, and unsplit (the layout of checkpoints' whole blocks).
+int64_t flat_count(const Layer& l) {
   int64_t n = 0;
-  for (auto& p : l.params) n += numel(p.whole_shape);
+  for (auto& p : l.params) n += flat_span(numel(p.shape));
+  return n;
+}
+int64_t whole_flat_count(const Layer& l) {
+  int64_t n = 0;
+  for (auto& p : l.params) n += flat_span(numel(p.whole_shape));
   return n;
 }
 
@@ -210,6 +217,7 @@ std::vector<LayerInfo> Model::describe_layers(const ModelSpec& spec, const Shape
     out.push_back({.name = b.layers[i]->name, .describe = b.layers[i]->describe(),
                    .in_shape = b.shapes[i], .out_shape = b.shapes[i + 1],
                    .params = param_count(*b.layers[i]),
+                   .flat = whole_flat_count(*b.layers[i]),
                    .flops = b.layers[i]->flops_per_sample(b.shapes[i]),
                    .internal_bytes = b.layers[i]->internal_bytes_per_sample(b.shapes[i]),
                    .recomputes = b.layers[i]->recomputes()});
@@ -268,8 +276,8 @@ Model::Model(const ModelSpec& spec, Shape input_shape, int classes, std::vector<
   int64_t block_at = 0;
   for (size_t c = chunks.size(); c-- > 0;) {
     Segment g{.block_offset = block_at, .whole_offset = 0, .count = 0};
-    for (int i = chunks[c].last; i < total_layers; ++i) g.whole_offset += whole_param_count(*b.layers[size_t(i)]);
-    for (int i = chunks[c].first; i < chunks[c].last; ++i) g.count += whole_param_count(*b.layers[size_t(i)]);
+    for (int i = chunks[c].last; i < total_layers; ++i) g.whole_offset += whole_flat_count(*b.layers[size_t(i)]);
+    for (int i = chunks[c].first; i < chunks[c].last; ++i) g.count += whole_flat_count(*b.layers[size_t(i)]);
     segments_.push_back(g);
     block_at += g.count;
   }
@@ -285,11 +293,13 @@ Model::Model(const ModelSpec& spec, Shape input_shape, int classes, std::vector<
   chunk_begin_.push_back(int(layers_.size()));
   for (size_t c = 0; c < chunks.size(); ++c) lowest_.push_back(lowest_with_input_grad(c));
 
-  // Flat layout in reverse layer order: backward finishes gradients front to back.
+  // Flat layout in reverse layer order: backward finishes gradients front to back. Every
+  // tensor starts on a 256-byte boundary (flat_span); `packed` counts the same tensors back
+  // to back (the gradient norm's order, ZeRO's split).
   int64_t total = 0;
-  for (auto& l : layers_) total += param_count(*l);
+  for (auto& l : layers_) total += flat_count(*l);
   block_params_ = total;
-  if (tied_copy_) total += numel(tied_copy_->shape);
+  if (tied_copy_) total += flat_span(numel(tied_copy_->shape));
   values_ = Tensor({total});
   grads_ = Tensor({total});
   host_values_ = values_;  // shares storage until place() moves values_ to a device
@@ -297,11 +307,14 @@ Model::Model(const ModelSpec& spec, Shape input_shape, int classes, std::vector<
   ready_after_.assign(layers_.size(), 0);
   auto bind = [&](Param& p) {
     p.offset = off;
+    p.packed = packed_params_;
     p.whole_offset = whole_off;
     p.value = p.host = values_.data() + off;
     p.grad = grads_.data() + off;
-    off += numel(p.shape);
-    whole_off += numel(p.whole_shape);
+    off += flat_span(numel(p.shape));
+    packed_params_ += numel(p.shape);
+    whole_off += flat_span(numel(p.whole_shape));
+    by_packed_.push_back(&p);
   };
   for (size_t i = layers_.size(); i-- > 0;) {
     for (auto& p : layers_[i]->params) {
@@ -331,15 +344,39 @@ Model::Model(const ModelSpec& spec, Shape input_shape, int classes, std::vector<
 
 Param* Model::tied_table() const { return tied_copy_ ? tied_copy_.get() : shared_table_; }
 
-std::vector<std::pair<int64_t, int64_t>> Model::norm_ranges() const {
-  std::vector<std::pair<int64_t, int64_t>> r;
+std::vector<FlatPieces> Model::norm_ranges() const {
+  std::vector<FlatPieces> r;
+  int64_t packed_end = -1;  // of the last range
   for (const Param* p : params_) {
     if (p == tied_copy_.get() || (tp_.rank != 0 && p->split_dim < 0)) continue;
-    const int64_t b = p->offset, e = b + numel(p->shape);
-    if (!r.empty() && r.back().second == b) r.back().second = e;
-    else r.push_back({b, e});
+    if (r.empty() || p->packed != packed_end) r.emplace_back();  // not adjacent when packed
+    r.back().push_back({p->offset, numel(p->shape)});
+    packed_end = p->packed + numel(p->shape);
   }
   return r;
+}
+
+int64_t Model::flat_index(int64_t k) const {
+  // The tensor holding packed index k: the last whose packed offset is at most k (at a
+  // boundary, the next tensor's start: the padding goes with the tensor before it).
+  auto it = std::upper_bound(by_packed_.begin(), by_packed_.end(), k,
+                             [](int64_t v, const Param* p) { return v < p->packed; });
+  if (it == by_packed_.begin()) return 0;
+  const Param* p = *(it - 1);
+  if (k >= p->packed + numel(p->shape)) return it == by_packed_.end() ? num_params() : (*it)->offset;
+  return p->offset + (k - p->packed);
+}
+
+std::vector<int64_t> Model::flat_counts(const std::vector<int64_t>& packed_counts) const {
+  std::vector<int64_t> out;
+  int64_t k = 0, at = 0;
+  for (int64_t c : packed_counts) {
+    k += c;
+    const int64_t end = flat_index(k);
+    out.push_back(end - at);
+    at = end;
+  }
+  return out;
 }
 
 void Model::assemble(const std::vector<const float*>& parts, float* whole) const {

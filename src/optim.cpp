@@ -44,19 +44,23 @@ void Optimizer::push(const Backend& be) {
 }
 
 double Optimizer::step(const Backend& be, Tensor& params, Tensor& grads, int64_t step,
-                       Comm* norm_over, const std::vector<std::pair<int64_t, int64_t>>* norm_ranges,
+                       Comm* norm_over, const std::vector<FlatPieces>* norm_ranges,
                        Comm* shards_over) {
   const auto [first, last] = shard_;
   double norm = -1;  // a pass over every gradient: only when clipping needs it
   if (c_.grad_clip > 0) {
     double sq = 0;
-    auto add = [&](int64_t b, int64_t e) {  // the part of [b, e) in the shard
-      b = std::max(b, first), e = std::min(e, last);
-      if (e > b) sq += be.sum_squares(grads.data() + b, e - b);
+    auto add = [&](const FlatPieces& range) {  // the part of the range in the shard
+      FlatPieces mine;
+      for (auto [b, n] : range) {
+        const int64_t lo = std::max(b, first), hi = std::min(b + n, last);
+        if (hi > lo) mine.push_back({lo, hi - lo});
+      }
+      if (!mine.empty()) sq += be.sum_squares(grads.data(), mine);
     };
-    if (!norm_ranges) add(0, n_);
+    if (!norm_ranges) add({{0, n_}});
     else
-      for (auto [b, e] : *norm_ranges) add(b, e);
+      for (const FlatPieces& r : *norm_ranges) add(r);
     if (shards_over) shards_over->allreduce_sum(&sq, 1);
     if (norm_over) norm_over->allreduce_sum(&sq, 1);
     norm = std::sqrt(sq);

@@ -75,7 +75,8 @@ bool Publisher::save(int64_t steps_done, bool wait) {
   // ZeRO: replica 0 of the stage assembles the stage's whole optimizer state first (the other
   // replicas' state is not read after this).
   std::unique_ptr<Optimizer> assembled;
-  if (st_.opt.sharded()) assembled = gather_shards(comm_, grid_, st_.opt);
+  if (st_.opt.sharded())
+    assembled = gather_shards(comm_, grid_, st_.opt, zero_counts(st_.model, grid_.replicas));
   Optimizer& opt = assembled ? *assembled : st_.opt;
   const bool gathered = plan_.gathered();
   if (gathered)

@@ -1,7 +1,11 @@
 #include "strata/run_plan.h"
 
-#include <fmt/format.h>
+#include <map>
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "strata/device_comm.h"
 #include "strata/error.h"
 #include "strata/files.h"
 #include "strata/grid.h"
@@ -56,7 +60,9 @@ std::string sharded_writer(const RunConfig& cfg, const RunPlan& p, const Comm& c
 GridShape grid_shape(const RunConfig& cfg, int ranks) {
   const int P = cfg.parallel.pipeline_stages, T = cfg.parallel.tensor;
   const int D = data_parallel_width(ranks, P, T, cfg.train.batch_size);
-  if (cfg.parallel.zero > 0 && D < 2)
+  // (One replica is allowed where the device communicator is asked to run its collectives
+  // alone: the GPU check's ZeRO-2 on a one-rank NCCL communicator.)
+  if (cfg.parallel.zero > 0 && D < 2 && !device_collectives_on_one_rank())
     fail_input("parallel.zero = {}: shards over the data-parallel replicas, and this grid has "
                "one (D = {} ranks / ({} stages x {} tensor parts) = 1): run on more ranks or "
                "set parallel.zero = 0", cfg.parallel.zero, ranks, P, T);
@@ -78,17 +84,33 @@ GridShape grid_shape(const RunConfig& cfg, int ranks) {
   return {.D = D, .M = M};
 }
 
+// Collective: "ranks 0 and 1 share GPU 0 of host n1; ..." for every GPU taken by more than
+// one rank (a node with more ranks than GPUs, or launch variables that give every rank the
+// same local rank), else "".
+std::string shared_gpus(Comm& comm, int gpu) {
+  const auto all = comm.all_gather_text(gpu < 0 ? "" : fmt::format("GPU {} of host {}", gpu, comm.host()));
+  std::map<std::string, std::vector<int>> by_gpu;
+  for (int r = 0; r < int(all.size()); ++r)
+    if (!all[size_t(r)].empty()) by_gpu[all[size_t(r)]].push_back(r);
+  std::string out;
+  for (const auto& [where, ranks] : by_gpu)
+    if (ranks.size() > 1)
+      out += fmt::format("{}ranks {} share {}", out.empty() ? "" : "; ", fmt::join(ranks, ", "), where);
+  return out;
+}
+
 RunPlan plan_run(const RunConfig& cfg, Comm& comm) {
   const bool lead = comm.rank() == 0;
   RunPlan p;
   p.ranks = comm.size();
+  int gpu = -1;
   p.P = cfg.parallel.pipeline_stages;
   p.T = cfg.parallel.tensor;
   collectively(comm, [&] {
     validate(cfg);
     check_job_environment();
     p.be = &select_backend({.device = cfg.device, .threads = cfg.threads,
-                            .precision = cfg.train.precision}, &p.device_note);
+                            .precision = cfg.train.precision}, &p.device_note, &gpu);
     check_grid(cfg, p);
     if (cfg.checkpoint.writer == "parallel")
       if (auto why = sharded_writer(cfg, p, comm); !why.empty())
@@ -105,6 +127,7 @@ RunPlan plan_run(const RunConfig& cfg, Comm& comm) {
                          p.T, cfg.train.batch_size / p.D, fmt::format("rank {}", comm.rank()));
     if (lead && !cfg.trace.empty()) ensure_parent_dir(cfg.trace);
   });
+  p.shared_gpus = shared_gpus(comm, gpu);
   // The partition: rank 0 measures when asked (every rank must use the same costs).
   p.costs = estimated_costs(p.layers);
   if (p.P > 1 && cfg.parallel.stage_layers.empty() && cfg.parallel.balance == "measured") {

@@ -61,7 +61,7 @@ TrainingSession::TrainingSession(const RunConfig& cfg, Comm& comm)
   oc_ = optim_config(cfg, total_);
   // ZeRO: this replica's shard of the stage's flat buffer (zero.h).
   const int zero = cfg.parallel.zero;
-  if (zero) shards_ = zero_counts(model_->num_params(), plan_.D);
+  if (zero) shards_ = zero_counts(*model_, plan_.D);
   opt_ = std::make_unique<Optimizer>(oc_, model_->num_params(),
                                      zero ? zero_shard(shards_, grid_.replica) : OptimShard{});
   resume();
@@ -191,8 +191,11 @@ int TrainingSession::run() {
   comm_.barrier();  // so that every rank's trace starts at the same moment
   goodput_->begin(start_step_);
   tracer_->set_origin();
-  for (int64_t step = start_step_; step < total_; ++step)
+  for (int64_t step = start_step_; step < total_; ++step) {
     if (auto code = train_step(step)) return *code;
+    if (step == start_step_ + 1) allocs_at_step2_ = device_allocations();
+  }
+  allocs_at_end_ = total_ - start_step_ >= 2 ? device_allocations() : allocs_at_step2_;
   return finish_run(t_start, cpu_start);
 }
 

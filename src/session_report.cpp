@@ -75,6 +75,10 @@ void TrainingSession::print_startup() const {
                "its checkpoint writes)\n", local_clock_time(*end));
   fmt::print("strata {} ({}): {} rank{}, device {}\n", STRATA_VERSION, STRATA_GIT_COMMIT,
              p.ranks, p.ranks == 1 ? "" : "s", p.device_note);
+  if (!p.shared_gpus.empty())
+    fmt::print(stderr, "strata: warning: {}: their gradient sums go through host memory (NCCL "
+               "needs a GPU per rank); give each rank its own GPU (srun --gpus-per-task=1, or as "
+               "many ranks per node as GPUs)\n", p.shared_gpus);
   fmt::print("data {}: {} train samples{}, {} classes, sample shape {}\n", cfg.data.path,
              info.train.n, info.has_test ? fmt::format(", {} test", info.test.n) : "",
              info.classes, shape_str(info.train.sample_shape));
@@ -117,7 +121,7 @@ void TrainingSession::print_startup() const {
 // (getrusage: the process's, so with thread ranks every rank reports the same).
 RankMemory TrainingSession::rank_memory() const {
   const int n = comm_.size(), me = comm_.rank();
-  std::vector<double> v(size_t(4 * n), 0.0);
+  std::vector<double> v(size_t(6 * n), 0.0);
   const double grads = double(model_->grads().size()) * sizeof(float);
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);
@@ -126,9 +130,11 @@ RankMemory TrainingSession::rank_memory() const {
   v[size_t(2 * n + me)] =
       cfg_.parallel.zero == 2 ? double(opt_->shard().end - opt_->shard().begin) * sizeof(float) : grads;
   v[size_t(3 * n + me)] = double(ru.ru_maxrss) / 1024.0;  // KiB on Linux
+  v[size_t(4 * n + me)] = double(allocs_at_end_.allocs - allocs_at_step2_.allocs);
+  v[size_t(5 * n + me)] = double(allocs_at_end_.frees - allocs_at_step2_.frees);
   comm_.allreduce_sum(v.data(), int64_t(v.size()));
   auto part = [&](int k) { return std::vector<double>(v.begin() + k * n, v.begin() + (k + 1) * n); };
-  return {part(0), part(1), part(2), part(3)};
+  return {part(0), part(1), part(2), part(3), part(4), part(5)};
 }
 
 void TrainingSession::report_done(const EvalResult& ev, const PipelineFigures& figures,
@@ -159,7 +165,9 @@ void TrainingSession::report_done(const EvalResult& ev, const PipelineFigures& f
       {"optimizer_state_bytes", json_list(memory.optimizer_state, 0)},
       {"gradient_bytes", json_list(memory.gradients, 0)},
       {"gradient_sum_bytes", json_list(memory.gradient_sum, 0)},
-      {"peak_rss_mb", json_list(memory.peak_rss_mb, 1)}};
+      {"peak_rss_mb", json_list(memory.peak_rss_mb, 1)},
+      {"steady_device_allocs", json_list(memory.steady_device_allocs, 0)},
+      {"steady_device_frees", json_list(memory.steady_device_frees, 0)}};
   for (auto& f : goodput_fields(goodput)) done.push_back(std::move(f));
   if (p.pipelined()) {
     done.push_back({"peak_live_microbatches", json_list(figures.peak_live, 0)});

@@ -1,5 +1,6 @@
 #include "strata/tensor.h"
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -27,10 +28,12 @@ std::string shape_str(const Shape& s) {
 }
 
 namespace {
+// 256-byte aligned, as a GPU allocator's: with the flat buffers' padding, every tensor in
+// them then starts on a 256-byte boundary in host memory too.
 void* host_alloc(size_t bytes) {
-  bytes = (bytes + 63) / 64 * 64;
-  if (bytes == 0) bytes = 64;
-  void* p = std::aligned_alloc(64, bytes);
+  bytes = (bytes + 255) / 256 * 256;
+  if (bytes == 0) bytes = 256;
+  void* p = std::aligned_alloc(256, bytes);
   if (!p) throw std::bad_alloc();
   std::memset(p, 0, bytes);
   return p;
@@ -38,11 +41,22 @@ void* host_alloc(size_t bytes) {
 void host_release(void* p) { std::free(p); }
 void host_zero(void* p, size_t bytes) { std::memset(p, 0, bytes); }
 
+std::atomic<int64_t> g_device_allocs{0}, g_device_frees{0};
+
 std::shared_ptr<float[]> allocate(const Memory& m, int64_t n) {
   void* p = m.alloc(size_t(n) * sizeof(float));
-  return std::shared_ptr<float[]>(static_cast<float*>(p), [rel = m.release](float* q) { rel(q); });
+  if (m.host) return std::shared_ptr<float[]>(static_cast<float*>(p), [rel = m.release](float* q) { rel(q); });
+  g_device_allocs.fetch_add(1, std::memory_order_relaxed);
+  return std::shared_ptr<float[]>(static_cast<float*>(p), [rel = m.release](float* q) {
+    g_device_frees.fetch_add(1, std::memory_order_relaxed);
+    rel(q);
+  });
 }
 }  // namespace
+
+DeviceAllocations device_allocations() {
+  return {g_device_allocs.load(std::memory_order_relaxed), g_device_frees.load(std::memory_order_relaxed)};
+}
 
 const Memory& host_memory() {
   static const Memory m{.name = "host", .host = true, .alloc = host_alloc,

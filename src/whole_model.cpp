@@ -29,8 +29,8 @@ std::vector<float*> buffers(Model& m, Optimizer& opt, bool with_state = true) {
 StageBlock stage_block(const std::vector<LayerInfo>& layers, LayerRange r) {
   StageBlock b;
   for (int i = 0; i < int(layers.size()); ++i) {
-    if (i >= r.last) b.offset += layers[size_t(i)].params;
-    else if (i >= r.first) b.count += layers[size_t(i)].params;
+    if (i >= r.last) b.offset += layers[size_t(i)].flat;
+    else if (i >= r.first) b.count += layers[size_t(i)].flat;
   }
   return b;
 }

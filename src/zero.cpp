@@ -18,6 +18,10 @@ std::vector<int64_t> zero_counts(int64_t n, int replicas) {
   return counts;
 }
 
+std::vector<int64_t> zero_counts(const Model& model, int replicas) {
+  return model.flat_counts(zero_counts(model.packed_params(), replicas));
+}
+
 OptimShard zero_shard(const std::vector<int64_t>& counts, int replica) {
   OptimShard s;
   for (int r = 0; r < replica; ++r) s.begin += counts[size_t(r)];
@@ -35,7 +39,8 @@ std::vector<int64_t> shard_parts(const std::vector<int64_t>& counts, int64_t beg
   return parts;
 }
 
-std::unique_ptr<Optimizer> gather_shards(Comm& world, const ProcessGrid& grid, Optimizer& opt) {
+std::unique_ptr<Optimizer> gather_shards(Comm& world, const ProcessGrid& grid, Optimizer& opt,
+                                         const std::vector<int64_t>& counts) {
   constexpr int kTag = 71;  // apart from the pipeline's tags
   const int root = grid.world_rank(grid.stage, 0, grid.tensor);
   auto mine = opt.state();
@@ -45,7 +50,6 @@ std::unique_ptr<Optimizer> gather_shards(Comm& world, const ProcessGrid& grid, O
   }
   auto whole = std::make_unique<Optimizer>(opt.config(), opt.num_params());
   whole->set_steps_taken(opt.steps_taken());
-  const auto counts = zero_counts(opt.num_params(), grid.replicas);
   auto dst = whole->state();
   for (size_t k = 0; k < dst.size(); ++k) {
     std::copy_n(mine[k].second->data(), mine[k].second->size(), dst[k].second->data());

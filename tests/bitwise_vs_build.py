@@ -15,6 +15,12 @@ The matrix (small and short: each run is seconds):
   gpt-pipe2            GPT, 2-stage pipeline
   cnn-resume           CNN stopped after 3 steps (max_steps), resumed to 6 from its checkpoint
   mlp-staged           MLP on --device cpu-staged (the GPU path's copies on host memory)
+  gpt-zero2-dp2        GPT, 2 ranks data parallel, ZeRO-2, gradient clipping (shards of the norm)
+  gpt-zero1-pipe2x2    GPT, 2 stages x 2 replicas, ZeRO-1
+  deep-pipe-zbh1       deep MLP, 2-stage pipeline, zb-h1 (backward split into B and W)
+  deep-pipe-interleaved  deep MLP, 2 stages x 2 chunks, interleaved 1F1B
+  gpt-bf16             GPT in bf16 (where the CPU has native bf16 GEMMs; else skipped)
+  gpt-staged-pipe2     GPT, 2-stage pipeline on --device cpu-staged (the tied table's sum)
 Exit 0 when every dataset of every run is identical; otherwise each difference is listed.
 """
 import argparse
@@ -53,6 +59,15 @@ def matrix(data, text):
                                        "--resume", "auto"])],
         "mlp-staged": [(1, img + ["--config", f"{CONFIGS}/fmnist_mlp.toml", "--train.max_steps", "6",
                                   "--device", "cpu-staged"] + ckpt)],
+        "gpt-zero2-dp2": [(2, gpt + ["--train.max_steps", "6", "--parallel.zero", "2"] + ckpt)],
+        "gpt-zero1-pipe2x2": [(4, gpt + ["--train.max_steps", "6", "--parallel.zero", "1",
+                                         "--parallel.pipeline_stages", "2"] + ckpt)],
+        "deep-pipe-zbh1": [(2, deep + ["--train.max_steps", "6", "--parallel.schedule", "zb-h1"] + ckpt)],
+        "deep-pipe-interleaved": [(2, deep + ["--train.max_steps", "6", "--parallel.schedule",
+                                               "interleaved", "--parallel.virtual_stages", "2"] + ckpt)],
+        "gpt-bf16": [(1, gpt + ["--train.max_steps", "6", "--train.precision", "bf16"] + ckpt)],
+        "gpt-staged-pipe2": [(2, gpt + ["--train.max_steps", "6", "--parallel.pipeline_stages", "2",
+                                        "--device", "cpu-staged"] + ckpt)],
     }
 
 
@@ -107,7 +122,11 @@ def main():
         runs = {k: v for k, v in runs.items() if k in a.only.split(",")}
     shutil.rmtree(a.work, ignore_errors=True)
     failures = []
+    flags = open("/proc/cpuinfo").read()
     for name, steps in runs.items():
+        if name == "gpt-bf16" and "avx512_bf16" not in flags and "amx_bf16" not in flags:
+            print(f"{name}: skipped: this CPU has no native bf16 GEMMs (avx512_bf16 or amx_bf16)")
+            continue
         outs = []
         for tag, strata in (("old", a.old), ("new", a.new)):
             out = os.path.join(a.work, name, tag)
@@ -121,7 +140,8 @@ def main():
               f"{n2} in {os.path.basename(last_checkpoint(outs[0]))})")
         for p in problems:
             print("  " + p)
-    print(f"{len(runs) - len({f.split(' ')[0] for f in failures})} of {len(runs)} runs identical")
+    print(f"{len(runs) - len({f.split(' ')[0] for f in failures})} of {len(runs)} runs identical "
+          f"(skipped ones counted as such above)")
     sys.exit(1 if failures else 0)
 
 

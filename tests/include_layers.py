@@ -15,7 +15,7 @@ import sys
 LAYERS = [
     ("base", "error parse rng tensor memory files subprocess activity ops read_guard hdf5_util"),
     ("kernels", "kernels_cpu kernels_cuda common lanes dispatch cuda_module"),
-    ("seams", "backend comm comm_threads trace metrics goodput prometheus job model_spec data "
+    ("seams", "backend comm device_comm staged_device comm_threads trace metrics goodput prometheus job model_spec data "
               "h5_datasets cuda_loader elf_needed cuda_libraries int8"),
     ("config and grid", "config grid"),
     ("model", "layers model loss optim checkpoint checkpoint_write batch_on_backend"),
@@ -29,7 +29,7 @@ LEVEL = {m: i for i, (_, mods) in enumerate(LAYERS) for m in mods.split()}
 # .cpp files that implement a module of another name.
 IMPLEMENTS = {
     "collectively": "comm", "checkpoint_sharded": "checkpoint", "checkpoint_int8": "checkpoint", "dataset": "data", "config_file": "config", "config_keys": "config", "loader": "data", "session_report": "session",
-    "layers_gpt": "layers", "cuda_backend": "backend", "device_comm": "backend",
+    "layers_gpt": "layers", "cuda_backend": "backend", "nccl_transport": "device_comm",
     "module": "backend", "embedding": "kernels_cpu", "layernorm": "kernels_cpu",
 }
 SOURCE_DIRS = ["include/strata", "src", "src/cuda", "src/nocuda", "src/cuda_loader",

@@ -8,6 +8,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -15,6 +16,9 @@
 #include "strata/tensor.h"
 
 namespace strata {
+
+class Comm;
+class DeviceTransport;
 
 struct Backend {
   const char* name;
@@ -49,8 +53,10 @@ struct DeviceRequest {
 // visible, else the CPU. Throws UserError (exit 2) for what this build or node cannot provide:
 // cuda without a GPU or without the CUDA backend, bf16 on a CPU without native bf16 GEMMs
 // (AVX512_BF16 or AMX). `why` says what was
-// chosen and why, for the log.
-const Backend& select_backend(const DeviceRequest& req, std::string* why);
+// chosen and why, for the log; `gpu`, the GPU taken (-1: none). The GPU is the node-local rank
+// (job.h's node_local_rank: the launcher's variable before an inherited SLURM_LOCALID) modulo
+// the GPUs visible.
+const Backend& select_backend(const DeviceRequest& req, std::string* why, int* gpu = nullptr);
 
 // A copy of host tensor t in the backend's memory (t itself, sharing storage, on the CPU).
 Tensor to_backend(const Backend& be, const Tensor& t);
@@ -72,5 +78,8 @@ struct CudaLibrary {
 // The libraries loaded for the CUDA backend, the driver last (empty until cuda_devices has
 // loaded them: on a node with the NVIDIA driver and every library).
 std::vector<CudaLibrary> cuda_libraries();
+// The device transport of a communicator over CUDA memory (device_comm.h): NCCL. Collective
+// over host.
+std::unique_ptr<DeviceTransport> cuda_transport(Comm& host);
 
 }  // namespace strata

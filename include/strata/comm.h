@@ -64,6 +64,10 @@ class Comm {
   virtual int start_recv(float* x, int64_t n, int from, int tag) = 0;
   virtual bool test(int handle) = 0;
   virtual void wait(int handle) = 0;
+  // A one-rank communicator whose sums still run through it (a device communicator asked to
+  // run its collectives alone: STRATA_DEVICE_COMM_ONE_RANK, device_comm.h). Callers that skip
+  // the sums of a lone rank ask this first.
+  virtual bool sums_alone() const { return false; }
   void set_yielding_waits(bool on) { yielding_waits_ = on; }
 
   // Collective: the sub-communicator of the ranks that pass the same color, ordered by key
@@ -103,10 +107,12 @@ class Comm {
 std::unique_ptr<Comm> make_world_comm();
 std::unique_ptr<Comm> make_single_comm();
 // The communicator for a backend whose memory is not the host's: float data (allreduce_sum
-// of floats, start_allreduce_sum, start_send/recv) is then in that memory. For CUDA: NCCL for
-// the allreduces on a stream of their own (overlapping backward), bootstrapped over `host`;
-// pipeline sends and receives staged through host memory over `host` (MPI). Everything else
-// goes to `host`. Collective over `host`. On a host-memory backend, `host` itself.
+// of floats, start_allreduce_sum, the sharded collectives, start_send/recv) is then in that
+// memory. The sums run on the device's transport (device_comm.h: NCCL on a GPU, bootstrapped
+// over `host`; the staged stand-in on cpu-staged) on a stream of their own, overlapping
+// backward; pipeline sends and receives are staged through host memory over `host` (MPI).
+// Everything else goes to `host`. Collective over `host`. On a host-memory backend, `host`
+// itself. (src/device_comm.cpp)
 std::unique_ptr<Comm> make_device_comm(std::unique_ptr<Comm> host, const Backend& be);
 
 // Runs fn on every rank of comm; if it throws UserError on any rank, the lowest such rank

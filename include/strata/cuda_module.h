@@ -2,7 +2,7 @@
 // which strata dlopens at run time (src/cuda_loader) after finding and loading the CUDA
 // libraries it was linked against, so that the executable starts on nodes without them. The
 // module exports one C function that returns this table of the seam's functions (backend.h,
-// comm.h); the loader checks that the module comes from the same build before using it.
+// device_comm.h); the loader checks that the module comes from the same build before using it.
 #pragma once
 #include <cstddef>
 #include <memory>
@@ -12,6 +12,7 @@ namespace strata {
 
 struct Backend;
 class Comm;
+class DeviceTransport;
 
 struct CudaModule {
   const char* build;    // STRATA_VERSION " " STRATA_GIT_COMMIT of the module's build
@@ -19,7 +20,7 @@ struct CudaModule {
   int (*devices)(std::string* why);
   const Backend& (*backend)(int device, bool bf16);
   std::string (*device_name)();
-  std::unique_ptr<Comm> (*device_comm)(std::unique_ptr<Comm> host, const Backend& be);
+  std::unique_ptr<DeviceTransport> (*transport)(Comm& host);
 };
 
 inline constexpr const char* kCudaModuleEntry = "strata_cuda_module";

@@ -50,6 +50,9 @@ class GradientAllreducer {
 
  private:
   void start(size_t b);
+  // Whether the buckets go through the comm: over several ranks, or one whose device
+  // communicator runs its collectives alone (Comm::sums_alone).
+  bool sums() const { return comm_.size() > 1 || comm_.sums_alone(); }
   bool whole(size_t b) const { return bounds_[b + 1] > whole_begin_ && bounds_[b] < whole_end_; }
   Comm& comm_;
   float* grads_;

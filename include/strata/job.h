@@ -24,6 +24,14 @@ std::optional<double> job_end_time(std::string* why_not);
 // The variables above and below, validated (UserError naming the variable): call where all
 // ranks agree on input errors, before training.
 void check_job_environment();
+// This rank's index among the ranks of its node, and the variable it came from: the launcher's
+// own (mpirun's OMPI_COMM_WORLD_LOCAL_RANK, Hydra's MPI_LOCALRANKID) before srun's
+// SLURM_LOCALID, which mpirun's ranks inside an allocation all inherit as 0.
+struct NodeLocalRank {
+  int rank = 0;
+  const char* source = "";
+};
+NodeLocalRank node_local_rank();
 std::string slurm_job_id();  // "" outside Slurm; digits ("123", or "123_4" for an array task)
 int64_t slurm_restart_count();
 // The Slurm node this rank runs on ($SLURMD_NODENAME: letters, digits, '.', '_', '-'), else the

@@ -31,8 +31,9 @@ void* stream();                     // the compute stream (a cudaStream_t)
 void synchronize();                 // waits for the compute stream
 
 // ---- Memory ----------------------------------------------------------------------------
-void* alloc(size_t bytes);          // cudaMalloc; throws std::runtime_error when out of memory
-void release(void* p);              // cudaFree (null is fine)
+void* alloc(size_t bytes);          // stream-ordered (cudaMallocAsync, pooled); throws
+                                    // std::runtime_error when out of memory
+void release(void* p);              // stream-ordered (cudaFreeAsync): waits for nothing
 void upload(void* dst, const void* src, size_t bytes);     // host -> device, stream-ordered;
                                                            // src may be reused on return
 void download(void* dst, const void* src, size_t bytes);   // device -> host, waits for it

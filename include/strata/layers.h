@@ -21,6 +21,13 @@ class Comm;
 // A parameter's value and gradient live in the model's flat buffers, in the backend's memory
 // (value, grad: what the ops read and write); `host` is the value's host copy, the same
 // pointer as `value` on the CPU (see Model::place).
+// The flat buffers (values, gradients, optimizer state) start every tensor on a 256-byte
+// boundary, as cuBLASLt's and cuDNN's fast kernels want their operands: a tensor of n floats
+// spans flat_span(n). The padding holds zeros and keeps them (no op writes it, and the
+// optimizers keep a zero parameter with a zero gradient at zero).
+inline constexpr int64_t kFlatAlign = 64;  // floats
+inline constexpr int64_t flat_span(int64_t n) { return (n + kFlatAlign - 1) / kFlatAlign * kFlatAlign; }
+
 struct Param {
   std::string name;  // global name, e.g. "fc1.weight"
   Shape shape;
@@ -32,7 +39,10 @@ struct Param {
   float* value = nullptr;
   float* grad = nullptr;
   float* host = nullptr;
-  int64_t offset = 0;  // into the flat buffers
+  int64_t offset = 0;  // into the flat buffers: a multiple of kFlatAlign (256 bytes)
+  // Into the packed layout (every tensor of the flat buffers back to back, no padding): the
+  // order the gradient norm sums in, and what ZeRO's shards split.
+  int64_t packed = 0;
   // Tensor parallelism: this rank may hold one part of the whole tensor (whole_shape), cut
   // along dim 0 (split_dim 0: `split_groups` equal blocks of rows, each cut in parts: c_attn's
   // q, k and v rows each split by heads) or along dim 1 (split_dim 1: columns). -1: whole.

@@ -28,6 +28,7 @@ struct LayerInfo {
   std::string name, describe;
   Shape in_shape, out_shape;  // per sample
   int64_t params = 0;
+  int64_t flat = 0;  // floats its tensors span in the flat buffers (each padded: flat_span)
   double flops = 0;  // forward, per sample
   int64_t internal_bytes = 0;  // per sample, kept for backward besides the output (blocks)
   bool recomputes = false;     // recomputed in backward instead (train.recompute = block)
@@ -111,9 +112,16 @@ class Model {
   // Their gradients are summed over the two stages before each update (both then take the
   // same update and stay equal).
   Param* tied_table() const;
-  // The ranges of the flat buffers whose squares this rank adds to the global gradient norm:
-  // a parameter every tensor rank holds whole is counted by rank 0, the table's copy not at all.
-  std::vector<std::pair<int64_t, int64_t>> norm_ranges() const;
+  // The ranges of the flat buffers whose squares this rank adds to the global gradient norm,
+  // each the pieces of one range of the packed layout: a parameter every tensor rank holds
+  // whole is counted by rank 0, the table's copy not at all.
+  std::vector<FlatPieces> norm_ranges() const;
+  // The packed layout (tensors back to back, as they would lie unpadded): its size, the flat
+  // index of packed index k (a boundary between tensors maps to the next one's start; the
+  // size to num_params()), and packed shard sizes (zero_counts) as flat shard sizes.
+  int64_t packed_params() const { return packed_params_; }
+  int64_t flat_index(int64_t k) const;
+  std::vector<int64_t> flat_counts(const std::vector<int64_t>& packed_counts) const;
 
   // Puts values and gradients in the backend's memory, uploading host_values(); a no-op for
   // host memory. Call after init or a resume, before training.
@@ -177,7 +185,8 @@ class Model {
   std::vector<size_t> lowest_;    // chunk c's lowest layer backward runs (the constructor's)
   std::vector<Segment> segments_;
   TensorSplit tp_;
-  int64_t block_params_ = 0, whole_block_params_ = 0;
+  int64_t block_params_ = 0, whole_block_params_ = 0, packed_params_ = 0;
+  std::vector<const Param*> by_packed_;  // in packed (= flat) order
   std::unique_ptr<Param> tied_copy_;  // the token table's copy (the head's stage)
   Param* shared_table_ = nullptr;     // the table itself (the embedding's stage)
   std::vector<std::unique_ptr<Layer>> layers_;  // this stage's

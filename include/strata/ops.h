@@ -2,6 +2,8 @@
 // their contracts), for Backend::supports and for messages and tests that go over every op.
 #pragma once
 #include <cstdint>
+#include <utility>
+#include <vector>
 
 namespace strata {
 
@@ -24,6 +26,12 @@ struct Int8Matrix {
   const int32_t* col_sum = nullptr;
   float act_scale = 0;
 };
+
+// Pieces of a flat buffer that hold, in order, one contiguous range of the packed layout (the
+// model's tensors back to back; the flat buffers pad each to 256 bytes): (offset, count)
+// each, offsets increasing. The floats between two pieces are zero (the padding), so a
+// backend may sum over them.
+using FlatPieces = std::vector<std::pair<int64_t, int64_t>>;
 
 enum class Op {
 #define STRATA_OP(name, ret, params) name,

@@ -51,7 +51,7 @@ class Optimizer {
   // holding the other parts of the model: a pipeline's stages, a tensor group).
   double step(const Backend& be, Tensor& params, Tensor& grads, int64_t step,
               Comm* norm_over = nullptr,
-              const std::vector<std::pair<int64_t, int64_t>>* norm_ranges = nullptr,
+              const std::vector<FlatPieces>* norm_ranges = nullptr,
               Comm* shards_over = nullptr);
   // The same update in pieces: apply() to ranges [begin, end) of the flat buffers as their
   // gradients become final, then end_step() once. Only without clipping, which needs the

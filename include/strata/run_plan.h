@@ -15,6 +15,9 @@ namespace strata {
 struct RunPlan {
   const Backend* be = nullptr;
   std::string device_note;  // what the backend is and why it was chosen, for the log
+  // Ranks that share a GPU (more ranks than GPUs on a node): a warning for the log ("" if
+  // none): their gradient sums go through host memory instead of NCCL.
+  std::string shared_gpus;
   DatasetInfo info;
   int ranks = 1;
   int P = 1, T = 1, D = 1;  // pipeline stages, tensor parts, data-parallel replicas

@@ -46,6 +46,9 @@ int run_train(const RunConfig& cfg, Comm& comm);
 // What each rank holds of the training state (indexed by world rank), and its peak RSS.
 struct RankMemory {
   std::vector<double> optimizer_state, gradients, gradient_sum, peak_rss_mb;
+  // Device allocations and frees made by training steps after the second one (steady state:
+  // none; tensor.h's counter, 0 on the CPU).
+  std::vector<double> steady_device_allocs, steady_device_frees;
 };
 
 class TrainingSession {
@@ -97,6 +100,7 @@ class TrainingSession {
   StopHook* stop_ = nullptr;        // owned by hooks_
   MetricsHook* metrics_hook_ = nullptr;
   double loader_wait_s_ = 0;
+  DeviceAllocations allocs_at_step2_, allocs_at_end_;  // tensor.h's counter, steady state
   // Pipeline: the share of each step's wall time this rank waits for others (receives,
   // sends, the agreement), every step after the first: the measured bubble is its median
   // (robust to a step during which the machine took the CPU away).

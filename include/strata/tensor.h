@@ -1,4 +1,4 @@
-// A dense, row-major fp32 tensor, in 64-byte aligned host memory or in a device backend's
+// A dense, row-major fp32 tensor, in 256-byte aligned host memory or in a device backend's
 // memory (Memory says which; only host memory may be read or written by host code).
 #pragma once
 #include <cstddef>
@@ -25,9 +25,16 @@ struct Memory {
 };
 const Memory& host_memory();
 
+// Allocations and frees of device (non-host) memory made by tensors since the process began:
+// a training step in steady state makes none (a GPU's cudaFree waits for the whole device).
+struct DeviceAllocations {
+  int64_t allocs = 0, frees = 0;
+};
+DeviceAllocations device_allocations();
+
 struct Tensor {
   Shape shape;
-  std::shared_ptr<float[]> storage;  // owned, 64-byte aligned; may be shared by views
+  std::shared_ptr<float[]> storage;  // owned, 256-byte aligned; may be shared by views
   float* ptr = nullptr;              // first element (views point into someone's storage)
   int64_t capacity = 0;              // elements owned by storage (0 for views)
   const Memory* memory = &host_memory();

@@ -59,7 +59,7 @@ class TrainStep {
   // The global gradient norm (clipping) sums the squares of every rank of a replica's model,
   // each parameter counted once.
   Comm* norm_comm_;
-  std::vector<std::pair<int64_t, int64_t>> norm_ranges_;
+  std::vector<FlatPieces> norm_ranges_;
   const std::vector<int64_t>* shards_;  // ZeRO's (the session's); null without
   BatchOnBackend on_be_;
   SoftmaxXentHead head_;

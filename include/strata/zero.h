@@ -16,6 +16,7 @@
 
 #include "strata/comm.h"
 #include "strata/grid.h"
+#include "strata/model.h"
 #include "strata/optim.h"
 
 namespace strata {
@@ -24,15 +25,21 @@ namespace strata {
 // starting at a multiple of 16 floats (64 bytes: whole cache lines and vectors); with fewer
 // than 16 D floats some shards are empty (one replica may hold them all).
 std::vector<int64_t> zero_counts(int64_t n, int replicas);
+// A stage model's shards of its flat buffers: zero_counts of its packed layout, each shard
+// boundary moved to where that packed index lies in the padded flat buffers (the padding
+// after a tensor goes with it), so the shards hold the same tensors' elements whatever the
+// padding.
+std::vector<int64_t> zero_counts(const Model& model, int replicas);
 OptimShard zero_shard(const std::vector<int64_t>& counts, int replica);
 // Each shard's part of the flat range [begin, end): contiguous, in replica order, summing to
 // end - begin (a bucket's reduce-scatter, a piece of the all-gather).
 std::vector<int64_t> shard_parts(const std::vector<int64_t>& counts, int64_t begin, int64_t end);
 
 // Collective over `world` (host memory): replica 0 of each stage and tensor part receives the
-// other replicas' shards of `opt`'s state and returns the unsharded state (every other rank
-// gets null). `opt` must be pulled to the host first.
-std::unique_ptr<Optimizer> gather_shards(Comm& world, const ProcessGrid& grid, Optimizer& opt);
+// other replicas' shards of `opt`'s state (their sizes `counts`, zero_counts) and returns the
+// unsharded state (every other rank gets null). `opt` must be pulled to the host first.
+std::unique_ptr<Optimizer> gather_shards(Comm& world, const ProcessGrid& grid, Optimizer& opt,
+                                         const std::vector<int64_t>& counts);
 // This rank's shard of an unsharded state (after a resume), and its step count.
 void take_shard(Optimizer& whole, Optimizer& opt);
 

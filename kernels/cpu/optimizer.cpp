@@ -130,13 +130,24 @@ void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n
   }
 }
 
-// x (n) -> sum of x^2 in double. Eight partial sums so the loop vectorises (no -ffast-math).
-double sum_squares(const float* x, int64_t n) {
+// The pieces of x -> sum of squares in double, as if the pieces were one array y of n floats:
+// eight partial sums, y[k] into lane k % 8 (the loop vectorises; no -ffast-math) for k below
+// the last multiple of 8, the tail into lane 0; then the lanes in order. The pieces' offsets
+// in x do not change a lane: the sum is that of the packed layout, however x is padded.
+double sum_squares(const float* x, const FlatPieces& pieces) {
+  int64_t n = 0;
+  for (const auto& [at, count] : pieces) n += count;
+  const int64_t body = n / 8 * 8;  // y[0, body) in 8 lanes, y[body, n) in lane 0
   double acc[8] = {};
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    for (int l = 0; l < 8; ++l) acc[l] += double(x[i + l]) * x[i + l];
-  for (; i < n; ++i) acc[0] += double(x[i]) * x[i];
+  int64_t k = 0;  // index in y
+  for (const auto& [at, count] : pieces) {
+    const float* p = x + at;
+    int64_t i = 0;
+    for (; i < count && k % 8 != 0 && k < body; ++i, ++k) acc[k % 8] += double(p[i]) * p[i];
+    for (; i + 8 <= count && k + 8 <= body; i += 8, k += 8)
+      for (int l = 0; l < 8; ++l) acc[l] += double(p[i + l]) * p[i + l];
+    for (; i < count; ++i, ++k) acc[k < body ? k % 8 : 0] += double(p[i]) * p[i];
+  }
   double total = 0.0;
   for (double a : acc) total += a;
   return total;

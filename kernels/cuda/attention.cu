@@ -39,11 +39,9 @@ float* workspace(size_t floats) {
   std::lock_guard lock(g_ws_mutex);
   const size_t bytes = floats * sizeof(float);
   if (bytes > g_ws_bytes) {
-    // cudaFree waits for the device, so no queued op still uses the old buffer.
-    if (g_ws) STRATA_CUDA_CHECK(cudaFree(g_ws));
-    g_ws = nullptr;
-    g_ws_bytes = 0;
-    STRATA_CUDA_CHECK(cudaMalloc(&g_ws, bytes));
+    // Stream-ordered (detail::grow): the old buffer is freed after the ops queued before, with
+    // no wait for the device (cudaFree would wait for an NCCL collective in flight too).
+    g_ws = grow(g_ws, bytes);
     g_ws_bytes = bytes;
   }
   return static_cast<float*>(g_ws);

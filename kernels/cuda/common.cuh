@@ -68,6 +68,9 @@ Context& ctx();
 // Device scratch of at least `bytes` for one op's reduction (grown on demand; the same
 // buffer for every op: ops run in stream order, one at a time).
 void* reduce_scratch(size_t bytes);
+// A buffer of `bytes` replacing `old` (null: none): both stream-ordered on the compute stream,
+// so the old one is freed after the ops queued before and nothing waits for the device.
+void* grow(void* old, size_t bytes);
 // Copies `bytes` (<= kHostResultBytes) from device `src` to ctx().host_result and waits.
 const void* fetch_result(const void* src, size_t bytes);
 

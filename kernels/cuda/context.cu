@@ -70,15 +70,19 @@ void* reduce_scratch(size_t bytes) {
   Context& c = ctx();
   std::lock_guard lock(g_mutex);
   if (bytes > c.reduce_bytes) {
-    // cudaFree waits for the device, so no queued op still uses the old buffer.
-    if (c.reduce_buf) STRATA_CUDA_CHECK(cudaFree(c.reduce_buf));
-    c.reduce_buf = nullptr;
-    c.reduce_bytes = 0;
     const size_t want = std::max<size_t>(bytes, size_t(64) << 10);
-    STRATA_CUDA_CHECK(cudaMalloc(&c.reduce_buf, want));
+    c.reduce_buf = grow(c.reduce_buf, want);
     c.reduce_bytes = want;
   }
   return c.reduce_buf;
+}
+
+void* grow(void* old, size_t bytes) {
+  Context& c = ctx();
+  if (old) STRATA_CUDA_CHECK(cudaFreeAsync(old, c.stream));
+  void* p = nullptr;
+  STRATA_CUDA_CHECK(cudaMallocAsync(&p, bytes, c.stream));
+  return p;
 }
 
 const void* fetch_result(const void* src, size_t bytes) {
@@ -144,6 +148,12 @@ void init(int device, bool bf16) {
   STRATA_CUDA_CHECK(cudnnCreate(&c.cudnn));
   STRATA_CUDA_CHECK(cudnnSetStream(c.cudnn, c.stream));
   STRATA_CUDA_CHECK(cudaMallocHost(&c.host_result, detail::kHostResultBytes));
+  // Memory freed to the default pool stays there (a step's frees feed the next step's
+  // allocations without returning to the driver).
+  cudaMemPool_t pool = nullptr;
+  STRATA_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device));
+  uint64_t keep = UINT64_MAX;
+  STRATA_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
   // The context lives until the process exits: handles are not destroyed at exit on purpose
   // (static destructors would run after the CUDA runtime may have shut down).
   g_ctx = c;
@@ -168,16 +178,20 @@ void synchronize() { STRATA_CUDA_CHECK(cudaStreamSynchronize(ctx().stream)); }
 
 // ---- Memory ----------------------------------------------------------------------------
 
+// Stream-ordered, from the device's default memory pool (its release threshold raised at init
+// so freed memory stays in the pool): neither allocating nor freeing waits for the device, so
+// a free never waits for an NCCL collective in flight on the communicator's stream (a
+// cross-rank hang with cudaFree, which waits for the whole device).
 void* alloc(size_t bytes) {
-  ctx();
+  cudaStream_t s = ctx().stream;
   void* p = nullptr;
-  const cudaError_t e = cudaMalloc(&p, bytes);
+  const cudaError_t e = cudaMallocAsync(&p, bytes, s);
   if (e != cudaSuccess) {
     (void)cudaGetLastError();
     size_t free_b = 0, total_b = 0;
     (void)cudaMemGetInfo(&free_b, &total_b);
     (void)cudaGetLastError();
-    throw std::runtime_error("strata::cuda::alloc: cudaMalloc(" + std::to_string(bytes) +
+    throw std::runtime_error("strata::cuda::alloc: cudaMallocAsync(" + std::to_string(bytes) +
                              " bytes) failed: " + cudaGetErrorString(e) + " (" +
                              std::to_string(free_b >> 20) + " MiB free of " +
                              std::to_string(total_b >> 20) + " MiB)");
@@ -187,8 +201,7 @@ void* alloc(size_t bytes) {
 
 void release(void* p) {
   if (!p) return;
-  ctx();
-  STRATA_CUDA_CHECK(cudaFree(p));
+  STRATA_CUDA_CHECK(cudaFreeAsync(p, ctx().stream));
 }
 
 // Pageable src may be reused as soon as this returns (the runtime stages it); pinned src must

@@ -116,9 +116,13 @@ void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n
   STRATA_CUDA_LAUNCHED();
 }
 
-// x (n) -> sum of x^2 in double. The block count depends on n only, so the summation order,
-// hence the result, is the same on every run.
-double sum_squares(const float* x, int64_t n) {
+// The pieces of x -> sum of x^2 in double, over the span from the first piece's start to the
+// last one's end (the floats between pieces are zero). The block count depends on that span
+// only, so the summation order, hence the result, is the same on every run.
+double sum_squares(const float* x, const FlatPieces& pieces) {
+  if (pieces.empty()) return 0.0;
+  x += pieces.front().first;
+  const int64_t n = pieces.back().first + pieces.back().second - pieces.front().first;
   if (n <= 0) return 0.0;
   cudaStream_t s = ctx().stream;
   const int blocks = int(std::clamp<int64_t>((n + 4095) / 4096, 1, kSumBlocksMax));

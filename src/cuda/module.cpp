@@ -4,6 +4,7 @@
 // executable's forwarding functions of the same name (src/cuda_loader).
 #include "strata/backend.h"
 #include "strata/comm.h"
+#include "strata/device_comm.h"
 #include "strata/cuda_module.h"
 
 extern "C" const strata::CudaModule* strata_cuda_module() {
@@ -13,7 +14,7 @@ extern "C" const strata::CudaModule* strata_cuda_module() {
       .devices = strata::cuda_devices,
       .backend = strata::cuda_backend,
       .device_name = strata::cuda_device_name,
-      .device_comm = strata::make_device_comm,
+      .transport = strata::cuda_transport,
   };
   return &m;
 }

@@ -20,6 +20,7 @@
 #include "strata/backend.h"
 #include "strata/comm.h"
 #include "strata/cuda_module.h"
+#include "strata/device_comm.h"
 #include "strata/error.h"
 
 namespace fs = std::filesystem;
@@ -184,11 +185,8 @@ std::string cuda_device_name() {
 
 std::vector<CudaLibrary> cuda_libraries() { return loaded().libraries; }
 
-std::unique_ptr<Comm> make_device_comm(std::unique_ptr<Comm> host, const Backend& be) {
-  // Not the CUDA table (the CPU's, or cpu-staged: MPI reads that memory): the host comm, and
-  // no reason to load anything.
-  if (std::strcmp(be.name, "cuda") != 0) return host;
-  return loaded().module->device_comm(std::move(host), be);
+std::unique_ptr<DeviceTransport> cuda_transport(Comm& host) {
+  return loaded().module->transport(host);  // a CUDA table exists: the module is loaded
 }
 
 }  // namespace strata

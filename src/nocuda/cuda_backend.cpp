@@ -5,6 +5,7 @@
 
 #include "strata/backend.h"
 #include "strata/comm.h"
+#include "strata/device_comm.h"
 #include "strata/error.h"
 
 namespace strata {
@@ -23,8 +24,8 @@ std::string cuda_device_name() { return ""; }
 
 std::vector<CudaLibrary> cuda_libraries() { return {}; }
 
-std::unique_ptr<Comm> make_device_comm(std::unique_ptr<Comm> host, const Backend&) {
-  return host;
+std::unique_ptr<DeviceTransport> cuda_transport(Comm&) {
+  throw std::logic_error("cuda_transport: this build has no CUDA backend");
 }
 
 }  // namespace strata

@@ -238,5 +238,19 @@ case $CASE in
     run 2 "${args[@]}" --parallel.zero 2
     compare "$cpu" "$gpu" "$(tolerance fp32)" "GPT ZeRO-2 on 2 ranks on the GPU against 2 CPU ranks"
     ;;
+  gpt-zero2-nccl1)
+    # One rank whose device communicator runs its collectives alone (NCCL on one GPU: its
+    # reduce, broadcast, allreduce, stream and events), ZeRO-2, against one CPU rank.
+    cpu=$(fresh cpu) gpu=$(fresh gpu)
+    gpt_common "$cpu" 20 cpu
+    run 1 "${args[@]}"
+    gpt_common "$gpu" 20 cuda
+    log=$WORK/gpu/$CASE/nccl.log
+    STRATA_DEVICE_COMM_ONE_RANK=1 NCCL_DEBUG=INFO "$STRATA" train "${args[@]}" --parallel.zero 2 \
+      >"$log" 2>&1 || fail "ZeRO-2 on a one-rank NCCL communicator exited $?"$'\n'"$(tail -c 4000 "$log")"
+    grep -q "Init COMPLETE" "$log" || fail "no NCCL communicator was made (NCCL_DEBUG=INFO shows none)"$'\n'"$(tail -c 2000 "$log")"
+    echo "NCCL: $(grep -m 1 "Init COMPLETE" "$log")"
+    compare "$cpu" "$gpu" "$(tolerance fp32)" "GPT ZeRO-2 on a one-rank NCCL communicator against 1 CPU rank"
+    ;;
   *) echo "unknown case $CASE" >&2; exit 2 ;;
 esac

@@ -8,7 +8,11 @@ upload would train on stale values), a 2-stage pipeline and 2 data-parallel rank
 ZeRO-2), and eval.
 The same for a GPT (a CNN first, then a 2-block GPT on a small byte-level text): its token ids
 reach the embedding from device memory (downloaded, checked, uploaded as int32), and every
-transformer op reads and writes the staged memory.
+transformer op reads and writes the staged memory; with 2 stages x 2 replicas and ZeRO-2, gpipe
+and zb-h1, ranks sharing one device, the device communicator on one rank, bf16, generate; tensor
+parts and int8 files refused as on a GPU. cpu-staged memory faults when host code touches it
+(staged_device.h), so a missing download or an MPI call on device memory crashes here, naming
+the caller; and no staged run may allocate or free device memory after its second step.
 
 Usage: staged_device.py STRATA DATA.h5 WORKDIR
 """
@@ -17,7 +21,7 @@ import shutil
 import subprocess
 import sys
 
-from common import MPI_ENV, parameters, run_strata
+from common import MPI_ENV, metrics, parameters, run_strata
 
 strata, data, work = sys.argv[1:4]
 root = os.path.join(work, "staged-device")
@@ -40,9 +44,25 @@ def check(what, a, b):
     ok &= s
 
 
-def train(name, ranks, args):
+def train(name, ranks, args, env=None):
+    """Trains; on cpu-staged, checks that steps after the second made no device allocation
+    or free (the done event's steady_device_allocs / _frees, every rank)."""
     d = os.path.join(root, name)
-    run_strata(strata, ranks, ["train"] + args + ["--output.dir", d])
+    if env:
+        cmd = ["mpirun", "-n", str(ranks), "--oversubscribe", "--bind-to", "none", strata,
+               "train"] + args + ["--output.dir", d]
+        p = subprocess.run(cmd, env=dict(MPI_ENV, **env), capture_output=True, text=True, timeout=600)
+        if p.returncode != 0:
+            sys.exit(f"FAIL: {' '.join(cmd)} exited {p.returncode}\n{p.stderr[-4000:]}")
+    else:
+        run_strata(strata, ranks, ["train"] + args + ["--output.dir", d])
+    if "cpu-staged" in args:
+        global ok
+        done_ev = [m for m in metrics(os.path.join(d, "metrics.jsonl")) if m.get("event") == "done"][-1]
+        allocs, frees = done_ev["steady_device_allocs"], done_ev["steady_device_frees"]
+        if any(allocs) or any(frees):
+            print(f"{name}: FAIL: device allocations after step 2 per rank {allocs}, frees {frees}")
+            ok = False
     return d
 
 
@@ -141,4 +161,69 @@ for dev in ("cpu", "cpu-staged"):
     outs.append(p.stdout.strip())
 print(f"GPT eval: cpu {outs[0]}, cpu-staged {outs[1]}")
 ok &= outs[0] == outs[1]
+
+# ZeRO-2 with the tied table on 2 stages x 2 replicas, and the other schedules.
+ZERO_PIPE = ["--parallel.pipeline_stages", "2", "--parallel.microbatches", "2",
+             "--parallel.zero", "2", "--train.max_steps", "8"]
+a = train("gpt-zero2-pipe-cpu", 4, GPT + ZERO_PIPE + ["--device", "cpu"])
+b = train("gpt-zero2-pipe-staged", 4, GPT + ZERO_PIPE + ["--device", "cpu-staged"])
+check("GPT, 2 stages x 2 replicas, ZeRO-2, final parameters", parameters(f"{a}/model.h5"),
+      parameters(f"{b}/model.h5"))
+for sched in ("gpipe", "zb-h1"):
+    S = ["--parallel.pipeline_stages", "2", "--parallel.microbatches", "2",
+         "--parallel.schedule", sched, "--train.max_steps", "6"]
+    a = train(f"gpt-{sched}-cpu", 2, GPT + S + ["--device", "cpu"])
+    b = train(f"gpt-{sched}-staged", 2, GPT + S + ["--device", "cpu-staged"])
+    check(f"GPT, 2 stages, {sched}, final parameters", parameters(f"{a}/model.h5"),
+          parameters(f"{b}/model.h5"))
+
+# The device communicator's other paths: ranks that share a device (sums staged through the
+# host, as on a GPU node with more ranks than GPUs), and its collectives on one rank.
+DP2 = GPT + ["--train.max_steps", "6", "--parallel.zero", "2"]
+a = train("gpt-zero2-cpu", 2, DP2 + ["--device", "cpu"])
+b = train("gpt-zero2-shared", 2, DP2 + ["--device", "cpu-staged"],
+          env={"STRATA_STAGED_SHARED_DEVICE": "1"})
+check("GPT ZeRO-2, 2 ranks sharing one device, final parameters", parameters(f"{a}/model.h5"),
+      parameters(f"{b}/model.h5"))
+ONE = GPT + ["--train.max_steps", "6"]
+a = train("gpt-one-cpu", 1, ONE + ["--device", "cpu"])
+for zero in ("0", "2"):
+    b = train(f"gpt-one-comm-zero{zero}", 1, ONE + ["--device", "cpu-staged", "--parallel.zero", zero],
+              env={"STRATA_DEVICE_COMM_ONE_RANK": "1"})
+    check(f"GPT, 1 rank, zero {zero}, the device communicator's collectives alone, final parameters",
+          parameters(f"{a}/model.h5"), parameters(f"{b}/model.h5"))
+
+# bf16 (where this CPU has native bf16 GEMMs).
+if "avx512_bf16" in open("/proc/cpuinfo").read() or "amx_bf16" in open("/proc/cpuinfo").read():
+    B16 = GPT + ["--train.max_steps", "6", "--train.precision", "bf16"]
+    a = train("gpt-bf16-cpu", 1, B16 + ["--device", "cpu"])
+    b = train("gpt-bf16-staged", 1, B16 + ["--device", "cpu-staged"])
+    check("GPT bf16, final parameters", parameters(f"{a}/model.h5"), parameters(f"{b}/model.h5"))
+else:
+    print("GPT bf16: skipped: this CPU has no native bf16 GEMMs")
+
+# generate on the staged device: the same text as on the CPU.
+outs = []
+for dev in ("cpu", "cpu-staged"):
+    p = subprocess.run([strata, "generate", "--checkpoint", f"{cpu}/model.h5", "--prompt", "The ",
+                        "--tokens", "20", "--seed", "3", "--device", dev], env=MPI_ENV,
+                       capture_output=True, check=True)
+    outs.append(p.stdout)  # bytes: a byte-level model's text need not be UTF-8
+print(f"generate: cpu {outs[0]!r}, cpu-staged {outs[1]!r}")
+ok &= outs[0] == outs[1]
+
+# Refused on a device, as on a GPU: tensor parts, and int8 files (the CPU-only ops).
+p = subprocess.run(["mpirun", "-n", "2", "--oversubscribe", strata, "train"] + GPT +
+                   ["--parallel.tensor", "2", "--device", "cpu-staged", "--output.dir",
+                    os.path.join(root, "tp")], env=MPI_ENV, capture_output=True, text=True)
+print(f"tensor parts on cpu-staged: exit {p.returncode}: {p.stderr.strip().splitlines()[-1:]}")
+ok &= p.returncode == 2 and "parallel.tensor" in p.stderr
+cnn = os.path.join(root, "cnn-cpu", "model.h5")
+q = os.path.join(root, "cnn-int8.h5")
+subprocess.run([strata, "quantize", "--checkpoint", cnn, "--out", q], env=MPI_ENV, check=True,
+               capture_output=True)
+p = subprocess.run([strata, "eval", "--checkpoint", q, "--data", data, "--device", "cpu-staged"],
+                   env=MPI_ENV, capture_output=True, text=True)
+print(f"int8 eval on cpu-staged: exit {p.returncode}: {p.stderr.strip().splitlines()[-1:]}")
+ok &= p.returncode == 2 and "int8" in p.stderr
 sys.exit(0 if ok else 1)

@@ -62,6 +62,15 @@ GRIDS = {"mlp-121": (1, 2, 1, MLP + ADAMW), "mlp-141": (1, 4, 1, MLP + SGD),
 check = Checks()
 
 
+
+def near_share(got, share, d):
+    """A shard's bytes against 1/d of the buffer: shards split the packed layout (tensors back
+    to back) in multiples of 16 floats, and each takes the 256-byte padding of the flat buffers'
+    tensors it holds, so a shard may differ from an exact share by that rounding and by the
+    padding's uneven spread (at most 252 bytes a tensor: up to 2 % of these small models'
+    shares, measured): within 16 floats a rank and 4 % of the share."""
+    return abs(got - share) <= max(16 * 4 * d * 2, 0.04 * share)
+
 def train(tag, p, d, t, args, zero, steps=STEPS, extra=()):
     out = os.path.join(work, tag)
     shutil.rmtree(out, ignore_errors=True)
@@ -120,12 +129,12 @@ for name, (p, d, t, args) in GRIDS.items():
         state, want = ev["optimizer_state_bytes"], [s / d for s in ref_state]
         print(f"  optimizer state bytes per rank {state} (zero 0: {ref_state}); gradient sum "
               f"kept {ev['gradient_sum_bytes']}; peak RSS MB {ev['peak_rss_mb']}")
-        check(all(abs(a - b) <= 16 * 4 * d * 2 for a, b in zip(state, want)),
+        check(all(near_share(a, b, d) for a, b in zip(state, want)),
               f"{name} zero {zero}: optimizer state per rank {state}, not 1/{d} of {ref_state}")
         grads = ev["gradient_bytes"]
         sums = ev["gradient_sum_bytes"]
         check(sums == (grads if zero == 1 else [g / d for g in grads]) or
-              (zero == 2 and all(abs(a - g / d) <= 16 * 4 * d * 2 for a, g in zip(sums, grads))),
+              (zero == 2 and all(near_share(a, g / d, d) for a, g in zip(sums, grads))),
               f"{name} zero {zero}: gradient sum kept per rank {sums} (gradient buffer {grads})")
 
 # The same grid twice; recompute changes nothing.

@@ -1,5 +1,5 @@
-// strata_op_tests' main: Catch2 with --backend cpu-staged|cuda, the backend under test (the
-// reference is always the CPU). Listing tests needs no GPU (catch_discover_tests lists them at
+// strata_op_tests' main: Catch2 with --backend cpu-staged|cuda|cpu, the backend under test (the
+// reference is always the CPU; cpu runs the CPU-only ops' cases, against fp32). Listing tests needs no GPU (catch_discover_tests lists them at
 // build time); running on cuda where none is visible prints one line and returns 77, which the
 // cuda tests' SKIP_RETURN_CODE turns into "Skipped", test by test.
 #define CATCH_CONFIG_RUNNER
@@ -15,14 +15,15 @@ int main(int argc, char** argv) {
   Catch::Session session;
   std::string backend = "cpu-staged";
   using Catch::clara::Opt;
-  session.cli(session.cli() | Opt(backend, "cpu-staged|cuda")["--backend"](
-                                  "the backend under test (default cpu-staged)"));
+  session.cli(session.cli() | Opt(backend, "cpu-staged|cuda|cpu")["--backend"](
+                                  "the backend under test (default cpu-staged; cpu: the "
+                                  "CPU-only ops' hidden cases, [cpu_only])"));
   if (const int rc = session.applyCommandLine(argc, argv); rc != 0) return rc;
   const Catch::ConfigData& cfg = session.configData();
   const bool listing = cfg.listTests || cfg.listTestNamesOnly || cfg.listTags ||
                        cfg.listReporters || cfg.showHelp || cfg.libIdentify;
-  if (backend != "cpu-staged" && backend != "cuda") {
-    std::fprintf(stderr, "--backend %s: expected cpu-staged or cuda\n", backend.c_str());
+  if (backend != "cpu-staged" && backend != "cuda" && backend != "cpu") {
+    std::fprintf(stderr, "--backend %s: expected cpu-staged, cuda or cpu\n", backend.c_str());
     return 2;
   }
   if (!listing && backend == "cuda") {

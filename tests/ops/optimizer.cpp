@@ -77,12 +77,23 @@ void check_sum_squares() {
        {int64_t(0), int64_t(1), int64_t(1000), (int64_t(1) << 20) + 5, int64_t(5) << 20}) {
     OpCase c(fmt::format("sum_squares n{}", n));
     const F32 x = c.in(random_vector(101, size_t(n)));
-    c.run([&](const Backend& be, const Ptrs& p) { return be.sum_squares(p[x], n); },
+    c.run([&](const Backend& be, const Ptrs& p) { return be.sum_squares(p[x], {{0, n}}); },
+          Tol::close(1e-12));
+  }
+  // Pieces of a padded flat buffer (zeros between them): 3 tensors of 37, 64 and 1000 floats,
+  // each at a multiple of 64.
+  {
+    const FlatPieces pieces = {{0, 37}, {64, 64}, {128, 1000}};
+    auto x = random_vector(102, 1128);
+    std::fill(x.begin() + 37, x.begin() + 64, 0.f);
+    OpCase c("sum_squares 3 pieces, padded");
+    const F32 in = c.in(x);
+    c.run([&](const Backend& be, const Ptrs& p) { return be.sum_squares(p[in], pieces); },
           Tol::close(1e-12));
   }
   const Backend& be = select_target(Precision::fp32);
   INFO("sum_squares of nothing, at a null pointer, on " << be.name);
-  CHECK(be.sum_squares(nullptr, 0) == 0.0);
+  CHECK(be.sum_squares(nullptr, {}) == 0.0);
 }
 
 void check_scale_inplace() {

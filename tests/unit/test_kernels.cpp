@@ -562,7 +562,16 @@ TEST_CASE("sum_squares and scale_inplace", "[kernels][optim]") {
   double want = 0;
   for (float v : x) want += double(v) * v;
   // Both sum exact double products; only the summation order differs.
-  CHECK(sum_squares(x.data(), int64_t(x.size())) == Approx(want).epsilon(1e-12));
+  const double packed = sum_squares(x.data(), {{0, int64_t(x.size())}});
+  CHECK(packed == Approx(want).epsilon(1e-12));
+  // The same floats as padded pieces (as the flat buffers hold tensors of 13, 700 and 288)
+  // sum bit for bit as the packed array: the padding shifts no lane.
+  Vec padded(64 + 704 + 288, 0.f);
+  std::copy_n(x.begin(), 13, padded.begin());
+  std::copy_n(x.begin() + 13, 700, padded.begin() + 64);
+  std::copy_n(x.begin() + 713, 288, padded.begin() + 768);
+  CHECK(sum_squares(padded.data(), {{0, 13}, {64, 700}, {768, 288}}) == packed);
+  CHECK(sum_squares(padded.data(), {{64, 700}}) == sum_squares(x.data() + 13, {{0, 700}}));
   const Vec x0 = x;
   scale_inplace(x.data(), int64_t(x.size()), 0.5f);
   for (size_t i = 0; i < x.size(); ++i) CHECK(x[i] == x0[i] * 0.5f);

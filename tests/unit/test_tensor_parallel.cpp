@@ -1,6 +1,8 @@
 // Tensor-parallel parameter parts (no MPI: tests/mpi/gpt_grid_equivalence.py runs the grids).
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <cstdint>
 #include <cstring>
 
 #include "strata/model.h"
@@ -14,6 +16,13 @@ constexpr int kVocab = 32;
 
 Model part(int t, int parts, LayerRange r = {}) {
   return Model(kGpt, kInput, kVocab, r, TensorSplit{.rank = t, .size = parts, .comm = nullptr});
+}
+// A model's flat buffer before assembly: -1 where a tensor lies (each must be written), 0 in
+// the padding after each tensor (the buffers' padding is zero and stays zero).
+std::vector<float> unwritten(const Model& m, int64_t size) {
+  std::vector<float> v(size_t(size), 0.0f);
+  for (const Param* p : m.params()) std::fill_n(v.begin() + p->offset, numel(p->shape), -1.0f);
+  return v;
 }
 }  // namespace
 
@@ -31,13 +40,13 @@ TEST_CASE("tensor parallel: the parts of an initialised model assemble into the 
       CHECK(m.block_params() < whole.num_params());
       CHECK(m.whole_block_params() == whole.num_params());
     }
-    std::vector<float> assembled(size_t(whole.num_params()), -1.0f);
+    std::vector<float> assembled = unwritten(whole, whole.num_params());
     ms[0].assemble(from, assembled.data());
     CHECK(std::memcmp(assembled.data(), whole.host_values().data(),
                       sizeof(float) * assembled.size()) == 0);
     // And each part is cut back out of the whole exactly.
     for (int t = 0; t < parts; ++t) {
-      std::vector<float> mine(size_t(ms[size_t(t)].block_params()), -1.0f);
+      std::vector<float> mine = unwritten(ms[size_t(t)], ms[size_t(t)].block_params());
       ms[size_t(t)].extract(whole.host_values().data(), mine.data());
       CHECK(std::memcmp(mine.data(), from[size_t(t)], sizeof(float) * mine.size()) == 0);
     }
@@ -79,8 +88,48 @@ TEST_CASE("pipeline: the LM head's stage holds a copy of the token table, outsid
   REQUIRE(copy);
   CHECK(copy->name == "embedding1.wte");
   CHECK(copy->offset == last.block_params());  // after the stage's block
-  CHECK(last.num_params() == last.block_params() + kVocab * 16);
+  CHECK(last.num_params() == last.block_params() + flat_span(kVocab * 16));
   CHECK(std::memcmp(copy->host, table->host, sizeof(float) * kVocab * 16) == 0);  // same init
   // The gradient norm counts the table once: not the copy.
-  for (auto [b, e] : last.norm_ranges()) CHECK(e <= last.block_params());
+  for (const FlatPieces& r : last.norm_ranges())
+    for (auto [b, n] : r) CHECK(b + n <= last.block_params());
+}
+
+// The flat buffers: every tensor at a 256-byte boundary (the GPU's GEMM and convolution
+// operands), the padding after it zero, and the packed layout (the gradient norm's order,
+// ZeRO's split) the tensors back to back.
+TEST_CASE("flat buffers: every tensor starts on a 256-byte boundary; padding zero", "[tp]") {
+  const ModelSpec cnn = {"conv 5 3", "relu", "maxpool 2", "flatten", "linear 7", "linear 10"};
+  std::vector<Model> models;
+  models.emplace_back(cnn, Shape{1, 9, 9}, 10);
+  models.emplace_back(kGpt, kInput, kVocab);
+  models.push_back(part(1, 2));                    // a tensor part
+  models.push_back(part(0, 1, LayerRange{3, -1}));  // the head's stage: the table's copy
+  for (Model& m : models) {
+    m.init(3);
+    INFO(m.summary());
+    CHECK(reinterpret_cast<uintptr_t>(m.values().data()) % 256 == 0);
+    CHECK(reinterpret_cast<uintptr_t>(m.grads().data()) % 256 == 0);
+    std::vector<bool> data(size_t(m.num_params()), false);
+    int64_t packed = 0;
+    std::vector<const Param*> by_offset(m.params().begin(), m.params().end());
+    std::sort(by_offset.begin(), by_offset.end(),
+              [](const Param* a, const Param* b) { return a->offset < b->offset; });
+    for (const Param* p : by_offset) {
+      INFO(p->name);
+      CHECK(p->offset % kFlatAlign == 0);
+      CHECK(p->packed == packed);
+      CHECK(m.flat_index(p->packed) == p->offset);
+      packed += numel(p->shape);
+      std::fill_n(data.begin() + p->offset, numel(p->shape), true);
+    }
+    CHECK(m.packed_params() == packed);
+    CHECK(m.flat_index(packed) == m.num_params());
+    for (int64_t i = 0; i < m.num_params(); ++i)
+      if (!data[size_t(i)]) REQUIRE(m.host_values()[i] == 0.0f);
+    // Packed shards mapped to flat ones tile the buffer.
+    int64_t sum = 0;
+    for (int64_t c : m.flat_counts({packed / 3, packed / 3, packed - 2 * (packed / 3)})) sum += c;
+    CHECK(sum == m.num_params());
+  }
 }
