@@ -235,6 +235,7 @@ void bench_conv(const Conv2dShape& s, bool need_dinp, const Options& opt, const 
               err_f, dev);
     print_row(std::string(need_dinp ? "conv bwd " : "conv bwd(no dinp) ") + shape, bf16,
               flop * (need_dinp ? 2 : 1), gpu_median_ms(opt.runs, bwd), cpu_bwd, err_b, dev);
+    std::printf("  cuDNN %s: %s\n", bf16 ? "bf16" : "fp32", strata::cuda::conv2d_algorithms(s).c_str());
   }
 }
 

@@ -40,6 +40,9 @@ void download(void* dst, const void* src, size_t bytes);   // device -> host, wa
 void copy(void* dst, const void* src, size_t bytes);       // device -> device, stream-ordered
 void zero(void* p, size_t bytes);                           // stream-ordered memset
 
+// cuDNN's algorithms chosen for a convolution at the current precision, for benchmarks.
+std::string conv2d_algorithms(const Conv2dShape& s);
+
 // ---- The ops ---------------------------------------------------------------------------
 // As on the CPU, with these differences:
 // - labels and token ids are device int32. The embedding cannot throw: its caller checks the
