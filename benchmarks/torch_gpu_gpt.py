@@ -54,9 +54,22 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.float().reshape(-1, V), targets.reshape(-1))
 
 
+def gpt2_init(model):
+    """GPT-2's initialisation, as strata's: normal(0, 0.02) weights and embeddings, zero biases,
+    LayerNorms at one and zero (torch's defaults, N(0, 1) embeddings, start near loss 480)."""
+    for name, p in model.named_parameters():
+        if name.endswith("bias"):
+            torch.nn.init.zeros_(p)
+        elif "ln" in name:
+            torch.nn.init.ones_(p)
+        else:
+            torch.nn.init.normal_(p, 0.0, 0.02)
+
+
 def tokens_per_s(precision, steps, warmup, batch):
     torch.manual_seed(0)
     model = GPT().cuda()
+    gpt2_init(model)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1, fused=True)
     data = torch.randint(0, V, (steps + warmup, batch, T + 1), device="cuda")
     losses = []

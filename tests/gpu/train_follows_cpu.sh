@@ -199,13 +199,17 @@ case $CASE in
     compare "$cpu" "$gpu" "$(tolerance fp32)" "pipeline 2 stages (${sched[*]}) on the GPU against 1 CPU rank, steps 1-20" 20
     ;;
   gpt | gpt-bf16)
-    prec=fp32
+    prec=fp32 noclip=()
     [ "$CASE" = gpt ] || prec=bf16
+    # Gradient clipping is a threshold: where the norm is near it, one run clips and the other
+    # not, and bf16's rounding is enough to cross it (an H200 run agreed to 1e-4 for 20 steps,
+    # then 4e-2 at the first step where only one clipped). bf16 compares without it.
+    [ "$prec" = fp32 ] || noclip=(--train.grad_clip 0)
     cpu=$(fresh cpu) gpu=$(fresh gpu)
     gpt_common "$cpu" 30 cpu
-    run 1 "${args[@]}"
+    run 1 "${args[@]}" "${noclip[@]}"
     gpt_common "$gpu" 30 cuda "$prec"
-    run 1 "${args[@]}"
+    run 1 "${args[@]}" "${noclip[@]}"
     compare "$cpu" "$gpu" "$(tolerance "$prec")" "GPT $prec, GPU against CPU"
     ;;
   gpt-resume)
