@@ -198,7 +198,7 @@ std::vector<Dataset> datasets_of(const Model& model, Optimizer& opt) {
   for (auto& [state, t] : opt.state())
     for (const auto& [name, shape] : whole)
       add("/optimizer/" + state + param_path(name).substr(7), shape, name, t->data(),
-          opt.shard().begin);
+          opt.state_base());
   return sets;
 }
 

@@ -1,5 +1,7 @@
 #include "strata/optim.h"
 
+#include "strata/layers.h"
+
 #include <algorithm>
 #include <cmath>
 #include <numbers>
@@ -18,8 +20,9 @@ double lr_at(const OptimConfig& c, int64_t step) {
 
 Optimizer::Optimizer(OptimConfig c, int64_t n, OptimShard shard)
     : c_(std::move(c)), n_(n), sharded_(shard.end >= 0),
-      shard_(sharded_ ? shard : OptimShard{0, n}) {
-  const int64_t m = shard_.end - shard_.begin;
+      shard_(sharded_ ? shard : OptimShard{0, n}),
+      state_base_(shard_.begin / kFlatAlign * kFlatAlign) {
+  const int64_t m = shard_.end - state_base_;
   s0_ = h0_ = Tensor({m});
   if (c_.kind == "adamw") s1_ = h1_ = Tensor({m});
 }
@@ -76,7 +79,7 @@ void Optimizer::apply(const Backend& be, Tensor& params, Tensor& grads, int64_t 
                       int64_t end, int64_t step) {
   begin = std::max(begin, shard_.begin), end = std::min(end, shard_.end);
   if (end <= begin) return;
-  const int64_t n = end - begin, at = begin - shard_.begin;  // at: in the state buffers
+  const int64_t n = end - begin, at = begin - state_base_;  // at: in the state buffers
   float* p = params.data() + begin;
   const float* g = grads.data() + begin;
   const float lr = float(lr_at(c_, step));

@@ -45,14 +45,18 @@ std::unique_ptr<Optimizer> gather_shards(Comm& world, const ProcessGrid& grid, O
   const int root = grid.world_rank(grid.stage, 0, grid.tensor);
   auto mine = opt.state();
   if (grid.replica != 0) {
-    for (auto& [name, t] : mine) world.wait(world.start_send(t->data(), t->size(), root, kTag));
+    const OptimShard s = opt.shard();
+    const int64_t lead = s.begin - opt.state_base();
+    for (auto& [name, t] : mine)
+      world.wait(world.start_send(t->data() + lead, s.end - s.begin, root, kTag));
     return nullptr;
   }
   auto whole = std::make_unique<Optimizer>(opt.config(), opt.num_params());
   whole->set_steps_taken(opt.steps_taken());
   auto dst = whole->state();
   for (size_t k = 0; k < dst.size(); ++k) {
-    std::copy_n(mine[k].second->data(), mine[k].second->size(), dst[k].second->data());
+    // Replica 0's shard begins at 0: its state buffer is the shard's, no lead.
+    std::copy_n(mine[k].second->data(), opt.shard().end, dst[k].second->data());
     for (int r = 1; r < grid.replicas; ++r) {
       const OptimShard s = zero_shard(counts, r);
       world.wait(world.start_recv(dst[k].second->data() + s.begin, s.end - s.begin,
@@ -66,9 +70,9 @@ void take_shard(Optimizer& whole, Optimizer& opt) {
   STRATA_CHECK(whole.num_params() == opt.num_params() && !whole.sharded(),
                "a shard is taken from the whole state of the same buffer");
   auto src = whole.state(), dst = opt.state();
+  const int64_t base = opt.state_base();
   for (size_t k = 0; k < src.size(); ++k)
-    std::copy_n(src[k].second->data() + opt.shard().begin, dst[k].second->size(),
-                dst[k].second->data());
+    std::copy_n(src[k].second->data() + base, dst[k].second->size(), dst[k].second->data());
   opt.set_steps_taken(whole.steps_taken());
 }
 

@@ -63,7 +63,12 @@ class Optimizer {
 
   // State for checkpoints: named HOST buffers, each parallel to the shard of the flat
   // parameter buffer (momentum for SGD; exp_avg and exp_avg_sq for AdamW), and the count of
-  // steps taken. Checkpoints take an unsharded optimizer (zero.h assembles one).
+  // steps taken. Checkpoints take an unsharded optimizer (zero.h assembles one). Element i of
+  // a state buffer is that of flat index state_base() + i: the shard's begin rounded down to a
+  // 256-byte boundary (ZeRO's shards split the packed layout, so a shard may begin inside a
+  // tensor), so each tensor's state lies as aligned as the tensor; the floats before the
+  // shard's begin are unused.
+  int64_t state_base() const { return state_base_; }
   std::vector<std::pair<std::string, Tensor*>> state() {
     const auto names = state_names(c_.kind);
     if (names.size() == 2) return {{names[0], &h0_}, {names[1], &h1_}};
@@ -87,6 +92,7 @@ class Optimizer {
   int64_t n_;
   bool sharded_;
   OptimShard shard_;
+  int64_t state_base_;  // flat index of the state buffers' first element
   Tensor s0_, s1_;  // what the updates use
   Tensor h0_, h1_;  // their host copies (the same storage on the CPU)
   int64_t t_ = 0;

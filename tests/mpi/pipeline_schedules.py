@@ -156,8 +156,11 @@ compare("recompute zb-h1 vs 1f1b", train("gpt", "rc-zb-h1", 2, "zb-h1", more=rc)
 
 print("the GPU path's host/device logic (--device cpu-staged: CPU ops on separate memory), mlp-deep, P = 2:")
 for schedule in ("zb-h2", "interleaved"):
-    compare(f"cpu-staged {schedule} vs cpu 1f1b", train("mlp-deep", f"staged-{schedule}", 2, schedule,
-                                                        more=["--device", "cpu-staged"]), base)
+    staged = train("mlp-deep", f"staged-{schedule}", 2, schedule, more=["--device", "cpu-staged"])
+    compare(f"cpu-staged {schedule} vs cpu 1f1b", staged, base)
+    allocs, frees = staged[3]["steady_device_allocs"], staged[3]["steady_device_frees"]
+    print(f"  cpu-staged {schedule}: device allocations after step 2 per rank {allocs}, frees {frees}")
+    check(not any(allocs) and not any(frees), f"cpu-staged {schedule}: device memory allocated in steady state")
 
 print("checkpoints across schedules (mlp-deep, P = 2, written at step 15):")
 for writer, reader in (("zb-h2", "1f1b"), ("1f1b", "zb-h1"), ("interleaved", "1f1b"), ("1f1b", "interleaved")):

@@ -107,7 +107,7 @@ TEST_CASE("ZeRO shards: gathered into the unsharded state and taken back, unchan
       Optimizer mine(c, n, zero_shard(counts, grid.replica));
       for (auto& [name, t] : mine.state())
         for (int64_t i = 0; i < t->size(); ++i)
-          t->data()[i] = float(mine.shard().begin + i) + (name == "exp_avg" ? 0.25f : 0.5f);
+          t->data()[i] = float(mine.state_base() + i) + (name == "exp_avg" ? 0.25f : 0.5f);
       mine.set_steps_taken(7);
       auto whole = gather_shards(world, grid, mine, counts);
       std::vector<float> flat;
