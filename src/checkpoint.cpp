@@ -510,6 +510,8 @@ LoadedCheckpoint read_checkpoint(const std::string& path, bool tolerate_mismatch
     if (out.format == kInt8Format) read_int8_products(f.get(), path, out, tolerate_mismatch);
   } catch (const UserError&) {
     throw;
+  } catch (const std::bad_alloc&) {
+    throw;  // not the file's fault: out of memory (main reports it)
   } catch (const std::exception& e) {
     fail_checkpoint(fmt::format("{}: damaged file: {}", path, e.what()));
   }

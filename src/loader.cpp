@@ -308,6 +308,7 @@ struct Loader::Impl {
   }
 
   void run() {
+    AllocationScope scope("the data loader's batches");
     std::unique_lock lk(m);
     for (;;) {
       cv.wait(lk, [&] { return stop || done_gen != req_gen; });

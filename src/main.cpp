@@ -21,6 +21,7 @@
 #include "strata/job.h"
 #include "strata/parse.h"
 #include "strata/generate.h"
+#include "strata/memory.h"
 #include "strata/grid.h"
 #include "strata/prepare.h"
 #include "strata/quantize.h"
@@ -504,13 +505,36 @@ int main(int argc, char** argv) {
       return kExitOk;
     }
     for (auto& c : commands)
-      if (*c.app) code = c.run(*comm);
+      if (*c.app) {
+        const CLI::App* parent = c.app->get_parent();
+        const std::string what = "running strata " + (parent && parent->get_parent()
+                                                          ? parent->get_name() + " " : std::string()) +
+                                 c.app->get_name();
+        AllocationScope scope(what.c_str());
+        arm_allocation_failures();
+        code = c.run(*comm);
+      }
   } catch (const AgreedFailure& e) {
     code = e.code;
   } catch (const UserError& e) {
     // Errors found by all ranks alike are printed once; others name the rank.
     fmt::print(stderr, "strata: error: {}{}\n", comm->size() > 1 ? fmt::format("rank {} ({}): ", comm->rank(), comm->host()) : "", e.what());
     code = e.code;
+  } catch (const std::bad_alloc& e) {
+    // Past the memory check: another process took the memory, or an estimate fell short. The
+    // report itself may find no memory: then without the bound.
+    arm_allocation_failures(false);
+    std::string bound = "memory left unknown";
+    try {
+      bound = memory_bound().source;
+    } catch (const std::bad_alloc&) {
+    }
+    fmt::print(stderr, "strata: error: rank {} ({}): {} ({}; exit {})\n", comm->rank(), comm->host(),
+               dynamic_cast<const OutOfMemory*>(&e) ? e.what() : "out of memory", bound,
+               int(kExitOutOfMemory));
+    std::fflush(stderr);
+    if (comm->size() > 1) mpi_abort(kExitOutOfMemory);  // the other ranks cannot go on
+    code = kExitOutOfMemory;
   } catch (const std::exception& e) {
     fmt::print(stderr, "strata: internal error on rank {} ({}): {}\n", comm->rank(), comm->host(), e.what());
     std::fflush(stderr);

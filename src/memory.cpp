@@ -1,7 +1,11 @@
 #include "strata/memory.h"
 
+#include <sys/resource.h>
+
+#include <algorithm>
 #include <fstream>
 #include <sstream>
+#include <tuple>
 #include <string>
 
 #include <fmt/format.h>
@@ -45,36 +49,68 @@ std::string cgroup_path(bool* v2) {
   return v2_path;
 }
 
-// The cgroup's limit less its usage; INT64_MAX when there is no limit.
-int64_t cgroup_headroom() {
+// The cgroup's limit and usage; false when there is no limit.
+bool cgroup_limit(int64_t* limit, int64_t* usage) {
   bool v2 = true;
   const std::string path = cgroup_path(&v2);
-  int64_t limit = 0, usage = 0;
   if (v2) {
     const std::string dir = "/sys/fs/cgroup" + path;
-    if (read_number(dir + "/memory.max", &limit) && read_number(dir + "/memory.current", &usage))
-      return limit - usage;
-  } else {
-    for (const std::string& dir : {"/sys/fs/cgroup/memory" + path, std::string("/sys/fs/cgroup/memory")})
-      if (read_number(dir + "/memory.limit_in_bytes", &limit) &&
-          read_number(dir + "/memory.usage_in_bytes", &usage) && limit < (int64_t(1) << 60))
-        return limit - usage;
+    return read_number(dir + "/memory.max", limit) && read_number(dir + "/memory.current", usage);
   }
-  return INT64_MAX;
+  for (const std::string& dir : {"/sys/fs/cgroup/memory" + path, std::string("/sys/fs/cgroup/memory")})
+    if (read_number(dir + "/memory.limit_in_bytes", limit) &&
+        read_number(dir + "/memory.usage_in_bytes", usage) && *limit < (int64_t(1) << 60))
+      return true;
+  return false;
+}
+
+// A field of /proc/self/status in bytes ("VmSize:  123 kB"); 0 when missing.
+int64_t status_bytes(const std::string& key) {
+  std::ifstream in("/proc/self/status");
+  std::string k, unit;
+  int64_t kb = 0;
+  while (in >> k) {
+    if (k == key && in >> kb >> unit) return kb * 1024;
+    in.ignore(1 << 16, '\n');
+  }
+  return 0;
 }
 
 }  // namespace
 
-int64_t available_memory_bytes() {
-  int64_t avail = INT64_MAX;
-  std::ifstream in("/proc/meminfo");
-  std::string key;
-  int64_t kb = 0;
-  std::string unit;
-  while (in >> key >> kb >> unit)
-    if (key == "MemAvailable:") avail = kb * 1024;
-  return std::max<int64_t>(0, std::min(avail, cgroup_headroom()));
+MemoryBound memory_bound() {
+  MemoryBound b{INT64_MAX, "this node has no memory limit"};
+  auto consider = [&](int64_t left, std::string source) {
+    left = std::max<int64_t>(0, left);
+    if (left < b.bytes) b = {left, std::move(source)};
+  };
+  {
+    std::ifstream in("/proc/meminfo");
+    std::string key, unit;
+    int64_t kb = 0;
+    while (in >> key >> kb >> unit)
+      if (key == "MemAvailable:") consider(kb * 1024, "");
+    if (b.bytes != INT64_MAX) b.source = fmt::format("this node has {} available", format_bytes(double(b.bytes)));
+  }
+  if (int64_t limit = 0, usage = 0; cgroup_limit(&limit, &usage))
+    consider(limit - usage, fmt::format("the job's memory limit (its cgroup's, {}; {} in use) leaves {}",
+                                        format_bytes(double(limit)),
+                                        format_bytes(double(usage)),
+                                        format_bytes(double(std::max<int64_t>(0, limit - usage)))));
+  for (const auto& [resource, name, field, what] :
+       {std::tuple{RLIMIT_AS, "ulimit -v (RLIMIT_AS", "VmSize:", "address space"},
+        std::tuple{RLIMIT_DATA, "ulimit -d (RLIMIT_DATA", "VmData:", "data segment"}}) {
+    rlimit rl{};
+    if (getrlimit(resource, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) continue;
+    const int64_t limit = int64_t(std::min<rlim_t>(rl.rlim_cur, INT64_MAX)), used = status_bytes(field);
+    consider(limit - used, fmt::format("this process's {} {}, {} of {} in use) leaves {}", name,
+                                       format_bytes(double(limit)), format_bytes(double(used)), what,
+                                       format_bytes(double(std::max<int64_t>(0, limit - used)))));
+  }
+  return b;
 }
+
+int64_t available_memory_bytes() { return memory_bound().bytes; }
 
 std::string format_bytes(double b) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
@@ -84,10 +120,10 @@ std::string format_bytes(double b) {
 }
 
 void require_memory(double bytes, const std::string& what) {
-  const int64_t avail = available_memory_bytes();
-  if (bytes < 0 || bytes > double(avail))
-    fail_input("{} needs {}; this node has {} available", what,
-               bytes < 0 ? std::string("more than 8 EiB") : format_bytes(bytes), format_bytes(double(avail)));
+  const MemoryBound b = memory_bound();
+  if (bytes < 0 || bytes > double(b.bytes))
+    fail_input("{} needs {}; {}", what,
+               bytes < 0 ? std::string("more than 8 EiB") : format_bytes(bytes), b.source);
 }
 
 }  // namespace strata

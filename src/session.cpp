@@ -11,6 +11,7 @@
 #include "strata/error.h"
 #include "strata/files.h"
 #include "strata/job.h"
+#include "strata/memory.h"
 #include "strata/whole_model.h"
 #include "strata/zero.h"
 
@@ -107,6 +108,7 @@ TrainingSession::TrainingSession(const RunConfig& cfg, Comm& comm)
 
 // This rank's stage of the model (its tensor part), initialised; the outputs rank 0 writes.
 void TrainingSession::build_model() {
+  AllocationScope scope("building the model (parameters, gradients, optimizer state)");
   const RunConfig& cfg = cfg_;
   collectively(comm_, [&] {
     // Values and gradients, the optimizer's state, and on rank 0 the whole model that
@@ -142,6 +144,7 @@ void TrainingSession::build_model() {
 // than hours later; then the run continues from the newest checkpoint that verifies.
 // Parameters and optimizer state then go where the backend computes.
 void TrainingSession::resume() {
+  AllocationScope scope("reading the checkpoint to resume from");
   ckpt_ = std::make_unique<Checkpointer>(cfg_, comm_);
   int64_t whole_params = 0;
   for (const auto& l : plan_.layers) whole_params += l.params;
@@ -200,6 +203,7 @@ int TrainingSession::run() {
 }
 
 std::optional<int> TrainingSession::train_step(int64_t step) {
+  AllocationScope scope("a training step (activations and their gradients)");
   hooks_.begin(step);
   const auto t_step = Clock::now();
   const Loader::Batch* batch;
@@ -242,6 +246,7 @@ std::optional<int> TrainingSession::train_step(int64_t step) {
 // The end of a run that trained every step: the final checkpoint, then (the watchdog off) the
 // evaluation of the test split and the parameter file, both only from finite parameters.
 int TrainingSession::finish_run(Clock::time_point t_start, double cpu_start) {
+  AllocationScope scope("the final checkpoint, evaluation and parameter file");
   if (ckpt_->periodic() && cfg_.checkpoint.final && publisher_->last_step() < total_)
     publisher_->save(total_, /*wait=*/true);
   publisher_->finish();

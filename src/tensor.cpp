@@ -7,6 +7,8 @@
 
 #include <fmt/format.h>
 
+#include "strata/memory.h"
+
 namespace strata {
 
 Shape batched(int64_t b, const Shape& sample) {
@@ -33,8 +35,9 @@ namespace {
 void* host_alloc(size_t bytes) {
   bytes = (bytes + 255) / 256 * 256;
   if (bytes == 0) bytes = 256;
+  check_allocation(bytes);
   void* p = std::aligned_alloc(256, bytes);
-  if (!p) throw std::bad_alloc();
+  if (!p) throw OutOfMemory(bytes);
   std::memset(p, 0, bytes);
   return p;
 }

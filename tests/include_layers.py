@@ -29,7 +29,7 @@ LEVEL = {m: i for i, (_, mods) in enumerate(LAYERS) for m in mods.split()}
 # .cpp files that implement a module of another name.
 IMPLEMENTS = {
     "collectively": "comm", "checkpoint_sharded": "checkpoint", "checkpoint_int8": "checkpoint", "dataset": "data", "config_file": "config", "config_keys": "config", "loader": "data", "session_report": "session",
-    "layers_gpt": "layers", "cuda_backend": "backend", "nccl_transport": "device_comm",
+    "layers_gpt": "layers", "cuda_backend": "backend", "nccl_transport": "device_comm", "out_of_memory": "memory",
     "module": "backend", "embedding": "kernels_cpu", "layernorm": "kernels_cpu",
 }
 SOURCE_DIRS = ["include/strata", "src", "src/cuda", "src/nocuda", "src/cuda_loader",

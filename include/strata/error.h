@@ -17,6 +17,8 @@ enum ExitCode : int {
   kExitHung = 5,        // the watchdog found a rank that stopped making progress
   kExitCheckpointsFailed = 6,  // training finished and model.h5 was written, but one or more
                                // checkpoint writes failed (each reported when it happened)
+  kExitOutOfMemory = 7,  // an allocation failed after the memory check (another process took
+                         // the memory, or an estimate fell short): named rank, what, size
   kExitResumable = 75,  // stopped early on purpose (signal/time limit); requeue (EX_TEMPFAIL)
 };
 

@@ -3,7 +3,7 @@
 must do with it (README "Exit codes"; issue 14).
 
 Usage: bad_inputs.py CLASS --strata STRATA --work DIR [--list]
-  CLASS: config | flags | data | tokens | checkpoint | params | env | sbatch | all
+  CLASS: config | flags | data | tokens | checkpoint | params | env | sbatch | memory | all
 
 Every case runs one command and checks:
   - its exit code;
@@ -19,6 +19,7 @@ Every case runs one command and checks:
 Prints a line per case and a summary; exits 1 if any case fails.
 """
 import argparse
+import atexit
 import dataclasses
 import hashlib
 import json
@@ -70,6 +71,7 @@ class Case:
     check_stdout: Optional[Callable] = None  # extra check of stdout for cases that must work
     allow_changes: str = ""         # why files in the output dir may change (e.g. *.corrupt)
     error_line_prefix: str = ERROR  # the sbatch script's own errors say "train.sbatch: error: "
+    preexec: Optional[Callable] = None  # runs in the child before strata (a cgroup to join)
 
 
 # ----------------------------------------------------------------------------- fixtures
@@ -113,6 +115,13 @@ class Fixtures:
                    "--output.dir", self.path("mlp"), "--quiet"])
         self._run(["train"] + self.gpt_args() + ["--train.max_steps", "2", "--checkpoint.every_steps", "1",
                    "--output.dir", self.path("gpt"), "--quiet"])
+        # A checkpoint of 52 MiB of parameters and as much of each optimizer state: its read
+        # needs more than its model's buffers (the memory class's resume case).
+        self._run(["train", "--data.path", self.tiny, "--train.batch_size", "8", "--model.hidden", "3600", "3600",
+                   "--train.max_steps", "1", "--checkpoint.every_steps", "1", "--output.dir", self.path("big"),
+                   "--quiet"])
+        os.rename(self.path("big", "checkpoints", "ckpt-000000001.h5"), self.path("big", "ckpt.h5"))
+        shutil.rmtree(self.path("big", "checkpoints"))
 
     def mlp_args(self):
         return ["--data.path", self.tiny, "--model.hidden", "8", "--train.batch_size", "8"]
@@ -189,7 +198,8 @@ def cases(fx: Fixtures):
     rng = np.random.default_rng(1)
     img = rng.integers(0, 255, (16, 8, 8)).astype(np.uint8)
     lab = rng.integers(0, 4, 16).astype(np.uint8)
-    out = {k: [] for k in ("config", "flags", "data", "tokens", "checkpoint", "params", "env", "sbatch")}
+    out = {k: [] for k in ("config", "flags", "data", "tokens", "checkpoint", "params", "env", "sbatch",
+                           "memory")}
 
     # ---- config files: types, ranges, structure, syntax (TOML 1.0, strict) ----
     def conf(name, text, pattern, code=2):
@@ -684,6 +694,8 @@ def cases(fx: Fixtures):
         for v in ("abc", "nan", "-5", "1e30"):
             envc(f"{name}={v}", {name: v}, rf"environment variable {name}=")
 
+    memory_cases(fx, out["memory"], train)
+
     # ---- the job script's settings (slurm/train.sbatch, checked before it runs anything) ----
     sbatch = [shutil.which("bash") or "/bin/bash", SBATCH]
     for name in ("STRATA_MAX_NO_PROGRESS", "STRATA_MAX_RESTARTS", "STRATA_MIN_NODES", "STRATA_HEALTH_TIMEOUT"):
@@ -693,6 +705,82 @@ def cases(fx: Fixtures):
                 env={name: v, "CONFIG": "configs/fmnist_mlp.toml", "STRATA": S},
                 error_line_prefix="train.sbatch: error: "))
     return out
+
+
+# ----------------------------------------------------------------------------- memory
+
+CGROUP_V1 = "/sys/fs/cgroup/memory"
+CGROUP_V2 = "/sys/fs/cgroup"
+
+
+def memory_cgroup(limit_bytes):
+    """A memory cgroup of its own with `limit_bytes` (v1 memory.limit_in_bytes, or v2
+    memory.max), and a preexec function that moves a child into it; (None, reason) where this
+    machine does not let the test make one."""
+    for root, limit_file in ((CGROUP_V1, "memory.limit_in_bytes"), (CGROUP_V2, "memory.max")):
+        if not os.path.exists(os.path.join(root, limit_file)) and not os.path.exists(
+                os.path.join(root, "cgroup.controllers")):
+            continue
+        if root == CGROUP_V2 and "memory" not in open(os.path.join(root, "cgroup.controllers")).read():
+            continue
+        d = os.path.join(root, f"strata-badinput-{os.getpid()}")
+        try:
+            os.makedirs(d, exist_ok=True)
+            atexit.register(lambda: os.path.isdir(d) and os.rmdir(d))  # empty once its cases ended
+            with open(os.path.join(d, limit_file), "w") as f:
+                f.write(str(limit_bytes))
+        except OSError as e:
+            return None, f"cannot make a memory cgroup under {root}: {e.strerror}"
+
+        def join():
+            with open(os.path.join(d, "cgroup.procs"), "w") as f:
+                f.write(str(os.getpid()))
+        return (d, join), ""
+    return None, "no memory cgroup controller is mounted (v1 or v2)"
+
+
+def memory_cases(fx, out, train):
+    """A job's memory limits (cgroup, ulimit -v, ulimit -d) bound the memory check; and an
+    allocation that fails past the check is an out-of-memory error (exit 7) naming the rank,
+    the size and what was being allocated, in every command."""
+    S, D = fx.strata, fx.tiny
+    mlp = [S, "train", "--data.path", D, "--train.batch_size", "8", "--train.max_steps", "1",
+           "--output.dir", "{OUT}", "--quiet"]
+    big = mlp + ["--model.hidden", "3000000"]  # 2.2 GiB with gradients and state: fits the node
+    prlimit = shutil.which("prlimit")
+    if prlimit:
+        out.append(Case("memory: ulimit -v 4 GiB bounds the check (RLIMIT_AS)",
+                        [prlimit, "--as=4294967296", "--"] + mlp + ["--model.hidden", "8000000"], 2,
+                        r"needs .*; this process's ulimit -v \(RLIMIT_AS 4\.0 GiB, .* of address space in use\) leaves"))
+        out.append(Case("memory: ulimit -d 2 GiB bounds the check (RLIMIT_DATA)",
+                        [prlimit, "--data=2147483648", "--"] + mlp + ["--model.hidden", "8000000"], 2,
+                        r"needs .*; this process's ulimit -d \(RLIMIT_DATA 2\.0 GiB, .* of data segment in use\) leaves"))
+    else:
+        print("skipped: memory: ulimit cases: no prlimit (util-linux) on this machine")
+    cg, why = memory_cgroup(1 << 30)
+    if cg:
+        out.append(Case("memory: a job's 1 GiB cgroup limit bounds the check (Slurm --mem)", big, 2,
+                        r"needs 2\.\d GiB; the job's memory limit \(its cgroup's, 1\.0 GiB; .* in use\) leaves",
+                        preexec=cg[1]))
+    else:
+        print(f"skipped: memory: a cgroup limit: {why}")
+    # Past the check: the test hook fails every allocation of at least N bytes.
+    def oom(name, argv, n, what, scope=""):
+        out.append(Case(f"memory: out of memory past the check: {name}", argv, 7,
+                        rf"^strata: error: rank 0 \(.*\): out of memory: could not allocate [0-9.]+ [KMG]iB "
+                        rf"while {what} \(.*; exit 7\)$",
+                        env={"STRATA_TEST_FAIL_ALLOCATION": f"{n}{':' + scope if scope else ''}"}))
+    oom("train (the model's buffers)", mlp + ["--model.hidden", "4096", "4096"], 16 << 20,
+        r"building the model")
+    oom("train --resume of a large checkpoint", mlp + ["--model.hidden", "3600", "3600", "--train.max_steps", "2",
+        "--resume", fx.path("big", "ckpt.h5")], 16 << 20, r"reading the checkpoint to resume from", "checkpoint")
+    oom("eval", [S, "eval", "--checkpoint", fx.mlp_params, "--data", D], 4096, r"running strata eval")
+    oom("generate", [S, "generate", "--checkpoint", fx.gpt_params, "--tokens", "5"], 4096,
+        r"running strata generate")
+    oom("quantize", [S, "quantize", "--checkpoint", fx.mlp_params, "--out", "{C}/q.h5"], 4096,
+        r"running strata quantize")
+    oom("prepare text", [S, "prepare", "text", "--input", fx.path("text.txt"), "--out", "{C}/t.h5"], 4096,
+        r"running strata prepare text")
 
 
 # ----------------------------------------------------------------------------- the runner
@@ -738,7 +826,7 @@ def run_case(case, fx, work):
     before = snapshot(case_dir, fx.base)
     try:
         p = subprocess.run(argv, env=dict(ENV, **case.env), capture_output=True, text=True, timeout=60,
-                           errors="replace")
+                           errors="replace", preexec_fn=case.preexec)
     except subprocess.TimeoutExpired:
         return "did not end within 60 s"
     problems = []
