@@ -134,6 +134,28 @@ void refuse_what_tomlpp_mishandles(std::string_view text, const std::string& sou
 
 }  // namespace
 
+std::vector<std::string> toml_array_values(const std::string& text, const std::string& where) {
+  toml::table t;
+  try {
+    t = toml::parse("v = " + text);
+  } catch (const toml::parse_error& e) {
+    std::string what(e.description());
+    for (char& c : what)
+      if (c == '\n') c = ' ';
+    fail_input("{}: '{}' is not a TOML array: {}", where, text, what);
+  }
+  const toml::array* a = t["v"].as_array();
+  if (!a || t.size() != 1) fail_input("{}: '{}' is not a TOML array", where, text);
+  std::vector<std::string> out;
+  for (size_t i = 0; i < a->size(); ++i) {
+    const toml::node& v = *a->get(i);
+    if (auto s = v.value<std::string>(); s && v.is_string()) out.push_back(*s);
+    else if (auto n = v.value<int64_t>(); n && v.is_integer()) out.push_back(std::to_string(*n));
+    else fail_input("{}: element {} is {}; expected an integer or a string", where, i + 1, node_kind(v));
+  }
+  return out;
+}
+
 void read_config_text(std::string_view text, const std::string& source, RunConfig& cfg) {
   refuse_what_tomlpp_mishandles(text, source);
   toml::table root;

@@ -319,25 +319,9 @@ const ConfigKey* find_config_key(const std::vector<ConfigKey>& keys, std::string
   for (const auto& k : keys)
     if (k.name == name) return &k;
   if (!suggestion) return nullptr;
-  // The closest name by edit distance, if it is close (a typo: "train.epoch").
-  auto distance = [](std::string_view a, std::string_view b) {
-    std::vector<size_t> row(b.size() + 1);
-    for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-    for (size_t i = 1; i <= a.size(); ++i) {
-      size_t diag = row[0];
-      row[0] = i;
-      for (size_t j = 1; j <= b.size(); ++j) {
-        const size_t up = row[j];
-        row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] != b[j - 1])});
-        diag = up;
-      }
-    }
-    return row[b.size()];
-  };
-  size_t best = 3;  // at most two edits away
-  for (const auto& k : keys)
-    if (name.size() < 200)
-      if (size_t d = distance(name, k.name); d < best) best = d, *suggestion = k.name;
+  std::vector<std::string> names;
+  for (const auto& k : keys) names.push_back(k.name);
+  *suggestion = closest_name(name, names);
   return nullptr;
 }
 

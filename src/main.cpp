@@ -15,6 +15,7 @@
 
 #include "strata/backend.h"
 #include "strata/checkpoint.h"
+#include "strata/command_line.h"
 #include "strata/comm.h"
 #include "strata/config.h"
 #include "strata/error.h"
@@ -459,7 +460,16 @@ std::vector<Subcommand> add_rank0_tools(CLI::App& app) {
 // (rank 0 printed it); a bad command line throws (rank 0 alone reports it).
 bool parse_command_line(CLI::App& app, int argc, char** argv, bool lead) {
   try {
-    app.parse(argc, argv);
+    std::vector<std::string> args;
+    try {  // strata's own reading first (command_line.h): TOML arrays, unknown names
+      args = expand_list_flags(std::vector<std::string>(argv + 1, argv + argc));
+      check_commands_and_flags(app, args);
+    } catch (const UserError&) {
+      if (!lead) throw AgreedFailure(kExitBadInput, "");
+      throw;
+    }
+    std::reverse(args.begin(), args.end());  // CLI11 takes them last first
+    app.parse(args);
     return false;
   } catch (const CLI::CallForHelp& e) {
     if (lead) app.exit(e);

@@ -1,5 +1,7 @@
 #include "strata/parse.h"
 
+#include <algorithm>
+
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
@@ -95,6 +97,29 @@ std::optional<double> env_real(const char* name, double lo, double hi) {
     fail_input("environment variable {}={}: must be in [{}, {}]", name, s, number_text(lo),
                number_text(hi));
   return v;
+}
+
+std::string closest_name(std::string_view name, const std::vector<std::string>& names) {
+  if (name.size() >= 200) return "";
+  auto distance = [](std::string_view a, std::string_view b) {
+    std::vector<size_t> row(b.size() + 1);
+    for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+    for (size_t i = 1; i <= a.size(); ++i) {
+      size_t diag = row[0];
+      row[0] = i;
+      for (size_t j = 1; j <= b.size(); ++j) {
+        const size_t up = row[j];
+        row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] != b[j - 1])});
+        diag = up;
+      }
+    }
+    return row[b.size()];
+  };
+  size_t best = 3;  // at most two edits away
+  std::string out;
+  for (const auto& n : names)
+    if (size_t d = distance(name, n); d < best) best = d, out = n;
+  return out;
 }
 
 }  // namespace strata

@@ -23,7 +23,7 @@ LAYERS = [
                                     "checkpointer watchdog evaluate generate prepare quantize"),
     ("the step", "run_plan train_step publisher step_hooks"),
     ("the session", "session"),
-    ("the command line", "main"),
+    ("the command line", "main command_line"),
 ]
 LEVEL = {m: i for i, (_, mods) in enumerate(LAYERS) for m in mods.split()}
 # .cpp files that implement a module of another name.

@@ -155,6 +155,11 @@ std::vector<ConfigKey> config_keys(RunConfig& cfg);
 const ConfigKey* find_config_key(const std::vector<ConfigKey>& keys, std::string_view name,
                                  std::string* suggestion = nullptr);
 
+// The elements of a TOML array written as a flag's value ("[2048, 2048]", "[ 16 ,8 , ]", several
+// lines, "[\"linear 64\", \"relu\"]"), as text: integers in decimal, strings as they are. Throws
+// UserError naming `where` for text that is not a TOML array, or an element of another type.
+std::vector<std::string> toml_array_values(const std::string& text, const std::string& where);
+
 // Reads a TOML config file into `cfg`: every key must be known and of its type and range; a
 // duplicate key or a TOML syntax error is an error naming FILE:LINE:COL. Throws UserError.
 void read_config_file(const std::string& path, RunConfig& cfg);

@@ -7,11 +7,15 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace strata {
 
 // [-]digits, within int64.
 std::optional<int64_t> parse_int(std::string_view text, std::string* why);
+// The name in `names` closest to `name` by edit distance when it is at most two edits away (a
+// typo: "train.epoch" for "train.epochs"), else "".
+std::string closest_name(std::string_view name, const std::vector<std::string>& names);
 // A finite decimal number ("0.05", "1e-8", "-3"); NaN, inf and overflow are refused.
 std::optional<double> parse_real(std::string_view text, std::string* why);
 

@@ -334,6 +334,49 @@ def cases(fx: Fixtures):
     out["flags"].append(Case("flags: a list flag given twice takes the last",
                              train + ["--model.hidden", "0", "-1", "--model.hidden", "8"], 0))
 
+    # A list flag's value as users write it: a TOML array (spaces, a trailing comma, lines),
+    # as README shows the defaults; the repeated-value form too. Every list key.
+    lists = {
+        "--model.hidden": (["16", "8"], '[16, 8]', "[ 16 ,8 , ]", "[\n  16,\n  8\n]", []),
+        "--model.channels": (["4", "8"], "[4, 8]", "[ 4 ,8 , ]", "[\n  4,\n  8,\n]", ["--model.type", "cnn"]),
+        "--model.layers": (["flatten", "linear 8", "relu", "linear 4"], '["flatten", "linear 8", "relu", "linear 4"]',
+                           '[ "flatten" ,"linear 8", "relu" , "linear 4" , ]',
+                           '[\n  "flatten",\n  "linear 8",  # a comment\n  "relu",\n  "linear 4",\n]',
+                           ["--model.type", "custom"]),
+        "--parallel.stage_layers": (["3"], "[3]", "[ 3 , ]", "[\n  3\n]", []),
+    }
+    for key, (values, plain, spaced, lines, extra) in lists.items():
+        for form, argv in (("repeated values", [key] + values), ("TOML array", [key, plain]),
+                           ("spaces and a trailing comma", [key, spaced]), ("several lines", [key, lines]),
+                           ("--key=[...]", [f"{key}={plain}"])):
+            out["flags"].append(Case(f"flags: {key} as {form} (must work)", train + extra + argv, 0))
+    flag("--model.hidden [16, 8 (not TOML)", ["--model.hidden", "[16, 8"],
+         r"flag --model\.hidden: '\[16, 8' is not a TOML array")
+    flag("--model.hidden [16, 1.5]", ["--model.hidden", "[16, 1.5]"],
+         r"flag --model\.hidden: element 2 is a float \(1\.5\); expected an integer or a string")
+    flag("--model.hidden [16, -3]", ["--model.hidden", "[16, -3]"], r"flag --model\.hidden: element 2: must be in")
+
+    # Typos on the command line, in strata's words (as the config file's unknown keys): an
+    # unknown command, and an unknown flag of every command, each with the closest name.
+    flag("unknown command", [], r"^strata: error: unknown command 'trian' \(did you mean 'train'\?\); the commands: train, ",
+         base=[S, "trian"])
+    flag("no command", [], r"^strata: error: strata needs a command: train, prepare, eval", base=[S])
+    flag("unknown command of prepare", [], r"unknown command 'txt' of strata prepare \(did you mean 'text'\?\)",
+         base=[S, "prepare", "txt"])
+    for cmd, flag_, near in [([S, "train"], "--train.epoch", "--train.epochs"),
+                             ([S, "eval", "--checkpoint", fx.mlp_params], "--dat", "--data"),
+                             ([S, "generate", "--checkpoint", fx.gpt_params], "--token", "--tokens"),
+                             ([S, "quantize", "--checkpoint", fx.mlp_params], "--outt", "--out"),
+                             ([S, "prepare", "text"], "--inputs", "--input"),
+                             ([S, "prepare", "fashion-mnist"], "--sorce", "--source"),
+                             ([S, "inspect", fx.mlp_params], "--jsn", None),
+                             ([S, "devices"], "--al", None)]:
+        name = " ".join(c for c in cmd[1:3] if not c.startswith("/") and not c.startswith("--"))
+        suggestion = rf" \(did you mean {re.escape(near)}\?\)" if near else ""
+        flag(f"unknown flag of {name}: {flag_}", [flag_, "3"],
+             rf"^strata: error: unknown flag {re.escape(flag_)}{suggestion}; strata {re.escape(name)} --help lists its flags",
+             base=cmd)
+
     # ---- inputs the fuzzers found (tests/fuzz/regressions) ----
     reg = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fuzz", "regressions")
     for name in sorted(os.listdir(os.path.join(reg, "config"))):
