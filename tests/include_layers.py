@@ -15,7 +15,7 @@ import sys
 LAYERS = [
     ("base", "error parse rng tensor memory files subprocess activity ops read_guard hdf5_util"),
     ("kernels", "kernels_cpu kernels_cuda common lanes dispatch cuda_module"),
-    ("seams", "backend comm device_comm staged_device comm_threads trace metrics goodput prometheus job model_spec data "
+    ("seams", "backend comm device_comm staged_device op_profile comm_threads trace metrics goodput prometheus job model_spec data "
               "h5_datasets cuda_loader elf_needed cuda_libraries int8"),
     ("config and grid", "config grid"),
     ("model", "layers model loss optim checkpoint checkpoint_write batch_on_backend"),

@@ -54,6 +54,7 @@ struct ConvPlan {
   cudnnConvolutionBwdDataAlgo_t data{};
   cudnnConvolutionBwdFilterAlgo_t filter{};
   size_t ws_bytes = 0;                        // the largest of the three workspaces
+  std::string passed_fwd, passed_data, passed_filter;  // the heuristic's better-ranked, refused
   size_t x_off = 0, w_off = 0, y_off = 0, ws_off = 0, total_bytes = 0;  // scratch layout
 };
 
@@ -72,17 +73,24 @@ cudnnConvolutionDescriptor_t make_conv_desc(const Conv2dShape& s) {
 // and whose workspace (queried with the math type set on `desc`) fits. fp32 forces
 // CUDNN_FMA_MATH on every candidate (as PyTorch does without TF32); bf16 uses the math type
 // the heuristic reports with the algorithm. `workspace(algo, &bytes)` returns a cudnnStatus_t.
+// `passed` gets the candidates passed over before the one taken, each with why ("1 tensor
+// op: not deterministic"), for bench_cuda_ops' report.
 template <typename Perf, typename Algo, typename WorkspaceFn>
 Algo pick_algo(const Perf* perf, int count, cudnnConvolutionDescriptor_t desc, bool bf16,
                WorkspaceFn workspace, size_t* ws_bytes, const char* direction,
-               const Conv2dShape& s) {
+               const Conv2dShape& s, std::string* passed) {
   for (int i = 0; i < count; ++i) {
     const Perf& r = perf[i];
-    if (r.status != CUDNN_STATUS_SUCCESS || r.determinism != CUDNN_DETERMINISTIC) continue;
+    const std::string name = std::to_string(int(r.algo)) +
+                             (r.mathType == CUDNN_TENSOR_OP_MATH ? " tensor op" : "");
+    auto skip = [&](const std::string& why) { *passed += (passed->empty() ? "" : "; ") + name + ": " + why; };
+    if (r.status != CUDNN_STATUS_SUCCESS) { skip("not supported"); continue; }
+    if (r.determinism != CUDNN_DETERMINISTIC) { skip("not deterministic"); continue; }
     const cudnnMathType_t math = bf16 ? r.mathType : CUDNN_FMA_MATH;
-    if (cudnnSetConvolutionMathType(desc, math) != CUDNN_STATUS_SUCCESS) continue;
+    if (cudnnSetConvolutionMathType(desc, math) != CUDNN_STATUS_SUCCESS) { skip("math type refused"); continue; }
     size_t bytes = 0;
-    if (workspace(r.algo, &bytes) != CUDNN_STATUS_SUCCESS || bytes > kMaxWorkspaceBytes) continue;
+    if (workspace(r.algo, &bytes) != CUDNN_STATUS_SUCCESS) { skip("no workspace size"); continue; }
+    if (bytes > kMaxWorkspaceBytes) { skip(std::to_string(bytes >> 20) + " MiB of workspace"); continue; }
     *ws_bytes = bytes;
     return r.algo;
   }
@@ -129,7 +137,7 @@ ConvPlan make_plan(const Conv2dShape& s, bool bf16) {
         [&](cudnnConvolutionFwdAlgo_t a, size_t* b) {
           return cudnnGetConvolutionForwardWorkspaceSize(h, p.x, p.w, p.fwd_desc, p.y, a, b);
         },
-        &ws_fwd, "forward", s);
+        &ws_fwd, "forward", s, &p.passed_fwd);
   }
   {
     STRATA_CUDA_CHECK(cudnnSetConvolutionMathType(p.data_desc, ask));
@@ -141,7 +149,7 @@ ConvPlan make_plan(const Conv2dShape& s, bool bf16) {
         [&](cudnnConvolutionBwdDataAlgo_t a, size_t* b) {
           return cudnnGetConvolutionBackwardDataWorkspaceSize(h, p.w, p.y, p.data_desc, p.x, a, b);
         },
-        &ws_data, "backward-data", s);
+        &ws_data, "backward-data", s, &p.passed_data);
   }
   {
     STRATA_CUDA_CHECK(cudnnSetConvolutionMathType(p.filter_desc, ask));
@@ -154,7 +162,7 @@ ConvPlan make_plan(const Conv2dShape& s, bool bf16) {
           return cudnnGetConvolutionBackwardFilterWorkspaceSize(h, p.x, p.y, p.filter_desc, p.w,
                                                                 a, b);
         },
-        &ws_filter, "backward-filter", s);
+        &ws_filter, "backward-filter", s, &p.passed_filter);
   }
   p.ws_bytes = std::max({ws_fwd, ws_data, ws_filter});
 
@@ -314,7 +322,10 @@ std::string conv2d_algorithms(const Conv2dShape& s) {
   return "fwd " + std::to_string(int(p.fwd)) + " (" + math(p.fwd_desc) + ") bwd-data " +
          std::to_string(int(p.data)) + " (" + math(p.data_desc) + ") bwd-filter " +
          std::to_string(int(p.filter)) + " (" + math(p.filter_desc) + "), workspace " +
-         std::to_string(p.ws_bytes >> 20) + " MiB";
+         std::to_string(p.ws_bytes >> 20) + " MiB" +
+         (p.passed_fwd.empty() ? "" : "; fwd passed over " + p.passed_fwd) +
+         (p.passed_data.empty() ? "" : "; bwd-data passed over " + p.passed_data) +
+         (p.passed_filter.empty() ? "" : "; bwd-filter passed over " + p.passed_filter);
 }
 
 // Floats of scratch for this shape at the current precision (chooses the algorithms).

@@ -5,6 +5,7 @@
 #include "strata/backend.h"
 #include "strata/error.h"
 #include "strata/kernels_cuda.h"
+#include "op_profile.h"
 
 namespace strata {
 namespace {
@@ -58,6 +59,7 @@ const Backend& cuda_backend(int device, bool bf16) {
 #define STRATA_OP(name, ret, params) t.name = cuda::name;
 #define STRATA_CPU_OP(name, ret, params)
 #include "strata/ops.def"
+    maybe_profile(t);
     return t;
   }();
   return b;
