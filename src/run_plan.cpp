@@ -84,9 +84,6 @@ GridShape grid_shape(const RunConfig& cfg, int ranks) {
   return {.D = D, .M = M};
 }
 
-// Collective: "ranks 0 and 1 share GPU 0 of host n1; ..." for every GPU taken by more than
-// one rank (a node with more ranks than GPUs, or launch variables that give every rank the
-// same local rank), else "".
 std::string shared_gpus(Comm& comm, int gpu) {
   const auto all = comm.all_gather_text(gpu < 0 ? "" : fmt::format("GPU {} of host {}", gpu, comm.host()));
   std::map<std::string, std::vector<int>> by_gpu;

@@ -35,6 +35,11 @@ struct RunPlan {
   int64_t micro_batch(int64_t global_batch) const { return global_batch / D / M; }
 };
 
+// Collective: "ranks 0, 1 share GPU 0 of host n1; ..." for every GPU (this rank's: `gpu`, -1 for
+// none) taken by more than one rank of the same host (a node with more ranks than GPUs, or
+// launch variables that give every rank the same local rank), else "".
+std::string shared_gpus(Comm& comm, int gpu);
+
 // The grid's shape on `ranks` ranks: D = ranks / (P T) data-parallel replicas (P T divides the
 // ranks, D the global batch) and M micro-batches per step (dividing each replica's batch).
 // Throws UserError naming the key at fault. plan_run checks it; so does `train --check_grid`.

@@ -4,9 +4,15 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <cstdlib>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "ranks_util.h"
 #include "strata/grid.h"
+#include "strata/job.h"
+#include "strata/run_plan.h"
 
 using namespace strata;
 using namespace strata::test;
@@ -87,4 +93,42 @@ TEST_CASE("process grid: each group holds exactly its ranks, in order, under bot
           }
         }
       }
+}
+
+// Rank -> GPU: the launcher's node-local rank before an inherited SLURM_LOCALID (mpirun inside
+// an allocation gives every rank the batch step's SLURM_LOCALID 0), and ranks that share a GPU
+// named at start-up.
+TEST_CASE("node-local rank: mpirun's or Hydra's before an inherited SLURM_LOCALID", "[ranks]") {
+  const char* vars[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"};
+  std::vector<std::pair<std::string, std::string>> saved;
+  for (const char* v : vars) {
+    if (const char* s = std::getenv(v)) saved.emplace_back(v, s);
+    ::unsetenv(v);
+  }
+  CHECK(node_local_rank().rank == 0);
+  CHECK(std::string(node_local_rank().source) == "launched alone");
+  ::setenv("SLURM_LOCALID", "0", 1);
+  CHECK(node_local_rank().rank == 0);
+  CHECK(std::string(node_local_rank().source) == "SLURM_LOCALID");
+  ::setenv("OMPI_COMM_WORLD_LOCAL_RANK", "3", 1);
+  CHECK(node_local_rank().rank == 3);
+  CHECK(std::string(node_local_rank().source) == "OMPI_COMM_WORLD_LOCAL_RANK");
+  ::unsetenv("OMPI_COMM_WORLD_LOCAL_RANK");
+  ::setenv("MPI_LOCALRANKID", "2", 1);
+  CHECK(node_local_rank().rank == 2);
+  for (const char* v : vars) ::unsetenv(v);
+  for (auto& [k, v] : saved) ::setenv(k.c_str(), v.c_str(), 1);
+}
+
+TEST_CASE("shared GPUs: ranks on one host that took the same GPU are named", "[ranks]") {
+  // In-process ranks share one host name: GPU r % 2 of 4 ranks, then every rank on GPU 0.
+  auto two = on_ranks(4, [](Comm& c) { return shared_gpus(c, c.rank() % 2); });
+  CHECK(two[0] == "ranks 0, 2 share GPU 0 of host " + two[0].substr(two[0].rfind(' ') + 1) +
+                      "; ranks 1, 3 share GPU 1 of host " + two[0].substr(two[0].rfind(' ') + 1));
+  auto one = on_ranks(2, [](Comm& c) { return shared_gpus(c, 0); });
+  CHECK(one[0].rfind("ranks 0, 1 share GPU 0 of host ", 0) == 0);
+  auto own = on_ranks(2, [](Comm& c) { return shared_gpus(c, c.rank()); });
+  CHECK(own[0].empty());
+  auto cpu = on_ranks(2, [](Comm& c) { return shared_gpus(c, -1); });
+  CHECK(cpu[0].empty());
 }
