@@ -246,7 +246,7 @@ def check_losses(a, name, losses):
 
 
 def activation_mib(a):
-    """What each block keeps for backward (src/layers_gpt.cpp Block::Acts), in MiB: ln1, qkv,
+    """What each block keeps for backward (src/model/layers_gpt.cpp Block::Acts), in MiB: ln1, qkv,
     y, res1, ln2, fc, fc gelu (1+3+1+1+1+4+4 = 15 NC), the attention probabilities
     (B NH T T) and two LayerNorms' stats (4 N); N = B T rows."""
     N = a.batch * a.context

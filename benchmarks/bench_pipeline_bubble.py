@@ -23,7 +23,7 @@ is 256/M samples. It reads stage_idle_share from the done event of metrics.jsonl
 receive/send waits and the per-step agreement allreduce over the step's wall time; the median
 over all steps but the first; mean over replicas) and bubble_theory (the schedule's mean idle
 share with F, B and W costing the same: (P-1)/(M+P-1) for gpipe and 1f1b, (P-1)/(3M+P-1) for
-zb-h1 once M >= P, (P-1)/(vM+P-1) for interleaved; src/pipeline_schedule.cpp), and prints,
+zb-h1 once M >= P, (P-1)/(vM+P-1) for interleaved; src/parallel/pipeline_schedule.cpp), and prints,
 per configuration, the median over
 repeats of each stage's idle share, their mean, the theory and the difference in percentage
 points. Interleaved runs 2 chunks per stage, the equal layers split evenly over the 2P chunks

@@ -13,10 +13,10 @@
 #include <string>
 #include <vector>
 
+#include "data/data.h"
+#include "model/model.h"
+#include "model/optim.h"
 #include "strata/backend.h"
-#include "strata/data.h"
-#include "strata/model.h"
-#include "strata/optim.h"
 
 using namespace strata;
 

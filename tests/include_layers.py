@@ -1,79 +1,92 @@
 #!/usr/bin/python3
-"""No include runs from a lower layer of strata to a higher one.
+"""Folders are the layers: no include runs from a lower folder of src/ to a higher one.
 
-Every module (a header in include/strata/ or src/, and the .cpp files named after it) has a
-layer below; a file may include headers of its own layer or lower ones only. A file this
-script does not know fails the check too, so a new module is placed on purpose.
+src/README.md lists src/'s folders, lowest first (lines "N. `folder/` ..."); a file may include
+headers of its own folder and of the folders listed before it. Private headers live beside
+their sources and are included as "folder/name.h"; the public seams (include/strata) belong to
+the folder of their implementation (tensor.h: base, comm.h: comm, backend.h: backends ...), or
+to the lowest when they have none (ops.def, the kernels' headers, cuda_module.h). kernels/ is
+below every folder of src/: it may include only public headers of the lowest folder. A folder
+of src/ that the README does not list, or a file in src/ itself, fails the check: a new folder
+is placed on purpose.
 
-    include_layers.py [REPO]        exit 0, or 1 listing each upward include and unknown file
+    include_layers.py [REPO]        exit 0, or 1 listing each upward include and misplaced file
 """
 import os
 import re
 import sys
 
-# Lowest first. A module's name is its header's file name without .h (or .def, .cuh).
-LAYERS = [
-    ("base", "error parse rng tensor memory files subprocess activity ops read_guard hdf5_util"),
-    ("kernels", "kernels_cpu kernels_cuda common lanes dispatch cuda_module"),
-    ("seams", "backend comm device_comm staged_device op_profile comm_threads trace metrics goodput prometheus job model_spec data "
-              "h5_datasets cuda_loader elf_needed cuda_libraries int8"),
-    ("config and grid", "config grid"),
-    ("model", "layers model loss optim checkpoint checkpoint_write batch_on_backend"),
-    ("parallelism and persistence", "pipeline pipeline_schedule data_parallel whole_model zero checkpoint_cache "
-                                    "checkpointer watchdog evaluate generate prepare quantize"),
-    ("the step", "run_plan train_step publisher step_hooks"),
-    ("the session", "session"),
-    ("the command line", "main command_line"),
-]
-LEVEL = {m: i for i, (_, mods) in enumerate(LAYERS) for m in mods.split()}
-# .cpp files that implement a module of another name.
-IMPLEMENTS = {
-    "collectively": "comm", "checkpoint_sharded": "checkpoint", "checkpoint_int8": "checkpoint", "dataset": "data", "config_file": "config", "config_keys": "config", "loader": "data", "session_report": "session",
-    "layers_gpt": "layers", "cuda_backend": "backend", "nccl_transport": "device_comm", "out_of_memory": "memory",
-    "module": "backend", "embedding": "kernels_cpu", "layernorm": "kernels_cpu",
-}
-SOURCE_DIRS = ["include/strata", "src", "src/cuda", "src/nocuda", "src/cuda_loader",
-               "kernels/cpu", "kernels/cuda"]
-INCLUDE = re.compile(r'^\s*#\s*include\s+"(?:strata/)?([^"/]+)\.(?:h|def|cuh)"', re.M)
-
-
-def module_of(path):
-    name = os.path.basename(path).rsplit(".", 1)[0]
-    d = os.path.dirname(path)
-    if d.startswith("kernels/"):
-        return "kernels_cuda" if d == "kernels/cuda" and name not in LEVEL else (
-            name if name in LEVEL else "kernels_cpu")
-    return IMPLEMENTS.get(name, name)
+INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
+LISTED = re.compile(r"^\d+\.\s+`(\w+)/`", re.M)
 
 
 def main():
     repo = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else
                            os.path.join(os.path.dirname(__file__), ".."))
-    problems, files = [], 0
-    for d in SOURCE_DIRS:
-        full = os.path.join(repo, d)
-        if not os.path.isdir(full):
-            continue
-        for f in sorted(os.listdir(full)):
-            if not f.endswith((".h", ".cpp", ".cu", ".cuh", ".def")):
-                continue
-            rel = os.path.join(d, f)
-            mod = module_of(rel)
-            if mod not in LEVEL:
-                problems.append(f"{rel}: module '{mod}' has no layer in tests/include_layers.py")
-                continue
-            files += 1
-            with open(os.path.join(full, f), encoding="utf-8") as fh:
-                text = fh.read()
-            for inc in INCLUDE.findall(text):
-                if inc not in LEVEL:
-                    problems.append(f"{rel}: includes '{inc}', which has no layer")
-                elif LEVEL[inc] > LEVEL[mod]:
-                    problems.append(f"{rel} ({LAYERS[LEVEL[mod]][0]}) includes {inc} "
-                                    f"({LAYERS[LEVEL[inc]][0]}): upward")
+    order = LISTED.findall(open(os.path.join(repo, "src", "README.md"), encoding="utf-8").read())
+    level = {f: i for i, f in enumerate(order)}
+    problems = []
+    src = os.path.join(repo, "src")
+    for name in sorted(os.listdir(src)):
+        path = os.path.join(src, name)
+        if os.path.isdir(path) and name not in level:
+            problems.append(f"src/{name}/: a folder src/README.md does not list")
+        elif os.path.isfile(path) and name != "README.md":
+            problems.append(f"src/{name}: a file directly in src/ (it belongs in a layer's folder)")
+    # The public headers' folders: that of the .cpp of the same name, else the lowest.
+    impl = {}
+    for root, _, files in os.walk(src):
+        for f in files:
+            if f.endswith(".cpp"):
+                impl[f[:-4]] = os.path.relpath(root, src).split(os.sep)[0]
+    public = {}
+    for f in os.listdir(os.path.join(repo, "include", "strata")):
+        public[f] = impl.get(f.rsplit(".", 1)[0], order[0])
+
+    def folder_of(rel):  # the layer of a file, by its path
+        parts = rel.split(os.sep)
+        if parts[0] == "src":
+            return parts[1]
+        if parts[0] == "include":
+            return public[parts[-1]]
+        return None  # kernels/: below src/
+
+    files = 0
+    for top in ("src", "include/strata", "kernels"):
+        for root, _, names in os.walk(os.path.join(repo, top)):
+            for f in sorted(names):
+                if not f.endswith((".h", ".cpp", ".cu", ".cuh", ".def")):
+                    continue
+                rel = os.path.relpath(os.path.join(root, f), repo)
+                mine = folder_of(rel)
+                if mine is not None and mine not in level:
+                    continue  # reported above
+                files += 1
+                text = open(os.path.join(root, f), encoding="utf-8").read()
+                for inc in INCLUDE.findall(text):
+                    if os.path.exists(os.path.join(root, inc)):
+                        continue  # beside it: its own folder
+                    if inc.startswith("strata/"):
+                        theirs = public.get(inc.split("/", 1)[1])
+                        if theirs is None:
+                            problems.append(f"{rel}: includes {inc}, which is not in include/strata")
+                            continue
+                    else:
+                        theirs = inc.split("/", 1)[0]
+                        if "/" not in inc or theirs not in level:
+                            problems.append(f"{rel}: includes \"{inc}\", which is no folder/name.h of src/")
+                            continue
+                        if mine is None:
+                            problems.append(f"{rel} (kernels) includes {inc}: kernels/ includes public headers only")
+                            continue
+                    if mine is None:
+                        if level[theirs] > 0:
+                            problems.append(f"{rel} (kernels) includes {inc} ({theirs}): upward")
+                    elif level[theirs] > level[mine]:
+                        problems.append(f"{rel} ({mine}) includes {inc} ({theirs}): upward")
     for p in problems:
         print(p)
-    print(f"{files} files checked over {len(LAYERS)} layers: "
+    print(f"{files} files checked over {len(order)} folders ({' < '.join(order)}): "
           f"{'no include runs upward' if not problems else f'{len(problems)} problems'}")
     sys.exit(1 if problems else 0)
 

@@ -112,7 +112,7 @@ std::unique_ptr<Comm> make_single_comm();
 // over `host`; the staged stand-in on cpu-staged) on a stream of their own, overlapping
 // backward; pipeline sends and receives are staged through host memory over `host` (MPI).
 // Everything else goes to `host`. Collective over `host`. On a host-memory backend, `host`
-// itself. (src/device_comm.cpp)
+// itself. (src/backends/device_comm.cpp)
 std::unique_ptr<Comm> make_device_comm(std::unique_ptr<Comm> host, const Backend& be);
 
 // Runs fn on every rank of comm; if it throws UserError on any rank, the lowest such rank

@@ -30,9 +30,9 @@
 #include <limits>
 #include <vector>
 
-#include "strata/error.h"
 #include "dispatch.h"
 #include "lanes.h"
+#include "strata/error.h"
 #include "strata/kernels_cpu.h"
 
 namespace strata::cpu {

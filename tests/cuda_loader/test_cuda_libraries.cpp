@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "cuda_libraries.h"
-#include "elf_needed.h"
+#include "backends/cuda_loader/cuda_libraries.h"
+#include "backends/cuda_loader/elf_needed.h"
 #include "strata/error.h"
 
 namespace fs = std::filesystem;

@@ -3,9 +3,9 @@
 // describes is built (after the memory check) and the parameters copied in.
 #include <string>
 
+#include "checkpoint/checkpoint.h"
 #include "fuzz_util.h"
-#include "strata/checkpoint.h"
-#include "strata/model.h"
+#include "model/model.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace strata;

@@ -5,8 +5,8 @@
 #include <string>
 #include <string_view>
 
+#include "config/config.h"
 #include "fuzz_util.h"
-#include "strata/config.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace strata;

@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <string>
 
+#include "data/data.h"
 #include "fuzz_util.h"
-#include "strata/data.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace strata;

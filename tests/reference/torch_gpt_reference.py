@@ -4,7 +4,7 @@
 Usage: torch_gpt_reference.py OUT_DIR   -> writes OUT_DIR/gpt.h5
 
 The model is nanoGPT's GPT-2 in plain torch (torch_gpt_model.py, shared with the speed
-benchmark): what strata's model.type = "gpt" builds (src/layers_gpt.cpp,
+benchmark): what strata's model.type = "gpt" builds (src/model/layers_gpt.cpp,
 RunConfig::model_spec).
 
 The file holds:

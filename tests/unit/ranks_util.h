@@ -8,7 +8,7 @@
 #include <utility>
 #include <vector>
 
-#include "strata/comm_threads.h"
+#include "comm_threads.h"
 
 namespace strata::test {
 

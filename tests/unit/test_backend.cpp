@@ -8,8 +8,8 @@
 #include <set>
 #include <string>
 
+#include "model/model.h"
 #include "strata/backend.h"
-#include "strata/model.h"
 #include "strata/tensor.h"
 
 using namespace strata;

@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "model/model.h"
 #include "strata/backend.h"
-#include "strata/model.h"
 #include "strata/rng.h"
 
 using namespace strata;

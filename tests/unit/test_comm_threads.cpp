@@ -9,7 +9,7 @@
 #include <stdexcept>
 
 #include "ranks_util.h"
-#include "strata/watchdog.h"
+#include "run/watchdog.h"
 
 using namespace strata;
 using namespace strata::test;

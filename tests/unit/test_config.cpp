@@ -2,8 +2,8 @@
 // that reads back to the same RunConfig.
 #include <catch2/catch.hpp>
 
-#include "strata/config.h"
-#include "strata/parse.h"
+#include "base/parse.h"
+#include "config/config.h"
 #include "test_util.h"
 
 using Catch::Matchers::Contains;

@@ -18,9 +18,9 @@
 #include <catch2/catch.hpp>
 #include <fmt/format.h>
 
-#include "strata/data.h"
+#include "data/data.h"
+#include "data/prepare.h"
 #include "strata/error.h"
-#include "strata/prepare.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;

@@ -7,9 +7,9 @@
 
 #include <algorithm>
 
+#include "parallel/data_parallel.h"
+#include "parallel/zero.h"
 #include "ranks_util.h"
-#include "strata/data_parallel.h"
-#include "strata/zero.h"
 
 using namespace strata;
 using namespace strata::test;

@@ -8,9 +8,9 @@
 #include <sstream>
 #include <thread>
 
-#include "strata/checkpoint_cache.h"
-#include "strata/goodput.h"
-#include "strata/prometheus.h"
+#include "checkpoint/checkpoint_cache.h"
+#include "run/goodput.h"
+#include "run/prometheus.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;

@@ -9,10 +9,10 @@
 #include <utility>
 #include <vector>
 
+#include "base/job.h"
+#include "parallel/grid.h"
 #include "ranks_util.h"
-#include "strata/grid.h"
-#include "strata/job.h"
-#include "strata/run_plan.h"
+#include "run/run_plan.h"
 
 using namespace strata;
 using namespace strata::test;

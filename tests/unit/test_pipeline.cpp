@@ -5,11 +5,11 @@
 #include <map>
 #include <set>
 
+#include "config/config.h"
+#include "model/model.h"
+#include "parallel/pipeline.h"
 #include "strata/backend.h"
-#include "strata/config.h"
 #include "strata/error.h"
-#include "strata/model.h"
-#include "strata/pipeline.h"
 
 using namespace strata;
 
@@ -67,22 +67,6 @@ TEST_CASE("explicit partition and its errors", "[pipeline]") {
   CHECK_THROWS_AS(partition_layers(layers, estimated_costs(layers), 5, {}), UserError);         // more stages than layers
 }
 
-// The config key offers exactly the schedules there are (config sits below the pipeline layer,
-// so it keeps its own copy of the list).
-TEST_CASE("schedules: parallel.schedule's choices are pipeline_schedules()", "[pipeline]") {
-  RunConfig c;
-  size_t found = 0;
-  for (const ConfigKey& k : config_keys(c))
-    if (k.name == "parallel.schedule") {
-      CHECK(k.choices == pipeline_schedules());
-      ++found;
-    }
-  CHECK(found == 1);
-}
-
-// Every schedule's order on every stage: each micro-batch's F before its B before its W, each
-// once; B's and W's in micro-batch order (the gradient sums' order, which bitwise equality
-// across schedules rests on); the live micro-batches within the schedule's formula.
 TEST_CASE("schedules: F before B before W, each once, sums in micro-batch order, live bound", "[pipeline]") {
   for (const std::string& kind : pipeline_schedules())
     for (int P : {1, 2, 4})

@@ -8,11 +8,12 @@
 
 #include <map>
 
+#include "config/config.h"
+#include "parallel/data_parallel.h"
+#include "parallel/grid.h"
+#include "parallel/pipeline.h"
 #include "ranks_util.h"
 #include "strata/backend.h"
-#include "strata/data_parallel.h"
-#include "strata/grid.h"
-#include "strata/pipeline.h"
 #include "strata/rng.h"
 
 using namespace strata;

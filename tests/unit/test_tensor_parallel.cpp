@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "strata/model.h"
+#include "model/model.h"
 
 using namespace strata;
 

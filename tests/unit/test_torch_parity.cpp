@@ -41,11 +41,11 @@
 #include <catch2/catch.hpp>
 #include <fmt/format.h>
 
+#include "config/config.h"
+#include "model/model.h"
+#include "model/optim.h"
 #include "strata/backend.h"
-#include "strata/config.h"
 #include "strata/kernels_cpu.h"
-#include "strata/model.h"
-#include "strata/optim.h"
 
 using namespace strata;
 

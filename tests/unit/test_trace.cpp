@@ -14,9 +14,9 @@
 #include <catch2/catch.hpp>
 #include <fmt/format.h>
 
+#include "comm/trace.h"
 #include "strata/comm.h"
 #include "strata/error.h"
-#include "strata/trace.h"
 
 namespace fs = std::filesystem;
 using strata::Tracer;

@@ -5,9 +5,9 @@
 
 #include <cmath>
 
+#include "parallel/grid.h"
+#include "parallel/zero.h"
 #include "ranks_util.h"
-#include "strata/grid.h"
-#include "strata/zero.h"
 
 using namespace strata;
 using namespace strata::test;

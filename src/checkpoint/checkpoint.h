@@ -1,0 +1,114 @@
+// HDF5 files strata writes: parameter files (the trained model) and checkpoints (everything a
+// run needs to continue bit for bit). Both keep tensors by global name and global shape, so any
+// grid reads them, and both are readable by h5py (README: "Checkpoint and parameter files").
+#pragma once
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "model/int8.h"
+#include "model/model.h"
+#include "model/optim.h"
+#include "strata/comm.h"
+
+namespace strata {
+
+// Where a run stands and where it came from; root attributes of a checkpoint.
+struct TrainState {
+  int64_t step = 0;        // optimizer steps completed
+  int64_t epoch = 0;       // position of the NEXT batch in the data order:
+  int64_t batch = 0;       //   batch `batch` of epoch `epoch`
+  int64_t sequence = 0;    // 1 for a lineage's first checkpoint, +1 for each after it
+  int64_t global_batch = 0;
+  uint64_t seed = 0;
+  std::string optimizer;   // sgd | adamw
+  int64_t optimizer_steps = 0;
+};
+
+struct Provenance {
+  std::string config_toml;  // the effective config of the run that wrote it
+  std::string dataset_path, dataset_sha256;
+  int64_t grid_ranks = 1, grid_data_parallel = 1, grid_stages = 1, grid_tensor = 1;
+  std::string slurm_job_id;  // "" outside Slurm
+  int64_t slurm_restart_count = 0;
+  std::vector<std::string> hosts;  // host of each rank
+  std::string created_utc;         // ISO 8601
+};
+
+// A tensor to write: global name ("fc1.weight"), its HDF5 path, shape and data.
+struct NamedTensor {
+  std::string path;  // "/params/fc1/weight", "/optimizer/momentum/fc1/weight"
+  Shape shape;
+  const float* data = nullptr;
+};
+
+// Writes a checkpoint: every tensor (with a CRC-32 attribute), the train state and provenance.
+// Written under a temporary name in the same directory, fsynced and renamed, so `path` is
+// either the previous file or the complete new one. Returns the bytes written.
+int64_t write_checkpoint(const std::string& path, const Model& model,
+                         const std::vector<NamedTensor>& tensors, const TrainState& st,
+                         const Provenance& prov);
+
+// Collective over `comm` (every rank of the run, MPI): the same file, written by every rank at
+// once with parallel HDF5 (collective MPI-IO writes of hyperslabs): each rank writes its ZeRO
+// shard [opt.shard()) of its stage's parameters (`model`: this rank's stage, whole tensors,
+// values identical over the stage's replicas) and of the optimizer state; comm's rank order
+// is each stage's replica order. Each tensor's CRC-32 is combined from
+// the ranks' CRCs of their pieces (zlib's crc32_combine) before the write; temporary name,
+// MPI_File_sync, then rank 0's fsync and rename. The caller has checked every value finite.
+// Returns the file's size on every rank; throws UserError on every rank if any failed.
+int64_t write_checkpoint_sharded(Comm& comm, const std::string& path, const Model& model,
+                                 Optimizer& opt, const TrainState& st, const Provenance& prov);
+
+struct LoadedCheckpoint {
+  std::string format;  // "strata-checkpoint", "strata-parameters" or "strata-int8"
+  ModelSpec spec;
+  Shape input_shape;
+  int classes = 0;
+  TrainState state;
+  Provenance prov;
+  std::map<std::string, std::vector<float>> tensors;  // by HDF5 path
+  std::map<std::string, Shape> shapes;
+  std::map<std::string, std::string> checksum;  // by HDF5 path: "ok", "MISMATCH ...", "none"
+  bool verified = true;  // every tensor that has a checksum matches it
+  int64_t tensor_bytes = 0;
+  double read_seconds = 0;  // opening, reading and verifying every tensor
+  Int8Table int8;           // an int8 file's quantized products (strata quantize)
+};
+
+// Reads a checkpoint or parameter file and checks every tensor's CRC-32. A file that is missing,
+// truncated or not HDF5, or whose layout is wrong, throws UserError(kExitBadCheckpoint) naming
+// it; a checksum mismatch throws too unless `tolerate_mismatch` (for `strata inspect`).
+// quarantine_if_damaged: a read that HDF5 cannot finish (read_guard.h) renames the file
+// FILE.corrupt before the process exits (the resume path's choice).
+LoadedCheckpoint read_checkpoint(const std::string& path, bool tolerate_mismatch = false,
+                                 bool quarantine_if_damaged = false);
+
+// The tensors of a model and its optimizer state under their checkpoint paths.
+std::vector<NamedTensor> model_tensors(const Model& model);
+std::string param_path(const std::string& global_name);  // "fc1.weight" -> "/params/fc1/weight"
+
+// Parameter files: /params/... with checksums and the model description; no optimizer state.
+struct ParamFileMeta {
+  std::string config_toml;
+  std::string dataset_sha256;
+  int64_t step = 0;
+};
+void save_parameters(const std::string& path, const Model& model, const ParamFileMeta& meta);
+
+// int8 files (strata quantize): a parameter file whose products in `table` are int8
+// (checkpoint_int8.cpp has the layout); weights replaced by int8 are not stored in fp32.
+void save_int8(const std::string& path, const Model& model, const Int8Table& table,
+               const ParamFileMeta& meta);
+
+// The model-defining part of any of the three kinds of file (for `strata eval`).
+using LoadedParams = LoadedCheckpoint;
+LoadedParams load_parameters(const std::string& path);
+// Copies the file's parameters into a model with the same spec (sizes checked); for an int8
+// file, also its int8 products into `int8` (each checked against the model's int8_targets),
+// which the model then runs (set_int8). The weights replaced by int8 stay zero in fp32.
+void copy_parameters_into(Model& model, const LoadedParams& p, const std::string& path,
+                          Int8Table* int8 = nullptr);
+
+}  // namespace strata

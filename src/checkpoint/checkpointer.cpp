@@ -1,0 +1,511 @@
+#include "checkpoint/checkpointer.h"
+
+#include <fcntl.h>
+#include <hdf5.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <climits>
+#include <random>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+
+#include <fmt/format.h>
+
+#include "base/files.h"
+#include "base/hdf5_util.h"
+#include "base/parse.h"
+#include "data/data.h"
+#include "strata/comm.h"
+#include "strata/error.h"
+
+namespace strata {
+namespace fs = std::filesystem;
+namespace {
+
+const std::regex kCheckpointName(R"(ckpt-(\d+)\.h5)");
+std::string checkpoint_name(int64_t step) { return fmt::format("ckpt-{:09d}.h5", step); }
+
+// Broadcasts a float buffer from `root` in pieces MPI's int counts can hold.
+void broadcast_floats(Comm& comm, float* p, int64_t n, int root) {
+  for (int64_t at = 0; at < n;) {
+    const int64_t len = std::min<int64_t>(n - at, int64_t(1) << 28);
+    comm.broadcast(p + at, len * int64_t(sizeof(float)), root);
+    at += len;
+  }
+}
+
+// A verified checkpoint's tensors into the model and optimizer state. read_checkpoint found
+// every tensor of the file's model, each with its shape, and check_resumable that the model and
+// optimizer are this run's: each copy fits.
+void copy_into(const LoadedCheckpoint& ck, const std::string& path, Model& model, Optimizer& opt) {
+  STRATA_CHECK(!opt.sharded(), "a checkpoint loads into an unsharded optimizer (zero.h)");
+  auto tensor = [&](const std::string& ds, const Param& p) -> const std::vector<float>& {
+    auto it = ck.tensors.find(ds);
+    if (it == ck.tensors.end() || int64_t(it->second.size()) != numel(p.shape))
+      throw UserError(kExitBadCheckpoint, fmt::format("{}: {} is missing or has the wrong size", path, ds));
+    return it->second;
+  };
+  for (Param* p : model.params()) {
+    const auto& v = tensor(param_path(p->name), *p);
+    std::copy(v.begin(), v.end(), p->host);
+  }
+  for (auto& [name, t] : opt.state())
+    for (Param* p : model.params()) {
+      const auto& v = tensor("/optimizer/" + name + param_path(p->name).substr(7), *p);
+      std::copy(v.begin(), v.end(), t->data() + p->offset);
+    }
+}
+
+// The `sequence` attribute of a checkpoint file; nullopt if it cannot be read.
+std::optional<int64_t> read_sequence(const std::string& path) {
+  std::lock_guard lock(hdf5_mutex());
+  h5_quiet();
+  H5Id f(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+  if (f.get() < 0) return std::nullopt;
+  std::vector<int64_t> v;
+  if (!read_int_attr(f.get(), "sequence", &v) || v.size() != 1) return std::nullopt;
+  return v[0];
+}
+
+}  // namespace
+
+Checkpointer::Checkpointer(const RunConfig& cfg, Comm& comm)
+    : comm_(comm),
+      dir_(cfg.checkpoint_dir()),
+      every_steps_(cfg.checkpoint.every_steps),
+      every_seconds_(cfg.checkpoint.every_seconds),
+      keep_last_(cfg.checkpoint.keep_last),
+      keep_every_(cfg.checkpoint.keep_every),
+      local_config_(cfg.checkpoint.local_dir) {}
+
+namespace {
+// Rank 0: creates `dir` if needed (never world-writable), checks that it is writable with room
+// for `bytes`, removes temporary files a crash left. `what` names it in errors.
+void prepare_directory(const std::string& dir, int64_t bytes, const std::string& what) {
+  std::error_code ec;
+  if (fs::exists(dir, ec) && !fs::is_directory(dir, ec))
+    fail_input("{} {}: exists and is not a directory", what, dir);
+  if (!fs::exists(dir, ec))
+    if (std::string why = make_directories(dir); !why.empty())
+      fail_input("{} {}: cannot create it ({})", what, dir, why);
+  if (::access(dir.c_str(), W_OK | X_OK) != 0)
+    fail_input("{} {}: not writable ({})", what, dir, std::strerror(errno));
+  struct statvfs sv{};
+  if (::statvfs(dir.c_str(), &sv) == 0) {
+    const double free_b = double(sv.f_bavail) * double(sv.f_frsize);
+    if (free_b < double(bytes) * 1.05 + 1e6)
+      fail_input("{} {}: {:.1f} MB free, a checkpoint needs {:.1f} MB", what, dir, free_b / 1e6,
+                 double(bytes) / 1e6);
+  }
+  // Temporary files of writes a crash interrupted are never part of a checkpoint.
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string n = e.path().filename().string();
+    if (n.find(".tmp.") == std::string::npos) continue;
+    for (const char* mine : {"ckpt-", "latest", "goodput.toml", "hung-rank", "cache-id"})
+      if (n.starts_with(mine)) {
+        fs::remove(e.path(), ec);
+        fmt::print("removed {} (left by an interrupted write)\n", e.path().string());
+        break;
+      }
+  }
+}
+
+// The cache id in checkpoint.dir/cache-id (16 hex digits), made when missing or damaged.
+std::string cache_id(const std::string& dir) {
+  const std::string path = dir + "/cache-id";
+  std::ifstream in(path);
+  std::string id;
+  if (in && std::getline(in, id) && std::regex_match(id, std::regex("[0-9a-f]{16}"))) return id;
+  std::random_device rd;
+  id = fmt::format("{:08x}{:08x}", rd(), rd());
+  publish_text_file(path, id + "\n");
+  return id;
+}
+}  // namespace
+
+void Checkpointer::preflight(int64_t bytes) {
+  collectively(comm_, [&] {
+    if (comm_.rank() == 0) prepare_directory(dir_, bytes, "checkpoint.dir");
+  });
+  if (!local_config_.empty()) prepare_local_cache(bytes);
+}
+
+void Checkpointer::prepare_local_cache(int64_t bytes) {
+  char id[17] = {0};
+  collectively(comm_, [&] {
+    if (comm_.rank() == 0) std::memcpy(id, cache_id(dir_).c_str(), 16);
+  });
+  comm_.broadcast(id, 16, 0);
+  // Every rank knows its node's directory (resume looks there); rank 0 writes into it.
+  collectively(comm_, [&] {
+    local_ = expand_local_dir(local_config_) + "/strata-" + id;
+    if (comm_.rank() == 0) prepare_directory(local_, bytes, "checkpoint.local_dir");
+  });
+  if (comm_.rank() == 0) copier();  // the writer thread submits to it
+}
+
+SharedCopier& Checkpointer::copier() {
+  if (!copier_)
+    copier_ = std::make_unique<SharedCopier>(dir_, [this](const std::string& name, int64_t step) {
+      std::string pointed;
+      const auto at = pointer_step(dir_, &pointed);
+      if (!at || *at < step) write_pointer(dir_, name);  // `latest` only moves forward
+      apply_retention(dir_, step);
+    });
+  return *copier_;
+}
+
+std::vector<Checkpointer::Entry> Checkpointer::list(const std::string& dir) const {
+  std::vector<Entry> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string n = e.path().filename().string();
+    std::smatch m;
+    if (!std::regex_match(n, m, kCheckpointName)) continue;
+    std::string why;
+    if (auto step = parse_int(m[1].str(), &why)) {
+      out.push_back({*step, n});
+      continue;
+    }
+    std::lock_guard lk(warned_mu_);
+    if (comm_.rank() == 0 && warned_.insert(dir + "/" + n).second)  // not a name strata writes
+      fmt::print(stderr, "strata: warning: ignoring {}/{}: {}\n", dir, n, why);
+  }
+  std::sort(out.begin(), out.end(), [](const Entry& a, const Entry& b) { return a.step > b.step; });
+  return out;
+}
+
+std::optional<int64_t> Checkpointer::pointer_step(const std::string& dir, std::string* name) const {
+  std::ifstream in(dir + "/latest");
+  std::string line;
+  if (!in || !std::getline(in, line)) return std::nullopt;
+  std::smatch m;
+  if (!std::regex_match(line, m, kCheckpointName)) return std::nullopt;
+  std::string why;
+  auto step = parse_int(m[1].str(), &why);
+  if (!step) return std::nullopt;  // damaged: every checkpoint is a candidate, each verified
+  *name = line;
+  return step;
+}
+
+void Checkpointer::write_pointer(const std::string& dir, const std::string& name) const {
+  publish_text_file(dir + "/latest", name + "\n");
+}
+
+void Checkpointer::apply_retention(const std::string& dir, int64_t newest_step) const {
+  int64_t kept = 0;
+  const bool archive = dir == dir_;  // keep_every: the shared directory only
+  for (const Entry& e : list(dir)) {
+    if (e.step > newest_step) continue;  // not ours to judge (an abandoned, newer lineage)
+    if (kept < keep_last_) {
+      ++kept;
+      continue;
+    }
+    const std::string path = dir + "/" + e.name;
+    if (archive && keep_every_ > 0) {
+      auto seq = read_sequence(path);
+      if (!seq || *seq % keep_every_ == 0) continue;  // kept for good (or unreadable: leave it)
+    }
+    std::error_code ec;
+    fs::remove(path, ec);
+  }
+}
+
+void check_resumable(const LoadedCheckpoint& ck, const std::string& path, const Model& model,
+                     const RunConfig& cfg, const std::string& dataset_sha256) {
+  auto bad = [&](const std::string& what) {
+    throw UserError(kExitBadCheckpoint, fmt::format("{}: cannot continue this run from it: {}", path, what));
+  };
+  if (ck.format == "strata-int8")
+    bad("it is an int8 inference file (strata quantize): its weights are int8, and it has no "
+        "optimizer state or data position; resume from a checkpoint");
+  if (ck.format != "strata-checkpoint")
+    bad("it is a parameter file, not a checkpoint (no optimizer state or data position)");
+  if (ck.spec != model.spec()) bad("it holds a different model (model_layers differ)");
+  if (ck.input_shape != model.input_shape() || ck.classes != model.classes())
+    bad("it was trained on samples of another shape or class count");
+  if (ck.state.global_batch != cfg.train.batch_size)
+    bad(fmt::format("it was written with train.batch_size = {}, this run has {} (the data "
+                    "position would not match)", ck.state.global_batch, cfg.train.batch_size));
+  if (ck.state.seed != cfg.train.seed)
+    bad(fmt::format("it was written with train.seed = {}, this run has {}", ck.state.seed, cfg.train.seed));
+  if (ck.state.optimizer != cfg.train.optimizer)
+    bad(fmt::format("it holds {} state, this run uses train.optimizer = {}", ck.state.optimizer,
+                    cfg.train.optimizer));
+  if (!ck.prov.dataset_sha256.empty() && !dataset_sha256.empty() &&
+      ck.prov.dataset_sha256 != dataset_sha256)
+    bad(fmt::format("it was trained on another dataset (sha256 {} vs {} of {})",
+                    ck.prov.dataset_sha256.substr(0, 12), dataset_sha256.substr(0, 12), cfg.data.path));
+}
+
+std::vector<std::string> Checkpointer::candidates(const std::string& dir, int64_t min_step) const {
+  std::vector<std::string> out;
+  std::string pointed;
+  auto limit = pointer_step(dir, &pointed);
+  for (const Entry& e : list(dir)) {
+    if (limit && e.step > *limit) {
+      fmt::print("ignoring {}/{}: newer than the latest complete checkpoint ({})\n", dir, e.name, pointed);
+      continue;
+    }
+    if (e.step >= min_step) out.push_back(dir + "/" + e.name);
+  }
+  return out;
+}
+
+int64_t Checkpointer::newest_step(const std::string& dir) const {
+  std::string pointed;
+  if (auto at = pointer_step(dir, &pointed)) return *at;
+  const auto all = list(dir);
+  return all.empty() ? -1 : all.front().step;
+}
+
+std::optional<TrainState> Checkpointer::resume(Model& model, const std::function<Optimizer&()>& opt_into,
+                                               const RunConfig& cfg,
+                                               const std::string& dataset_sha256) {
+  if (cfg.resume == "never") return std::nullopt;
+  const bool automatic = cfg.resume == "auto";
+  // The reader: the lowest rank whose node-local cache holds the newest copy, when that is at
+  // least as new as the shared `latest`; else rank 0, from the shared directory.
+  int64_t steps[2] = {comm_.rank() == 0 && automatic ? newest_step(dir_) : -1, -1};
+  comm_.broadcast(steps, sizeof steps[0], 0);
+  const int64_t shared_step = steps[0];
+  const int64_t mine = automatic && !local_.empty() ? newest_step(local_) : -1;
+  int64_t best[2] = {-mine, mine >= 0 ? -1 : 0};  // newest local step, then lowest rank holding it
+  comm_.allreduce_min(best, 1);
+  const int64_t local_step = -best[0];
+  best[1] = mine == local_step && mine >= 0 ? comm_.rank() : INT_MAX;
+  comm_.allreduce_min(&best[1], 1);
+  const bool from_local = local_step >= 0 && local_step >= shared_step;
+  const int reader = from_local ? int(best[1]) : 0;
+
+  int64_t found = 0;  // on the reader: 1 if a checkpoint was loaded
+  TrainState st;
+  std::string from;
+  collectively(comm_, [&] {
+    if (comm_.rank() != reader) return;
+    std::vector<std::string> paths;
+    if (!automatic) {
+      paths.push_back(cfg.resume);
+    } else {
+      if (from_local) paths = candidates(local_, shared_step);  // then the shared ones
+      for (auto& p : candidates(dir_, 0)) paths.push_back(std::move(p));
+      if (paths.empty()) {
+        fmt::print("no checkpoint in {}; starting at step 0\n", dir_);
+        return;
+      }
+    }
+    for (const std::string& path : paths) {
+      LoadedCheckpoint ck;
+      try {
+        ck = read_checkpoint(path, /*tolerate_mismatch=*/false, /*quarantine_if_damaged=*/true);
+      } catch (const UserError& e) {
+        // Only a damaged file is set aside; anything else (no memory for it, a file that is
+        // not a strata checkpoint at all) is for the user to look at.
+        if (!automatic || e.code != kExitBadCheckpoint) throw;
+        fmt::print(stderr, "strata: warning: skipping damaged checkpoint: {}\n", e.what());
+        std::error_code ec;
+        fs::rename(path, path + ".corrupt", ec);  // kept for inspection, never loaded again
+        continue;
+      }
+      check_resumable(ck, path, model, cfg, dataset_sha256);
+      copy_into(ck, path, model, opt_into());
+      st = ck.state;
+      from = path;
+      found = 1;
+      return;
+    }
+    throw UserError(kExitBadCheckpoint,
+                    fmt::format("checkpoint.dir {}: none of the {} checkpoints verifies (each "
+                                "is named above and renamed *.corrupt); not starting over from "
+                                "step 0 (move them away to do so)", dir_, paths.size()));
+  });
+  comm_.broadcast(&found, sizeof found, reader);
+  if (!found) return std::nullopt;
+  int64_t s[8] = {st.step, st.epoch, st.batch, st.sequence, st.global_batch, int64_t(st.seed),
+                  st.optimizer_steps, 0};
+  comm_.broadcast(s, sizeof s, reader);
+  st = TrainState{.step = s[0], .epoch = s[1], .batch = s[2], .sequence = s[3],
+                  .global_batch = s[4], .seed = uint64_t(s[5]), .optimizer = cfg.train.optimizer,
+                  .optimizer_steps = s[6]};
+  broadcast_floats(comm_, model.host_values().data(), model.host_values().size(), reader);
+  Optimizer& opt = opt_into();
+  for (auto& [name, t] : opt.state()) broadcast_floats(comm_, t->data(), t->size(), reader);
+  opt.set_steps_taken(st.optimizer_steps);
+  sequence_ = st.sequence;
+  if (comm_.rank() == reader) {
+    fmt::print("resumed from {} at step {} (epoch {}, batch {} of the epoch)\n", from, st.step,
+               st.epoch + 1, st.batch);
+    // A local copy newer than the shared directory's: the shared one catches up.
+    if (from_local && from.starts_with(local_ + "/") && st.step > shared_step) {
+      fmt::print("checkpoint.dir {} is behind the node-local copy (step {} vs {}): copying it "
+                 "there in the background\n", dir_, st.step, shared_step);
+      copier().submit(from, checkpoint_name(st.step), st.step);
+    }
+  }
+  return st;
+}
+
+Checkpointer::~Checkpointer() {
+  finish();
+  if (!copier_) return;
+  // The newest checkpoint reaches the shared directory before the process ends.
+  for (const std::string& f : copier_->drain()) fmt::print(stderr, "strata: warning: {}\n", f);
+  copier_.reset();  // before the members its thread uses
+}
+
+std::optional<Checkpointer::SaveResult> Checkpointer::copy_failures(bool wait) {
+  if (!copier_) return std::nullopt;
+  const auto failed = wait ? copier_->drain() : copier_->take_failures();
+  if (failed.empty()) return std::nullopt;
+  SaveResult r;
+  r.error = failed.front();
+  if (failed.size() > 1) r.error += fmt::format(" (and {} more)", failed.size() - 1);
+  return r;
+}
+
+std::optional<Checkpointer::SaveResult> Checkpointer::finish(bool copies) {
+  if (!writer_.joinable()) return copy_failures(copies);
+  writer_.join();
+  writer_done_ = false;
+  writer_result_.stall_s = writer_stall_s_;
+  auto failed = copy_failures(copies);
+  if (copier_) writer_result_.copy_s = copier_->last_copy_s();
+  if (failed && writer_result_.ok) {
+    writer_result_.ok = false;
+    writer_result_.error = failed->error;
+  }
+  return writer_result_;
+}
+
+std::optional<Checkpointer::SaveResult> Checkpointer::poll() {
+  if (!writer_done_.load(std::memory_order_acquire)) return copy_failures(false);
+  return finish();
+}
+
+Checkpointer::SaveResult Checkpointer::save(const Model& model, Optimizer& opt, TrainState st,
+                                            const Provenance& prov, bool wait, bool durable,
+                                            double before_s) {
+  using Clock = std::chrono::steady_clock;
+  const auto t_enter = Clock::now() - std::chrono::duration_cast<Clock::duration>(
+                                          std::chrono::duration<double>(before_s));
+  SaveResult r;
+  st.sequence = ++sequence_;
+  r.step = st.step;
+  // With a local cache the file goes there first; the copier takes it to dir_.
+  const std::string target = local_.empty() ? dir_ : local_;
+  r.path = target + "/" + checkpoint_name(st.step);
+  if (comm_.rank() == 0) {
+    // Data parallelism: every replica holds the same parameters and optimizer state, so rank 0
+    // writes them all (a gather that costs nothing); other ranks only learn the outcome.
+    finish();  // one write at a time (the caller has collected its outcome with finish())
+    STRATA_CHECK(!opt.sharded(), "a checkpoint is written from an unsharded optimizer (zero.h)");
+    std::vector<NamedTensor> tensors = model_tensors(model);
+    for (auto& [name, t] : opt.state())
+      for (const Param* p : model.params())
+        tensors.push_back({"/optimizer/" + name + param_path(p->name).substr(7), p->shape,
+                           t->data() + p->offset});
+    if (!wait) {
+      // Snapshot: one copy of every tensor, then training may change the originals.
+      int64_t total = 0;
+      for (const auto& t : tensors) total += numel(t.shape);
+      if (snapshot_.size() != total) snapshot_ = Tensor({total});
+      float* at = snapshot_.data();
+      for (auto& t : tensors) {
+        std::copy_n(t.data, numel(t.shape), at);
+        t.data = at;
+        at += numel(t.shape);
+      }
+    }
+    auto write = [this, tensors = std::move(tensors), st, prov, r, target, &model]() mutable {
+      const auto t0 = Clock::now();
+      try {
+        r.bytes = write_checkpoint(r.path, model, tensors, st, prov);
+        r.ok = true;
+      } catch (const UserError& e) {
+        r.error = e.what();
+      }
+      r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+      if (r.ok) {
+        try {
+          write_pointer(target, checkpoint_name(st.step));
+          apply_retention(target, st.step);
+          if (copier_) copier_->submit(r.path, checkpoint_name(st.step), st.step);
+        } catch (const UserError& e) {
+          r.error = e.what();
+        }
+      }
+      return r;
+    };
+    if (wait) {
+      r = write();
+      if (copier_ && r.ok && durable) {
+        // A stop or final checkpoint is safe only once it is in the shared directory.
+        if (auto failed = copy_failures(true)) r.ok = false, r.error = failed->error;
+        r.copy_s = copier_->last_copy_s();
+      }
+    } else {
+      writer_ = std::thread([this, write]() mutable {
+        writer_result_ = write();
+        writer_done_.store(true, std::memory_order_release);
+      });
+      r.ok = true;  // so far: the outcome comes from poll()
+    }
+  }
+  if (wait) {
+    // Every rank learns the outcome.
+    double v[4] = {r.ok ? 1.0 : 0.0, double(r.bytes), r.seconds, r.copy_s};
+    comm_.broadcast(v, sizeof v, 0);
+    r.ok = v[0] != 0;
+    r.bytes = int64_t(v[1]);
+    r.seconds = v[2];
+    r.copy_s = v[3];
+    if (!r.ok && comm_.rank() != 0) r.error = "rank 0 could not write the checkpoint";
+  }
+  r.stall_s = std::chrono::duration<double>(Clock::now() - t_enter).count();
+  if (!wait) writer_stall_s_ = r.stall_s;
+  return r;
+}
+
+Checkpointer::SaveResult Checkpointer::save_sharded(const Model& model, Optimizer& opt,
+                                                    TrainState st, const Provenance& prov,
+                                                    double before_s) {
+  using Clock = std::chrono::steady_clock;
+  const auto t_start = Clock::now();
+  const auto t_enter = t_start - std::chrono::duration_cast<Clock::duration>(
+                                     std::chrono::duration<double>(before_s));
+  STRATA_CHECK(local_.empty(), "sharded checkpoints go to checkpoint.dir directly");
+  SaveResult r;
+  st.sequence = ++sequence_;
+  r.step = st.step;
+  r.path = dir_ + "/" + checkpoint_name(st.step);
+  if (comm_.rank() == 0) finish();  // one write at a time
+  try {
+    r.bytes = write_checkpoint_sharded(comm_, r.path, model, opt, st, prov);
+    r.ok = true;
+  } catch (const UserError& e) {
+    r.error = e.what();  // the same outcome on every rank
+  }
+  r.seconds = std::chrono::duration<double>(Clock::now() - t_start).count();
+  double ok = r.ok ? 1.0 : 0.0;
+  if (comm_.rank() == 0 && r.ok) {
+    try {
+      write_pointer(dir_, checkpoint_name(st.step));
+      apply_retention(dir_, st.step);
+    } catch (const UserError& e) {
+      r.error = e.what(), ok = 0.0;
+    }
+  }
+  comm_.broadcast(&ok, sizeof ok, 0);
+  r.ok = ok != 0;
+  if (!r.ok && r.error.empty()) r.error = "rank 0 could not publish the checkpoint";
+  r.stall_s = std::chrono::duration<double>(Clock::now() - t_enter).count();
+  return r;
+}
+
+}  // namespace strata

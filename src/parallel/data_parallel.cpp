@@ -1,0 +1,60 @@
+#include "parallel/data_parallel.h"
+
+#include <chrono>
+
+#include "parallel/zero.h"
+
+namespace strata {
+
+GradientAllreducer::GradientAllreducer(Comm& comm, const Model& model, float* grads,
+                                       double bucket_bytes, bool overlap,
+                                       const std::vector<int64_t>* shards)
+    : comm_(comm), grads_(grads), overlap_(overlap), scatters_(shards != nullptr) {
+  // Parameter boundaries in flat-buffer order (reverse layer order), each tensor with the
+  // padding after it (the buckets tile the buffer).
+  std::vector<int64_t> ends;
+  for (auto* p : model.params()) ends.push_back(p->offset + flat_span(numel(p->shape)));
+  std::sort(ends.begin(), ends.end());
+  bounds_ = {0};
+  // As in PyTorch DDP, the first bucket is small (1/8 of the others): it closes as soon as the
+  // last layers' gradients exist, so its allreduce overlaps the rest of backward instead of
+  // waiting for a full bucket.
+  const int64_t cap = std::max<int64_t>(1, int64_t(bucket_bytes / sizeof(float)));
+  for (int64_t e : ends)
+    if (e - bounds_.back() >= (bounds_.size() == 1 ? std::max<int64_t>(1, cap / 8) : cap))
+      bounds_.push_back(e);
+  if (!ends.empty() && bounds_.back() != ends.back()) bounds_.push_back(ends.back());
+  handles_.assign(bounds_.size(), -1);
+  if (shards)
+    for (size_t b = 0; b + 1 < bounds_.size(); ++b)
+      scatter_.push_back(shard_parts(*shards, bounds_[b], bounds_[b + 1]));
+}
+
+void GradientAllreducer::start(size_t b) {
+  handles_[b] = !scatters_ || whole(b)
+                    ? comm_.start_allreduce_sum(grads_ + bounds_[b], bounds_[b + 1] - bounds_[b])
+                    : comm_.start_reduce_scatter_sum(grads_ + bounds_[b], scatter_[b]);
+  stats_.buckets++;
+  stats_.bytes += (bounds_[b + 1] - bounds_[b]) * int64_t(sizeof(float));
+}
+
+void GradientAllreducer::on_grads_ready(int64_t ready) {
+  if (!overlap_ || !sums()) return;
+  auto t0 = std::chrono::steady_clock::now();
+  while (next_ + 1 < bounds_.size() && bounds_[next_ + 1] <= ready) start(next_++);
+  for (size_t b = 0; b < next_; ++b) comm_.test(handles_[b]);  // drive progress
+  // Starting and testing also costs the training thread time: count it as exposed.
+  stats_.exposed_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void GradientAllreducer::finish() {
+  if (sums()) {
+    auto t0 = std::chrono::steady_clock::now();
+    while (next_ + 1 < bounds_.size()) start(next_++);
+    for (size_t b = 0; b < next_; ++b) comm_.wait(handles_[b]);
+    stats_.exposed_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  next_ = 0;
+}
+
+}  // namespace strata

@@ -1,0 +1,69 @@
+// Data parallelism: gradients averaged over replicas with a bucketed allreduce that starts
+// while backward is still running (the way PyTorch DDP overlaps them).
+//
+// The model lays parameters out in reverse layer order, so the gradients backward has finished
+// are always a prefix of the flat buffer. Buckets are consecutive ranges of whole parameters of
+// about bucket_bytes; each is started (non-blocking) as soon as the finished prefix covers it.
+// MPI progresses non-blocking collectives only inside MPI calls, so every later notification
+// also tests the buckets in flight.
+//
+// With ZeRO-2 (zero.h) each bucket is reduce-scattered instead: the bucket's part of each
+// replica's shard goes to that replica (a bucket may span several shards, a shard several
+// buckets).
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "model/model.h"
+#include "strata/comm.h"
+
+namespace strata {
+
+struct AllreduceStats {
+  double exposed_s = 0;  // training-thread time in allreduce calls: starting and testing
+                         // buckets during backward, and waiting for them after it (with
+                         // ZeRO, also the reduce-scatters and the parameter all-gather)
+  int64_t buckets = 0;
+  int64_t bytes = 0;
+};
+
+class GradientAllreducer {
+ public:
+  // shards: ZeRO-2's shard sizes, one per rank of comm (zero_counts); null: allreduce.
+  GradientAllreducer(Comm& comm, const Model& model, float* grads, double bucket_bytes,
+                     bool overlap, const std::vector<int64_t>* shards = nullptr);
+  // With shards: buckets overlapping grads[begin, end) are all-reduced all the same (ZeRO-2 in a
+  // pipeline: the token table's sum over replicas is then added to its other copy's, on the
+  // other end of the pipeline, as without ZeRO: the same arithmetic).
+  void allreduce_whole(int64_t begin, int64_t end) { whole_begin_ = begin, whole_end_ = end; }
+  // Backward's notification that grads[0, ready) are final.
+  void on_grads_ready(int64_t ready);
+  // Starts whatever is left, waits for everything. After it, grads hold the sum over ranks
+  // (with shards: this rank's shard does).
+  void finish();
+  const AllreduceStats& stats() const { return stats_; }
+  // Other data-parallel communication on the training thread (ZeRO's parameter all-gather).
+  void count_exposed(double seconds) { stats_.exposed_s += seconds; }
+  void reset_stats() { stats_ = {}; }
+  int64_t num_buckets() const { return int64_t(bounds_.size()) - 1; }
+  bool scatters() const { return scatters_; }  // ZeRO-2
+
+ private:
+  void start(size_t b);
+  // Whether the buckets go through the comm: over several ranks, or one whose device
+  // communicator runs its collectives alone (Comm::sums_alone).
+  bool sums() const { return comm_.size() > 1 || comm_.sums_alone(); }
+  bool whole(size_t b) const { return bounds_[b + 1] > whole_begin_ && bounds_[b] < whole_end_; }
+  Comm& comm_;
+  float* grads_;
+  bool overlap_;
+  std::vector<int64_t> bounds_;  // bucket b = [bounds_[b], bounds_[b+1])
+  bool scatters_;
+  std::vector<std::vector<int64_t>> scatter_;  // ZeRO-2: bucket b's part of each rank's shard
+  int64_t whole_begin_ = 0, whole_end_ = 0;
+  std::vector<int> handles_;
+  size_t next_ = 0;  // first bucket not started
+  AllreduceStats stats_;
+};
+
+}  // namespace strata

@@ -1,0 +1,129 @@
+#include "parallel/pipeline_schedule.h"
+
+#include <algorithm>
+#include <map>
+
+#include "strata/error.h"
+
+namespace strata {
+
+bool splits_backward(const std::string& schedule) { return schedule == "zb-h1" || schedule == "zb-h2"; }
+
+namespace {
+
+using Op = PipeOp;
+
+// `warmup` forwards, then F, B and (split) the W of micro-batch m - defer, in turn; the
+// forwards run out first, then the backwards, then the deferred W's.
+std::vector<Op> interleave(int micros, int warmup, bool split, int defer) {
+  std::vector<Op> ops;
+  int f = 0, w = 0;
+  for (; f < std::min(warmup, micros); ++f) ops.push_back({Op::kForward, f});
+  for (int b = 0; b < micros; ++b) {
+    if (f < micros) ops.push_back({Op::kForward, f++});
+    ops.push_back({Op::kBackward, b});
+    for (; split && w <= b - defer; ++w) ops.push_back({Op::kWeight, w});
+  }
+  for (; split && w < micros; ++w) ops.push_back({Op::kWeight, w});
+  return ops;
+}
+
+// Interleaved 1F1B: the k-th chunk-forward of a stage is micro-batch (k / Pv) P + k % P of
+// chunk (k / P) % v; its k-th chunk-backward the same micro-batch of chunk v-1 - (k / P) % v.
+std::vector<Op> interleaved(int P, int S, int M, int v) {
+  STRATA_CHECK(M % P == 0, "interleaved: {} micro-batches over {} stages", M, P);
+  const int total = M * v, warmup = std::min(2 * (P - S - 1) + (v - 1) * P, total);
+  auto at = [&](int k, bool forward) {
+    const int c = (k / P) % v;
+    return Op{forward ? Op::kForward : Op::kBackward, (k / (P * v)) * P + k % P, forward ? c : v - 1 - c};
+  };
+  std::vector<Op> ops;
+  for (int k = 0; k < warmup; ++k) ops.push_back(at(k, true));
+  for (int k = 0; k < total - warmup; ++k) {
+    ops.push_back(at(warmup + k, true));
+    ops.push_back(at(k, false));
+  }
+  for (int k = total - warmup; k < total; ++k) ops.push_back(at(k, false));
+  return ops;
+}
+
+}  // namespace
+
+std::vector<PipeOp> pipeline_schedule(const std::string& kind, int stages, int stage, int micros,
+                                      int chunks) {
+  const int P = stages, S = stage;
+  STRATA_CHECK(chunks == 1 || kind == "interleaved", "{} chunks for schedule '{}'", chunks, kind);
+  if (kind == "interleaved") return chunks == 1 ? interleave(micros, P - S - 1, false, 0)
+                                                : interleaved(P, S, micros, chunks);
+  if (kind == "gpipe") {
+    std::vector<Op> ops;
+    for (int m = 0; m < micros; ++m) ops.push_back({Op::kForward, m});
+    for (int m = 0; m < micros; ++m) ops.push_back({Op::kBackward, m});
+    return ops;
+  }
+  if (kind == "1f1b") return interleave(micros, P - S - 1, false, 0);
+  if (kind == "zb-h1") return interleave(micros, P - S - 1, true, S);
+  if (kind == "zb-h2") return interleave(micros, 2 * (P - S) - 2, true, 2 * S);
+  STRATA_CHECK(false, "unknown pipeline schedule '{}'", kind);
+  return {};
+}
+
+int schedule_peak_live(const std::vector<PipeOp>& ops) {
+  const bool split = std::any_of(ops.begin(), ops.end(), [](const Op& o) { return o.kind == Op::kWeight; });
+  int live = 0, peak = 0;
+  for (const Op& o : ops) {
+    if (o.kind == Op::kForward) peak = std::max(peak, ++live);
+    else if (o.kind == (split ? Op::kWeight : Op::kBackward)) --live;
+  }
+  return peak;
+}
+
+std::vector<double> schedule_idle_shares(const std::string& kind, int stages, int micros,
+                                         int chunks) {
+  const int P = stages, v = chunks;
+  const bool split = splits_backward(kind);
+  std::vector<std::vector<Op>> ops;
+  for (int s = 0; s < P; ++s) ops.push_back(pipeline_schedule(kind, P, s, micros, v));
+  // Finish times of F and B per (virtual stage c P + s, micro-batch); each stage runs its list
+  // in order. F waits for the virtual stage before's F of the same micro-batch, B for the one
+  // after's B.
+  std::map<std::tuple<char, int, int>, double> done;
+  std::vector<size_t> next(size_t(P), 0);
+  std::vector<double> clock(size_t(P), 0.0), busy(size_t(P), 0.0);
+  for (bool moved = true; moved;) {
+    moved = false;
+    for (int s = 0; s < P; ++s)
+      for (size_t& i = next[size_t(s)]; i < ops[size_t(s)].size(); ++i) {
+        const Op& o = ops[size_t(s)][i];
+        const int vs = o.chunk * P + s;
+        const int from = o.kind == Op::kForward ? vs - 1 : o.kind == Op::kBackward ? vs + 1 : -1;
+        double ready = 0;
+        if (from >= 0 && from < P * v && o.kind != Op::kWeight) {
+          auto it = done.find({char(o.kind), from, o.micro});
+          if (it == done.end()) break;
+          ready = it->second;
+        }
+        const double cost = (o.kind == Op::kBackward && !split ? 2.0 : 1.0) / v;
+        clock[size_t(s)] = std::max(clock[size_t(s)], ready) + cost;
+        busy[size_t(s)] += cost;
+        done[{char(o.kind), vs, o.micro}] = clock[size_t(s)];
+        moved = true;
+      }
+  }
+  for (int s = 0; s < P; ++s)
+    if (next[size_t(s)] < ops[size_t(s)].size()) return {};
+  const double span = *std::max_element(clock.begin(), clock.end());
+  std::vector<double> idle;
+  for (int s = 0; s < P; ++s) idle.push_back(span > 0 ? (span - busy[size_t(s)]) / span : 0.0);
+  return idle;
+}
+
+ScheduleTheory schedule_theory(const std::string& kind, int stages, int micros, int chunks) {
+  ScheduleTheory t{.idle = schedule_idle_shares(kind, stages, micros, chunks), .live = {}};
+  for (double v : t.idle) t.bubble += v / double(stages);
+  for (int s = 0; s < stages; ++s)
+    t.live.push_back(schedule_peak_live(pipeline_schedule(kind, stages, s, micros, chunks)));
+  return t;
+}
+
+}  // namespace strata
