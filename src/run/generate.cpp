@@ -10,6 +10,7 @@
 
 #include "checkpoint/checkpoint.h"
 #include "model/model.h"
+#include "run/inference.h"
 #include "strata/backend.h"
 #include "strata/error.h"
 #include "strata/rng.h"
@@ -21,27 +22,16 @@ int run_generate(const GenerateOptions& o) {
   if (!(o.temperature >= 0) || !std::isfinite(o.temperature))
     fail_input("--temperature {}: must be a finite number, 0 or more", o.temperature);
   if (o.top_k < 0) fail_input("--top_k {}: must be 0 or more", o.top_k);
-  std::string note;
-  // A device asked for by name is checked first; auto takes the CPU for an int8 file.
-  if (o.device != "auto") select_backend({.device = o.device, .threads = o.threads}, &note);
-  const LoadedParams lp = load_parameters(o.checkpoint);
-  const Backend& be = select_backend(
-      {.device = o.device == "auto" && !lp.int8.weights.empty() ? "cpu" : o.device,
-       .threads = o.threads}, &note);
+  InferenceModel im = load_for_inference(o.checkpoint, o.device, o.threads);
+  const LoadedParams& lp = im.params;
   if (lp.spec.empty() || lp.spec.front().kind != LayerSpec::Kind::kEmbedding || lp.input_shape.size() != 1)
     fail_input("{}: not a language model (strata generate takes a model.type = \"gpt\" run's "
                "model.h5 or checkpoint)", o.checkpoint);
   if (lp.classes != 256)
     fail_input("{}: a vocabulary of {}; strata generate knows the byte-level tokenizer (256)",
                o.checkpoint, lp.classes);
-  require_model_memory(Model::describe_layers(lp.spec, lp.input_shape, lp.classes), {}, 2, 1, 1,
-                       o.checkpoint);
-  Model model(lp.spec, lp.input_shape, lp.classes);
-  Int8Table int8;  // an int8 file's products (strata quantize)
-  copy_parameters_into(model, lp, o.checkpoint, &int8);
-  if (!int8.weights.empty()) model.set_int8(&int8);
-  model.check_backend(be);
-  model.place(be);
+  const Backend& be = *im.be;
+  Model& model = *im.model;
 
   const int T = int(lp.input_shape[0]), V = lp.classes;
   // The byte-level tokenizer: a token is a byte. An empty prompt starts from a newline.

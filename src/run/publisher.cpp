@@ -1,3 +1,4 @@
+#include "run/divergence.h"
 #include "run/publisher.h"
 
 #include <climits>
@@ -39,14 +40,10 @@ void Publisher::require_finite(int64_t steps_done) {
   comm_.allreduce_min(&first_bad, 1);
   if (first_bad == INT_MAX) return;
   progress_.finish();
-  if (metrics_)
-    metrics_->write({{"event", json_string("diverged")}, {"step", fmt::format("{}", steps_done)},
-                     {"loss", "null"}});
-  if (comm_.rank() != first_bad) throw AgreedFailure(kExitDiverged, "");
-  throw UserError(kExitDiverged,
-                  fmt::format("step {}: the update made parameters or optimizer state NaN/Inf "
-                              "(training diverged; lower train.lr or set train.grad_clip); "
-                              "nothing was written", steps_done));
+  report_divergence({.step = steps_done,
+                     .what = "the update made parameters or optimizer state NaN/Inf",
+                     .field = "loss", .value = "null", .not_written = "nothing was written"},
+                    comm_.rank() == first_bad, metrics_);
 }
 
 bool Publisher::save(int64_t steps_done, bool wait) {

@@ -9,6 +9,7 @@
 #include "data/data.h"
 #include "model/int8.h"
 #include "model/model.h"
+#include "run/inference.h"
 #include "strata/backend.h"
 #include "strata/error.h"
 #include "strata/kernels_cpu.h"
@@ -47,15 +48,12 @@ int run_quantize(const QuantizeOptions& o) {
     fail_input("--calibrate {} needs --data (the dataset whose train split calibrates)",
                o.calibrate);
   if (o.batch_size < 1) fail_input("--batch_size {}: must be 1 or more", o.batch_size);
-  const Backend& be = select_backend({.device = "cpu", .threads = o.threads}, nullptr);
-  const LoadedParams lp = load_parameters(o.checkpoint);
-  if (!lp.int8.weights.empty())
+  InferenceModel im = load_for_inference(o.checkpoint, "cpu", o.threads);
+  if (im.is_int8())
     fail_input("{}: already an int8 file; quantize its parameter file or checkpoint", o.checkpoint);
-  require_model_memory(Model::describe_layers(lp.spec, lp.input_shape, lp.classes), {}, 2, 1, 1,
-                       o.checkpoint);
-  Model model(lp.spec, lp.input_shape, lp.classes);
-  copy_parameters_into(model, lp, o.checkpoint);
-  model.place(be);
+  const LoadedParams& lp = im.params;
+  const Backend& be = *im.be;
+  Model& model = *im.model;
 
   Int8Table table;
   std::set<std::string> quantized_layers;

@@ -1,3 +1,4 @@
+#include "run/divergence.h"
 #include "run/session.h"
 
 #include <time.h>
@@ -226,17 +227,12 @@ std::optional<int> TrainingSession::train_step(int64_t step) {
     idle_shares_.push_back((step_->pipeline_wait_s() - wait0 + since(t_agree)) /
                            std::max(since(t_step), 1e-12));
   const double loss = a.loss / double(cfg_.train.batch_size * plan_.rows_per_sample);
-  if (!std::isfinite(loss)) {
+  if (!std::isfinite(loss)) {  // agreed: every rank sees the summed loss
     progress_->finish();
-    if (lead_) {
-      if (metrics_)
-        metrics_->write({{"event", json_string("diverged")}, {"step", fmt::format("{}", step)},
-                         {"loss", json_number(loss)}});
-      fmt::print(stderr, "strata: error: step {}: loss is {} (training diverged; lower "
-                 "train.lr or set train.grad_clip); no parameters were written\n", step,
-                 std::isnan(loss) ? "NaN" : "Inf");
-    }
-    return kExitDiverged;
+    report_divergence({.step = step, .what = fmt::format("loss is {}", std::isnan(loss) ? "NaN" : "Inf"),
+                       .field = "loss", .value = json_number(loss),
+                       .not_written = "no parameters were written"},
+                      lead_, lead_ ? metrics_.get() : nullptr);
   }
   step_->update(be_, step);
   return hooks_.end({.step = step, .total = total_, .loss = loss, .agreed = a,
@@ -271,16 +267,12 @@ int TrainingSession::finish_run(Clock::time_point t_start, double cpu_start) {
                                   grid_.replicas, grid_.tensor == 0, 1000);
   // Finite parameters can still be a diverged model (logits that overflow): its test loss
   // says so, and then nothing is written.
-  if (info.has_test && !std::isfinite(ev.loss)) {
-    if (metrics_)
-      metrics_->write({{"event", json_string("diverged")}, {"step", fmt::format("{}", total_)},
-                       {"test_loss", "null"}});
-    if (!lead_) throw AgreedFailure(kExitDiverged, "");
-    throw UserError(kExitDiverged,
-                    fmt::format("step {}: the test loss is {} (training diverged; lower train.lr "
-                                "or set train.grad_clip); {} was not written", total_,
-                                std::isnan(ev.loss) ? "NaN" : "Inf", cfg_.params_path()));
-  }
+  if (info.has_test && !std::isfinite(ev.loss))
+    report_divergence({.step = total_,
+                       .what = fmt::format("the test loss is {}", std::isnan(ev.loss) ? "NaN" : "Inf"),
+                       .field = "test_loss", .value = "null",
+                       .not_written = cfg_.params_path() + " was not written"},
+                      lead_, metrics_.get());
   // The parameter file is written from the whole model gathered on rank 0, as a checkpoint.
   Model* final_model = model_.get();
   if (plan_.gathered()) {

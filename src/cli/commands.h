@@ -1,0 +1,38 @@
+// The commands of the command line, one file each in cli/ (main.cpp parses and dispatches):
+// each adds its CLI11 subcommand and what runs it on every rank.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "strata/comm.h"
+
+namespace strata::cli {
+
+// A subcommand: CLI11 fills its options (kept alive by `run`), run() does it on every rank and
+// returns the exit code.
+struct Subcommand {
+  CLI::App* app;
+  std::function<int(Comm&)> run;
+};
+
+Subcommand add_train(CLI::App& app);
+std::vector<Subcommand> add_prepare(CLI::App& app);  // fashion-mnist, text
+Subcommand add_eval(CLI::App& app);
+Subcommand add_quantize(CLI::App& app);
+Subcommand add_generate(CLI::App& app);
+Subcommand add_inspect(CLI::App& app);
+Subcommand add_devices(CLI::App& app);
+
+// ---- Shared by the commands (flags.cpp) ---------------------------------------------------
+inline constexpr int kMaxThreads = 1024;
+// Math threads per rank: --threads, else Slurm's --cpus-per-task, else 1.
+int threads_from(const CLI::Option* flag, int given);
+// Run-level numbers, parsed as strictly as config values (parse.h): plain decimal integers,
+// finite numbers, in range. CLI11 alone takes "0x2" for 2 and "nan" for a double.
+CLI::Validator int_in(int64_t lo, int64_t hi);
+CLI::Validator real_in(double lo, double hi);
+
+}  // namespace strata::cli

@@ -1,0 +1,148 @@
+// `strata eval`: a model's accuracy and loss on a dataset's test split, and its serving throughput.
+#include "cli/commands.h"
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "data/data.h"
+#include "run/evaluate.h"
+#include "run/inference.h"
+#include "strata/error.h"
+
+namespace strata::cli {
+
+namespace {
+
+// A JSON number; JSON has no NaN or infinity: those are null.
+std::string json_value(double x) { return std::isfinite(x) ? fmt::format("{}", x) : "null"; }
+
+struct EvalOptions {
+  std::string ckpt, data, device = "auto";
+  bool json = false, throughput = false;
+  int threads = 1;
+  int64_t batch_size = 0;  // samples per batch; 0: 1000 rows of logits
+  CLI::Option* threads_flag = nullptr;
+};
+
+// p-th percentile (nearest rank) of v, which it sorts.
+double percentile(std::vector<double>& v, double p) {
+  std::sort(v.begin(), v.end());
+  if (v.empty()) return 0;
+  const size_t k = size_t(std::ceil(p / 100.0 * double(v.size())));
+  return v[std::min(v.size() - 1, k == 0 ? 0 : k - 1)];
+}
+
+// Samples per second and the latencies of the full batches, leaving out the first (it creates
+// oneDNN's kernels for the shape: a cost paid once per process, not per batch served) and a
+// last, partial one (another shape, and its own kernels), when there are others.
+struct Throughput {
+  double samples_per_s = 0;
+  std::vector<double> latency;  // seconds per measured batch
+  int64_t per_batch = 0;        // samples in each measured batch
+};
+Throughput throughput_of(const std::vector<double>& seconds, int64_t samples,
+                         int64_t batch_samples) {
+  Throughput t{.latency = seconds};
+  std::vector<double>& lat = t.latency;
+  if (lat.size() > 1 && samples % batch_samples != 0) {
+    lat.pop_back();
+    samples -= samples % batch_samples;
+  }
+  if (lat.size() > 1) {
+    lat.erase(lat.begin());
+    samples -= batch_samples;
+  }
+  double total = 0;
+  for (double x : lat) total += x;
+  t.samples_per_s = total > 0 ? double(samples) / total : 0.0;
+  t.per_batch = lat.empty() ? 0 : samples / int64_t(lat.size());
+  return t;
+}
+
+}  // namespace
+
+int run_eval(const EvalOptions& o, Comm& comm) {
+  InferenceModel im;
+  DatasetInfo info;
+  collectively(comm, [&] {
+    if (o.throughput && comm.size() > 1)
+      fail_input("--throughput measures one process serving batches: run strata eval on one "
+                 "rank (without mpirun/srun), not {}", comm.size());
+    im = load_for_inference(o.ckpt, o.device, o.threads);
+    const LoadedParams& lp = im.params;
+    info = open_dataset(o.data);
+    if (info.tokens && lp.input_shape.size() == 1) set_context(info, lp.input_shape[0]);
+    if (!info.has_test) fail_input("{}: has no /test split to evaluate", o.data);
+    if (info.test.sample_shape != lp.input_shape || info.classes != lp.classes)
+      fail_input("{}: samples {} with {} classes do not fit the model in {} ({} with {} classes)",
+                 o.data, shape_str(info.test.sample_shape), info.classes, o.ckpt,
+                 shape_str(lp.input_shape), lp.classes);
+  });
+  Model* model = im.model.get();
+  const Backend* be = im.be;
+  const Int8Table& int8 = *im.int8;
+  const int64_t rows = model->rows_per_sample();
+  const int64_t batch_samples = o.batch_size > 0 ? o.batch_size : std::max<int64_t>(1, 1000 / rows);
+  std::vector<double> seconds;
+  EvalResult r = evaluate(*model, *be, info, "test", comm,
+                          o.batch_size > 0 ? o.batch_size * rows : 1000,
+                          o.throughput ? &seconds : nullptr);
+  if (comm.rank() != 0) return kExitOk;
+  const std::string precision = int8.weights.empty() ? "fp32" : fmt::format("int8 ({} products)", int8.weights.size());
+  if (o.json) {
+    std::string extra;
+    if (o.throughput) {
+      auto [sps, lat, per_batch] = throughput_of(seconds, r.samples, batch_samples);
+      extra = fmt::format(", \"samples_per_s\": {}, \"tokens_per_s\": {}, \"batches\": {}, "
+                          "\"latency_p50_ms\": {}, \"latency_p99_ms\": {}", json_value(sps),
+                          json_value(info.tokens ? sps * double(rows) : 0), lat.size(),
+                          json_value(1e3 * percentile(lat, 50)), json_value(1e3 * percentile(lat, 99)));
+    }
+    fmt::print("{{\"accuracy\": {}, \"loss\": {}, \"samples\": {}, \"precision\": \"{}\"{}}}\n",
+               json_value(r.accuracy), json_value(r.loss), r.samples,
+               int8.weights.empty() ? "fp32" : "int8", extra);
+    return kExitOk;
+  }
+  fmt::print("test accuracy {:.4f}, test loss {:.4f} over {} samples ({})\n", r.accuracy, r.loss,
+             r.samples, precision);
+  if (o.throughput) {
+    auto [sps, lat, per_batch] = throughput_of(seconds, r.samples, batch_samples);
+    fmt::print("throughput: {:.1f} samples/s{} on {} with {} thread{} ({} batches of {} samples); "
+               "latency per batch p50 {:.3f} ms, p99 {:.3f} ms\n", sps,
+               info.tokens ? fmt::format(" ({:.1f} tokens/s)", sps * double(rows)) : "", be->name,
+               o.threads, o.threads == 1 ? "" : "s",
+               lat.size(), per_batch,
+               1e3 * percentile(lat, 50), 1e3 * percentile(lat, 99));
+  }
+  return kExitOk;
+}
+
+
+Subcommand add_eval(CLI::App& app) {
+  auto o = std::make_shared<EvalOptions>();
+  auto* eval = app.add_subcommand("eval", "evaluate a parameter file (or an int8 file from "
+                                          "strata quantize) on a dataset's test split");
+  eval->add_option("--checkpoint", o->ckpt, "parameter file written by train, or an int8 file")
+      ->required();
+  eval->add_option("--data", o->data, "HDF5 dataset with a /test split")->required();
+  eval->add_flag("--json", o->json, "print {\"accuracy\": ..., \"loss\": ...}");
+  o->threads_flag = eval->add_option("--threads", o->threads)->check(int_in(1, kMaxThreads));
+  eval->add_option("--device", o->device)->capture_default_str();
+  eval->add_option("--batch_size", o->batch_size,
+                   "samples per batch (default: 1000 rows of logits, i.e. 1000 / context "
+                   "sequences for a language model)")
+      ->check(int_in(1, INT32_MAX));
+  eval->add_flag("--throughput", o->throughput,
+                 "also report samples/s (tokens/s) and each batch's latency, p50 and p99 (the first "
+                 "batch, which builds the kernels, left out)");
+  return {eval, [o](Comm& comm) {
+            collectively(comm, [&] { o->threads = threads_from(o->threads_flag, o->threads); });
+            return run_eval(*o, comm);
+          }};
+}
+
+}  // namespace strata::cli
