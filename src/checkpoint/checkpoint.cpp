@@ -7,6 +7,7 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <functional>
 #include <cerrno>
 #include <climits>
 #include <cmath>
@@ -29,9 +30,6 @@
 namespace strata {
 namespace {
 
-constexpr const char* kCheckpointFormat = "strata-checkpoint";
-constexpr const char* kParamsFormat = "strata-parameters";
-constexpr const char* kInt8Format = "strata-int8";
 
 [[noreturn]] void fail_checkpoint(const std::string& msg) {
   throw UserError(kExitBadCheckpoint, msg);
@@ -86,6 +84,22 @@ bool pwrite_all(int fd, const char* buf, int64_t bytes, int64_t offset) {
   return true;
 }
 
+
+
+// Every dataset in the file, by absolute path.
+std::vector<std::string> list_datasets(hid_t f) {
+  std::vector<std::string> out;
+  auto visit = [](hid_t, const char* name, const H5O_info_t* info, void* data) -> herr_t {
+    if (info->type == H5O_TYPE_DATASET)
+      static_cast<std::vector<std::string>*>(data)->push_back(std::string("/") + name);
+    return 0;
+  };
+  H5_CHECK(H5Ovisit(f, H5_INDEX_NAME, H5_ITER_NATIVE, visit, &out));
+  return out;
+}
+
+}  // namespace
+
 // Writes `tensors` and the attributes `write_attrs` puts on the root into a new HDF5 file,
 // atomically: temporary name, fsync, rename, fsync of the directory. Returns the file's size.
 //
@@ -94,9 +108,8 @@ bool pwrite_all(int fd, const char* buf, int64_t bytes, int64_t offset) {
 // no HDF5 copy, while a second thread computes their CRCs, which are filled in last. HDF5
 // calls hold hdf5_mutex() only for the short metadata phases, so a loader thread is not held
 // up by the bulk of the write.
-template <typename AttrFn>
 int64_t write_atomically(const std::string& path, const std::vector<NamedTensor>& tensors,
-                         AttrFn write_attrs) {
+                         const std::function<void(hid_t)>& write_attrs) {
   const std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
   auto fail_write = [&](const std::string& why) {
     std::remove(tmp.c_str());
@@ -195,20 +208,6 @@ void write_model_attrs(hid_t f, const Model& model, const char* format) {
   write_int_attr(f, "classes", int64_t(model.classes()));
 }
 
-// Every dataset in the file, by absolute path.
-std::vector<std::string> list_datasets(hid_t f) {
-  std::vector<std::string> out;
-  auto visit = [](hid_t, const char* name, const H5O_info_t* info, void* data) -> herr_t {
-    if (info->type == H5O_TYPE_DATASET)
-      static_cast<std::vector<std::string>*>(data)->push_back(std::string("/") + name);
-    return 0;
-  };
-  H5_CHECK(H5Ovisit(f, H5_INDEX_NAME, H5_ITER_NATIVE, visit, &out));
-  return out;
-}
-
-}  // namespace
-
 uint32_t crc32_of(const float* p, int64_t n) {
   // zlib's crc32 takes at most UINT_MAX bytes per call on some builds: feed it in slices.
   uLong crc = crc32(0L, Z_NULL, 0);
@@ -270,37 +269,12 @@ std::vector<NamedTensor> model_tensors(const Model& model) {
   return out;
 }
 
-int64_t write_checkpoint(const std::string& path, const Model& model,
-                         const std::vector<NamedTensor>& tensors, const TrainState& st,
-                         const Provenance& prov) {
-  return write_atomically(path, tensors,
-                          [&](hid_t f) { write_checkpoint_attrs(f, model, st, prov); });
-}
-
 void save_parameters(const std::string& path, const Model& model, const ParamFileMeta& meta) {
   write_atomically(path, model_tensors(model), [&](hid_t f) {
     write_model_attrs(f, model, kParamsFormat);
     write_int_attr(f, "step", meta.step);
     write_str_attr(f, "config", meta.config_toml);
     write_str_attr(f, "dataset_sha256", meta.dataset_sha256);
-  });
-}
-
-void save_int8(const std::string& path, const Model& model, const Int8Table& table,
-               const ParamFileMeta& meta) {
-  std::vector<NamedTensor> tensors;
-  for (const NamedTensor& t : model_tensors(model)) {
-    bool replaced = false;
-    for (const auto& [name, w] : table.weights) replaced |= name == w.source && param_path(name) == t.path;
-    if (!replaced) tensors.push_back(t);
-  }
-  for (const NamedTensor& t : int8_float_tensors(table)) tensors.push_back(t);
-  write_atomically(path, tensors, [&](hid_t f) {
-    write_model_attrs(f, model, kInt8Format);
-    write_int_attr(f, "step", meta.step);
-    write_str_attr(f, "config", meta.config_toml);
-    write_str_attr(f, "dataset_sha256", meta.dataset_sha256);
-    write_int8_products(f, table);
   });
 }
 

@@ -43,24 +43,6 @@ struct NamedTensor {
   const float* data = nullptr;
 };
 
-// Writes a checkpoint: every tensor (with a CRC-32 attribute), the train state and provenance.
-// Written under a temporary name in the same directory, fsynced and renamed, so `path` is
-// either the previous file or the complete new one. Returns the bytes written.
-int64_t write_checkpoint(const std::string& path, const Model& model,
-                         const std::vector<NamedTensor>& tensors, const TrainState& st,
-                         const Provenance& prov);
-
-// Collective over `comm` (every rank of the run, MPI): the same file, written by every rank at
-// once with parallel HDF5 (collective MPI-IO writes of hyperslabs): each rank writes its ZeRO
-// shard [opt.shard()) of its stage's parameters (`model`: this rank's stage, whole tensors,
-// values identical over the stage's replicas) and of the optimizer state; comm's rank order
-// is each stage's replica order. Each tensor's CRC-32 is combined from
-// the ranks' CRCs of their pieces (zlib's crc32_combine) before the write; temporary name,
-// MPI_File_sync, then rank 0's fsync and rename. The caller has checked every value finite.
-// Returns the file's size on every rank; throws UserError on every rank if any failed.
-int64_t write_checkpoint_sharded(Comm& comm, const std::string& path, const Model& model,
-                                 Optimizer& opt, const TrainState& st, const Provenance& prov);
-
 struct LoadedCheckpoint {
   std::string format;  // "strata-checkpoint", "strata-parameters" or "strata-int8"
   ModelSpec spec;
@@ -96,11 +78,6 @@ struct ParamFileMeta {
   int64_t step = 0;
 };
 void save_parameters(const std::string& path, const Model& model, const ParamFileMeta& meta);
-
-// int8 files (strata quantize): a parameter file whose products in `table` are int8
-// (checkpoint_int8.cpp has the layout); weights replaced by int8 are not stored in fp32.
-void save_int8(const std::string& path, const Model& model, const Int8Table& table,
-               const ParamFileMeta& meta);
 
 // The model-defining part of any of the three kinds of file (for `strata eval`).
 using LoadedParams = LoadedCheckpoint;

@@ -75,11 +75,11 @@ std::optional<int64_t> read_sequence(const std::string& path) {
 
 }  // namespace
 
-Checkpointer::Checkpointer(const RunConfig& cfg, Comm& comm)
+Checkpointer::Checkpointer(const RunConfig& cfg, Comm& comm, CheckpointWriterKind writer)
     : comm_(comm),
       dir_(cfg.checkpoint_dir()),
-      every_steps_(cfg.checkpoint.every_steps),
-      every_seconds_(cfg.checkpoint.every_seconds),
+      policy_(cfg.checkpoint),
+      file_writer_(make_checkpoint_writer(writer, &comm)),
       keep_last_(cfg.checkpoint.keep_last),
       keep_every_(cfg.checkpoint.keep_every),
       local_config_(cfg.checkpoint.local_dir) {}
@@ -404,7 +404,8 @@ Checkpointer::SaveResult Checkpointer::save(const Model& model, Optimizer& opt, 
     // Data parallelism: every replica holds the same parameters and optimizer state, so rank 0
     // writes them all (a gather that costs nothing); other ranks only learn the outcome.
     finish();  // one write at a time (the caller has collected its outcome with finish())
-    STRATA_CHECK(!opt.sharded(), "a checkpoint is written from an unsharded optimizer (zero.h)");
+    STRATA_CHECK(!file_writer_->every_rank_writes() && !opt.sharded(),
+                 "rank 0 writes a checkpoint from an unsharded optimizer (zero.h)");
     std::vector<NamedTensor> tensors = model_tensors(model);
     for (auto& [name, t] : opt.state())
       for (const Param* p : model.params())
@@ -422,10 +423,11 @@ Checkpointer::SaveResult Checkpointer::save(const Model& model, Optimizer& opt, 
         at += numel(t.shape);
       }
     }
-    auto write = [this, tensors = std::move(tensors), st, prov, r, target, &model]() mutable {
+    auto write = [this, tensors = std::move(tensors), st, prov, r, target, &model, &opt]() mutable {
       const auto t0 = Clock::now();
       try {
-        r.bytes = write_checkpoint(r.path, model, tensors, st, prov);
+        r.bytes = file_writer_->write(r.path, {.model = model, .opt = &opt, .tensors = tensors,
+                                          .state = st, .prov = prov});
         r.ok = true;
       } catch (const UserError& e) {
         r.error = e.what();
@@ -472,21 +474,22 @@ Checkpointer::SaveResult Checkpointer::save(const Model& model, Optimizer& opt, 
   return r;
 }
 
-Checkpointer::SaveResult Checkpointer::save_sharded(const Model& model, Optimizer& opt,
-                                                    TrainState st, const Provenance& prov,
-                                                    double before_s) {
+Checkpointer::SaveResult Checkpointer::save_every_rank(const Model& model, Optimizer& opt,
+                                                       TrainState st, const Provenance& prov,
+                                                       double before_s) {
   using Clock = std::chrono::steady_clock;
   const auto t_start = Clock::now();
   const auto t_enter = t_start - std::chrono::duration_cast<Clock::duration>(
                                      std::chrono::duration<double>(before_s));
-  STRATA_CHECK(local_.empty(), "sharded checkpoints go to checkpoint.dir directly");
+  STRATA_CHECK(local_.empty() && file_writer_->every_rank_writes(),
+               "a writer where every rank writes goes to checkpoint.dir directly");
   SaveResult r;
   st.sequence = ++sequence_;
   r.step = st.step;
   r.path = dir_ + "/" + checkpoint_name(st.step);
   if (comm_.rank() == 0) finish();  // one write at a time
   try {
-    r.bytes = write_checkpoint_sharded(comm_, r.path, model, opt, st, prov);
+    r.bytes = file_writer_->write(r.path, {.model = model, .opt = &opt, .state = st, .prov = prov});
     r.ok = true;
   } catch (const UserError& e) {
     r.error = e.what();  // the same outcome on every rank

@@ -22,6 +22,8 @@
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/checkpoint_cache.h"
+#include "checkpoint/policy.h"
+#include "checkpoint/writer.h"
 #include "config/config.h"
 #include "model/optim.h"
 #include "strata/comm.h"
@@ -30,13 +32,15 @@ namespace strata {
 
 class Checkpointer {
  public:
-  Checkpointer(const RunConfig& cfg, Comm& comm);
+  // `writer`: the run's (writer.h; the run plan chose it).
+  Checkpointer(const RunConfig& cfg, Comm& comm, CheckpointWriterKind writer);
 
   const std::string& dir() const { return dir_; }
   // This node's local cache directory ("" without checkpoint.local_dir); after preflight.
   const std::string& local_dir() const { return local_; }
-  // Periodic checkpoints configured (every_steps or every_seconds).
-  bool periodic() const { return every_steps_ > 0 || every_seconds_ > 0; }
+  // When checkpoints are due (policy.h), and who writes them (writer.h).
+  const CheckpointPolicy& policy() const { return policy_; }
+  const CheckpointWriter& writer() const { return *file_writer_; }
 
   // Collective. Creates the directory (never world-writable), checks that it is writable and
   // has room for one more checkpoint of `bytes`, and removes temporary files a crash left.
@@ -81,11 +85,11 @@ class Checkpointer {
   // stages or shards), counted in stall_s.
   SaveResult save(const Model& model, Optimizer& opt, TrainState st, const Provenance& prov,
                   bool wait, bool durable = false, double before_s = 0);
-  // Collective, synchronous: the same checkpoint written by every rank at once, each its
-  // ZeRO shard of its stage (write_checkpoint_sharded), then rank 0's `latest` and retention.
-  // Without tensor parts or a local cache.
-  SaveResult save_sharded(const Model& model, Optimizer& opt, TrainState st,
-                          const Provenance& prov, double before_s = 0);
+  // Collective, synchronous, with a writer where every rank writes (the parallel one): the
+  // same checkpoint written by every rank at once, each its ZeRO shard of its stage, then
+  // rank 0's `latest` and retention. Without tensor parts or a local cache.
+  SaveResult save_every_rank(const Model& model, Optimizer& opt, TrainState st,
+                             const Provenance& prov, double before_s = 0);
   // Rank 0: the outcome of a background write that has finished since the last call, if any;
   // else a failed copy to checkpoint.dir (ok = false), if any.
   std::optional<SaveResult> poll();
@@ -116,8 +120,8 @@ class Checkpointer {
 
   Comm& comm_;
   std::string dir_;
-  int64_t every_steps_;
-  double every_seconds_;
+  CheckpointPolicy policy_;
+  std::unique_ptr<CheckpointWriter> file_writer_;
   int64_t keep_last_, keep_every_;
   std::string local_config_, local_;  // checkpoint.local_dir as given; this node's cache dir
   std::unique_ptr<SharedCopier> copier_;

@@ -65,8 +65,8 @@ bool Publisher::save(int64_t steps_done, bool wait) {
   auto prepared = [&] {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t_save).count();
   };
-  if (parallel_writes()) {
-    auto r = ckpt_.save_sharded(st_.model, st_.opt, st, prov_, prepared());
+  if (ckpt_.writer().every_rank_writes()) {
+    auto r = ckpt_.save_every_rank(st_.model, st_.opt, st, prov_, prepared());
     return finish_save(r, steps_done, true, t_save);
   }
   // ZeRO: replica 0 of the stage assembles the stage's whole optimizer state first (the other
@@ -95,11 +95,6 @@ bool Publisher::finish_save(const Checkpointer::SaveResult& r, int64_t steps_don
   return r.ok;
 }
 
-// ZeRO with checkpoint.writer parallel (or auto, see README): every rank writes its shard.
-bool Publisher::parallel_writes() const {
-  return st_.opt.sharded() && sharded_writer(cfg_, plan_, comm_).empty();
-}
-
 void Publisher::poll() {
   if (lead_)
     if (auto r = ckpt_.poll()) report(*r);
@@ -117,10 +112,8 @@ int64_t Publisher::agree_failures() {
   return n;
 }
 
-bool Publisher::checkpoint_due_by_time() const {
-  return cfg_.checkpoint.every_seconds > 0 &&
-         std::chrono::duration<double>(std::chrono::steady_clock::now() - last_time_).count() >=
-             cfg_.checkpoint.every_seconds;
+double Publisher::seconds_since_checkpoint() const {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - last_time_).count();
 }
 
 // A finished write: its metrics event, or a warning. A failed write leaves the earlier

@@ -60,7 +60,7 @@ class Publisher {
   // Collective: the number of writes that failed (rank 0 counts them).
   int64_t agree_failures();
 
-  bool checkpoint_due_by_time() const;  // checkpoint.every_seconds have passed
+  double seconds_since_checkpoint() const;  // the last one's, or the run's start
   int64_t last_step() const { return last_step_; }
   // Measured (a stop's: the write and the copy to checkpoint.dir), or a slow disk's estimate.
   double last_write_s() const { return write_s_; }
@@ -70,7 +70,6 @@ class Publisher {
   void report(const Checkpointer::SaveResult& r);
   bool finish_save(const Checkpointer::SaveResult& r, int64_t steps_done, bool waited,
                    std::chrono::steady_clock::time_point t_save);
-  bool parallel_writes() const;
 
   const RunConfig& cfg_;
   Comm& comm_;

@@ -6,6 +6,7 @@
 #include <fmt/ranges.h>
 
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/writer.h"
 #include "data/data.h"
 #include "model/int8.h"
 #include "model/model.h"
@@ -80,9 +81,10 @@ int run_quantize(const QuantizeOptions& o) {
       kept.push_back("in every block its two LayerNorms and the attention's per-head products");
       break;
     }
-  save_int8(o.out, model, table,
-            {.config_toml = lp.prov.config_toml, .dataset_sha256 = lp.prov.dataset_sha256,
-             .step = lp.state.step});
+  const ParamFileMeta meta{.config_toml = lp.prov.config_toml,
+                           .dataset_sha256 = lp.prov.dataset_sha256, .step = lp.state.step};
+  make_checkpoint_writer(CheckpointWriterKind::kInt8, nullptr)
+      ->write(o.out, {.model = model, .int8 = &table, .meta = meta});
   fmt::print("wrote {}: {} products (linear and convolution weights) in int8 (weights {:.2f} MB -> {:.2f} MB; symmetric "
              "per output channel; activations {}; oneDNN {})\n",
              o.out, table.weights.size(), double(fp32_bytes) / 1e6, double(int8_bytes) / 1e6,

@@ -45,18 +45,6 @@ void check_grid(const RunConfig& cfg, RunPlan& p) {
 
 }  // namespace
 
-std::string sharded_writer(const RunConfig& cfg, const RunPlan& p, const Comm& comm) {
-  if (cfg.checkpoint.writer == "rank0") return "checkpoint.writer = rank0";
-  if (cfg.parallel.zero == 0) return "parallel.zero = 0: every replica holds the whole state";
-  if (p.T > 1)
-    return "tensor parts are gathered on rank 0 (sharded writes cover data and pipeline "
-           "parallelism, for now)";
-  if (!comm.mpi_handle()) return "no MPI communicator (MPI-IO writes the file)";
-  if (!cfg.checkpoint.local_dir.empty())
-    return "checkpoint.local_dir: a node-local file cannot be written by every rank";
-  return "";
-}
-
 GridShape grid_shape(const RunConfig& cfg, int ranks) {
   const int P = cfg.parallel.pipeline_stages, T = cfg.parallel.tensor;
   const int D = data_parallel_width(ranks, P, T, cfg.train.batch_size);
@@ -109,9 +97,7 @@ RunPlan plan_run(const RunConfig& cfg, Comm& comm) {
     p.be = &select_backend({.device = cfg.device, .threads = cfg.threads,
                             .precision = cfg.train.precision}, &p.device_note, &gpu);
     check_grid(cfg, p);
-    if (cfg.checkpoint.writer == "parallel")
-      if (auto why = sharded_writer(cfg, p, comm); !why.empty())
-        fail_input("checkpoint.writer = parallel: {}", why);
+    p.writer = choose_checkpoint_writer(cfg, p.T, comm);
     p.info = open_dataset(cfg.data.path);
     check_dataset(cfg, p.info);
     p.layers = Model::describe_layers(cfg.model_spec(p.info.classes), p.info.train.sample_shape,

@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/writer.h"
 #include "config/config.h"
 #include "data/data.h"
 #include "model/model.h"
@@ -27,6 +28,7 @@ struct RunPlan {
   std::vector<LayerRange> ranges;  // per virtual stage (P v; stage s: stage_chunks)
   int v = 1;                       // chunks per stage (the interleaved schedule)
   int64_t rows_per_sample = 1;    // rows of logits: 1 for a classifier, T for a language model
+  CheckpointWriterChoice writer;   // the checkpoint writer (writer.h), and why
   // Micro-batches without a pipeline are plain gradient accumulation, run by the same engine.
   bool pipelined() const { return P > 1 || M > 1; }
   // Checkpoints and the parameter file are written from the whole model gathered on rank 0
@@ -43,9 +45,6 @@ std::string shared_gpus(Comm& comm, int gpu);
 // The grid's shape on `ranks` ranks: D = ranks / (P T) data-parallel replicas (P T divides the
 // ranks, D the global batch) and M micro-batches per step (dividing each replica's batch).
 // Throws UserError naming the key at fault. plan_run checks it; so does `train --check_grid`.
-// Why checkpoints of ZeRO shards are not written by every rank at once (parallel HDF5) in
-// this run: "" when they are (checkpoint.writer parallel, or auto: see README).
-std::string sharded_writer(const RunConfig& cfg, const RunPlan& p, const Comm& comm);
 
 struct GridShape {
   int D = 1, M = 1;

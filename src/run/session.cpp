@@ -99,7 +99,7 @@ TrainingSession::TrainingSession(const RunConfig& cfg, Comm& comm)
   auto stop = std::make_unique<StopHook>(comm, *publisher_, metrics_.get(), *progress_);
   stop_ = stop.get();
   hooks_.add(std::move(stop));
-  hooks_.add(checkpoint_hook(cfg, comm, *publisher_));
+  hooks_.add(checkpoint_hook(ckpt_->policy(), comm, *publisher_));
   auto metrics = std::make_unique<MetricsHook>(cfg, oc_, per_epoch_, metrics_.get(), *progress_, *reducer_);
   metrics_hook_ = metrics.get();
   hooks_.add(std::move(metrics));
@@ -146,7 +146,7 @@ void TrainingSession::build_model() {
 // Parameters and optimizer state then go where the backend computes.
 void TrainingSession::resume() {
   AllocationScope scope("reading the checkpoint to resume from");
-  ckpt_ = std::make_unique<Checkpointer>(cfg_, comm_);
+  ckpt_ = std::make_unique<Checkpointer>(cfg_, comm_, plan_.writer.kind);
   int64_t whole_params = 0;
   for (const auto& l : plan_.layers) whole_params += l.params;
   ckpt_bytes_ = whole_params * 4 * int64_t(1 + opt_->state().size()) + (1 << 16);
@@ -243,7 +243,7 @@ std::optional<int> TrainingSession::train_step(int64_t step) {
 // evaluation of the test split and the parameter file, both only from finite parameters.
 int TrainingSession::finish_run(Clock::time_point t_start, double cpu_start) {
   AllocationScope scope("the final checkpoint, evaluation and parameter file");
-  if (ckpt_->periodic() && cfg_.checkpoint.final && publisher_->last_step() < total_)
+  if (ckpt_->policy().final_due(publisher_->last_step(), total_))
     publisher_->save(total_, /*wait=*/true);
   publisher_->finish();
   watchdog_->stop();  // collective; the final evaluation and parameter file are not watched

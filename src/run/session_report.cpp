@@ -109,10 +109,8 @@ void TrainingSession::print_startup() const {
              grads_mb,
              cfg.parallel.zero == 2 ? fmt::format(", reduce-scattered: the sum kept {:.1f} MB", shard_mb)
                                     : "");
-  if (cfg.parallel.zero && ckpt_->periodic())
-    if (const std::string why = sharded_writer(cfg, p, comm_); why.empty())
-      fmt::print("checkpoints: every rank writes its shard (parallel HDF5 over MPI-IO, "
-                 "synchronous: checkpoint.writer = rank0 gathers and writes in the background)\n");
+  if (p.writer.kind == CheckpointWriterKind::kParallel && ckpt_->policy().periodic())
+    fmt::print("checkpoints: {}\n", p.writer.why);
   std::fflush(stdout);
 }
 

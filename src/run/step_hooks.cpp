@@ -37,22 +37,20 @@ class TraceHook final : public StepHook {
 
 class CheckpointHook final : public StepHook {
  public:
-  CheckpointHook(const RunConfig& cfg, Comm& comm, Publisher& p)
-      : cfg_(cfg), lead_(comm.rank() == 0), publisher_(p) {}
-  void vote(Agreement& a) override {
-    if (lead_) a.checkpoint_due = publisher_.checkpoint_due_by_time() ? 1.0 : 0.0;
+  CheckpointHook(const CheckpointPolicy& policy, Comm& comm, Publisher& p)
+      : policy_(policy), lead_(comm.rank() == 0), publisher_(p) {}
+  void vote(Agreement& a) override {  // rank 0's clock decides the time rule for every rank
+    if (lead_) a.checkpoint_due = policy_.time_due_by(publisher_.seconds_since_checkpoint()) ? 1.0 : 0.0;
   }
   std::optional<int> end(const StepEnd& e) override {
-    const int64_t done = e.step + 1;
-    const int64_t every = cfg_.checkpoint.every_steps;
-    if (done < e.total && ((every > 0 && done % every == 0) || e.agreed.checkpoint_due > 0))
-      publisher_.save(done, /*wait=*/false);
+    if (policy_.due(e.step + 1, e.total, e.agreed.checkpoint_due > 0))
+      publisher_.save(e.step + 1, /*wait=*/false);
     publisher_.poll();
     return std::nullopt;
   }
 
  private:
-  const RunConfig& cfg_;
+  const CheckpointPolicy& policy_;
   bool lead_;
   Publisher& publisher_;
 };
@@ -118,8 +116,9 @@ std::optional<int> StepHooks::end(const StepEnd& e) {
 
 std::unique_ptr<StepHook> watchdog_hook(Watchdog& w) { return std::make_unique<WatchdogHook>(w); }
 std::unique_ptr<StepHook> trace_hook(Tracer& t) { return std::make_unique<TraceHook>(t); }
-std::unique_ptr<StepHook> checkpoint_hook(const RunConfig& cfg, Comm& comm, Publisher& p) {
-  return std::make_unique<CheckpointHook>(cfg, comm, p);
+std::unique_ptr<StepHook> checkpoint_hook(const CheckpointPolicy& policy, Comm& comm,
+                                          Publisher& p) {
+  return std::make_unique<CheckpointHook>(policy, comm, p);
 }
 std::unique_ptr<StepHook> goodput_hook(GoodputLedger& g) { return std::make_unique<GoodputHook>(g); }
 std::unique_ptr<StepHook> prometheus_hook(PrometheusFile& prom, const MetricsHook& metrics,

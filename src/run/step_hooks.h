@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "base/metrics.h"
+#include "checkpoint/policy.h"
 #include "comm/trace.h"
 #include "config/config.h"
 #include "model/optim.h"
@@ -91,7 +92,9 @@ class StopHook final : public StepHook {
 
 // Periodic checkpoints (checkpoint.every_steps, every_seconds) and reports of background
 // writes that finished.
-std::unique_ptr<StepHook> checkpoint_hook(const RunConfig& cfg, Comm& comm, Publisher& publisher);
+// Saves each periodic checkpoint `policy` makes due (policy.h).
+std::unique_ptr<StepHook> checkpoint_hook(const CheckpointPolicy& policy, Comm& comm,
+                                          Publisher& publisher);
 
 // What a log interval measured, for the hooks after MetricsHook (per step: means over it).
 struct LogInterval {

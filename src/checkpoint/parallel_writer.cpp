@@ -1,5 +1,6 @@
-// A checkpoint written by every rank at once (ZeRO): parallel HDF5 over MPI-IO, each rank
-// writing its shard of its stage's flat buffers into the whole tensors of the one file.
+// The parallel writer (writer.h): a checkpoint written by every rank at once (ZeRO), parallel
+// HDF5 over MPI-IO, each rank writing its shard of its stage's flat buffers into the whole
+// tensors of the one file.
 #include <mpi.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -15,7 +16,8 @@
 #include "base/files.h"
 #include "base/hdf5_util.h"
 #include "checkpoint/checkpoint.h"
-#include "checkpoint_write.h"
+#include "checkpoint/checkpoint_write.h"
+#include "checkpoint/writer.h"
 #include "data/data.h"
 #include "strata/error.h"
 
@@ -226,10 +228,15 @@ std::string write_file(Comm& comm, const std::string& tmp, MPI_Comm mpi, const M
   return error;
 }
 
-}  // namespace
-
-int64_t write_checkpoint_sharded(Comm& comm, const std::string& path, const Model& model,
-                                 Optimizer& opt, const TrainState& st, const Provenance& prov) {
+// Collective over `comm` (every rank of the run, MPI): each rank writes its ZeRO shard
+// [opt.shard()) of its stage's parameters (`model`: this rank's stage, whole tensors, values
+// identical over the stage's replicas) and of the optimizer state; comm's rank order is each
+// stage's replica order. Each tensor's CRC-32 is combined from the ranks' CRCs of their pieces
+// (zlib's crc32_combine) before the write; temporary name, MPI_File_sync, then rank 0's fsync
+// and rename. The caller has checked every value finite. Returns the file's size on every
+// rank; throws UserError on every rank if any failed.
+int64_t write_sharded(Comm& comm, const std::string& path, const Model& model, Optimizer& opt,
+                      const TrainState& st, const Provenance& prov) {
   const auto* mpi = static_cast<const MPI_Comm*>(comm.mpi_handle());
   STRATA_CHECK(mpi && opt.num_params() == model.num_params(),
                "a sharded checkpoint is written over MPI from the stage's shards");
@@ -271,6 +278,26 @@ int64_t write_checkpoint_sharded(Comm& comm, const std::string& path, const Mode
                                                    "{} of {} ranks could not write", failed,
                                                    comm.size()) : error));
   return size;
+}
+
+class ParallelWriter final : public CheckpointWriter {
+ public:
+  explicit ParallelWriter(Comm& comm) : comm_(comm) {}
+  CheckpointWriterKind kind() const override { return CheckpointWriterKind::kParallel; }
+  bool every_rank_writes() const override { return true; }
+  int64_t write(const std::string& path, const CheckpointContent& c) override {
+    STRATA_CHECK(c.opt, "a checkpoint holds the optimizer state");
+    return write_sharded(comm_, path, c.model, *c.opt, c.state, c.prov);
+  }
+
+ private:
+  Comm& comm_;
+};
+
+}  // namespace
+
+std::unique_ptr<CheckpointWriter> make_parallel_writer(Comm& comm) {
+  return std::make_unique<ParallelWriter>(comm);
 }
 
 }  // namespace strata
