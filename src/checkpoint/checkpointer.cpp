@@ -258,6 +258,22 @@ std::vector<std::string> Checkpointer::candidates(const std::string& dir, int64_
   return out;
 }
 
+std::optional<Checkpointer::Found> Checkpointer::newest_verified(std::vector<std::string>* skipped) const {
+  std::string pointed;
+  const auto limit = pointer_step(dir_, &pointed);
+  for (const Entry& e : list(dir_)) {
+    if (limit && e.step > *limit) continue;
+    const std::string path = dir_ + "/" + e.name;
+    try {
+      read_checkpoint(path);  // throws on a damaged file or a checksum mismatch
+      return Found{e.step, path};
+    } catch (const UserError& err) {
+      if (skipped) skipped->push_back(err.what());
+    }
+  }
+  return std::nullopt;
+}
+
 int64_t Checkpointer::newest_step(const std::string& dir) const {
   std::string pointed;
   if (auto at = pointer_step(dir, &pointed)) return *at;

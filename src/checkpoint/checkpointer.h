@@ -61,6 +61,16 @@ class Checkpointer {
   std::optional<TrainState> resume(Model& model, const std::function<Optimizer&()>& opt_into,
                                    const RunConfig& cfg, const std::string& dataset_sha256);
 
+  // Rank-local: the newest checkpoint of the directory that verifies (every tensor's CRC):
+  // `latest`'s, else the one before it by step, and so on (newer files than `latest` are an
+  // unfinished lineage and passed over; damaged ones are passed over and named in `skipped`,
+  // not renamed). nullopt when none does.
+  struct Found {
+    int64_t step = 0;
+    std::string path;
+  };
+  std::optional<Found> newest_verified(std::vector<std::string>* skipped = nullptr) const;
+
   struct SaveResult {
     bool ok = false;
     std::string path, error;

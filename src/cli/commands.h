@@ -7,6 +7,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "config/config.h"
 #include "strata/comm.h"
 
 namespace strata::cli {
@@ -19,12 +20,27 @@ struct Subcommand {
 };
 
 Subcommand add_train(CLI::App& app);
+Subcommand add_config(CLI::App& app);      // config --get KEY: a resolved key, for job scripts
+Subcommand add_checkpoint(CLI::App& app);  // checkpoint latest DIR: the newest that verifies
 std::vector<Subcommand> add_prepare(CLI::App& app);  // fashion-mnist, text
 Subcommand add_eval(CLI::App& app);
 Subcommand add_quantize(CLI::App& app);
 Subcommand add_generate(CLI::App& app);
 Subcommand add_inspect(CLI::App& app);
 Subcommand add_devices(CLI::App& app);
+
+// `strata train`'s flags (the config file, every key as --section.key, and the run's own),
+// which `strata config` takes too (train.cpp); apply_train_flags reads the file and the flags
+// into cfg (UserError).
+struct TrainFlags {
+  RunConfig cfg;
+  ConfigFlags config_flags;
+  CLI::Option* threads = nullptr;
+  std::string progress = "auto";
+  std::string prometheus;
+};
+void add_train_flags(CLI::App& sub, TrainFlags& f);
+void apply_train_flags(TrainFlags& f);
 
 // ---- Shared by the commands (flags.cpp) ---------------------------------------------------
 inline constexpr int kMaxThreads = 1024;

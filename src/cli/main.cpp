@@ -70,7 +70,7 @@ int main(int argc, char** argv) {
   CLI::App app{"strata: a Slurm-native MPI training runtime"};
   app.set_version_flag("--version", fmt::format("strata {} ({})", STRATA_VERSION, STRATA_GIT_COMMIT));
   app.require_subcommand(1);
-  std::vector<Subcommand> commands = {add_train(app)};
+  std::vector<Subcommand> commands = {add_train(app), add_config(app), add_checkpoint(app)};
   for (auto& c : add_prepare(app)) commands.push_back(std::move(c));
   commands.push_back(add_eval(app));
   commands.push_back(add_quantize(app));
