@@ -356,6 +356,28 @@ def cases(fx: Fixtures):
          r"flag --model\.hidden: element 2 is a float \(1\.5\); expected an integer or a string")
     flag("--model.hidden [16, -3]", ["--model.hidden", "[16, -3]"], r"flag --model\.hidden: element 2: must be in")
 
+    # The job scripts' questions (slurm/train.sbatch): a key as a run resolves it, and the
+    # newest checkpoint that verifies.
+    out["flags"].append(Case("flags: config --get checkpoint.dir follows --output.dir (must work)",
+                             [S, "config", "--get", "checkpoint.dir", "--output.dir", "{C}/o", "--threads", "2"],
+                             0, check_stdout=lambda s: s.strip().endswith("/o/checkpoints")))
+    out["flags"].append(Case("flags: config --get train.lr of a file (must work)",
+                             [S, "config", "--get", "train.lr", "--config", "{C}/c.toml"], 0,
+                             make=file_with("[train]\nlr = 0.125\n"), check_stdout=lambda s: s.strip() == "0.125"))
+    flag("config --get of an unknown key", [], r"--get train\.lrr: unknown key \(did you mean 'train\.lr'\?\)",
+         base=[S, "config", "--get", "train.lrr"])
+
+    def damaged_newest(case_dir):
+        shutil.copytree(os.path.dirname(fx.mlp_ckpt), os.path.join(case_dir, "ck"))
+        with open(os.path.join(case_dir, "ck", "ckpt-000000002.h5"), "r+b") as f:
+            f.seek(-64, os.SEEK_END)
+            f.write(b"\xff" * 64)  # the tensor data: a checksum mismatch
+    out["flags"].append(Case("flags: checkpoint latest passes over a damaged newest checkpoint (must work)",
+                             [S, "checkpoint", "latest", "{C}/ck"], 0, make=damaged_newest,
+                             check_stdout=lambda s: s.strip().startswith("1 ") and s.strip().endswith("ckpt-000000001.h5")))
+    out["flags"].append(Case("flags: checkpoint latest of an empty directory says -1 (must work)",
+                             [S, "checkpoint", "latest", "{C}"], 0, check_stdout=lambda s: s.strip() == "-1"))
+
     # Typos on the command line, in strata's words (as the config file's unknown keys): an
     # unknown command, and an unknown flag of every command, each with the closest name.
     flag("unknown command", [], r"^strata: error: unknown command 'trian' \(did you mean 'train'\?\); the commands: train, ",
