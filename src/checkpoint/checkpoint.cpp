@@ -313,7 +313,7 @@ std::map<std::string, Shape> expected_tensors(hid_t f, const std::string& path,
   try {
     const std::string where = fmt::format("{}: root attribute model_layers", path);
     out.spec = parse_model_spec(split(layers, '\n'), where);
-    params = Model::describe_params(out.spec, out.input_shape, out.classes, where);
+    params = describe_params(out.spec, out.input_shape, out.classes, where);
   } catch (const UserError& e) {
     throw UserError(kExitBadCheckpoint, e.what());
   }

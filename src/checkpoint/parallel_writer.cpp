@@ -177,13 +177,13 @@ void write_datasets(Comm& comm, hid_t f, const std::vector<Dataset>& sets,
 }
 
 // Every dataset of the whole model, in the same order on every rank (creation is collective),
-// and where this rank's stage holds it: its parameters before block_params() (after it, a
-// pipeline's last stage keeps its copy of the token table, which the first stage writes).
+// and where this rank's stage holds it: its parameters but the token table's copy (a
+// pipeline's last stage; the first stage writes the table).
 std::vector<Dataset> datasets_of(const Model& model, Optimizer& opt) {
   std::map<std::string, const Param*> here;
   for (const Param* p : model.params())
-    if (p->offset < model.block_params()) here[p->name] = p;
-  const auto whole = Model::describe_params(model.spec(), model.input_shape(), model.classes());
+    if (!model.tied().is_copy(p)) here[p->name] = p;
+  const auto whole = describe_params(model.spec(), model.input_shape(), model.classes());
   std::vector<Dataset> sets;
   auto add = [&](const std::string& path, const Shape& shape, const std::string& name,
                  const float* state, int64_t state_at) {

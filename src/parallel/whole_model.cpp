@@ -51,23 +51,23 @@ void gather_stages(Comm& world, const ProcessGrid& grid, const std::vector<Layer
   if (grid.tensors > 1) {
     Comm& tc = *grid.tensor_comm;
     if (grid.tensor != 0) {
-      for (float* p : mine) send(tc, p, stage.block_params(), 0);
+      for (float* p : mine) send(tc, p, stage.layout().block_params(), 0);
       return;
     }
-    std::vector<std::vector<float>> parts(size_t(grid.tensors - 1), std::vector<float>(size_t(stage.block_params())));
+    std::vector<std::vector<float>> parts(size_t(grid.tensors - 1), std::vector<float>(size_t(stage.layout().block_params())));
     for (float*& p : mine) {
       std::vector<const float*> from = {p};
       for (int t = 1; t < grid.tensors; ++t) {
-        recv(tc, parts[size_t(t - 1)].data(), stage.block_params(), t);
+        recv(tc, parts[size_t(t - 1)].data(), stage.layout().block_params(), t);
         from.push_back(parts[size_t(t - 1)].data());
       }
-      assembled.emplace_back(size_t(stage.whole_block_params()));
-      stage.assemble(from, assembled.back().data());
+      assembled.emplace_back(size_t(stage.layout().whole_block_params()));
+      stage.layout().assemble(from, assembled.back().data());
       p = assembled.back().data();
     }
   }
   if (!root) {
-    for (float* p : mine) send(world, p, stage.whole_block_params(), 0);
+    for (float* p : mine) send(world, p, stage.layout().whole_block_params(), 0);
     return;
   }
   auto dst = buffers(*whole, *whole_opt, with_state);
@@ -102,23 +102,20 @@ void gather_stages(Comm& world, const ProcessGrid& grid, const std::vector<Layer
 
 void take_stage(Model& whole, Optimizer& whole_opt, Model& stage, Optimizer& opt) {
   auto src = buffers(whole, whole_opt), dst = buffers(stage, opt);
-  const auto& segments = stage.whole_segments();
+  const auto& segments = stage.partition().segments();
   std::vector<float> block;  // the stage's chunks' blocks side by side (interleaved pipelines)
-  if (segments.size() > 1) block.resize(size_t(stage.whole_block_params()));
+  if (segments.size() > 1) block.resize(size_t(stage.layout().whole_block_params()));
   // The token table's copy on the head's stage: the table's values and state.
-  const Param* copy = stage.tied_table();
-  const Param* table = nullptr;
-  if (copy && copy->offset >= stage.block_params())
-    for (const Param* p : whole.params())
-      if (p->name == copy->name) table = p;
+  const Param* copy = stage.tied().copy();
+  const Param* table = stage.tied().source_in(whole.params());
   for (size_t k = 0; k < src.size(); ++k) {
     const float* from = src[k] + segments[0].whole_offset;
     if (segments.size() > 1) {
-      for (const Model::Segment& g : segments)
+      for (const Segment& g : segments)
         std::copy_n(src[k] + g.whole_offset, g.count, block.data() + g.block_offset);
       from = block.data();
     }
-    stage.extract(from, dst[k]);
+    stage.layout().extract(from, dst[k]);
     if (table) std::copy_n(src[k] + table->offset, numel(table->shape), dst[k] + copy->offset);
   }
   opt.set_steps_taken(whole_opt.steps_taken());

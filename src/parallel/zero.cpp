@@ -19,7 +19,7 @@ std::vector<int64_t> zero_counts(int64_t n, int replicas) {
 }
 
 std::vector<int64_t> zero_counts(const Model& model, int replicas) {
-  return model.flat_counts(zero_counts(model.packed_params(), replicas));
+  return model.layout().flat_counts(zero_counts(model.layout().packed_params(), replicas));
 }
 
 OptimShard zero_shard(const std::vector<int64_t>& counts, int replica) {

@@ -10,7 +10,7 @@ InferenceModel load_for_inference(const std::string& path, const std::string& de
   if (!m.be)
     m.be = &select_backend({.device = lp.int8.weights.empty() ? "auto" : "cpu", .threads = threads},
                            &m.device_note);
-  require_model_memory(Model::describe_layers(lp.spec, lp.input_shape, lp.classes), {}, 2, 1, 1,
+  require_model_memory(describe_layers(lp.spec, lp.input_shape, lp.classes), {}, 2, 1, 1,
                        path);
   m.model = std::make_unique<Model>(lp.spec, lp.input_shape, lp.classes);
   m.int8 = std::make_unique<Int8Table>();

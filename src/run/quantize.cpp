@@ -73,7 +73,7 @@ int run_quantize(const QuantizeOptions& o) {
 
   // Layers with weights that stay fp32: embeddings, LayerNorms (and every bias).
   std::vector<std::string> kept;
-  for (const LayerInfo& l : Model::describe_layers(lp.spec, lp.input_shape, lp.classes))
+  for (const LayerInfo& l : describe_layers(lp.spec, lp.input_shape, lp.classes))
     if (l.params > 0 && !quantized_layers.count(l.name))
       kept.push_back(fmt::format("{} ({})", l.name, l.describe));
   for (const LayerSpec& l : lp.spec)

@@ -100,7 +100,7 @@ RunPlan plan_run(const RunConfig& cfg, Comm& comm) {
     p.writer = choose_checkpoint_writer(cfg, p.T, comm);
     p.info = open_dataset(cfg.data.path);
     check_dataset(cfg, p.info);
-    p.layers = Model::describe_layers(cfg.model_spec(p.info.classes), p.info.train.sample_shape,
+    p.layers = describe_layers(cfg.model_spec(p.info.classes), p.info.train.sample_shape,
                                       p.info.classes);
     // Whatever the partition, one rank holds the largest layer whole (its tensor part of it).
     int largest = 0;

@@ -12,7 +12,7 @@ TrainStep::TrainStep(Model& model, Optimizer& opt, GradientAllreducer& reducer,
       global_batch_(global_batch),
       update_in_backward_(one_rank && !pipe && opt.can_update_in_backward()),
       norm_comm_(grid.stages > 1 || grid.tensors > 1 ? grid.model_comm.get() : nullptr),
-      norm_ranges_(model.norm_ranges()), shards_(shards),
+      norm_ranges_(model.layout().norm_ranges()), shards_(shards),
       head_(model.classes(), model.rows_per_sample()) {
   allreduce_tied_gradient();
 }
@@ -73,16 +73,16 @@ void TrainStep::update(const Backend& be, int64_t step) {
 // the replicas' reduction, whose shards on the two stages cover different parts of it: its
 // buckets are all-reduced.
 void TrainStep::allreduce_tied_gradient() {
-  if (Param* t = model_.tied_table(); t && reducer_.scatters() && pipe_ && grid_.tied_comm)
+  if (const Param* t = model_.tied().shared(); t && reducer_.scatters() && pipe_ && grid_.tied_comm)
     reducer_.allreduce_whole(t->offset, t->offset + numel(t->shape));
 }
 
 // GPT-2's token table on a pipeline's first and last stage: the embedding's gradient and the
 // output layer's, summed (after the replicas' average), so both copies take one update.
 void TrainStep::share_tied_gradient() {
-  if (Param* t = model_.tied_table(); t && grid_.tied_comm) {
+  if (model_.tied().shared() && grid_.tied_comm) {
     Tracer::Scope span(tracer_, "allreduce", "token table gradient (first + last stage)");
-    grid_.tied_comm->allreduce_sum(t->grad, numel(t->shape));
+    model_.tied().share_gradient(*grid_.tied_comm);
   }
 }
 

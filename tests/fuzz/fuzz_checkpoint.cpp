@@ -13,7 +13,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   fuzz::expect_clean([&] { read_checkpoint(path, /*tolerate_mismatch=*/true); });
   fuzz::expect_clean([&] {
     const LoadedParams lp = load_parameters(path);
-    require_model_memory(Model::describe_layers(lp.spec, lp.input_shape, lp.classes), {}, 2, 1,
+    require_model_memory(describe_layers(lp.spec, lp.input_shape, lp.classes), {}, 2, 1,
                          1, path);
     Model model(lp.spec, lp.input_shape, lp.classes);
     copy_parameters_into(model, lp, path);

@@ -21,7 +21,7 @@ std::vector<LayerInfo> mlp_layers(std::vector<std::string> hidden) {
     spec.push_back("relu");
   }
   spec.push_back("linear 10");
-  return Model::describe_layers(spec, {1, 28, 28}, 10);
+  return describe_layers(spec, {1, 28, 28}, 10);
 }
 }  // namespace
 
@@ -197,7 +197,7 @@ TEST_CASE("micro-batch count: auto picks the largest divisor up to 4P; a given o
 
 TEST_CASE("measured costs: one positive time per layer, larger for a wider layer", "[pipeline]") {
   ModelSpec spec = {"flatten", "linear 256", "relu", "linear 1024", "relu", "linear 10"};
-  auto layers = Model::describe_layers(spec, {1, 28, 28}, 10);
+  auto layers = describe_layers(spec, {1, 28, 28}, 10);
   // One math thread: with OpenMP's default (every core) a GEMM on a busy machine (ctest runs
   // tests side by side) can wait a scheduler quantum for its second thread, ~20 ms for any
   // layer, which measures the machine rather than the layer.

@@ -140,7 +140,7 @@ Outcome pipeline_rank(Comm& world, const Net& net, int P, int M, const std::stri
   ProcessGrid grid = make_grid(world, P, 1, "replicas_in_node", 1);
   const int D = grid.replicas;
   const int64_t G = int64_t(D) * M * kMicroBatch;
-  const auto layers = Model::describe_layers(net.spec, net.input, net.classes);
+  const auto layers = describe_layers(net.spec, net.input, net.classes);
   const auto ranges = partition_layers(layers, estimated_costs(layers), P * v, {});
   Model m(net.spec, net.input, net.classes, stage_chunks(ranges, P, grid.stage));
   m.init(kSeed);
@@ -203,7 +203,7 @@ TEST_CASE("pipeline stages x replicas give the one-rank gradients, losses and ev
           for (const std::string& schedule : pipeline_schedules()) {
             // Interleaved: 2 chunks per stage, M a multiple of P, a layer per chunk at least.
             const int v = schedule == "interleaved" ? 2 : 1;
-            const int L = int(Model::describe_layers(net.spec, net.input, net.classes).size());
+            const int L = int(describe_layers(net.spec, net.input, net.classes).size());
             if (v > 1 && (M % P != 0 || P * v > L)) continue;
             INFO(net.name << ": P " << P << " x D " << D << ", " << M << " micro-batches, " << schedule);
             auto ranks = on_ranks(P * D, [&](Comm& c) { return pipeline_rank(c, net, P, M, schedule, v); });

@@ -37,17 +37,17 @@ TEST_CASE("tensor parallel: the parts of an initialised model assemble into the 
       m.init(11);
       from.push_back(m.host_values().data());
       // Split tensors are smaller; the whole block is the whole model's size.
-      CHECK(m.block_params() < whole.num_params());
-      CHECK(m.whole_block_params() == whole.num_params());
+      CHECK(m.layout().block_params() < whole.num_params());
+      CHECK(m.layout().whole_block_params() == whole.num_params());
     }
     std::vector<float> assembled = unwritten(whole, whole.num_params());
-    ms[0].assemble(from, assembled.data());
+    ms[0].layout().assemble(from, assembled.data());
     CHECK(std::memcmp(assembled.data(), whole.host_values().data(),
                       sizeof(float) * assembled.size()) == 0);
     // And each part is cut back out of the whole exactly.
     for (int t = 0; t < parts; ++t) {
-      std::vector<float> mine = unwritten(ms[size_t(t)], ms[size_t(t)].block_params());
-      ms[size_t(t)].extract(whole.host_values().data(), mine.data());
+      std::vector<float> mine = unwritten(ms[size_t(t)], ms[size_t(t)].layout().block_params());
+      ms[size_t(t)].layout().extract(whole.host_values().data(), mine.data());
       CHECK(std::memcmp(mine.data(), from[size_t(t)], sizeof(float) * mine.size()) == 0);
     }
   }
@@ -81,18 +81,18 @@ TEST_CASE("pipeline: the LM head's stage holds a copy of the token table, outsid
   Model whole(kGpt, kInput, kVocab), first(kGpt, kInput, kVocab, {0, 2}),
       last(kGpt, kInput, kVocab, {2, 5});
   for (Model* m : {&whole, &first, &last}) m->init(5);
-  CHECK(whole.tied_table() == nullptr);  // head and embedding together: no copy
-  Param* table = first.tied_table();
-  Param* copy = last.tied_table();
+  CHECK(whole.tied().shared() == nullptr);  // head and embedding together: no copy
+  Param* table = first.tied().shared();
+  Param* copy = last.tied().shared();
   REQUIRE(table);
   REQUIRE(copy);
   CHECK(copy->name == "embedding1.wte");
-  CHECK(copy->offset == last.block_params());  // after the stage's block
-  CHECK(last.num_params() == last.block_params() + flat_span(kVocab * 16));
+  CHECK(copy->offset == last.layout().block_params());  // after the stage's block
+  CHECK(last.num_params() == last.layout().block_params() + flat_span(kVocab * 16));
   CHECK(std::memcmp(copy->host, table->host, sizeof(float) * kVocab * 16) == 0);  // same init
   // The gradient norm counts the table once: not the copy.
-  for (const FlatPieces& r : last.norm_ranges())
-    for (auto [b, n] : r) CHECK(b + n <= last.block_params());
+  for (const FlatPieces& r : last.layout().norm_ranges())
+    for (auto [b, n] : r) CHECK(b + n <= last.layout().block_params());
 }
 
 // The flat buffers: every tensor at a 256-byte boundary (the GPU's GEMM and convolution
@@ -119,17 +119,17 @@ TEST_CASE("flat buffers: every tensor starts on a 256-byte boundary; padding zer
       INFO(p->name);
       CHECK(p->offset % kFlatAlign == 0);
       CHECK(p->packed == packed);
-      CHECK(m.flat_index(p->packed) == p->offset);
+      CHECK(m.layout().flat_index(p->packed) == p->offset);
       packed += numel(p->shape);
       std::fill_n(data.begin() + p->offset, numel(p->shape), true);
     }
-    CHECK(m.packed_params() == packed);
-    CHECK(m.flat_index(packed) == m.num_params());
+    CHECK(m.layout().packed_params() == packed);
+    CHECK(m.layout().flat_index(packed) == m.num_params());
     for (int64_t i = 0; i < m.num_params(); ++i)
       if (!data[size_t(i)]) REQUIRE(m.host_values()[i] == 0.0f);
     // Packed shards mapped to flat ones tile the buffer.
     int64_t sum = 0;
-    for (int64_t c : m.flat_counts({packed / 3, packed / 3, packed - 2 * (packed / 3)})) sum += c;
+    for (int64_t c : m.layout().flat_counts({packed / 3, packed / 3, packed - 2 * (packed / 3)})) sum += c;
     CHECK(sum == m.num_params());
   }
 }
