@@ -180,7 +180,7 @@ void bench_linear(int B, int I, int O, const Options& opt, const Device& dev) {
   char op[64];
   std::snprintf(op, sizeof op, "linear fwd B=%d %d->%d", B, I, O);
   for (bool bf16 : {false, true}) {
-    strata::cuda::init(strata::cuda::current_device(), bf16);
+    strata::cuda::Bf16Scope precision(bf16);
     auto run = [&] { strata::cuda::linear_forward(dy.p, dx.p, dw.p, db.p, B, I, O); };
     run();
     const double err = opt.cpu ? relative_error(dy.download(), ref) : 0;
@@ -213,7 +213,7 @@ void bench_conv(const Conv2dShape& s, bool need_dinp, const Options& opt, const 
   std::snprintf(shape, sizeof shape, "B=%d %d->%d %dx%d on %dx%d s%d", s.B, s.C, s.OC, s.KH, s.KW,
                 s.H, s.W, s.stride);
   for (bool bf16 : {false, true}) {
-    strata::cuda::init(strata::cuda::current_device(), bf16);
+    strata::cuda::Bf16Scope precision(bf16);
     DeviceVec scratch(size_t(strata::cuda::conv2d_scratch_size(s)));
     auto fwd = [&] { strata::cuda::conv2d_forward(y.p, dx.p, dw.p, db.p, s, scratch.p); };
     auto bwd = [&] {
@@ -279,7 +279,7 @@ int main(int argc, char** argv) {
     std::printf("bench_cuda_ops: no GPU visible (%s); nothing to measure\n", why.c_str());
     return 0;
   }
-  strata::cuda::init(0, false);
+  strata::cuda::init(0);
   Device dev;
   cudaDeviceProp prop;
   BENCH_CHECK(cudaGetDeviceProperties(&prop, 0));

@@ -7,7 +7,8 @@
 # functions of the same names.
 file(GLOB STRATA_CUDA_MODULE_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/src/backends/cuda/*.cpp)
 add_library(strata_cuda MODULE ${STRATA_CUDA_MODULE_SOURCES})
-target_include_directories(strata_cuda PRIVATE ${CMAKE_SOURCE_DIR}/include)
+# src: the seam's private header it implements (backends/cuda_api.h).
+target_include_directories(strata_cuda PRIVATE ${CMAKE_SOURCE_DIR}/include ${CMAKE_SOURCE_DIR}/src)
 target_compile_definitions(strata_cuda PRIVATE
   STRATA_VERSION="${PROJECT_VERSION}" STRATA_GIT_COMMIT="${STRATA_GIT_COMMIT}")
 target_compile_options(strata_cuda PRIVATE ${STRATA_WARNINGS})

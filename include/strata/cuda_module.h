@@ -11,6 +11,7 @@
 namespace strata {
 
 struct Backend;
+enum class Precision;
 class Comm;
 class DeviceTransport;
 
@@ -18,7 +19,7 @@ struct CudaModule {
   const char* build;    // STRATA_VERSION " " STRATA_GIT_COMMIT of the module's build
   size_t backend_size;  // sizeof(Backend) there: a stale module from another layout is refused
   int (*devices)(std::string* why);
-  const Backend& (*backend)(int device, bool bf16);
+  const Backend& (*backend)(int device, Precision precision);
   std::string (*device_name)();
   std::unique_ptr<DeviceTransport> (*transport)(Comm& host);
 };

@@ -77,13 +77,11 @@ void quantize_scaled(int8_t* dst, const float* x, const float* inv_scale, int64_
 // (1 for a zero row), col_sum[r] = sum of row r of q.
 void quantize_rows(int8_t* q, float* scale, int32_t* col_sum, const float* w, int rows, int cols);
 
-// The ops the CPU's bf16 table replaces (cpu_backend(true)), with the fp32 ops' signatures.
-#define STRATA_CPU_BF16_OPS(X) \
-  X(linear_forward) X(linear_backward) X(linear_relu_forward) X(linear_relu_backward) \
-  X(conv2d_forward) X(conv2d_backward) X(attention_forward) X(attention_backward)
+// The CPU's bf16 versions of the precision ops (ops.h's STRATA_PRECISION_OPS), with the fp32
+// ops' signatures: cpu_backend(Precision::bf16) holds them.
 namespace bf16 {
 #define STRATA_DECLARE_BF16(name) decltype(strata::cpu::name) name;
-STRATA_CPU_BF16_OPS(STRATA_DECLARE_BF16)
+STRATA_PRECISION_OPS(STRATA_DECLARE_BF16)
 #undef STRATA_DECLARE_BF16
 }  // namespace bf16
 

@@ -20,11 +20,24 @@ using strata::Conv2dShape;
 // toolkit but no GPU says "driver version is insufficient": that is "no GPU"). why, if not
 // null, receives the runtime's message then.
 int device_count(std::string* why = nullptr);
-// Makes `device` current and creates the compute stream, the cuBLAS and cuDNN handles.
-// bf16: GEMMs and convolutions compute in bf16 (fp32 storage, master weights and
-// accumulation); else strict fp32 (no TF32). Throws std::runtime_error on a CUDA error.
-void init(int device, bool bf16);
+// Makes `device` current and creates the compute stream, the cuBLAS and cuDNN handles (once;
+// again with the same device does nothing). Throws std::runtime_error on a CUDA error.
+void init(int device);
 bool initialized();
+// GEMMs and convolutions issued while one is alive compute in bf16 (fp32 storage, master
+// weights and accumulation); otherwise strict fp32 (no TF32). The CUDA backend's bf16 table
+// wraps its precision ops in one (src/backends/cuda/cuda_backend.cpp); ops are issued from
+// one thread at a time, so the setting is the context's.
+class Bf16Scope {
+ public:
+  explicit Bf16Scope(bool bf16);
+  ~Bf16Scope();
+  Bf16Scope(const Bf16Scope&) = delete;
+  Bf16Scope& operator=(const Bf16Scope&) = delete;
+
+ private:
+  bool previous_;
+};
 int current_device();
 std::string device_name();          // e.g. "NVIDIA H100 80GB HBM3"
 void* stream();                     // the compute stream (a cudaStream_t)
@@ -47,7 +60,7 @@ std::string conv2d_algorithms(const Conv2dShape& s);
 // As on the CPU, with these differences:
 // - labels and token ids are device int32. The embedding cannot throw: its caller checks the
 //   ids on the host; an id outside [0,V) gives NaN rows in forward and is skipped in backward.
-// - GEMMs (linear, the attention products) and convolutions follow init()'s precision
+// - GEMMs (linear, the attention products) and convolutions follow Bf16Scope's precision
 //   (strict fp32, or bf16 tensor cores with fp32 accumulation); softmax and every sum are fp32.
 // - dropout draws the CPU's mask bit for bit (the same counter-based hash, strata/rng.h).
 // - Backward sums are deterministic (no float atomics): embedding_backward adds the CPU's

@@ -45,4 +45,10 @@ inline constexpr int kNumOps = 0
 // "linear_forward", ...
 const char* op_name(Op op);
 
+// The ops whose products a backend's precision changes (its GEMMs and convolutions): a bf16
+// table differs from its fp32 one in these only. Softmax, norms and every sum stay fp32.
+#define STRATA_PRECISION_OPS(X)                                                              \
+  X(linear_forward) X(linear_backward) X(linear_relu_forward) X(linear_relu_backward)        \
+  X(conv2d_forward) X(conv2d_backward) X(attention_forward) X(attention_backward)
+
 }  // namespace strata

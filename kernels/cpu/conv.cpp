@@ -300,16 +300,26 @@ int64_t conv2d_scratch_size(const Conv2dShape& s) {
   return ck_of(s) * n + (nb > 1 ? int64_t(s.OC) * n : 0);
 }
 
-void conv2d_forward(float* out, const float* inp, const float* weight, const float* bias,
-                    const Conv2dShape& s, float* scratch) {
-  forward(out, inp, weight, bias, s, scratch, false);
-}
+// The entry points in one precision (BF16: false, or true for bf16 copies of the GEMM
+// operands), written once and expanded for each.
+#define STRATA_CONV2D_ENTRY_POINTS(BF16)                                                       \
+  void conv2d_forward(float* out, const float* inp, const float* weight, const float* bias,  \
+                      const Conv2dShape& s, float* scratch) {                                \
+    forward(out, inp, weight, bias, s, scratch, BF16);                                       \
+  }                                                                                          \
+  void conv2d_backward(float* dinp, float* dweight, float* dbias, const float* dout,         \
+                       const float* inp, const float* weight, const Conv2dShape& s,          \
+                       float* scratch, bool accumulate) {                                    \
+    backward(dinp, dweight, dbias, dout, inp, weight, s, scratch, accumulate, BF16);         \
+  }
 
-void conv2d_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                     const float* inp, const float* weight, const Conv2dShape& s, float* scratch,
-                     bool accumulate) {
-  backward(dinp, dweight, dbias, dout, inp, weight, s, scratch, accumulate, false);
-}
+STRATA_CONV2D_ENTRY_POINTS(false)
+
+namespace bf16 {
+STRATA_CONV2D_ENTRY_POINTS(true)
+}  // namespace bf16
+
+#undef STRATA_CONV2D_ENTRY_POINTS
 
 // int8 inference: per chunk, y (OC, n) = w.q (OC, CK) @ cq (CK, n), cq the chunk's columns
 // quantized per output position (each column of cols its own scale; s8, so no transposition),
@@ -353,18 +363,4 @@ void conv2d_int8_forward(float* out, const float* inp, const Int8Matrix& w, cons
   }
 }
 
-namespace bf16 {
-
-void conv2d_forward(float* out, const float* inp, const float* weight, const float* bias,
-                    const Conv2dShape& s, float* scratch) {
-  forward(out, inp, weight, bias, s, scratch, true);
-}
-
-void conv2d_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                     const float* inp, const float* weight, const Conv2dShape& s, float* scratch,
-                     bool accumulate) {
-  backward(dinp, dweight, dbias, dout, inp, weight, s, scratch, accumulate, true);
-}
-
-}  // namespace bf16
 }  // namespace strata::cpu

@@ -117,55 +117,38 @@ void relu_bias_grad(float* dpre, float* dbias, const float* dout, const float* o
 
 }  // namespace
 
-// out (B,O) = inp (B,I) @ weight (O,I)^T + bias (O)
-void linear_forward(float* out, const float* inp, const float* weight, const float* bias, int B,
-                    int I, int O) {
-  forward(out, inp, weight, bias, B, I, O, false);
-}
+// The entry points in one precision, written once and expanded for each: FORWARD and
+// PRODUCTS are forward/backward_products (fp32: sgemm or the matmul primitive) or their _bf16
+// versions (bf16 copies of the operands); the bias and ReLU gradients are fp32 in both.
+//   linear_forward:  out (B,O) = inp (B,I) @ weight (O,I)^T + bias (O)
+//   linear_backward: dout (B,O), inp (B,I), weight (O,I) -> dinp (B,I), dweight (O,I), dbias (O)
+#define STRATA_LINEAR_ENTRY_POINTS(FORWARD, PRODUCTS)                                          \
+  void linear_forward(float* out, const float* inp, const float* weight, const float* bias,  \
+                      int B, int I, int O) {                                                 \
+    FORWARD(out, inp, weight, bias, B, I, O, false);                                         \
+  }                                                                                          \
+  void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout,         \
+                       const float* inp, const float* weight, int B, int I, int O,           \
+                       bool accumulate) {                                                    \
+    PRODUCTS(dinp, dweight, dout, inp, weight, B, I, O, accumulate);                         \
+    if (dbias) bias_grad(dbias, dout, B, O, accumulate);                                     \
+  }                                                                                          \
+  void linear_relu_forward(float* out, const float* inp, const float* weight,                \
+                           const float* bias, int B, int I, int O) {                         \
+    FORWARD(out, inp, weight, bias, B, I, O, true);                                          \
+  }                                                                                          \
+  void linear_relu_backward(float* dinp, float* dweight, float* dbias, const float* dout,    \
+                            const float* out, const float* inp, const float* weight, int B,  \
+                            int I, int O, float* dpre, bool accumulate) {                    \
+    relu_bias_grad(dpre, dbias, dout, out, B, O, accumulate);                                \
+    PRODUCTS(dinp, dweight, dpre, inp, weight, B, I, O, accumulate);                         \
+  }
 
-// dout (B,O), inp (B,I), weight (O,I) -> dinp (B,I), dweight (O,I), dbias (O)
-void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                     const float* inp, const float* weight, int B, int I, int O, bool accumulate) {
-  backward_products(dinp, dweight, dout, inp, weight, B, I, O, accumulate);
-  if (dbias) bias_grad(dbias, dout, B, O, accumulate);
-}
-
-void linear_relu_forward(float* out, const float* inp, const float* weight, const float* bias,
-                         int B, int I, int O) {
-  forward(out, inp, weight, bias, B, I, O, true);
-}
-
-void linear_relu_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                          const float* out, const float* inp, const float* weight, int B, int I,
-                          int O, float* dpre, bool accumulate) {
-  relu_bias_grad(dpre, dbias, dout, out, B, O, accumulate);
-  backward_products(dinp, dweight, dpre, inp, weight, B, I, O, accumulate);
-}
+STRATA_LINEAR_ENTRY_POINTS(forward, backward_products)
 
 namespace bf16 {
-
-void linear_forward(float* out, const float* inp, const float* weight, const float* bias, int B,
-                    int I, int O) {
-  forward_bf16(out, inp, weight, bias, B, I, O, false);
-}
-
-void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                     const float* inp, const float* weight, int B, int I, int O, bool accumulate) {
-  backward_products_bf16(dinp, dweight, dout, inp, weight, B, I, O, accumulate);
-  if (dbias) bias_grad(dbias, dout, B, O, accumulate);
-}
-
-void linear_relu_forward(float* out, const float* inp, const float* weight, const float* bias,
-                         int B, int I, int O) {
-  forward_bf16(out, inp, weight, bias, B, I, O, true);
-}
-
-void linear_relu_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                          const float* out, const float* inp, const float* weight, int B, int I,
-                          int O, float* dpre, bool accumulate) {
-  relu_bias_grad(dpre, dbias, dout, out, B, O, accumulate);
-  backward_products_bf16(dinp, dweight, dpre, inp, weight, B, I, O, accumulate);
-}
-
+STRATA_LINEAR_ENTRY_POINTS(forward_bf16, backward_products_bf16)
 }  // namespace bf16
+
+#undef STRATA_LINEAR_ENTRY_POINTS
 }  // namespace strata::cpu

@@ -48,7 +48,8 @@ namespace strata::cuda::detail {
 // loop); other threads may call the memory functions (ctx() makes the device current on them).
 struct Context {
   int device = -1;
-  bool bf16 = false;           // GEMMs and convolutions compute in bf16 (see init)
+  bool bf16 = false;           // GEMMs and convolutions compute in bf16 (Bf16Scope); plans
+                               // are cached per precision
   bool use_lt = true;          // cuBLASLt for GEMMs (env STRATA_CUBLASLT=0: cublasGemmEx only)
   int sm_count = 0;
   cudaStream_t stream = nullptr;

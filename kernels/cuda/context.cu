@@ -109,17 +109,14 @@ int device_count(std::string* why) {
   return n;
 }
 
-void init(int device, bool bf16) {
+void init(int device) {
   using detail::g_ctx;
   std::lock_guard lock(detail::g_mutex);
   if (detail::g_initialized.load(std::memory_order_acquire)) {
-    // Same device: only the precision (and the GEMM route) change; plans are cached per
-    // precision, so switching back and forth is cheap.
     if (device != g_ctx.device)
       throw std::logic_error("strata::cuda::init: already initialised on device " +
                              std::to_string(g_ctx.device) + ", asked for device " +
                              std::to_string(device));
-    g_ctx.bf16 = bf16;
     g_ctx.use_lt = detail::lt_enabled();
     return;
   }
@@ -131,7 +128,6 @@ void init(int device, bool bf16) {
                              (why.empty() ? "" : ": " + why) + ")");
   detail::Context c;
   c.device = device;
-  c.bf16 = bf16;
   c.use_lt = detail::lt_enabled();
   STRATA_CUDA_CHECK(cudaSetDevice(device));
   STRATA_CUDA_CHECK(cudaDeviceGetAttribute(&c.sm_count, cudaDevAttrMultiProcessorCount, device));
@@ -140,7 +136,7 @@ void init(int device, bool bf16) {
   STRATA_CUDA_CHECK(cublasCreate(&c.cublas));
   STRATA_CUDA_CHECK(cublasSetStream(c.cublas, c.stream));
   // Default math: with CUBLAS_COMPUTE_32F no TF32 (TF32 needs CUBLAS_TF32_TENSOR_OP_MATH or
-  // COMPUTE_32F_FAST_TF32); bf16 mode asks for CUBLAS_COMPUTE_32F_FAST_16BF per call.
+  // COMPUTE_32F_FAST_TF32); in a Bf16Scope GEMMs ask for CUBLAS_COMPUTE_32F_FAST_16BF per call.
   STRATA_CUDA_CHECK(cublasSetMathMode(c.cublas, CUBLAS_DEFAULT_MATH));
   STRATA_CUDA_CHECK(cublasLtCreate(&c.lt));
   STRATA_CUDA_CHECK(cudaMalloc(&c.lt_workspace, detail::kLtWorkspaceBytes));
@@ -162,6 +158,9 @@ void init(int device, bool bf16) {
 }
 
 bool initialized() { return detail::g_initialized.load(std::memory_order_acquire); }
+
+Bf16Scope::Bf16Scope(bool bf16) : previous_(detail::ctx().bf16) { detail::ctx().bf16 = bf16; }
+Bf16Scope::~Bf16Scope() { detail::ctx().bf16 = previous_; }
 
 int current_device() { return initialized() ? detail::g_ctx.device : -1; }
 

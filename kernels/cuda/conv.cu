@@ -98,12 +98,19 @@ bool is_fft(cudnnConvolutionBwdFilterAlgo_t a) {
   return a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT || a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT_TILING;
 }
 
-// `passed` gets the candidates passed over before the one taken, each with why ("1 tensor
-// op: not deterministic"), for bench_cuda_ops' report.
-template <typename Perf, typename Algo, typename WorkspaceFn>
-Algo pick_algo(const Perf* perf, int count, cudnnConvolutionDescriptor_t desc, bool bf16,
-               WorkspaceFn workspace, size_t* ws_bytes, const char* direction,
-               const Conv2dShape& s, std::string* passed) {
+// One direction's algorithm: cuDNN's heuristic ranks the candidates (`rank`: its
+// Get*Algorithm_v7 call) under the math type asked on the descriptor, and the first that
+// passes is taken. `passed` gets the candidates passed over before the one taken, each with
+// why ("1 tensor op: not deterministic"), for bench_cuda_ops' report.
+template <typename Perf, typename RankFn, typename WorkspaceFn>
+auto pick_algo(cudnnConvolutionDescriptor_t desc, bool bf16, RankFn rank, WorkspaceFn workspace,
+               size_t* ws_bytes, const char* direction, const Conv2dShape& s,
+               std::string* passed) -> decltype(Perf::algo) {
+  constexpr int kMaxAlgos = 16;
+  STRATA_CUDA_CHECK(cudnnSetConvolutionMathType(desc, bf16 ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH));
+  Perf perf[kMaxAlgos];
+  int count = 0;
+  STRATA_CUDA_CHECK(rank(kMaxAlgos, &count, perf));
   for (int i = 0; i < count; ++i) {
     const Perf& r = perf[i];
     const std::string name = std::to_string(int(r.algo)) +
@@ -150,48 +157,37 @@ ConvPlan make_plan(const Conv2dShape& s, bool bf16) {
     throw std::logic_error("strata::cuda::conv2d: cuDNN's output shape differs from Conv2dShape's");
   STRATA_CUDA_CHECK(cudnnSetTensor4dDescriptor(p.y, CUDNN_TENSOR_NCHW, dt, n, c, oh, ow));
 
-  // The heuristic ranks algorithms under the math type on the descriptor.
-  const cudnnMathType_t ask = bf16 ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH;
-  constexpr int kMaxAlgos = 16;
   size_t ws_fwd = 0, ws_data = 0, ws_filter = 0;
-  int count = 0;
-  {
-    STRATA_CUDA_CHECK(cudnnSetConvolutionMathType(p.fwd_desc, ask));
-    cudnnConvolutionFwdAlgoPerf_t perf[kMaxAlgos];
-    STRATA_CUDA_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(h, p.x, p.w, p.fwd_desc, p.y,
-                                                             kMaxAlgos, &count, perf));
-    p.fwd = pick_algo<cudnnConvolutionFwdAlgoPerf_t, cudnnConvolutionFwdAlgo_t>(
-        perf, count, p.fwd_desc, bf16,
-        [&](cudnnConvolutionFwdAlgo_t a, size_t* b) {
-          return cudnnGetConvolutionForwardWorkspaceSize(h, p.x, p.w, p.fwd_desc, p.y, a, b);
-        },
-        &ws_fwd, "forward", s, &p.passed_fwd);
-  }
-  {
-    STRATA_CUDA_CHECK(cudnnSetConvolutionMathType(p.data_desc, ask));
-    cudnnConvolutionBwdDataAlgoPerf_t perf[kMaxAlgos];
-    STRATA_CUDA_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(h, p.w, p.y, p.data_desc, p.x,
-                                                                  kMaxAlgos, &count, perf));
-    p.data = pick_algo<cudnnConvolutionBwdDataAlgoPerf_t, cudnnConvolutionBwdDataAlgo_t>(
-        perf, count, p.data_desc, bf16,
-        [&](cudnnConvolutionBwdDataAlgo_t a, size_t* b) {
-          return cudnnGetConvolutionBackwardDataWorkspaceSize(h, p.w, p.y, p.data_desc, p.x, a, b);
-        },
-        &ws_data, "backward-data", s, &p.passed_data);
-  }
-  {
-    STRATA_CUDA_CHECK(cudnnSetConvolutionMathType(p.filter_desc, ask));
-    cudnnConvolutionBwdFilterAlgoPerf_t perf[kMaxAlgos];
-    STRATA_CUDA_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
-        h, p.x, p.y, p.filter_desc, p.w, kMaxAlgos, &count, perf));
-    p.filter = pick_algo<cudnnConvolutionBwdFilterAlgoPerf_t, cudnnConvolutionBwdFilterAlgo_t>(
-        perf, count, p.filter_desc, bf16,
-        [&](cudnnConvolutionBwdFilterAlgo_t a, size_t* b) {
-          return cudnnGetConvolutionBackwardFilterWorkspaceSize(h, p.x, p.y, p.filter_desc, p.w,
-                                                                a, b);
-        },
-        &ws_filter, "backward-filter", s, &p.passed_filter);
-  }
+  p.fwd = pick_algo<cudnnConvolutionFwdAlgoPerf_t>(
+      p.fwd_desc, bf16,
+      [&](int n, int* count, cudnnConvolutionFwdAlgoPerf_t* perf) {
+        return cudnnGetConvolutionForwardAlgorithm_v7(h, p.x, p.w, p.fwd_desc, p.y, n, count, perf);
+      },
+      [&](cudnnConvolutionFwdAlgo_t a, size_t* b) {
+        return cudnnGetConvolutionForwardWorkspaceSize(h, p.x, p.w, p.fwd_desc, p.y, a, b);
+      },
+      &ws_fwd, "forward", s, &p.passed_fwd);
+  p.data = pick_algo<cudnnConvolutionBwdDataAlgoPerf_t>(
+      p.data_desc, bf16,
+      [&](int n, int* count, cudnnConvolutionBwdDataAlgoPerf_t* perf) {
+        return cudnnGetConvolutionBackwardDataAlgorithm_v7(h, p.w, p.y, p.data_desc, p.x, n, count,
+                                                           perf);
+      },
+      [&](cudnnConvolutionBwdDataAlgo_t a, size_t* b) {
+        return cudnnGetConvolutionBackwardDataWorkspaceSize(h, p.w, p.y, p.data_desc, p.x, a, b);
+      },
+      &ws_data, "backward-data", s, &p.passed_data);
+  p.filter = pick_algo<cudnnConvolutionBwdFilterAlgoPerf_t>(
+      p.filter_desc, bf16,
+      [&](int n, int* count, cudnnConvolutionBwdFilterAlgoPerf_t* perf) {
+        return cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, p.x, p.y, p.filter_desc, p.w, n,
+                                                             count, perf);
+      },
+      [&](cudnnConvolutionBwdFilterAlgo_t a, size_t* b) {
+        return cudnnGetConvolutionBackwardFilterWorkspaceSize(h, p.x, p.y, p.filter_desc, p.w, a,
+                                                              b);
+      },
+      &ws_filter, "backward-filter", s, &p.passed_filter);
   p.ws_bytes = std::max({ws_fwd, ws_data, ws_filter});
 
   size_t off = 0;

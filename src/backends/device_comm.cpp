@@ -17,7 +17,7 @@
 #include <chrono>
 #include <thread>
 
-#include "backends/staged_device.h"
+#include "backends/provider.h"
 #include "base/activity.h"
 #include "base/parse.h"
 #include "strata/backend.h"
@@ -219,7 +219,7 @@ bool device_collectives_on_one_rank() {
 
 std::unique_ptr<Comm> make_device_comm(std::unique_ptr<Comm> host, const Backend& be) {
   if (be.host_memory()) return host;
-  auto t = std::string(be.name) == "cuda" ? cuda_transport(*host) : staged_transport(*host);
+  auto t = provider_of(be).transport(*host);
   return std::make_unique<DeviceComm>(std::move(host), be, std::move(t));
 }
 

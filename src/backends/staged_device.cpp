@@ -21,6 +21,8 @@
 
 #include <fmt/format.h>
 
+#include "backends/cpu_provider.h"
+#include "backends/provider.h"
 #include "base/parse.h"
 #include "strata/backend.h"
 #include "strata/comm.h"
@@ -216,9 +218,14 @@ extern "C" void on_staged_fault(int sig) {
   ::raise(sig);
 }
 
+// Installed at every selection of the staged table, not once: a test framework that restores
+// its own handlers after each test case would otherwise leave later selections without it.
 void install_fault_handler() {
-  void* warm[1];
-  (void)::backtrace(warm, 1);  // loads libgcc's unwinder now: the handler must not load it
+  static std::once_flag warmed;
+  std::call_once(warmed, [] {
+    void* warm[1];
+    (void)::backtrace(warm, 1);  // loads libgcc's unwinder now: the handler must not load it
+  });
   struct sigaction sa{};
   sa.sa_handler = on_staged_fault;
   sigemptyset(&sa.sa_mask);
@@ -336,35 +343,51 @@ class StagedTransport final : public DeviceTransport {
 
 }  // namespace
 
-const Backend& staged_backend(bool bf16) {
+const Backend& staged_backend(Precision precision) {
   static const Memory m{.name = "cpu-staged", .host = false, .alloc = staged_alloc,
                         .release = staged_release, .zero = staged_zero};
-  auto make = [](bool b16) {
-    const Backend& cpu = cpu_backend(b16);  // its knobs, and blas set up by select_backend
-    Backend t{.name = "cpu-staged", .memory = &m, .upload = staged_upload,
-              .download = staged_download, .copy = staged_copy,
-              .synchronize = staged_synchronize,
-              .conv_pool_chunk_bytes = cpu.conv_pool_chunk_bytes};
+  auto make = [](Precision p) {
+    // The CPU runs its ops, so layers size their work as for the CPU.
+    Backend t{.name = "cpu-staged", .precision = p, .processor = Processor::cpu, .memory = &m,
+              .upload = staged_upload, .download = staged_download, .copy = staged_copy,
+              .synchronize = staged_synchronize};
     // The CPU's ops, deferred (not its int8 ones: like a GPU's table, staged has none) ...
 #define STRATA_OP(name, ret, params) t.name = &Staged<Op::name, &cpu::name>::call;
 #define STRATA_CPU_OP(name, ret, params)
 #include "strata/ops.def"
-    // ... and in bf16 the CPU's bf16 GEMM ops in place of their fp32 ones.
-    if (b16) {
+    // ... and in bf16 the CPU's bf16 precision ops in place of their fp32 ones.
+    if (p == Precision::bf16) {
 #define STRATA_BF16_OP(name) t.name = &Staged<Op::name, &cpu::bf16::name>::call;
-      STRATA_CPU_BF16_OPS(STRATA_BF16_OP)
+      STRATA_PRECISION_OPS(STRATA_BF16_OP)
 #undef STRATA_BF16_OP
     }
     return t;
   };
-  static const Backend fp32 = make(false), b16 = make(true);
-  static std::once_flag handler;
-  std::call_once(handler, install_fault_handler);
-  return bf16 ? b16 : fp32;
+  static const Backend fp32 = make(Precision::fp32), b16 = make(Precision::bf16);
+  install_fault_handler();
+  return precision == Precision::bf16 ? b16 : fp32;
 }
 
 std::unique_ptr<DeviceTransport> staged_transport(Comm& host) {
   return std::make_unique<StagedTransport>(host);
 }
+
+namespace {
+
+bool always(std::string*) { return true; }
+
+const Backend& make_staged(const DeviceRequest& req, Precision precision, BackendChoice* out) {
+  start_cpu_math(req.threads, precision);
+  out->why = "cpu-staged (the CPU ops as a GPU runs them: tagged device memory, deferred "
+             "streams; for tests of the GPU path)";
+  return staged_backend(precision);
+}
+
+}  // namespace
+
+extern const BackendProvider kStagedProvider{.name = "cpu-staged", .what = "staged CPU",
+                                             .in_auto = false, .available = always,
+                                             .make = make_staged,
+                                             .transport = staged_transport};
 
 }  // namespace strata

@@ -17,14 +17,15 @@
 #pragma once
 #include <memory>
 
+#include "strata/backend.h"
+
 namespace strata {
 
-struct Backend;
 class Comm;
 class DeviceTransport;
 
 // The staged table: the CPU's fp32 or bf16 ops (not the CPU-only int8 ops), deferred.
-const Backend& staged_backend(bool bf16);
+const Backend& staged_backend(Precision precision);
 // The transport of a device communicator on staged memory. Collective over host.
 std::unique_ptr<DeviceTransport> staged_transport(Comm& host);
 

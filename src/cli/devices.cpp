@@ -3,7 +3,7 @@
 
 #include <fmt/format.h>
 
-#include "strata/backend.h"
+#include "backends/cuda_api.h"
 #include "strata/error.h"
 
 namespace strata::cli {

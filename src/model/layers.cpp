@@ -303,6 +303,11 @@ class ConvPool final : public SplitLayer {
       }
     }
   }
+  // Output bytes convolved per chunk before pooling: on a CPU an L2-sized chunk stays in
+  // cache; a GPU wants the whole batch in one call.
+  static int64_t chunk_bytes(const Backend& be) {
+    return be.processor == Processor::cpu ? int64_t(256) << 10 : int64_t(1) << 40;
+  }
   struct Geometry {
     Conv2dShape conv;
     int B, nb;
@@ -313,7 +318,7 @@ class ConvPool final : public SplitLayer {
     g.B = batch_of(x);
     g.conv = conv_->conv_shape(g.B, {x.dim(1), x.dim(2), x.dim(3)});
     const int64_t conv_per_sample = int64_t(g.conv.OC) * g.conv.OH() * g.conv.OW();
-    g.nb = int(std::clamp<int64_t>(be.conv_pool_chunk_bytes / (4 * conv_per_sample), 1, std::max(g.B, 1)));
+    g.nb = int(std::clamp<int64_t>(chunk_bytes(be) / (4 * conv_per_sample), 1, std::max(g.B, 1)));
     g.in = x.size() / std::max(g.B, 1);
     g.out = int64_t(g.conv.OC) * ((g.conv.OH() - k_) / st_ + 1) * ((g.conv.OW() - k_) / st_ + 1);
     auto chunk = g.conv;

@@ -311,7 +311,7 @@ def cases(fx: Fixtures):
     flag("--threads 0x2", ["--threads", "0x2"], r"flag --threads: expected an integer, got '0x2'")
     flag("--threads 1.5", ["--threads", "1.5"], r"flag --threads: expected an integer")
     flag("--trace_steps 0", ["--trace_steps", "0"], r"flag --trace_steps: must be in")
-    flag("--device tpu", ["--device", "tpu"], r"--device tpu: expected auto, cpu or cuda")
+    flag("--device tpu", ["--device", "tpu"], r"--device tpu: expected auto, cuda or cpu")
     flag("--progress fancy", ["--progress", "fancy"], r"--progress")
     flag("--resume of a missing file", ["--resume", "{C}/none.h5"], r"none\.h5: cannot open \(No such file")
     flag("unknown flag", ["--train.epoch", "3"], r"train\.epoch")

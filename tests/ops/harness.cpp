@@ -111,8 +111,6 @@ bool bitwise_equal(const std::vector<T>& a, const std::vector<T>& b) {
 
 }  // namespace
 
-const char* precision_name(Precision p) { return p == Precision::bf16 ? "bf16" : "fp32"; }
-
 Tally& tally() {
   static Tally t;
   return t;

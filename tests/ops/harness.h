@@ -33,8 +33,7 @@
 namespace strata::optest {
 
 // ---- The backend under test and the reference -------------------------------------------
-enum class Precision { fp32, bf16 };
-const char* precision_name(Precision p);
+// Precision and precision_name: strata's (backend.h).
 
 void set_device(const std::string& device);  // main: "cpu-staged" or "cuda"
 const std::string& device();
@@ -47,8 +46,7 @@ Tally& tally();
 const Backend& reference();
 // Selects the backend under test in precision p, with STRATA_CUBLASLT set from `cublaslt`
 // (0 sends a CUDA backend's GEMMs through cublasGemmEx and strata's own bias/ReLU kernel;
-// other backends ignore it). A GPU backend's precision belongs to its context, so a case
-// selects right before it runs.
+// other backends ignore it).
 const Backend& select_target(Precision p, bool cublaslt = true);
 // fp32, and bf16 for ops with GEMMs or convolutions where the backend under test offers it
 // (select_backend refuses bf16 on the CPU).

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "harness.h"
+#include "backends/cuda_api.h"
 #include "strata/backend.h"
 
 int main(int argc, char** argv) {

@@ -3,6 +3,7 @@
 // no-op whatever the pointers. Sizes: one float, 1000, and 2^20 + 3 (4 MiB and a tail).
 #include <fmt/format.h>
 
+#include "backends/cuda_api.h"
 #include "harness.h"
 
 using namespace strata;

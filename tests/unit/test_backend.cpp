@@ -1,5 +1,6 @@
-// The backend seam: the op list (strata/ops.def), Backend::supports, and a model's check that
-// the backend has every op its layers call.
+// The backend seam: the op list (strata/ops.def), Backend::supports, the providers behind
+// select_backend, a backend's precision as a field, and a model's check that the backend has
+// every op its layers call.
 #include <catch2/catch.hpp>
 
 #include <sys/wait.h>
@@ -8,8 +9,11 @@
 #include <set>
 #include <string>
 
+#include "backends/provider.h"
 #include "model/model.h"
 #include "strata/backend.h"
+#include "strata/error.h"
+#include "strata/kernels_cpu.h"
 #include "strata/tensor.h"
 
 using namespace strata;
@@ -22,6 +26,61 @@ TEST_CASE("the CPU backend has every op of the list, each with its own name", "[
   }
   CHECK(int(names.size()) == kNumOps);
   CHECK(std::string(op_name(Op::linear_forward)) == "linear_forward");
+}
+
+// The providers of this build (provider.h), in --device auto's order: the GPU first, the CPU
+// always available; test-only ones (cpu-staged) accepted by name but not advertised.
+TEST_CASE("select_backend: providers by name, auto's order, unknown devices listed", "[backend]") {
+  std::vector<std::string> names;
+  for (const BackendProvider* p : backend_providers()) names.push_back(p->name);
+  CHECK(names == std::vector<std::string>{"cuda", "cpu", "cpu-staged"});
+  std::string why;
+  CHECK(&select_backend({.device = "cpu"}, &why) == &cpu_backend());
+  CHECK(why.rfind("cpu (1 thread, ", 0) == 0);
+  CHECK(&provider_of(cpu_backend()) == backend_providers()[1]);
+  CHECK(provider_of(cpu_backend()).transport == nullptr);  // host memory: plain MPI
+  const Backend& staged = select_backend({.device = "cpu-staged"}, nullptr);
+  CHECK(std::string(staged.name) == "cpu-staged");
+  CHECK(provider_of(staged).transport != nullptr);
+  CHECK_THROWS_WITH(select_backend({.device = "tpu"}, nullptr),
+                    "--device tpu: expected auto, cuda or cpu");
+  CHECK_THROWS_WITH(select_backend({.device = "cpu", .precision = "fp16"}, nullptr),
+                    "train.precision = \"fp16\": expected \"fp32\" or \"bf16\"");
+  // auto on a node without a GPU (CI) takes the CPU and says why the GPU was passed over.
+  std::string no_gpu;
+  if (backend_providers()[0]->available(&no_gpu)) return;  // a GPU node: auto takes the GPU
+  const Backend& be = select_backend({.device = "auto"}, &why);
+  CHECK(&be == &cpu_backend());
+  CHECK(why.find("; no GPU: " + no_gpu) != std::string::npos);
+}
+
+// A table says its precision, and a bf16 table differs from its fp32 one exactly in the
+// precision ops (ops.h's STRATA_PRECISION_OPS).
+TEST_CASE("a backend's precision is a field; bf16 tables replace the precision ops only",
+          "[backend]") {
+  std::set<std::string> precision_ops;
+#define STRATA_NAME(name) precision_ops.insert(#name);
+  STRATA_PRECISION_OPS(STRATA_NAME)
+#undef STRATA_NAME
+  for (const char* device : {"cpu", "cpu-staged"}) {
+    INFO(device);
+    const Backend& fp32 = select_backend({.device = device}, nullptr);
+    CHECK(fp32.precision == Precision::fp32);
+    CHECK(fp32.processor == Processor::cpu);  // cpu-staged: the CPU runs its ops
+    std::string no_bf16;
+    if (!cpu::bf16_supported(&no_bf16)) {
+      CHECK_THROWS_AS(select_backend({.device = device, .precision = "bf16"}, nullptr), UserError);
+      continue;
+    }
+    const Backend& b16 = select_backend({.device = device, .precision = "bf16"}, nullptr);
+    CHECK(b16.precision == Precision::bf16);
+    CHECK(std::string(precision_name(b16.precision)) == "bf16");
+    std::set<std::string> differ;
+#define STRATA_OP(name, ret, params) \
+  if (fp32.name != b16.name) differ.insert(#name);
+#include "strata/ops.def"
+    CHECK(differ == precision_ops);
+  }
 }
 
 TEST_CASE("a model refuses a backend that lacks an op one of its layers calls", "[backend]") {

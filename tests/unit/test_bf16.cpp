@@ -71,8 +71,8 @@ TEST_CASE("bf16: the linear op multiplies the rounded inputs, accumulating in fp
       out32(size_t(B) * O);
   for (auto* v : {&x, &w, &bias})
     for (auto& e : *v) e = rng.uniform(-1.f, 1.f);
-  cpu_backend(true).linear_forward(out.data(), x.data(), w.data(), bias.data(), B, I, O);
-  cpu_backend(false).linear_forward(out32.data(), x.data(), w.data(), bias.data(), B, I, O);
+  cpu_backend(Precision::bf16).linear_forward(out.data(), x.data(), w.data(), bias.data(), B, I, O);
+  cpu_backend(Precision::fp32).linear_forward(out32.data(), x.data(), w.data(), bias.data(), B, I, O);
   const auto xr = rounded(x), wr = rounded(w);
   double worst_exact = 0, worst_fp32 = 0;
   for (int b = 0; b < B; ++b)
@@ -132,8 +132,8 @@ TEST_CASE("bf16: attention multiplies the rounded inputs, softmax and gradients 
     for (auto& e : *v) e = rng.uniform(-2.f, 2.f);
   std::vector<float> out(dout.size()), att(size_t(s.B) * s.NH * s.T * s.T), dqkv(qkv.size());
   std::vector<float> out32(out.size()), att32(att.size()), dqkv32(qkv.size());
-  const Backend& b16 = cpu_backend(true);
-  const Backend& b32 = cpu_backend(false);
+  const Backend& b16 = cpu_backend(Precision::bf16);
+  const Backend& b32 = cpu_backend(Precision::fp32);
   b16.attention_forward(out.data(), att.data(), qkv.data(), s.B, s.T, s.C, s.NH);
   b16.attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), s.B, s.T, s.C, s.NH);
   b32.attention_forward(out32.data(), att32.data(), qkv.data(), s.B, s.T, s.C, s.NH);

@@ -373,7 +373,7 @@ void check_one_batch_bf16(const std::string& type) {
   fmt::print("torch parity in bf16, {} (torch {} autocast), one batch of {}: "
              "max|strata-torch| / max|torch|\n",
              type, f.str_attr("torch_version"), B);
-  expect_bf16_batch(f, forward_backward(*m, x.data(), y.data(), B, cpu_backend(true)), *m);
+  expect_bf16_batch(f, forward_backward(*m, x.data(), y.data(), B, cpu_backend(Precision::bf16)), *m);
 }
 
 }  // namespace
@@ -535,7 +535,7 @@ void check_gpt_one_batch_bf16() {
              "tokens: max|strata-torch| / max|torch|\n",
              s.layers, f.str_attr("torch_version"), s.batch, s.context);
   expect_bf16_batch(
-      f, gpt_forward_backward(*m, x.data(), y.data(), s.batch, s.context, cpu_backend(true)), *m);
+      f, gpt_forward_backward(*m, x.data(), y.data(), s.batch, s.context, cpu_backend(Precision::bf16)), *m);
 }
 
 }  // namespace

@@ -2,8 +2,8 @@
 // Built into the module libstrata_cuda.so in builds with STRATA_CUDA (src/nocuda otherwise).
 #include <stdexcept>
 
+#include "backends/cuda_api.h"
 #include "op_profile.h"
-#include "strata/backend.h"
 #include "strata/error.h"
 #include "strata/kernels_cuda.h"
 
@@ -43,19 +43,29 @@ int cuda_devices(std::string* why) {
 
 std::string cuda_device_name() { return cuda::initialized() ? cuda::device_name() : ""; }
 
-const Backend& cuda_backend(int device, bool bf16) {
-  // Also when initialised before: init then only sets the precision (the table is shared, the
-  // precision is the context's).
-  try {
-    cuda::init(device, bf16);
-  } catch (const std::runtime_error& e) {
-    throw UserError(kExitBadInput, fmt::format("--device cuda: cannot use GPU {}: {}", device, e.what()));
+namespace {
+
+// The bf16 table's precision ops: the fp32 table's op (profiled or not) run with the GEMM
+// precision set to bf16 for the call (kernels_cuda.h's Bf16Scope), so a table says its
+// precision and both tables can be used in one process.
+const Backend& fp32_table();
+template <typename T, T M>
+struct InBf16;
+template <typename R, typename... A, R (*Backend::*M)(A...)>
+struct InBf16<R (*Backend::*)(A...), M> {
+  static R call(A... a) {
+    cuda::Bf16Scope bf16(true);
+    return (fp32_table().*M)(a...);
   }
+};
+
+const Backend& fp32_table() {
   static const Backend b = [] {
-    Backend t{.name = "cuda", .memory = &device_memory(), .upload = device_upload,
+    // The whole batch per call on a GPU (processor gpu): one cuDNN call per conv.
+    Backend t{.name = "cuda", .precision = Precision::fp32, .processor = Processor::gpu,
+              .memory = &device_memory(), .upload = device_upload,
               .download = device_download, .copy = device_copy,
-              .synchronize = cuda::synchronize,
-              .conv_pool_chunk_bytes = int64_t(1) << 40};  // the whole batch: one cuDNN call
+              .synchronize = cuda::synchronize};
 #define STRATA_OP(name, ret, params) t.name = cuda::name;
 #define STRATA_CPU_OP(name, ret, params)
 #include "strata/ops.def"
@@ -63,6 +73,31 @@ const Backend& cuda_backend(int device, bool bf16) {
     return t;
   }();
   return b;
+}
+
+const Backend& bf16_table() {
+  static const Backend b = [] {
+    Backend t = fp32_table();
+    t.precision = Precision::bf16;
+#define STRATA_BF16_OP(name) t.name = &InBf16<decltype(&Backend::name), &Backend::name>::call;
+    STRATA_PRECISION_OPS(STRATA_BF16_OP)
+    // Its scratch holds the bf16 copies of a convolution's operands.
+    STRATA_BF16_OP(conv2d_scratch_size)
+#undef STRATA_BF16_OP
+    return t;
+  }();
+  return b;
+}
+
+}  // namespace
+
+const Backend& cuda_backend(int device, Precision precision) {
+  try {
+    cuda::init(device);
+  } catch (const std::runtime_error& e) {
+    throw UserError(kExitBadInput, fmt::format("--device cuda: cannot use GPU {}: {}", device, e.what()));
+  }
+  return precision == Precision::bf16 ? bf16_table() : fp32_table();
 }
 
 }  // namespace strata

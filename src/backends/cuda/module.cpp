@@ -2,7 +2,7 @@
 // a table of the seam's functions defined in this directory (see cuda_module.h). Every other
 // symbol of the module is local (cuda_module.map), so these names never bind to the
 // executable's forwarding functions of the same name (src/cuda_loader).
-#include "strata/backend.h"
+#include "backends/cuda_api.h"
 #include "strata/comm.h"
 #include "strata/cuda_module.h"
 #include "strata/device_comm.h"

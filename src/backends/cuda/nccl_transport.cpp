@@ -13,6 +13,7 @@
 
 #include <fmt/format.h>
 
+#include "backends/cuda_api.h"
 #include "strata/comm.h"
 #include "strata/device_comm.h"
 #include "strata/kernels_cuda.h"

@@ -17,7 +17,7 @@
 
 #include "cuda_libraries.h"
 #include "elf_needed.h"
-#include "strata/backend.h"
+#include "backends/cuda_api.h"
 #include "strata/comm.h"
 #include "strata/cuda_module.h"
 #include "strata/device_comm.h"
@@ -172,10 +172,10 @@ int cuda_devices(std::string* why) {
   return l.module->devices(why);
 }
 
-const Backend& cuda_backend(int device, bool bf16) {
+const Backend& cuda_backend(int device, Precision precision) {
   const Loaded& l = loaded();
   if (!l.module) throw UserError(kExitBadInput, "--device cuda: " + l.why);
-  return l.module->backend(device, bf16);
+  return l.module->backend(device, precision);
 }
 
 std::string cuda_device_name() {

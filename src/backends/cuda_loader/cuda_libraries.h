@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "strata/backend.h"
+#include "backends/cuda_api.h"
 
 namespace strata {
 

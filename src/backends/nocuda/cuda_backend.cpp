@@ -3,7 +3,7 @@
 // src/cuda as a module.
 #include <memory>
 
-#include "strata/backend.h"
+#include "backends/cuda_api.h"
 #include "strata/comm.h"
 #include "strata/device_comm.h"
 #include "strata/error.h"
@@ -16,7 +16,7 @@ int cuda_devices(std::string* why) {
   return 0;
 }
 
-const Backend& cuda_backend(int, bool) {
+const Backend& cuda_backend(int, Precision) {
   throw UserError(kExitBadInput, "this build of strata has no CUDA backend");
 }
 
