@@ -172,7 +172,7 @@ TEST_CASE("sgemm on empty sizes", "[kernels][blas]") {
 // ---- Linear --------------------------------------------------------------------------------
 
 // (The gradients' values: tests/ops, "linear_backward vs finite differences".)
-TEST_CASE("linear forward; backward's null and accumulated gradients", "[kernels][linear]") {
+TEST_CASE("linear forward, and backward's null and accumulated gradients", "[kernels][linear]") {
   Rng rng(2);
   const int B = 3, I = 5, O = 4;
   Vec x = rand_vec(rng, B * I), w = rand_vec(rng, O * I), bias = rand_vec(rng, O);
@@ -264,7 +264,8 @@ void conv_case(const Conv2dShape& s, uint64_t seed) {
 }  // namespace
 
 // (The gradients' values, on these shapes: tests/ops, "conv2d_backward vs finite differences".)
-TEST_CASE("conv2d forward matches direct convolution; backward's null and accumulated gradients",
+TEST_CASE("conv2d forward matches direct convolution, "
+          "and backward's null and accumulated gradients",
           "[kernels][conv]") {
   uint64_t seed = 10;
   for (int stride : {1, 2})
