@@ -333,10 +333,23 @@ TEST_CASE("layernorm with a large mean keeps its precision", "[gpt][layernorm]")
   for (auto& v : x) v += 1000.f;
   const Vec w(size_t(C), 1.f), b(size_t(C), 0.f), dy = rand_vec(rng, N * C);
   const LnRef ref = ref_layernorm(x, w, b, dy, N, C);
-  Vec out(static_cast<size_t>(N * C)), mean(static_cast<size_t>(N)), rstd(static_cast<size_t>(N));
+  Vec out = nan_vec(N * C), mean = nan_vec(N), rstd = nan_vec(N);
   layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C);
   for (int n = 0; n < N; ++n) CHECK(rstd[n] == Approx(ref.rstd[n]).epsilon(1e-4));
   check_close("layernorm out, mean 1000", out, ref.out, 1e-3);
+
+  // Backward from the kernel's own mean and rstd, against the reference's gradients: xhat
+  // carries the same ~1e-4 of the mean's rounding as out, into dweight (summed over N = 4 rows
+  // of dout * xhat: measured 1.6e-4, bound out's 1e-3) and, mostly cancelled by the row means,
+  // into dinp (measured 1.7e-5, bound 2e-4); dbias does not involve x (measured 2.4e-7, bound
+  // layernorm_case's 3e-5). A backward that loses the mean's precision or a term is off by
+  // 1e-2 to 1.
+  Vec dx = nan_vec(N * C), dw = nan_vec(C), db = nan_vec(C);
+  layernorm_backward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), mean.data(),
+                     rstd.data(), N, C, false);
+  check_close("layernorm dinp, mean 1000", dx, ref.dinp, 2e-4);
+  check_close("layernorm dweight, mean 1000", dw, ref.dweight, 1e-3);
+  check_close("layernorm dbias, mean 1000", db, ref.dbias, 3e-5);
 }
 
 TEST_CASE("layernorm is bitwise the same with 1 and 2 threads", "[gpt][layernorm]") {
