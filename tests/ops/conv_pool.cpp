@@ -11,8 +11,14 @@
 //  - An empty batch (B = 0) exact: parameter gradients zeroed, or kept when accumulating.
 //  - maxpool exact (out, argmax, dinp): a max involves no rounding, and backward adds the same
 //    values in the same order.
+// The CPU kernels' own tests ([cpu_kernel], cpu_kernel.h) and the finite-difference checks run
+// on one shape list per op: kCpuConvShapes, kCpuPoolShapes.
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <sstream>
+
+#include "cpu_kernel.h"
 #include "finite_diff.h"
 #include "harness.h"
 #include "table.h"
@@ -29,6 +35,27 @@ const Conv2dShape kConvShapes[] = {
     {2, 1, 3, 4, 2, 3, 3, 2, 2},      // whole rows and columns of padding
     {2, 2, 4, 4, 3, 1, 1, 2, 0},      // 1x1, stride 2
     {1, 4, 8, 8, 5, 3, 3, 3, 1},      // stride 3, B = 1
+};
+// The CPU kernel's shapes: against direct convolution (with null and accumulated gradients)
+// and by finite differences, seeds 10, 11, ... in this order. {B, C, H, W, OC, KH, KW, stride,
+// pad}.
+const Conv2dShape kCpuConvShapes[] = {
+    {2, 3, 5, 7, 4, 3, 3, 1, 0}, {2, 3, 5, 7, 4, 3, 3, 1, 1},  // stride 1 and 2, pad 0 and 1
+    {2, 3, 5, 7, 4, 3, 3, 2, 0}, {2, 3, 5, 7, 4, 3, 3, 2, 1},
+    {3, 2, 6, 5, 3, 2, 3, 1, 1},  // non-square kernel
+    {2, 2, 4, 4, 3, 1, 1, 2, 0},  // 1x1, stride 2
+    {2, 3, 5, 6, 4, 1, 1, 1, 0},  // 1x1, stride 1
+    {2, 1, 3, 4, 2, 3, 3, 2, 2},  // pad 2: whole rows/columns of padding
+    {1, 4, 8, 8, 5, 3, 3, 3, 1},  // stride 3, B = 1
+    // Larger images: the CPU kernels switch from multi-sample chunks to per-sample GEMMs as the
+    // image grows (kernels/cpu/conv.cpp, chunk_samples); these cover a partial last chunk
+    // (P = 80, B = 3), per-sample chunks (P >= 110), and the "same"-padding fast path with
+    // pad 1 and 2.
+    {3, 2, 8, 10, 3, 3, 3, 1, 1},
+    {2, 2, 11, 12, 3, 3, 3, 1, 1},
+    {2, 2, 12, 13, 3, 3, 3, 1, 0},
+    {2, 2, 21, 23, 3, 3, 3, 2, 1},
+    {2, 1, 10, 11, 2, 5, 5, 1, 2},
 };
 const Tol kBiasTol = Tol::close(1e-5);
 Tol conv_tol(Precision p) { return Tol::close(p == Precision::bf16 ? 1.5e-2 : 1e-4); }
@@ -148,6 +175,12 @@ const PoolShape kPoolShapes[] = {
     {1, 2, 6, 7, 3, 3},  // k = st = 3
     {0, 2, 4, 4, 2, 2},  // an empty batch
 };
+// The CPU kernel's shapes: values and argmax against a plain window scan, and finite
+// differences. 2x2/2 (the specialised path, with an uncovered row and column on 5x7),
+// overlapping 3x3/2, and tiled 3x3/3 with uncovered rows and columns.
+const PoolShape kCpuPoolShapes[] = {
+    {2, 3, 6, 6, 2, 2}, {2, 2, 5, 7, 2, 2}, {2, 2, 8, 21, 2, 2},
+    {1, 2, 7, 6, 3, 2}, {2, 2, 7, 8, 3, 3}};
 
 // Five levels only: many ties inside windows, so "first max wins" is exercised; with `nan`
 // every 13th value is NaN (a NaN wins its window; of two, the later one).
@@ -225,36 +258,14 @@ void fd_conv(const Conv2dShape& s, uint64_t seed) {
 
 void fd_conv2d_backward() {
   uint64_t seed = 10;
-  for (int stride : {1, 2})
-    for (int pad : {0, 1}) fd_conv({2, 3, 5, 7, 4, 3, 3, stride, pad}, seed++);
-  fd_conv({3, 2, 6, 5, 3, 2, 3, 1, 1}, seed++);  // non-square kernel
-  fd_conv({2, 2, 4, 4, 3, 1, 1, 2, 0}, seed++);  // 1x1, stride 2
-  fd_conv({2, 3, 5, 6, 4, 1, 1, 1, 0}, seed++);  // 1x1, stride 1
-  fd_conv({2, 1, 3, 4, 2, 3, 3, 2, 2}, seed++);  // pad 2: whole rows/columns of padding
-  fd_conv({1, 4, 8, 8, 5, 3, 3, 3, 1}, seed++);  // stride 3, B = 1
-  // Larger images: the CPU kernels switch from multi-sample chunks to per-sample GEMMs as the
-  // image grows (kernels/cpu/conv.cpp, chunk_samples); these cover a partial last chunk
-  // (P = 80, B = 3), per-sample chunks (P >= 110), and the "same"-padding fast path with pad 1
-  // and 2.
-  fd_conv({3, 2, 8, 10, 3, 3, 3, 1, 1}, seed++);
-  fd_conv({2, 2, 11, 12, 3, 3, 3, 1, 1}, seed++);
-  fd_conv({2, 2, 12, 13, 3, 3, 3, 1, 0}, seed++);
-  fd_conv({2, 2, 21, 23, 3, 3, 3, 2, 1}, seed++);
-  fd_conv({2, 1, 10, 11, 2, 5, 5, 1, 2}, seed++);
+  for (const Conv2dShape& s : kCpuConvShapes) fd_conv(s, seed++);
 }
 
 // Values 0.05 apart (distinct_vector): no max changes under the step.
 void fd_maxpool2d_backward() {
   const Backend& cpu = reference();
-  // 2x2/2 (the specialised path, with an uncovered row and column on 5x7), overlapping 3x3/2,
-  // and tiled 3x3/3 with uncovered rows and columns.
-  const PoolShape shapes[] = {{2, 3, 6, 6, 2, 2},
-                              {2, 2, 5, 7, 2, 2},
-                              {2, 2, 8, 21, 2, 2},
-                              {1, 2, 7, 6, 3, 2},
-                              {2, 2, 7, 8, 3, 3}};
   uint64_t seed = 3;
-  for (const PoolShape& s : shapes) {
+  for (const PoolShape& s : kCpuPoolShapes) {
     auto x = distinct_vector(seed++, s.n_in());
     const auto r = random_vector(seed++, s.n_out());
     std::vector<float> y(s.n_out()), dx = nan_vector(s.n_in());
@@ -270,6 +281,172 @@ void fd_maxpool2d_backward() {
     Rng rng(seed++);
     check_grad("fd " + pool_label("maxpool2d_backward", s, false) + ": dinp", x, dx, loss, rng);
   }
+}
+
+// ---- The CPU kernels ([cpu_kernel]) --------------------------------------------------------
+
+namespace {
+
+std::vector<double> ref_conv(const Vec& inp, const Vec& w, const Vec* bias, const Conv2dShape& s) {
+  const int OH = s.OH(), OW = s.OW();
+  std::vector<double> out(size_t(s.B) * s.OC * OH * OW);
+  for (int b = 0; b < s.B; ++b)
+    for (int oc = 0; oc < s.OC; ++oc)
+      for (int oh = 0; oh < OH; ++oh)
+        for (int ow = 0; ow < OW; ++ow) {
+          double acc = bias ? (*bias)[size_t(oc)] : 0.0;
+          for (int c = 0; c < s.C; ++c)
+            for (int kh = 0; kh < s.KH; ++kh)
+              for (int kw = 0; kw < s.KW; ++kw) {
+                const int ih = oh * s.stride + kh - s.pad, iw = ow * s.stride + kw - s.pad;
+                if (ih < 0 || ih >= s.H || iw < 0 || iw >= s.W) continue;
+                acc += double(inp[((size_t(b) * s.C + c) * s.H + ih) * s.W + iw]) *
+                       w[((size_t(oc) * s.C + c) * s.KH + kh) * s.KW + kw];
+              }
+          out[((size_t(b) * s.OC + oc) * OH + oh) * OW + ow] = acc;
+        }
+  return out;
+}
+
+void conv_case(const Conv2dShape& s, uint64_t seed) {
+  Rng rng(seed);
+  const int64_t n_in = int64_t(s.B) * s.C * s.H * s.W, n_w = int64_t(s.OC) * s.C * s.KH * s.KW;
+  const int64_t n_out = int64_t(s.B) * s.OC * s.OH() * s.OW();
+  Vec x = rand_vec(rng, n_in), w = rand_vec(rng, n_w), bias = rand_vec(rng, s.OC);
+  const Vec r = rand_vec(rng, n_out);
+  // Scratch full of NaN: reading anything the kernel did not write poisons the result.
+  Vec scratch = nan_vec(cpu::conv2d_scratch_size(s));
+  auto fresh_scratch = [&] { std::fill(scratch.begin(), scratch.end(), NAN); };
+  INFO(conv_label("conv", s));
+
+  Vec out = nan_vec(n_out);
+  cpu::conv2d_forward(out.data(), x.data(), w.data(), bias.data(), s, scratch.data());
+  // Outputs are sums of <= 37 terms in [-1,1]: the fp32 error is typically a few ulp of ~3,
+  // ~1e-6; 3e-5 is a safe bound that a wrong index or missed term still exceeds by far.
+  check_close("conv out", out, ref_conv(x, w, &bias, s), 3e-5);
+  out = nan_vec(n_out);
+  fresh_scratch();
+  cpu::conv2d_forward(out.data(), x.data(), w.data(), nullptr, s, scratch.data());
+  check_close("conv out (no bias)", out, ref_conv(x, w, nullptr, s), 3e-5);
+
+  Vec dx = nan_vec(n_in), dw = nan_vec(n_w), db = nan_vec(s.OC);
+  fresh_scratch();
+  cpu::conv2d_backward(dx.data(), dw.data(), db.data(), r.data(), x.data(), w.data(), s,
+                       scratch.data(), false);
+
+  // Each gradient alone gives the same values as all together.
+  Vec dx2 = nan_vec(n_in), dw2 = nan_vec(n_w), db2 = nan_vec(s.OC);
+  fresh_scratch();
+  cpu::conv2d_backward(nullptr, dw2.data(), nullptr, r.data(), x.data(), w.data(), s,
+                       scratch.data(), false);
+  fresh_scratch();
+  cpu::conv2d_backward(dx2.data(), nullptr, nullptr, r.data(), x.data(), w.data(), s,
+                       scratch.data(), false);
+  fresh_scratch();
+  cpu::conv2d_backward(nullptr, nullptr, db2.data(), r.data(), x.data(), w.data(), s,
+                       scratch.data(), false);
+  CHECK(dx2 == dx);
+  CHECK(dw2 == dw);
+  CHECK(db2 == db);
+
+  // accumulate adds the parameter gradients to what is there (micro-batches of a step).
+  Vec dw3(size_t(n_w), 1.f), db3(size_t(s.OC), 1.f);
+  fresh_scratch();
+  cpu::conv2d_backward(nullptr, dw3.data(), db3.data(), r.data(), x.data(), w.data(), s,
+                       scratch.data(), true);
+  for (int64_t i = 0; i < n_w; ++i)
+    CHECK(dw3[size_t(i)] == Approx(dw[size_t(i)] + 1.f).margin(1e-4));
+  for (int o = 0; o < s.OC; ++o) CHECK(db3[size_t(o)] == Approx(db[size_t(o)] + 1.f).margin(1e-4));
+}
+
+// Values spaced 0.05 apart in random order: a max never changes under a +-1e-2 perturbation.
+Vec distinct_vec(Rng& rng, int64_t n) {
+  Vec v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) v[size_t(i)] = 0.05f * float(i - n / 2);
+  for (int64_t i = n - 1; i > 0; --i)
+    std::swap(v[size_t(i)], v[size_t(rng.below(uint64_t(i) + 1))]);
+  return v;
+}
+
+}  // namespace
+
+// (The gradients' values, on these shapes: "conv2d_backward vs finite differences".)
+TEST_CASE("conv2d forward matches direct convolution, "
+          "and backward's null and accumulated gradients",
+          "[cpu_kernel][conv]") {
+  uint64_t seed = 10;
+  for (const Conv2dShape& s : kCpuConvShapes) conv_case(s, seed++);
+}
+
+// (Backward, on these shapes: "maxpool2d_backward vs finite differences".)
+TEST_CASE("maxpool2d forward: values and argmax", "[cpu_kernel][pool]") {
+  Rng rng(3);
+  for (const PoolShape& c : kCpuPoolShapes) {
+    INFO(pool_label("maxpool2d_forward", c, false));
+    const int OH = c.OH(), OW = c.OW();
+    Vec x = distinct_vec(rng, int64_t(c.n_in()));
+    Vec out = nan_vec(int64_t(c.n_out()));
+    std::vector<int32_t> am(c.n_out(), -1);
+    cpu::maxpool2d_forward(out.data(), am.data(), x.data(), c.B, c.C, c.H, c.W, c.k, c.st);
+    for (int64_t pl = 0; pl < int64_t(c.B) * c.C; ++pl)
+      for (int oh = 0; oh < OH; ++oh)
+        for (int ow = 0; ow < OW; ++ow) {
+          float best = -1e30f;
+          for (int i = 0; i < c.k; ++i)
+            for (int j = 0; j < c.k; ++j)
+              best = std::max(
+                  best, x[size_t(pl * c.H * c.W + (oh * c.st + i) * c.W + ow * c.st + j)]);
+          const size_t o = size_t(pl * OH * OW + oh * OW + ow);
+          CHECK(out[o] == best);
+          CHECK(x[size_t(pl * c.H * c.W + am[o])] == best);
+        }
+  }
+}
+
+// The 2x2/2 path compares four windows at a time in SIMD lanes, pairwise; it must give the
+// value and argmax of the sequential window scan, including its tie rule (first max wins) and
+// NaN rule (a NaN wins), on rows long enough for the vector loop and its scalar tail.
+TEST_CASE("maxpool2d 2x2 matches a sequential scan with ties and NaN", "[cpu_kernel][pool]") {
+  Rng rng(11);
+  const int H = 6, W = 22, OH = 3, OW = 11;
+  for (int trial = 0; trial < 20; ++trial) {
+    Vec x(H * W);
+    for (auto& v : x) {  // few distinct values: many ties; some NaN
+      const uint64_t r = rng.below(10);
+      v = r == 9 && trial % 2 ? NAN : float(r % 3);
+    }
+    Vec out(OH * OW);
+    std::vector<int32_t> am(OH * OW);
+    cpu::maxpool2d_forward(out.data(), am.data(), x.data(), 1, 1, H, W, 2, 2);
+    for (int oh = 0; oh < OH; ++oh)
+      for (int ow = 0; ow < OW; ++ow) {
+        int best_i = 2 * oh * W + 2 * ow;
+        for (int o : {1, W, W + 1}) {
+          const int i = 2 * oh * W + 2 * ow + o;
+          if (x[size_t(i)] > x[size_t(best_i)] || x[size_t(i)] != x[size_t(i)]) best_i = i;
+        }
+        INFO("trial " << trial << " window (" << oh << ", " << ow << ")");
+        CHECK(am[size_t(oh * OW + ow)] == best_i);
+        const float got = out[size_t(oh * OW + ow)], want = x[size_t(best_i)];
+        CHECK((got == want || (got != got && want != want)));
+      }
+  }
+}
+
+TEST_CASE("maxpool2d ties and overlapping windows", "[cpu_kernel][pool]") {
+  const Vec x = {1, 1, 1, 1};
+  float out = 0;
+  int32_t am = -1;
+  cpu::maxpool2d_forward(&out, &am, x.data(), 1, 1, 2, 2, 2, 2);
+  CHECK(am == 0);  // first maximum
+  // k=2, st=1 on 3x3 with the max in the centre: all four windows pick it and backward adds.
+  const Vec y = {0, 1, 0, 2, 9, 3, 0, 4, 0}, dy = {1, 2, 3, 4};
+  Vec o(4), dx = nan_vec(9);
+  std::vector<int32_t> a(4);
+  cpu::maxpool2d_forward(o.data(), a.data(), y.data(), 1, 1, 3, 3, 2, 1);
+  CHECK(o == Vec{9, 9, 9, 9});
+  cpu::maxpool2d_backward(dx.data(), dy.data(), a.data(), 1, 1, 3, 3, 2, 1);
+  CHECK(dx == Vec{0, 0, 0, 0, 10, 0, 0, 0, 0});
 }
 
 }  // namespace strata::optest

@@ -1,8 +1,13 @@
 // Dropout: every comparison is exact. The mask is a pure function of (seed, step, global
 // sample, element) (strata/rng.h), the same integer hash and the same float threshold on every
 // backend; out = inp * mask and dinp = dout * mask are one IEEE product each.
+// The CPU kernel's own tests at the end ([cpu_kernel], cpu_kernel.h: the mask's independence
+// of the batch split, the kept fraction).
 #include <fmt/format.h>
 
+#include <algorithm>
+
+#include "cpu_kernel.h"
 #include "finite_diff.h"
 #include "harness.h"
 #include "table.h"
@@ -99,6 +104,63 @@ void fd_dropout_backward() {
   };
   Rng rng(55);
   check_grad("fd dropout_backward B3 per20 p0.4: dinp", x, dx, loss, rng);
+}
+
+// ---- The CPU kernels ([cpu_kernel]) --------------------------------------------------------
+
+using namespace strata::cpu;
+
+TEST_CASE("dropout mask is independent of the batch split", "[cpu_kernel][dropout]") {
+  Rng rng(6);
+  const int64_t per = 300;
+  const float p = 0.4f;
+  const Vec x = rand_vec(rng, 4 * per);
+  Vec out_all(4 * per), mask_all(4 * per), out_split(4 * per), mask_split(4 * per);
+  dropout_forward(out_all.data(), mask_all.data(), x.data(), 4, per, p, 7, 3, 0);
+  dropout_forward(out_split.data(), mask_split.data(), x.data(), 2, per, p, 7, 3, 0);
+  dropout_forward(out_split.data() + 2 * per, mask_split.data() + 2 * per, x.data() + 2 * per,
+                  2, per, p, 7, 3, 2);
+  CHECK(mask_all == mask_split);
+  CHECK(out_all == out_split);
+
+  const float keep_scale = 1.f / (1.f - p);
+  for (int64_t i = 0; i < 4 * per; ++i) {
+    INFO("element " << i << " mask " << mask_all[i]);
+    CHECK((mask_all[i] == 0.f || mask_all[i] == keep_scale));
+    CHECK(out_all[i] == x[i] * mask_all[i]);
+  }
+  // Different samples, steps and seeds get different masks.
+  CHECK(!std::equal(mask_all.begin(), mask_all.begin() + per, mask_all.begin() + per));
+  Vec out2(4 * per), mask2(4 * per);
+  dropout_forward(out2.data(), mask2.data(), x.data(), 4, per, p, 7, 4, 0);
+  CHECK(mask2 != mask_all);
+  dropout_forward(out2.data(), mask2.data(), x.data(), 4, per, p, 8, 3, 0);
+  CHECK(mask2 != mask_all);
+
+  // Backward is dout * mask.
+  const Vec dy = rand_vec(rng, 4 * per);
+  Vec dx = nan_vec(4 * per);
+  dropout_backward(dx.data(), dy.data(), mask_all.data(), 4 * per);
+  for (int64_t i = 0; i < 4 * per; ++i) CHECK(dx[i] == dy[i] * mask_all[i]);
+}
+
+TEST_CASE("dropout keeps a fraction 1-p and p=0 is the identity", "[cpu_kernel][dropout]") {
+  const int B = 8;
+  const int64_t per = 12500;  // 1e5 draws: the kept fraction has std <= 0.0016
+  Vec x(B * per, 1.f), out(B * per), mask(B * per);
+  for (float p : {0.1f, 0.5f, 0.8f}) {
+    dropout_forward(out.data(), mask.data(), x.data(), B, per, p, 42, 1, 5);
+    const double kept = double(std::count_if(mask.begin(), mask.end(), [](float m) {
+                          return m != 0.f;
+                        })) / double(B * per);
+    INFO("p=" << p << " kept " << kept);
+    CHECK(std::abs(kept - (1.0 - p)) < 0.01);  // > 6 standard deviations
+  }
+  Rng rng(7);
+  const Vec y = rand_vec(rng, B * per);
+  dropout_forward(out.data(), mask.data(), y.data(), B, per, 0.f, 42, 1, 0);
+  CHECK(out == y);
+  CHECK(std::all_of(mask.begin(), mask.end(), [](float m) { return m == 1.f; }));
 }
 
 }  // namespace strata::optest

@@ -1,13 +1,16 @@
-// Elementwise ops: add_inplace, relu, gelu, silu, residual_forward.
+// Elementwise ops: add_inplace, relu, gelu, silu, residual_forward (and the CPU's add_bias_rows).
 //
 // Tolerances: exact wherever both sides do the same single IEEE operation per element (relu,
 // add, residual). gelu 5e-6: CUDA's erff/expf are within 2 ulp of the true value, glibc's
 // within 1 and the CPU's vectorised erfc within ~2e-7 * max(1, |x|) of them, plus nvcc's FMA
 // contraction of cdf + x*pdf: a few ulp of the largest value (|x| <= 5), ~1e-6 at most.
+// The CPU kernels' own tests ([cpu_kernel], cpu_kernel.h) and the finite-difference checks
+// share their inputs (cpu_relu_inputs, cpu_gelu_inputs).
 #include <fmt/format.h>
 
 #include <cmath>
 
+#include "cpu_kernel.h"
 #include "finite_diff.h"
 #include "harness.h"
 #include "table.h"
@@ -18,6 +21,16 @@ namespace {
 // Empty, one element, and odd and large (many blocks of a GPU kernel and a vector tail).
 const int64_t kSizes[] = {0, 1, 100003};
 const Tol kGeluTol = Tol::close(5e-6);
+
+// The CPU kernels' inputs: forward against a double reference (or max), backward by finite
+// differences. relu's kept 0.05 away from the kink at 0.
+constexpr int kCpuReluN = 50, kCpuGeluN = 60;
+std::vector<float> cpu_relu_inputs() {
+  auto x = random_vector(4, kCpuReluN);
+  for (auto& v : x) v += v < 0 ? -0.05f : 0.05f;
+  return x;
+}
+std::vector<float> cpu_gelu_inputs() { return random_vector(5, kCpuGeluN, -4.f, 4.f); }
 
 // Uniform in [-5, 5] with 0 and -0 first; NaN third when `nan` (relu keeps a NaN: x < 0 is
 // false).
@@ -117,9 +130,8 @@ void check_residual_forward() {
 // ---- Finite differences of the reference ---------------------------------------------------
 
 void fd_relu_backward() {
-  const int n = 50;
-  auto x = random_vector(4, n);
-  for (auto& v : x) v += v < 0 ? -0.05f : 0.05f;  // away from the kink at 0
+  const int n = kCpuReluN;
+  auto x = cpu_relu_inputs();
   const auto r = random_vector(5, n);
   const Backend& cpu = reference();
   std::vector<float> out(n), dx = nan_vector(n);
@@ -135,8 +147,8 @@ void fd_relu_backward() {
 }
 
 void fd_gelu_backward() {
-  const int n = 60;
-  auto x = random_vector(5, n, -4.f, 4.f);
+  const int n = kCpuGeluN;
+  auto x = cpu_gelu_inputs();
   const auto r = random_vector(6, n);
   const Backend& cpu = reference();
   std::vector<float> dx = nan_vector(n);
@@ -164,6 +176,189 @@ void fd_silu_backward() {
   };
   Rng rng(10);
   check_grad("fd silu_backward n60: dinp", x, dx, loss, rng);
+}
+
+// ---- The CPU kernels ([cpu_kernel]) --------------------------------------------------------
+
+using namespace strata::cpu;
+
+// (Backward, on these inputs: "relu_backward vs finite differences".)
+TEST_CASE("relu forward", "[cpu_kernel][activation]") {
+  const int n = kCpuReluN;
+  const Vec x = cpu_relu_inputs();
+  Vec out = nan_vec(n);
+  relu_forward(out.data(), x.data(), n);
+  for (int i = 0; i < n; ++i) CHECK(out[i] == std::max(x[i], 0.f));
+}
+
+// (Backward, on these inputs: "gelu_backward vs finite differences".)
+TEST_CASE("gelu forward", "[cpu_kernel][activation]") {
+  const int n = kCpuGeluN;
+  const Vec x = cpu_gelu_inputs();
+  Vec out = nan_vec(n);
+  gelu_forward(out.data(), x.data(), n);
+  std::vector<double> want(n);
+  for (int i = 0; i < n; ++i) want[i] = x[i] * 0.5 * (1.0 + std::erf(x[i] / std::sqrt(2.0)));
+  check_close("gelu out", out, want, 4e-6);  // a few ulp of |out| <= 4 (erff is ~1 ulp)
+}
+
+TEST_CASE("add_bias_rows", "[cpu_kernel][activation]") {
+  Vec x = {1, 2, 3, 4, 5, 6};
+  const Vec b = {10, 20, 30};
+  add_bias_rows(x.data(), b.data(), 2, 3);
+  CHECK(x == Vec{11, 22, 33, 14, 25, 36});
+}
+
+TEST_CASE("residual_forward adds, also in place", "[cpu_kernel][residual]") {
+  Rng rng(41);
+  for (int64_t n : {int64_t(1), int64_t(37), int64_t(1) << 16}) {
+    const Vec a = rand_vec(rng, n), b = rand_vec(rng, n);
+    Vec out = nan_vec(n);
+    residual_forward(out.data(), a.data(), b.data(), n);
+    bool exact = true;
+    for (int64_t i = 0; i < n; ++i) exact = exact && out[i] == a[i] + b[i];
+    CHECK(exact);
+    Vec x = a;  // out aliases a
+    residual_forward(x.data(), x.data(), b.data(), n);
+    CHECK(bitwise_equal(x, out));
+  }
+}
+
+// ---- GELU: the vectorised kernels against the scalar std::erf form -------------------------
+// ("gelu forward" checks gelu against a double reference on [-4, 4], fd_gelu_backward by
+// finite differences; these cover the whole range, the tails and every tail length of the
+// lane loop.)
+
+namespace {
+
+// Inputs: a grid over [-12, 12] (where Phi goes from 1.8e-33 to 1 - 1.8e-33) in steps of 1e-3,
+// random values in [-6, 6], and a few of large magnitude; n is odd, so the last, partial vector
+// of the lane loop is covered too.
+Vec gelu_inputs(Rng& rng) {
+  Vec x;
+  for (int i = -12000; i <= 12000; ++i) x.push_back(float(i) * 1e-3f);
+  for (int i = 0; i < 5001; ++i) x.push_back(rng.uniform(-6.f, 6.f));
+  for (float v : {0.f, -0.f, 1e-30f, -1e-30f, 20.f, -20.f, 1e4f, -1e4f, 3e38f, -3e38f})
+    x.push_back(v);
+  return x;
+}
+
+// Phi(x) and phi(x) in double (std::erfc keeps the tail's relative precision).
+double cdf_d(double x) { return 0.5 * std::erfc(-x / std::sqrt(2.0)); }
+double pdf_d(double x) { return std::exp(-0.5 * x * x) / std::sqrt(2.0 * M_PI); }
+
+}  // namespace
+
+// Tolerances. The reference itself is x * (1 + erff(z)) / 2 in fp32: 1 + erf rounds to 6e-8
+// absolute, erff is within ~1 ulp, so its Phi is off the true one by up to ~1.2e-7 absolute;
+// the vectorised Phi is within ~1.5e-7 (erfc's fit 1.2e-7 relative, the exp 2 ulp, the
+// rounding of 1 - erfc/2). gelu = x * Phi then differs by up to ~3e-7 |x|, plus the rounding
+// of the product. Measured here: 1.2e-7 max(1, |x|) at most (forward), 2.2e-7 (backward); the bound
+// is 4e-7 max(1, |x|), while an erf that is wrong in its fit, sign or tail is off by 1e-3 to 1.
+TEST_CASE("gelu: vectorised kernels match the scalar std::erf form over the whole range",
+          "[cpu_kernel][activation]") {
+  Rng rng(71);
+  const Vec x = gelu_inputs(rng);
+  const int64_t n = int64_t(x.size());
+  REQUIRE(n % 16 != 0);
+  const Vec dy = rand_vec(rng, n, -2.f, 2.f);
+  Vec out = nan_vec(n), ref = nan_vec(n), dx = nan_vec(n), dref = nan_vec(n);
+  gelu_forward(out.data(), x.data(), n);
+  gelu_forward_reference(ref.data(), x.data(), n);
+  gelu_backward(dx.data(), dy.data(), x.data(), n);
+  gelu_backward_reference(dref.data(), dy.data(), x.data(), n);
+  double worst_f = 0, worst_b = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double xi = x[size_t(i)], scale = std::max(1.0, std::abs(xi));
+    const double ef = std::abs(double(out[size_t(i)]) - ref[size_t(i)]) / scale;
+    const double eb = std::abs(double(dx[size_t(i)]) - dref[size_t(i)]) /
+                      (scale * std::max(1.0, std::abs(double(dy[size_t(i)]))));
+    worst_f = std::max(worst_f, ef);
+    worst_b = std::max(worst_b, eb);
+    INFO("x = " << xi << ": gelu " << out[size_t(i)] << " vs " << ref[size_t(i)] << ", dinp "
+                << dx[size_t(i)] << " vs " << dref[size_t(i)]);
+    CHECK(ef <= 4e-7);
+    CHECK(eb <= 4e-7);
+  }
+  std::printf("gelu vs std::erf form: forward %.2e, backward %.2e (/ max(1,|x|))\n", worst_f,
+              worst_b);
+}
+
+// Where x < 0, Phi = erfc(|z|)/2 is computed without cancellation: the result keeps its relative
+// precision down to Phi ~ 1e-30 (x = -11.3), where the reference form (1 + erf) / 2 has none
+// left (it is exactly 0 from x ~ -5.9). Bound: erfc's fit (1.2e-7) plus the exp's 2 ulp, the
+// rounding of x*x (6e-8 of x^2/2 <= 64: up to 4e-6 relative at x = -11.3, the largest term)
+// and of the product: 1e-5 relative; measured 3.9e-6 (forward), 1.9e-6 (backward).
+TEST_CASE("gelu keeps its relative precision in the negative tail", "[cpu_kernel][activation]") {
+  Vec x;
+  for (float v = -0.5f; v >= -11.3f; v -= 0.01f) x.push_back(v);
+  const int64_t n = int64_t(x.size());
+  const Vec ones(size_t(n), 1.f);
+  Vec out = nan_vec(n), dx = nan_vec(n);
+  gelu_forward(out.data(), x.data(), n);
+  gelu_backward(dx.data(), ones.data(), x.data(), n);
+  for (int64_t i = 0; i < n; ++i) {
+    const double xi = x[size_t(i)];
+    const double want = xi * cdf_d(xi), dwant = cdf_d(xi) + xi * pdf_d(xi);
+    INFO("x = " << xi << ": gelu " << out[size_t(i)] << " want " << want);
+    CHECK(std::abs(out[size_t(i)] - want) <= 1e-5 * std::abs(want));
+    // gelu' = Phi + x phi cancels (Phi ~ -x phi (1 - 1/x^2)): relative 1e-5 of the terms.
+    CHECK(std::abs(dx[size_t(i)] - dwant) <= 1e-5 * (cdf_d(xi) + std::abs(xi) * pdf_d(xi)));
+  }
+}
+
+TEST_CASE("gelu: special values and every tail length", "[cpu_kernel][activation]") {
+  const float inf = std::numeric_limits<float>::infinity();
+  const Vec x = {kNaN, inf, -inf, 0.f, -0.f, 1.f, -1.f};
+  const int64_t n = int64_t(x.size());
+  const Vec ones(size_t(n), 1.f);
+  Vec out = nan_vec(n), dx = nan_vec(n);
+  gelu_forward(out.data(), x.data(), n);
+  gelu_backward(dx.data(), ones.data(), x.data(), n);
+  CHECK(std::isnan(out[0]));
+  CHECK(std::isnan(dx[0]));
+  CHECK(out[1] == inf);     // inf * Phi(inf) = inf * 1
+  CHECK(std::isnan(out[2]));  // -inf * 0, as x * (1 + erf(-inf)) / 2
+  CHECK(out[3] == 0.f);
+  CHECK(dx[3] == 0.5f);     // Phi(0)
+  CHECK(std::abs(out[5] - 0.8413447461f) <= 1e-7f);
+  CHECK(std::abs(out[6] + 0.1586552539f) <= 1e-7f);
+  // Lengths 1..40 at every offset 0..3: each element as when computed in one long array
+  // (the kernels are elementwise: neither a vector's other lanes nor the tail path may matter).
+  Rng rng(72);
+  const Vec big = rand_vec(rng, 64, -5.f, 5.f), dbig = rand_vec(rng, 64);
+  Vec all(64), dall(64);
+  gelu_forward(all.data(), big.data(), 64);
+  gelu_backward(dall.data(), dbig.data(), big.data(), 64);
+  for (int off = 0; off < 4; ++off)
+    for (int len = 1; len <= 40; ++len) {
+      Vec o = nan_vec(len + 1), d = nan_vec(len + 1);
+      gelu_forward(o.data(), big.data() + off, len);
+      gelu_backward(d.data(), dbig.data() + off, big.data() + off, len);
+      INFO("offset " << off << ", length " << len);
+      CHECK(bitwise_equal(Vec(o.begin(), o.begin() + len),
+                          Vec(all.begin() + off, all.begin() + off + len)));
+      CHECK(bitwise_equal(Vec(d.begin(), d.begin() + len),
+                          Vec(dall.begin() + off, dall.begin() + off + len)));
+      CHECK(std::isnan(o[size_t(len)]));  // nothing written past the end
+      CHECK(std::isnan(d[size_t(len)]));
+    }
+}
+
+TEST_CASE("gelu is bitwise the same with 1 and 2 threads", "[cpu_kernel][activation]") {
+  Rng rng(73);
+  const int64_t n = (int64_t(1) << 17) + 5;  // above the kernels' parallel threshold
+  const Vec x = rand_vec(rng, n, -6.f, 6.f), dy = rand_vec(rng, n);
+  Vec out[2], dx[2];
+  for (int t : {1, 2}) {
+    Threads threads(t);
+    out[t - 1] = nan_vec(n);
+    dx[t - 1] = nan_vec(n);
+    gelu_forward(out[t - 1].data(), x.data(), n);
+    gelu_backward(dx[t - 1].data(), dy.data(), x.data(), n);
+  }
+  CHECK(bitwise_equal(out[0], out[1]));
+  CHECK(bitwise_equal(dx[0], dx[1]));
 }
 
 }  // namespace strata::optest

@@ -15,11 +15,15 @@
 //  - dpre (the ReLU's backward) exact: a select, no arithmetic.
 //  - An empty batch (B = 0) exact: the parameter gradients are zeroed, or kept when
 //    accumulating, with no arithmetic.
+// The CPU kernels' own tests ([cpu_kernel], cpu_kernel.h: sgemm against a naive triple loop,
+// linear's null and accumulated gradients, the large-weight gradient) at the end; the linear
+// one and the finite-difference checks share one shape (kCpuB, kCpuI, kCpuO).
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <cmath>
 
+#include "cpu_kernel.h"
 #include "finite_diff.h"
 #include "harness.h"
 #include "table.h"
@@ -167,7 +171,8 @@ void check_linear_relu_backward() {
 
 namespace {
 
-constexpr int kFdB = 3, kFdI = 5, kFdO = 4;
+// The CPU kernel's shape: null and accumulated gradients, and finite differences.
+constexpr int kCpuB = 3, kCpuI = 5, kCpuO = 4;
 
 // x (3,5), weight (4,5), bias (4) and the projection r (3,4); for linear_relu from the first
 // seed whose pre-activations are 0.05 clear of the ReLU's kink (a step of 1e-2 in one input
@@ -177,14 +182,14 @@ struct FdInputs {
 };
 FdInputs fd_inputs(bool relu, bool with_bias) {
   const Backend& cpu = reference();
-  std::vector<float> pre(size_t(kFdB) * kFdO);
+  std::vector<float> pre(size_t(kCpuB) * kCpuO);
   for (uint64_t seed = 2;; ++seed) {
-    FdInputs d{random_vector(seed * 10 + 1, size_t(kFdB) * kFdI),
-               random_vector(seed * 10 + 2, size_t(kFdO) * kFdI),
-               random_vector(seed * 10 + 3, size_t(kFdO)),
-               random_vector(seed * 10 + 4, size_t(kFdB) * kFdO)};
+    FdInputs d{random_vector(seed * 10 + 1, size_t(kCpuB) * kCpuI),
+               random_vector(seed * 10 + 2, size_t(kCpuO) * kCpuI),
+               random_vector(seed * 10 + 3, size_t(kCpuO)),
+               random_vector(seed * 10 + 4, size_t(kCpuB) * kCpuO)};
     cpu.linear_forward(pre.data(), d.x.data(), d.w.data(), with_bias ? d.bias.data() : nullptr,
-                       kFdB, kFdI, kFdO);
+                       kCpuB, kCpuI, kCpuO);
     if (!relu || std::none_of(pre.begin(), pre.end(), [](float v) { return std::abs(v) < 0.05f; }))
       return d;
   }
@@ -195,7 +200,7 @@ FdInputs fd_inputs(bool relu, bool with_bias) {
 void fd_linear(bool relu) {
   const Backend& cpu = reference();
   const auto forward = relu ? cpu.linear_relu_forward : cpu.linear_forward;
-  const int B = kFdB, I = kFdI, O = kFdO;
+  const int B = kCpuB, I = kCpuI, O = kCpuO;
   for (bool with_bias : {true, false}) {
     FdInputs d = fd_inputs(relu, with_bias);
     const float* bias = with_bias ? d.bias.data() : nullptr;
@@ -227,5 +232,177 @@ void fd_linear(bool relu) {
 
 void fd_linear_backward() { fd_linear(false); }
 void fd_linear_relu_backward() { fd_linear(true); }
+
+// ---- The CPU kernels ([cpu_kernel]) --------------------------------------------------------
+
+using namespace strata::cpu;
+
+namespace {
+
+// C = alpha op(A) op(B) + beta C in double; also returns the magnitude sum for the tolerance.
+void ref_gemm(bool ta, bool tb, int M, int N, int K, float alpha, const Vec& A, int lda,
+              const Vec& B, int ldb, float beta, const Vec& C0, int ldc, std::vector<double>& C,
+              std::vector<double>& mag) {
+  C.assign(C0.size(), 0.0);
+  mag.assign(C0.size(), 0.0);
+  for (size_t i = 0; i < C0.size(); ++i) C[i] = C0[i];  // untouched entries outside (M,N)
+  for (int i = 0; i < M; ++i)
+    for (int j = 0; j < N; ++j) {
+      double s = 0, m = 0;
+      for (int k = 0; k < K; ++k) {
+        const double a = ta ? A[int64_t(k) * lda + i] : A[int64_t(i) * lda + k];
+        const double b = tb ? B[int64_t(j) * ldb + k] : B[int64_t(k) * ldb + j];
+        s += a * b;
+        m += std::abs(a * b);
+      }
+      const double c = C0[int64_t(i) * ldc + j];
+      C[int64_t(i) * ldc + j] = alpha * s + (beta == 0 ? 0.0 : beta * c);
+      mag[int64_t(i) * ldc + j] = std::abs(alpha) * m + (beta == 0 ? 0.0 : std::abs(beta * c));
+    }
+}
+
+bool cpu_has_avx512() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f");
+}
+
+}  // namespace
+
+// ---- BLAS ----------------------------------------------------------------------------------
+
+TEST_CASE("blas uses the widest vector kernels this CPU has", "[cpu_kernel][blas]") {
+  blas_init(1);
+  blas_init(1);  // a second call is harmless
+  const std::string name = blas_corename();
+  INFO("GEMM kernels: " << name);
+  CHECK(!name.empty());
+  // The OpenBLAS trap (FACTS.md): on a VM reporting a generic CPU model, name-based dispatch
+  // falls back to SSE kernels. oneDNN dispatches on cpuid flags; check it sees AVX-512.
+  if (cpu_has_avx512()) CHECK(name.find("avx512") != std::string::npos);
+}
+
+TEST_CASE("sgemm matches a naive triple loop", "[cpu_kernel][blas]") {
+  Rng rng(1);
+  struct Size {
+    int M, N, K;
+  };
+  for (Size sz : {Size{1, 1, 1}, Size{7, 5, 3}, Size{13, 17, 19}, Size{33, 2, 65},
+                  Size{2, 40, 9}})
+    for (int ta = 0; ta < 2; ++ta)
+      for (int tb = 0; tb < 2; ++tb)
+        for (float beta : {0.f, 0.5f}) {
+          const int M = sz.M, N = sz.N, K = sz.K;
+          // Leading dimensions wider than the matrices, so ld is really used.
+          const int lda = (ta ? M : K) + 3, ldb = (tb ? K : N) + 2, ldc = N + 1;
+          const Vec A = rand_vec(rng, int64_t(ta ? K : M) * lda);
+          const Vec B = rand_vec(rng, int64_t(tb ? N : K) * ldb);
+          Vec C = rand_vec(rng, int64_t(M) * ldc);
+          if (beta == 0)  // beta = 0 must overwrite, even NaN
+            for (int i = 0; i < M; ++i)
+              std::fill(C.begin() + int64_t(i) * ldc, C.begin() + int64_t(i) * ldc + N, kNaN);
+          std::vector<double> want, mag;
+          ref_gemm(ta, tb, M, N, K, 0.75f, A, lda, B, ldb, beta, C, ldc, want, mag);
+          sgemm(ta, tb, M, N, K, 0.75f, A.data(), lda, B.data(), ldb, beta, C.data(), ldc);
+          for (size_t i = 0; i < C.size(); ++i) {
+            INFO("M=" << M << " N=" << N << " K=" << K << " ta=" << ta << " tb=" << tb
+                      << " beta=" << beta << " C[" << i << "] = " << C[i] << ", want "
+                      << want[i]);
+            if (int64_t(i) % ldc >= N)  // padding column: untouched
+              CHECK(C[i] == want[i]);
+            else
+              // K <= 65: the fp32 worst case 65 * 6e-8 * mag is 4e-6 * mag.
+              CHECK(std::abs(C[i] - want[i]) <= 1e-5 * mag[i] + 1e-30);
+          }
+        }
+}
+
+TEST_CASE("sgemm on empty sizes", "[cpu_kernel][blas]") {
+  Vec C = {kNaN, kNaN, 2.f, 4.f};
+  // K == 0: C = beta * C; beta == 0 overwrites (NaN included). lda/ldb of 0 would be
+  // rejected by BLAS, so this also checks BLAS is not called.
+  sgemm(false, false, 1, 2, 0, 1.f, nullptr, 0, nullptr, 0, 0.f, C.data(), 2);
+  CHECK(C[0] == 0.f);
+  CHECK(C[1] == 0.f);
+  sgemm(true, true, 1, 2, 0, 1.f, nullptr, 0, nullptr, 0, 0.5f, C.data() + 2, 2);
+  CHECK(C[2] == 1.f);
+  CHECK(C[3] == 2.f);
+  // M == 0 or N == 0: nothing to do, nothing touched.
+  sgemm(false, false, 0, 2, 3, 1.f, nullptr, 3, nullptr, 2, 0.f, C.data(), 2);
+  sgemm(false, false, 2, 0, 3, 1.f, nullptr, 3, nullptr, 1, 0.f, C.data(), 1);
+  CHECK(C[2] == 1.f);
+}
+
+// (The gradients' values, on this shape: "linear_backward vs finite differences".)
+TEST_CASE("linear forward, and backward's null and accumulated gradients", "[cpu_kernel][linear]") {
+  Rng rng(2);
+  const int B = kCpuB, I = kCpuI, O = kCpuO;
+  Vec x = rand_vec(rng, B * I), w = rand_vec(rng, O * I), bias = rand_vec(rng, O);
+  const Vec r = rand_vec(rng, B * O);
+  for (bool with_bias : {true, false}) {
+    const float* bp = with_bias ? bias.data() : nullptr;
+    Vec out = nan_vec(B * O);
+    linear_forward(out.data(), x.data(), w.data(), bp, B, I, O);
+    std::vector<double> want(B * O);
+    for (int b = 0; b < B; ++b)
+      for (int o = 0; o < O; ++o) {
+        double s = with_bias ? bias[o] : 0.0;
+        for (int i = 0; i < I; ++i) s += double(x[b * I + i]) * w[o * I + i];
+        want[b * O + o] = s;
+      }
+    check_close("linear out", out, want, 1e-5);  // 6 terms in [-1,1]: ~1e-6 worst case
+
+    Vec dx = nan_vec(B * I), dw = nan_vec(O * I), db = nan_vec(O);
+    linear_backward(dx.data(), dw.data(), db.data(), r.data(), x.data(), w.data(), B, I, O, false);
+
+    // Null gradients are skipped; the others do not change.
+    Vec dw2 = nan_vec(O * I);
+    linear_backward(nullptr, dw2.data(), nullptr, r.data(), x.data(), w.data(), B, I, O, false);
+    CHECK(dw2 == dw);
+
+    // accumulate adds the parameter gradients to what is there (micro-batches of a step).
+    Vec dw3(O * I, 1.f), db3(O, 1.f), dx3 = nan_vec(B * I);
+    linear_backward(dx3.data(), dw3.data(), with_bias ? db3.data() : nullptr, r.data(), x.data(),
+                    w.data(), B, I, O, true);
+    for (int i = 0; i < O * I; ++i) CHECK(dw3[i] == Approx(dw[i] + 1.f).margin(1e-5));
+    if (with_bias)
+      for (int o = 0; o < O; ++o) CHECK(db3[o] == Approx(db[o] + 1.f).margin(1e-5));
+    CHECK(dx3 == dx);
+  }
+}
+
+// ---- Linear weight gradient through the matmul primitive ------------------------------------
+// linear_backward sends the weight gradient of weights of at least 2^19 elements (the GPT's c_fc
+// and mlp c_proj) through a oneDNN matmul primitive, with a sum post-op when accumulating; the
+// other linear tests use small weights (sgemm). Here both GPT shapes, against a
+// double reference: each element is a dot product of B = 5 terms of magnitude <= 1, so fp32
+// rounding is below 5 * 6e-8 * 5; tolerance 1e-5 (plus 1e-6 of the value accumulated onto).
+TEST_CASE("linear weight gradient of a large weight (matmul primitive), also accumulating",
+          "[cpu_kernel][linear]") {
+  Rng rng(74);
+  for (auto [I, O] : {std::pair{384, 1536}, std::pair{1536, 384}}) {
+    const int B = 5;
+    const Vec x = rand_vec(rng, int64_t(B) * I), w = rand_vec(rng, int64_t(O) * I),
+              dy = rand_vec(rng, int64_t(B) * O), prior = rand_vec(rng, int64_t(O) * I);
+    DVec want(size_t(O) * I);
+    for (int o = 0; o < O; ++o)
+      for (int i = 0; i < I; ++i) {
+        double acc = 0;
+        for (int b = 0; b < B; ++b) acc += double(dy[size_t(b) * O + o]) * x[size_t(b) * I + i];
+        want[size_t(o) * I + i] = acc;
+      }
+    for (bool accumulate : {false, true}) {
+      INFO("I " << I << ", O " << O << ", accumulate " << accumulate);
+      Vec dw = accumulate ? prior : nan_vec(int64_t(O) * I);
+      linear_backward(nullptr, dw.data(), nullptr, dy.data(), x.data(), w.data(), B, I, O,
+                      accumulate);
+      double worst = 0;
+      for (size_t j = 0; j < want.size(); ++j) {
+        const double expect = accumulate ? prior[j] + want[j] : want[j];
+        worst = std::max(worst, std::abs(dw[j] - expect) - 1e-6 * std::abs(expect));
+      }
+      CHECK(worst <= 1e-5);
+    }
+  }
+}
 
 }  // namespace strata::optest

@@ -1,15 +1,18 @@
 // strata_op_tests' main: Catch2 with --backend cpu-staged|cuda|cpu, the backend under test (the
-// reference is always the CPU; cpu runs the CPU-only ops' cases, against fp32). Listing tests needs no GPU (catch_discover_tests lists them at
-// build time); running on cuda where none is visible prints one line and returns 77, which the
-// cuda tests' SKIP_RETURN_CODE turns into "Skipped", test by test.
+// reference is always the CPU; cpu runs the CPU-only ops' cases, against fp32). Listing tests
+// needs no GPU (catch_discover_tests lists them at build time); running on cuda where none is
+// visible prints one line ("skipped: <why>") and returns 77, which the tests' SKIP_RETURN_CODE
+// turns into "Skipped", test by test. A case that cannot run here says so with STRATA_SKIP
+// (tests/support/skip.h): 77 too, where every case that ran skipped.
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 
 #include <cstdio>
 #include <string>
 
-#include "harness.h"
 #include "backends/cuda_api.h"
+#include "harness.h"
+#include "skip.h"
 #include "strata/backend.h"
 
 int main(int argc, char** argv) {
@@ -40,5 +43,5 @@ int main(int argc, char** argv) {
   if (t.cases > 0)
     std::printf("op table on %s: %d cases (op, shape, variant), %d outputs compared\n",
                 backend.c_str(), t.cases, t.comparisons);
-  return rc;
+  return strata::testing::exit_code(cfg, rc);
 }

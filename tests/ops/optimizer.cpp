@@ -6,8 +6,14 @@
 //    "unequal" column); the tolerance leaves room only for a last-place difference.
 //  - sum_squares 1e-12 relative: exact double products summed in double, in two orders.
 //  - scale_inplace exact: one IEEE product per element.
+// The CPU kernels' own tests at the end ([cpu_kernel], cpu_kernel.h: against torch.optim's
+// formulas in double, sum_squares over padded pieces).
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cmath>
+
+#include "cpu_kernel.h"
 #include "harness.h"
 #include "table.h"
 
@@ -102,6 +108,91 @@ void check_scale_inplace() {
     const F32 x = c.inout("x", random_vector(61, size_t(n)), Tol::exact());
     c.run([&](const Backend& be, const Ptrs& p) { be.scale_inplace(p[x], n, 0.37f); });
   }
+}
+
+// ---- The CPU kernels ([cpu_kernel]) --------------------------------------------------------
+
+using namespace strata::cpu;
+
+TEST_CASE("sgd_update follows torch.optim.SGD for two steps", "[cpu_kernel][optim]") {
+  const float lr = 0.1f, mom = 0.9f, wd = 0.01f;
+  const Vec g1 = {0.5f, -1.f, 2.f}, g2 = {-0.25f, 0.5f, 1.f};
+  for (bool nesterov : {false, true}) {
+    Vec p = {1.f, -2.f, 0.5f}, buf = nan_vec(3);  // buf is not read on the first step
+    std::vector<double> hp(p.begin(), p.end()), hb(3);
+    for (int step = 0; step < 2; ++step) {
+      const Vec& g = step == 0 ? g1 : g2;
+      sgd_update(p.data(), g.data(), buf.data(), 3, lr, mom, wd, nesterov, step == 0);
+      for (int i = 0; i < 3; ++i) {
+        const double d = g[i] + double(wd) * hp[i];
+        hb[i] = step == 0 ? d : double(mom) * hb[i] + d;
+        hp[i] -= double(lr) * (nesterov ? d + double(mom) * hb[i] : hb[i]);
+      }
+    }
+    for (int i = 0; i < 3; ++i) {
+      INFO("nesterov " << nesterov << " i " << i);
+      // fp32 rounding of O(1) values: a few 1e-7 absolute (p can cancel to near 0).
+      CHECK(p[i] == Approx(hp[i]).margin(1e-6));
+      CHECK(buf[i] == Approx(hb[i]).margin(1e-6));
+    }
+  }
+  // Momentum 0: plain (weight-decayed) gradient step, buffer unused.
+  Vec p = {1.f, -2.f, 0.5f};
+  sgd_update(p.data(), g1.data(), nullptr, 3, lr, 0.f, 0.f, false, true);
+  CHECK(p == Vec{1.f - 0.05f, -2.f + 0.1f, 0.5f - 0.2f});
+}
+
+TEST_CASE("adamw_update follows torch.optim.AdamW for two steps", "[cpu_kernel][optim]") {
+  const float lr = 0.01f, b1 = 0.9f, b2 = 0.999f, eps = 1e-8f, wd = 0.1f;
+  Rng rng(11);
+  // n = 3 by hand-picked values; n = 600 also crosses the kernel's 256-element blocks and its
+  // 4-wide sqrt with a remainder.
+  for (int n : {3, 600}) {
+    Vec g1 = {0.5f, -1.f, 2e-3f}, g2 = {-0.25f, 0.5f, 1.f}, p = {1.f, -2.f, 0.5f};
+    if (n > 3) g1 = rand_vec(rng, n), g2 = rand_vec(rng, n), p = rand_vec(rng, n);
+    Vec m(n, 0.f), v(n, 0.f);
+    std::vector<double> hp(p.begin(), p.end()), hm(n, 0.0), hv(n, 0.0);
+    for (int t = 1; t <= 2; ++t) {
+      const Vec& g = t == 1 ? g1 : g2;
+      adamw_update(p.data(), g.data(), m.data(), v.data(), n, lr, b1, b2, eps, wd, t);
+      for (int i = 0; i < n; ++i) {
+        hp[i] *= 1.0 - double(lr) * wd;
+        hm[i] = double(b1) * hm[i] + (1.0 - b1) * g[i];
+        hv[i] = double(b2) * hv[i] + (1.0 - b2) * double(g[i]) * g[i];
+        const double bc1 = 1.0 - std::pow(double(b1), t), bc2 = 1.0 - std::pow(double(b2), t);
+        hp[i] -= double(lr) / bc1 * hm[i] / (std::sqrt(hv[i]) / std::sqrt(bc2) + eps);
+      }
+    }
+    for (int i = 0; i < n; ++i) {
+      INFO("n " << n << " i " << i);
+      // fp32 against double: a few ulp relative, plus a few ulp of the terms summed for values
+      // that cancel to near 0 (p terms are O(1), m terms O(0.1)).
+      CHECK(p[i] == Approx(hp[i]).epsilon(1e-6).margin(3e-7));
+      CHECK(m[i] == Approx(hm[i]).epsilon(1e-6).margin(3e-8));
+      CHECK(v[i] == Approx(hv[i]).epsilon(1e-5).margin(1e-12));
+    }
+  }
+}
+
+TEST_CASE("sum_squares and scale_inplace", "[cpu_kernel][optim]") {
+  Rng rng(9);
+  Vec x = rand_vec(rng, 1001);
+  double want = 0;
+  for (float v : x) want += double(v) * v;
+  // Both sum exact double products; only the summation order differs.
+  const double packed = sum_squares(x.data(), {{0, int64_t(x.size())}});
+  CHECK(packed == Approx(want).epsilon(1e-12));
+  // The same floats as padded pieces (as the flat buffers hold tensors of 13, 700 and 288)
+  // sum bit for bit as the packed array: the padding shifts no lane.
+  Vec padded(64 + 704 + 288, 0.f);
+  std::copy_n(x.begin(), 13, padded.begin());
+  std::copy_n(x.begin() + 13, 700, padded.begin() + 64);
+  std::copy_n(x.begin() + 713, 288, padded.begin() + 768);
+  CHECK(sum_squares(padded.data(), {{0, 13}, {64, 700}, {768, 288}}) == packed);
+  CHECK(sum_squares(padded.data(), {{64, 700}}) == sum_squares(x.data() + 13, {{0, 700}}));
+  const Vec x0 = x;
+  scale_inplace(x.data(), int64_t(x.size()), 0.5f);
+  for (size_t i = 0; i < x.size(); ++i) CHECK(x[i] == x0[i] * 0.5f);
 }
 
 }  // namespace strata::optest

@@ -7,12 +7,15 @@
 //    by a few ulp (~1e-7 absolute), summed in double.
 //  - backward exact (the same single roundings, from the reference's probs); count_correct
 //    exact (an integer).
+// The CPU kernel's own tests at the end ([cpu_kernel], cpu_kernel.h); the one against the
+// direct formula and the finite-difference check share their inputs (kCpuXent).
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
 
+#include "cpu_kernel.h"
 #include "finite_diff.h"
 #include "harness.h"
 #include "table.h"
@@ -26,6 +29,13 @@ struct XentShape {
 // C of MNIST, of a byte vocabulary and beyond one block's width; one row; an empty batch.
 const XentShape kShapes[] = {{37, 10}, {37, 100}, {37, 1000}, {1, 7}, {0, 10}};
 constexpr float kScale = 1.f / 256.f;
+
+// The CPU kernel's inputs: against the direct formula and by finite differences.
+constexpr XentShape kCpuXent{5, 7};
+std::vector<float> cpu_xent_logits() {
+  return random_vector(8, size_t(kCpuXent.B) * kCpuXent.C, -3.f, 3.f);
+}
+std::vector<int32_t> cpu_xent_labels() { return random_ints(9, size_t(kCpuXent.B), kCpuXent.C); }
 
 // Uniform in [-5, 5], row 1 shifted by 1e4 (a softmax without the max subtracted overflows).
 std::vector<float> xent_logits(const XentShape& s) {
@@ -107,11 +117,11 @@ void check_count_correct() {
 
 // dlogits of the mean-scaled loss: L = scale * sum_b -log softmax(logits_b)[label_b].
 void fd_softmax_xent_backward() {
-  const int B = 5, C = 7;
+  const int B = kCpuXent.B, C = kCpuXent.C;
   const float scale = 0.25f;
   const Backend& cpu = reference();
-  auto logits = random_vector(8, size_t(B) * C, -3.f, 3.f);
-  const auto labels = random_ints(9, size_t(B), C);
+  auto logits = cpu_xent_logits();
+  const auto labels = cpu_xent_labels();
   std::vector<float> probs(logits.size()), dl = nan_vector(logits.size());
   cpu.softmax_xent_forward(probs.data(), logits.data(), labels.data(), B, C);
   cpu.softmax_xent_backward(dl.data(), probs.data(), labels.data(), B, C, scale);
@@ -121,6 +131,50 @@ void fd_softmax_xent_backward() {
   };
   Rng rng(10);
   check_grad("fd softmax_xent_backward B5 C7: dlogits", logits, dl, loss, rng);
+}
+
+// ---- The CPU kernels ([cpu_kernel]) --------------------------------------------------------
+
+using namespace strata::cpu;
+
+// (Backward, on these inputs: "softmax_xent_backward vs finite differences".)
+TEST_CASE("softmax_xent matches the direct formula", "[cpu_kernel][xent]") {
+  const int B = kCpuXent.B, C = kCpuXent.C;
+  const Vec logits = cpu_xent_logits();
+  const std::vector<int32_t> labels = cpu_xent_labels();
+  Vec probs = nan_vec(B * C);
+  const double loss = softmax_xent_forward(probs.data(), logits.data(), labels.data(), B, C);
+  double want = 0;
+  std::vector<double> want_p(B * C);
+  for (int b = 0; b < B; ++b) {
+    double z = 0;
+    for (int c = 0; c < C; ++c) z += std::exp(double(logits[b * C + c]));
+    for (int c = 0; c < C; ++c) want_p[b * C + c] = std::exp(double(logits[b * C + c])) / z;
+    want -= std::log(want_p[b * C + labels[b]]);
+  }
+  // fp32 exp/sum of 7 terms: probabilities within a few ulp (~1e-7); the loss is summed in
+  // double from fp32 log-sum-exp pieces, relative error ~1e-7.
+  CHECK(loss == Approx(want).epsilon(1e-6));
+  check_close("probs", probs, want_p, 1e-6);
+}
+
+TEST_CASE("softmax_xent is stable for large logits", "[cpu_kernel][xent]") {
+  const Vec logits = {1000.f, 0.f, -1000.f, 500.f, 500.f, 500.f};
+  const std::vector<int32_t> labels = {1, 2};
+  Vec probs(6);
+  const double loss = softmax_xent_forward(probs.data(), logits.data(), labels.data(), 2, 3);
+  CHECK(loss == Approx(1000.0 + std::log(3.0)).epsilon(1e-9));  // exact up to double rounding
+  CHECK(probs[0] == 1.f);
+  CHECK(probs[1] == 0.f);
+  CHECK(probs[3] == Approx(1.0 / 3).epsilon(1e-6));
+}
+
+TEST_CASE("count_correct takes the first maximum", "[cpu_kernel][xent]") {
+  const Vec logits = {0, 2, 1,   // argmax 1
+                      3, 3, 0,   // tie: first (0)
+                      1, 0, 5};  // argmax 2
+  CHECK(count_correct(logits.data(), std::vector<int32_t>{1, 0, 2}.data(), 3, 3) == 3);
+  CHECK(count_correct(logits.data(), std::vector<int32_t>{1, 1, 0}.data(), 3, 3) == 1);
 }
 
 }  // namespace strata::optest

@@ -1,7 +1,8 @@
 // The op table as Catch2 tests: "<op>" [vs_cpu] runs on the backend under test (ctest:
 // "cpu-staged:<op>", "cuda:<op>"); "<op> vs finite differences" [fd] checks the CPU reference
 // alone (ctest: "ops:<op> vs finite differences"); [table] checks that the table covers the
-// op list.
+// op list. The CPU kernels' own tests ([cpu_kernel], cpu_kernel.h; ctest "ops:<name>") are
+// TEST_CASEs in the op's family file, on the shapes of its finite-difference check.
 #include <algorithm>
 #include <string>
 

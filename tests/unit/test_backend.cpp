@@ -135,7 +135,7 @@ TEST_CASE("cpu-staged: host code touching device memory crashes naming the calle
   CHECK(err.find("staged_host_read_for_test") != std::string::npos);
 }
 
-TEST_CASE("cpu-staged: ops refuse host memory; deferred ops run when waited for", "[backend]") {
+TEST_CASE("cpu-staged: ops refuse host memory, deferred ops run when waited for", "[backend]") {
   DeviceRequest req;
   req.device = "cpu-staged";
   const Backend& be = select_backend(req, nullptr);

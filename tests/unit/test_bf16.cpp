@@ -11,16 +11,16 @@
 #include "strata/backend.h"
 #include "strata/kernels_cpu.h"
 #include "strata/rng.h"
+#include "skip.h"
 
 using namespace strata;
 
 namespace {
 
-bool have_bf16() {
+// Why this CPU cannot run the bf16 kernels, or "" where it can.
+std::string no_bf16() {
   std::string why;
-  if (cpu::bf16_supported(&why)) return true;
-  WARN("bf16 not checked on this CPU: " << why);
-  return false;
+  return cpu::bf16_supported(&why) ? std::string() : why;
 }
 
 float widen(cpu::bf16_t b) { return std::bit_cast<float>(uint32_t(b) << 16); }
@@ -36,7 +36,8 @@ std::vector<float> rounded(const std::vector<float>& x) {
 }  // namespace
 
 TEST_CASE("bf16: rounding to nearest even, NaN kept, every length", "[bf16]") {
-  if (!have_bf16()) return;
+  if (const std::string why = no_bf16(); !why.empty())
+    STRATA_SKIP("bf16 not checked on this CPU: " << why);
   // 1 + 2^-8 is halfway between two bf16 values (1 and 1 + 2^-7): ties go to the even one, 1;
   // 1 + 3*2^-8 ties between 1 + 2^-7 (odd) and 1 + 2^-6: up. Just above a tie rounds up.
   const std::vector<float> x = {1.f + 0x1p-8f, 1.f + 3 * 0x1p-8f, 1.f + 0x1p-8f + 0x1p-20f,
@@ -64,7 +65,8 @@ TEST_CASE("bf16: rounding to nearest even, NaN kept, every length", "[bf16]") {
 }
 
 TEST_CASE("bf16: the linear op multiplies the rounded inputs, accumulating in fp32", "[bf16]") {
-  if (!have_bf16()) return;
+  if (const std::string why = no_bf16(); !why.empty())
+    STRATA_SKIP("bf16 not checked on this CPU: " << why);
   const int B = 33, I = 70, O = 21;
   Rng rng(3);
   std::vector<float> x(size_t(B) * I), w(size_t(O) * I), bias(O), out(size_t(B) * O),
@@ -122,7 +124,8 @@ std::vector<double> widened(const std::vector<float>& x) { return {x.begin(), x.
 // hs = 20: the scale 1/sqrt(20) is not a power of two (dS is scaled before it is rounded).
 TEST_CASE("bf16: attention multiplies the rounded inputs, softmax and gradients in fp32",
           "[bf16]") {
-  if (!have_bf16()) return;
+  if (const std::string why = no_bf16(); !why.empty())
+    STRATA_SKIP("bf16 not checked on this CPU: " << why);
   const Attn s{2, 70, 40, 2};  // two row blocks (64 + 6)
   const int hs = s.hs();
   const double scale = 1.0 / std::sqrt(double(hs));

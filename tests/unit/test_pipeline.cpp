@@ -178,7 +178,7 @@ TEST_CASE("schedules: interleaved has no deadlock and its bubble is (P-1)/(vM+P-
       }
 }
 
-TEST_CASE("micro-batch count: auto picks the largest divisor up to 4P; a given one must divide", "[pipeline]") {
+TEST_CASE("micro-batch count: auto picks the largest divisor up to 4P, a given one must divide", "[pipeline]") {
   CHECK(resolve_microbatches(0, 1, 64, 1) == 1);
   CHECK(resolve_microbatches(0, 2, 64, 1) == 8);
   CHECK(resolve_microbatches(0, 4, 64, 2) == 16);  // per replica 32, 4P = 16

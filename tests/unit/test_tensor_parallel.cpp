@@ -98,7 +98,7 @@ TEST_CASE("pipeline: the LM head's stage holds a copy of the token table, outsid
 // The flat buffers: every tensor at a 256-byte boundary (the GPU's GEMM and convolution
 // operands), the padding after it zero, and the packed layout (the gradient norm's order,
 // ZeRO's split) the tensors back to back.
-TEST_CASE("flat buffers: every tensor starts on a 256-byte boundary; padding zero", "[tp]") {
+TEST_CASE("flat buffers: every tensor starts on a 256-byte boundary, padding zero", "[tp]") {
   const ModelSpec cnn = {"conv 5 3", "relu", "maxpool 2", "flatten", "linear 7", "linear 10"};
   std::vector<Model> models;
   models.emplace_back(cnn, Shape{1, 9, 9}, 10);

@@ -21,6 +21,7 @@
 #include "data/data.h"
 #include "data/prepare.h"
 #include "strata/error.h"
+#include "skip.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;
@@ -545,11 +546,8 @@ const char* kFortunesDir = "/usr/share/games/fortunes";
 }
 
 TEST_CASE("prepare_text on Debian's fortunes", "[data][prepare][text]") {
-  if (!fs::is_directory(kFortunesDir)) {
-    WARN(kFortunesDir << " is absent (apt install fortunes); skipping");
-    SUCCEED();
-    return;
-  }
+  if (!fs::is_directory(kFortunesDir))
+    STRATA_SKIP(kFortunesDir << " is absent (apt install fortunes)");
   // The text files: not the .dat indexes nor the .u8 links to the same texts.
   std::vector<std::string> inputs;
   for (auto& e : fs::directory_iterator(kFortunesDir)) {

@@ -33,7 +33,7 @@ TEST_CASE("zero_counts: contiguous shards of whole cache lines that tile the buf
     }
 }
 
-TEST_CASE("sharded(): given a shard, whatever its extent; the same on every replica", "[unit]") {
+TEST_CASE("sharded(): given a shard, whatever its extent, the same on every replica", "[unit]") {
   const OptimConfig c{.kind = "adamw"};
   for (int64_t n : {0, 10, 100}) {
     const auto counts = zero_counts(n, 2);  // 10 floats: [10, 0]; none: [0, 0]
