@@ -56,7 +56,7 @@ TEST_CASE("select_backend: providers by name, auto's order, unknown devices list
 
 // A table says its precision, and a bf16 table differs from its fp32 one exactly in the
 // precision ops (ops.h's STRATA_PRECISION_OPS).
-TEST_CASE("a backend's precision is a field; bf16 tables replace the precision ops only",
+TEST_CASE("a backend's precision is a field, and bf16 tables replace the precision ops only",
           "[backend]") {
   std::set<std::string> precision_ops;
 #define STRATA_NAME(name) precision_ops.insert(#name);
