@@ -130,13 +130,14 @@ TEST_CASE("the effective config reads back to the same config", "[config]") {
 
 TEST_CASE("every key of the list is in docs/configuration.md's table", "[config]") {
   RunConfig c;
-  // The table's rows only ("| `key` | ..."): a key named elsewhere on the page does not count.
+  // The first cell of the table's rows only ("| `key`, `key` | default | meaning |"): a key
+  // named in another row's meaning or elsewhere on the page does not count.
   std::istringstream page(strata::test::read_file(STRATA_SOURCE_DIR "/docs/configuration.md"));
-  std::string table;
+  std::string first_cells;
   for (std::string line; std::getline(page, line);)
-    if (line.rfind("| `", 0) == 0) table += line + "\n";
+    if (line.rfind("| `", 0) == 0) first_cells += line.substr(0, line.find('|', 1)) + "\n";
   for (const auto& k : strata::config_keys(c)) {
     INFO(k.name);
-    CHECK_THAT(table, Contains("`" + k.name + "`"));
+    CHECK_THAT(first_cells, Contains("`" + k.name + "`"));
   }
 }
