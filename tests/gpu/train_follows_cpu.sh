@@ -12,8 +12,9 @@
 #   pipeline-zb the same with zb-h1 (backward split into B and W), pipeline-interleaved with
 #   the interleaved schedule (2 chunks per stage).
 # CASE gpt | gpt-bf16: a 2-block GPT (dim 64, 4 heads, context 64, dropout 0.1, AdamW with
-#      gradient clipping) on the bytes of README.md (CONFIGS_DIR/../README.md, else the one in
-#      STRATA's share/doc/strata), 30 steps on the CPU and on the GPU, the same tolerances.
+#      gradient clipping) on the bytes of the documentation, README.md and docs/*.md
+#      (CONFIGS_DIR/.., else STRATA's share/doc/strata), 30 steps on the CPU and on the GPU,
+#      the same tolerances.
 # CASE gpt-resume: the GPT, 20 steps straight on the GPU against 10 + a resume for 10: equal
 #      losses exactly (the transformer's kernels are deterministic: no float atomics).
 # CASE gpt-pipeline: the GPT on 2 pipeline stages (the tied token table and LM head on
@@ -74,12 +75,12 @@ GPT=(--model.type gpt --model.layers 2 --model.heads 4 --model.dim 64 --model.co
 # gpt_common OUTDIR STEPS DEVICE [PRECISION]: the flags of one GPT run, in $args; the text is
 # prepared once.
 gpt_common() {
-  local text=$WORK/gpu/readme-bytes.h5 readme=$CONFIGS/../README.md
-  [ -r "$readme" ] || readme=$(dirname "$STRATA")/../share/doc/strata/README.md
+  local text=$WORK/gpu/docs-bytes.h5 docs=$CONFIGS/..
+  [ -r "$docs/README.md" ] || docs=$(dirname "$STRATA")/../share/doc/strata
   if [ ! -s "$text" ]; then
     mkdir -p "$WORK/gpu"
-    "$STRATA" prepare text --input "$readme" --out "$text" >"$text.log" 2>&1 ||
-      { echo "FAIL: strata prepare text --input $readme"; cat "$text.log"; exit 1; }
+    "$STRATA" prepare text --input "$docs/README.md" "$docs"/docs/*.md --out "$text" >"$text.log" 2>&1 ||
+      { echo "FAIL: strata prepare text --input $docs/README.md $docs/docs/*.md"; cat "$text.log"; exit 1; }
   fi
   args=("${GPT[@]}" --data.path "$text" --quiet --train.max_steps "$2" --train.log_every 1
         --device "$3" --train.precision "${4:-fp32}" --output.dir "$1")

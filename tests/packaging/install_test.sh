@@ -33,6 +33,7 @@ case $mode in
     version=$("$build/strata" --version | awk '{ print $2 }')
     for f in bin/strata share/strata/configs/fmnist_mlp.toml share/strata/slurm/train.sbatch \
              share/strata/slurm/train-gpu.sbatch share/doc/strata/README.md \
+             share/doc/strata/docs/configuration.md \
              "share/strata/modulefiles/strata/$version.lua"; do
       [ -e "$prefix/$f" ] || fail "not installed: $f"
     done

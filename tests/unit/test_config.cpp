@@ -2,6 +2,9 @@
 // that reads back to the same RunConfig.
 #include <catch2/catch.hpp>
 
+#include <sstream>
+#include <string>
+
 #include "base/parse.h"
 #include "config/config.h"
 #include "test_util.h"
@@ -125,11 +128,16 @@ TEST_CASE("the effective config reads back to the same config", "[config]") {
   CHECK(from_toml(custom.to_toml()).model.layers == custom.model.layers);
 }
 
-TEST_CASE("every key of the list is in the README's table", "[config]") {
+TEST_CASE("every key of the list is in docs/configuration.md's table", "[config]") {
   RunConfig c;
-  const std::string readme = strata::test::read_file(STRATA_SOURCE_DIR "/README.md");
+  // The first cell of the table's rows only ("| `key`, `key` | default | meaning |"): a key
+  // named in another row's meaning or elsewhere on the page does not count.
+  std::istringstream page(strata::test::read_file(STRATA_SOURCE_DIR "/docs/configuration.md"));
+  std::string first_cells;
+  for (std::string line; std::getline(page, line);)
+    if (line.rfind("| `", 0) == 0) first_cells += line.substr(0, line.find('|', 1)) + "\n";
   for (const auto& k : strata::config_keys(c)) {
     INFO(k.name);
-    CHECK_THAT(readme, Contains("`" + k.name + "`"));
+    CHECK_THAT(first_cells, Contains("`" + k.name + "`"));
   }
 }
