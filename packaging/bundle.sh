@@ -12,7 +12,7 @@
 #   libexec/strata, libexec/mpirun        the real programs
 #   lib/                                  every shared library they need (ldd), RPATH $ORIGIN
 #   lib/strata/libstrata_cuda.so          the CUDA backend module; the CUDA libraries are NOT
-#                                         bundled: strata finds the node's (README)
+#                                         bundled: strata finds the node's (docs/gpus.md)
 #   lib/<arch>/openmpi, lib/<arch>/pmix2  Open MPI's and PMIx's components, share/openmpi,
 #   etc/openmpi                           help texts and Debian's MCA defaults
 #   share/strata, share/doc/strata        configs, Slurm scripts, the modulefile, the docs

@@ -1,5 +1,5 @@
-// The CUDA backend as a shared module: lib/strata/libstrata_cuda.so (kernels/cuda + src/cuda),
-// which strata dlopens at run time (src/cuda_loader) after finding and loading the CUDA
+// The CUDA backend as a shared module: lib/strata/libstrata_cuda.so (kernels/cuda + src/backends/cuda),
+// which strata dlopens at run time (src/backends/cuda_loader) after finding and loading the CUDA
 // libraries it was linked against, so that the executable starts on nodes without them. The
 // module exports one C function that returns this table of the seam's functions (backend.h,
 // device_comm.h); the loader checks that the module comes from the same build before using it.

@@ -3,7 +3,7 @@
 // go to the device's collectives and which are staged through host memory over MPI, when the
 // collectives' stream waits for the compute stream and the other way round, how handles are
 // polled and completed. A device supplies a DeviceTransport: on a GPU, NCCL on a stream of its
-// own with CUDA events (src/cuda); on --device cpu-staged, a stand-in whose "streams" are
+// own with CUDA events (src/backends/cuda); on --device cpu-staged, a stand-in whose "streams" are
 // deferred queues and whose collectives are MPI on the staged memory (src/backends/staged_device.cpp),
 // so that the communicator's logic runs in CI and only NCCL's own calls are left for a GPU.
 #pragma once

@@ -7,7 +7,7 @@
 
 namespace strata {
 
-// Exit codes: a documented contract with slurm/*.sbatch (see README "Exit codes").
+// Exit codes: a documented contract with slurm/*.sbatch (see docs/operations.md, "Exit codes").
 enum ExitCode : int {
   kExitOk = 0,          // training finished
   kExitInternal = 1,    // a bug or an unexpected system failure

@@ -62,7 +62,7 @@ void silu_backward(float* dinp, const float* dout, const float* inp, int64_t n) 
 // not depend on the thread count; they may differ in the last bit between machines where the
 // compiler fuses multiply-adds (AVX-512 has FMA, baseline x86-64 does not).
 // Against the scalar std::erf form: |Phi - Phi_ref| <= ~2e-7 absolute everywhere (see
-// tests/unit/test_gpt_kernels.cpp, "gelu: vectorised ... ").
+// tests/ops/elementwise.cpp, "gelu: vectorised ... ").
 
 namespace {
 

@@ -2,7 +2,7 @@
 //
 // Why oneDNN and not OpenBLAS: on the shapes a training step has (batch 64 against layers of
 // 128-1024, per-sample conv GEMMs with K = C*9), oneDNN's sgemm measured 10-40% faster than
-// OpenBLAS 0.3.21's SkylakeX kernels (benchmarks/bench_kernels.cpp, README "Libraries"). It
+// OpenBLAS 0.3.21's SkylakeX kernels (benchmarks/bench_kernels.cpp, docs/architecture.md, "Libraries and why"). It
 // also chooses its kernels from the CPU's instruction-set flags (cpuid), where OpenBLAS's
 // DYNAMIC_ARCH goes by the CPU model name and falls back to SSE3 kernels, 5x slower, on VMs that
 // report a generic model; strata therefore runs fast with no environment variable to know.

@@ -1,6 +1,6 @@
 // HDF5 files strata writes: parameter files (the trained model) and checkpoints (everything a
 // run needs to continue bit for bit). Both keep tensors by global name and global shape, so any
-// grid reads them, and both are readable by h5py (README: "Checkpoint and parameter files").
+// grid reads them, and both are readable by h5py (docs/checkpoints.md, "Checkpoint and parameter file layout").
 #pragma once
 #include <cstdint>
 #include <map>

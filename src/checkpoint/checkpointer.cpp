@@ -1,7 +1,6 @@
 #include "checkpoint/checkpointer.h"
 
 #include <fcntl.h>
-#include <hdf5.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -18,8 +17,6 @@
 #include <fmt/format.h>
 
 #include "base/files.h"
-#include "base/hdf5_util.h"
-#include "base/parse.h"
 #include "data/data.h"
 #include "strata/comm.h"
 #include "strata/error.h"
@@ -27,9 +24,6 @@
 namespace strata {
 namespace fs = std::filesystem;
 namespace {
-
-const std::regex kCheckpointName(R"(ckpt-(\d+)\.h5)");
-std::string checkpoint_name(int64_t step) { return fmt::format("ckpt-{:09d}.h5", step); }
 
 // Broadcasts a float buffer from `root` in pieces MPI's int counts can hold.
 void broadcast_floats(Comm& comm, float* p, int64_t n, int root) {
@@ -62,22 +56,12 @@ void copy_into(const LoadedCheckpoint& ck, const std::string& path, Model& model
     }
 }
 
-// The `sequence` attribute of a checkpoint file; nullopt if it cannot be read.
-std::optional<int64_t> read_sequence(const std::string& path) {
-  std::lock_guard lock(hdf5_mutex());
-  h5_quiet();
-  H5Id f(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
-  if (f.get() < 0) return std::nullopt;
-  std::vector<int64_t> v;
-  if (!read_int_attr(f.get(), "sequence", &v) || v.size() != 1) return std::nullopt;
-  return v[0];
-}
-
 }  // namespace
 
 Checkpointer::Checkpointer(const RunConfig& cfg, Comm& comm, CheckpointWriterKind writer)
     : comm_(comm),
       dir_(cfg.checkpoint_dir()),
+      shared_(dir_, /*warn=*/comm.rank() == 0),
       policy_(cfg.checkpoint),
       file_writer_(make_checkpoint_writer(writer, &comm)),
       keep_last_(cfg.checkpoint.keep_last),
@@ -145,6 +129,7 @@ void Checkpointer::prepare_local_cache(int64_t bytes) {
   // Every rank knows its node's directory (resume looks there); rank 0 writes into it.
   collectively(comm_, [&] {
     local_ = expand_local_dir(local_config_) + "/strata-" + id;
+    cache_ = std::make_unique<CheckpointDir>(local_, /*warn=*/comm_.rank() == 0);
     if (comm_.rank() == 0) prepare_directory(local_, bytes, "checkpoint.local_dir");
   });
   if (comm_.rank() == 0) copier();  // the writer thread submits to it
@@ -154,67 +139,16 @@ SharedCopier& Checkpointer::copier() {
   if (!copier_)
     copier_ = std::make_unique<SharedCopier>(dir_, [this](const std::string& name, int64_t step) {
       std::string pointed;
-      const auto at = pointer_step(dir_, &pointed);
-      if (!at || *at < step) write_pointer(dir_, name);  // `latest` only moves forward
-      apply_retention(dir_, step);
+      const auto at = shared_.latest(&pointed);
+      if (!at || *at < step) shared_.point_to(name);  // `latest` only moves forward
+      shared_.apply_retention(step, keep_last_, keep_every_);
     });
   return *copier_;
 }
 
-std::vector<Checkpointer::Entry> Checkpointer::list(const std::string& dir) const {
-  std::vector<Entry> out;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
-    const std::string n = e.path().filename().string();
-    std::smatch m;
-    if (!std::regex_match(n, m, kCheckpointName)) continue;
-    std::string why;
-    if (auto step = parse_int(m[1].str(), &why)) {
-      out.push_back({*step, n});
-      continue;
-    }
-    std::lock_guard lk(warned_mu_);
-    if (comm_.rank() == 0 && warned_.insert(dir + "/" + n).second)  // not a name strata writes
-      fmt::print(stderr, "strata: warning: ignoring {}/{}: {}\n", dir, n, why);
-  }
-  std::sort(out.begin(), out.end(), [](const Entry& a, const Entry& b) { return a.step > b.step; });
-  return out;
-}
-
-std::optional<int64_t> Checkpointer::pointer_step(const std::string& dir, std::string* name) const {
-  std::ifstream in(dir + "/latest");
-  std::string line;
-  if (!in || !std::getline(in, line)) return std::nullopt;
-  std::smatch m;
-  if (!std::regex_match(line, m, kCheckpointName)) return std::nullopt;
-  std::string why;
-  auto step = parse_int(m[1].str(), &why);
-  if (!step) return std::nullopt;  // damaged: every checkpoint is a candidate, each verified
-  *name = line;
-  return step;
-}
-
-void Checkpointer::write_pointer(const std::string& dir, const std::string& name) const {
-  publish_text_file(dir + "/latest", name + "\n");
-}
-
-void Checkpointer::apply_retention(const std::string& dir, int64_t newest_step) const {
-  int64_t kept = 0;
-  const bool archive = dir == dir_;  // keep_every: the shared directory only
-  for (const Entry& e : list(dir)) {
-    if (e.step > newest_step) continue;  // not ours to judge (an abandoned, newer lineage)
-    if (kept < keep_last_) {
-      ++kept;
-      continue;
-    }
-    const std::string path = dir + "/" + e.name;
-    if (archive && keep_every_ > 0) {
-      auto seq = read_sequence(path);
-      if (!seq || *seq % keep_every_ == 0) continue;  // kept for good (or unreadable: leave it)
-    }
-    std::error_code ec;
-    fs::remove(path, ec);
-  }
+void Checkpointer::publish(const CheckpointDir& d, int64_t step) const {
+  d.point_to(checkpoint_name(step));
+  d.apply_retention(step, keep_last_, &d == &shared_ ? keep_every_ : 0);
 }
 
 void check_resumable(const LoadedCheckpoint& ck, const std::string& path, const Model& model,
@@ -244,43 +178,6 @@ void check_resumable(const LoadedCheckpoint& ck, const std::string& path, const 
                     ck.prov.dataset_sha256.substr(0, 12), dataset_sha256.substr(0, 12), cfg.data.path));
 }
 
-std::vector<std::string> Checkpointer::candidates(const std::string& dir, int64_t min_step) const {
-  std::vector<std::string> out;
-  std::string pointed;
-  auto limit = pointer_step(dir, &pointed);
-  for (const Entry& e : list(dir)) {
-    if (limit && e.step > *limit) {
-      fmt::print("ignoring {}/{}: newer than the latest complete checkpoint ({})\n", dir, e.name, pointed);
-      continue;
-    }
-    if (e.step >= min_step) out.push_back(dir + "/" + e.name);
-  }
-  return out;
-}
-
-std::optional<Checkpointer::Found> Checkpointer::newest_verified(std::vector<std::string>* skipped) const {
-  std::string pointed;
-  const auto limit = pointer_step(dir_, &pointed);
-  for (const Entry& e : list(dir_)) {
-    if (limit && e.step > *limit) continue;
-    const std::string path = dir_ + "/" + e.name;
-    try {
-      read_checkpoint(path);  // throws on a damaged file or a checksum mismatch
-      return Found{e.step, path};
-    } catch (const UserError& err) {
-      if (skipped) skipped->push_back(err.what());
-    }
-  }
-  return std::nullopt;
-}
-
-int64_t Checkpointer::newest_step(const std::string& dir) const {
-  std::string pointed;
-  if (auto at = pointer_step(dir, &pointed)) return *at;
-  const auto all = list(dir);
-  return all.empty() ? -1 : all.front().step;
-}
-
 std::optional<TrainState> Checkpointer::resume(Model& model, const std::function<Optimizer&()>& opt_into,
                                                const RunConfig& cfg,
                                                const std::string& dataset_sha256) {
@@ -288,10 +185,10 @@ std::optional<TrainState> Checkpointer::resume(Model& model, const std::function
   const bool automatic = cfg.resume == "auto";
   // The reader: the lowest rank whose node-local cache holds the newest copy, when that is at
   // least as new as the shared `latest`; else rank 0, from the shared directory.
-  int64_t steps[2] = {comm_.rank() == 0 && automatic ? newest_step(dir_) : -1, -1};
+  int64_t steps[2] = {comm_.rank() == 0 && automatic ? shared_.newest_step() : -1, -1};
   comm_.broadcast(steps, sizeof steps[0], 0);
   const int64_t shared_step = steps[0];
-  const int64_t mine = automatic && !local_.empty() ? newest_step(local_) : -1;
+  const int64_t mine = automatic && cache_ ? cache_->newest_step() : -1;
   int64_t best[2] = {-mine, mine >= 0 ? -1 : 0};  // newest local step, then lowest rank holding it
   comm_.allreduce_min(best, 1);
   const int64_t local_step = -best[0];
@@ -309,8 +206,8 @@ std::optional<TrainState> Checkpointer::resume(Model& model, const std::function
     if (!automatic) {
       paths.push_back(cfg.resume);
     } else {
-      if (from_local) paths = candidates(local_, shared_step);  // then the shared ones
-      for (auto& p : candidates(dir_, 0)) paths.push_back(std::move(p));
+      if (from_local) paths = cache_->candidates(shared_step);  // then the shared ones
+      for (auto& p : shared_.candidates(0)) paths.push_back(std::move(p));
       if (paths.empty()) {
         fmt::print("no checkpoint in {}; starting at step 0\n", dir_);
         return;
@@ -414,8 +311,8 @@ Checkpointer::SaveResult Checkpointer::save(const Model& model, Optimizer& opt, 
   st.sequence = ++sequence_;
   r.step = st.step;
   // With a local cache the file goes there first; the copier takes it to dir_.
-  const std::string target = local_.empty() ? dir_ : local_;
-  r.path = target + "/" + checkpoint_name(st.step);
+  const CheckpointDir& target = cache_ ? *cache_ : shared_;
+  r.path = target.path() + "/" + checkpoint_name(st.step);
   if (comm_.rank() == 0) {
     // Data parallelism: every replica holds the same parameters and optimizer state, so rank 0
     // writes them all (a gather that costs nothing); other ranks only learn the outcome.
@@ -439,7 +336,7 @@ Checkpointer::SaveResult Checkpointer::save(const Model& model, Optimizer& opt, 
         at += numel(t.shape);
       }
     }
-    auto write = [this, tensors = std::move(tensors), st, prov, r, target, &model, &opt]() mutable {
+    auto write = [this, tensors = std::move(tensors), st, prov, r, &target, &model, &opt]() mutable {
       const auto t0 = Clock::now();
       try {
         r.bytes = file_writer_->write(r.path, {.model = model, .opt = &opt, .tensors = tensors,
@@ -451,8 +348,7 @@ Checkpointer::SaveResult Checkpointer::save(const Model& model, Optimizer& opt, 
       r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
       if (r.ok) {
         try {
-          write_pointer(target, checkpoint_name(st.step));
-          apply_retention(target, st.step);
+          publish(target, st.step);
           if (copier_) copier_->submit(r.path, checkpoint_name(st.step), st.step);
         } catch (const UserError& e) {
           r.error = e.what();
@@ -514,8 +410,7 @@ Checkpointer::SaveResult Checkpointer::save_every_rank(const Model& model, Optim
   double ok = r.ok ? 1.0 : 0.0;
   if (comm_.rank() == 0 && r.ok) {
     try {
-      write_pointer(dir_, checkpoint_name(st.step));
-      apply_retention(dir_, st.step);
+      publish(shared_, st.step);
     } catch (const UserError& e) {
       r.error = e.what(), ok = 0.0;
     }

@@ -1,7 +1,7 @@
 // The checkpoint directory of a run: when to write, atomic publication through the `latest`
 // pointer, retention, and finding the checkpoint to resume from.
 //
-// Directory layout (README "Checkpoints"):
+// Directory layout (docs/checkpoints.md):
 //   ckpt-000000120.h5   one complete checkpoint per file, named by step
 //   latest              one line, the file name of the newest checkpoint every rank agreed on;
 //                       replaced atomically (temporary file, fsync, rename) after each write
@@ -13,15 +13,14 @@
 #include <atomic>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
-#include <set>
 #include <thread>
 #include <string>
 #include <vector>
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/checkpoint_cache.h"
+#include "checkpoint/checkpoint_dir.h"
 #include "checkpoint/policy.h"
 #include "checkpoint/writer.h"
 #include "config/config.h"
@@ -60,16 +59,6 @@ class Checkpointer {
   // checkpoint is found (with ZeRO it is made then, for a moment).
   std::optional<TrainState> resume(Model& model, const std::function<Optimizer&()>& opt_into,
                                    const RunConfig& cfg, const std::string& dataset_sha256);
-
-  // Rank-local: the newest checkpoint of the directory that verifies (every tensor's CRC):
-  // `latest`'s, else the one before it by step, and so on (newer files than `latest` are an
-  // unfinished lineage and passed over; damaged ones are passed over and named in `skipped`,
-  // not renamed). nullopt when none does.
-  struct Found {
-    int64_t step = 0;
-    std::string path;
-  };
-  std::optional<Found> newest_verified(std::vector<std::string>* skipped = nullptr) const;
 
   struct SaveResult {
     bool ok = false;
@@ -111,18 +100,9 @@ class Checkpointer {
 
 
  private:
-  struct Entry {
-    int64_t step;
-    std::string name;
-  };
-  std::vector<Entry> list(const std::string& dir) const;  // ckpt-*.h5 in dir, newest first
-  std::optional<int64_t> pointer_step(const std::string& dir, std::string* name) const;
-  void write_pointer(const std::string& dir, const std::string& name) const;
-  // keep_every applies in the shared directory only (a node-local cache is no archive).
-  void apply_retention(const std::string& dir, int64_t newest_step) const;
-  // Resume candidates of `dir`, newest first, up to its `latest` (and from `min_step`).
-  std::vector<std::string> candidates(const std::string& dir, int64_t min_step) const;
-  int64_t newest_step(const std::string& dir) const;  // by `latest`, else by name; -1: none
+  // After a checkpoint in `d`: `latest` points at it, and retention (keep_every in the shared
+  // directory only: a node-local cache is no archive).
+  void publish(const CheckpointDir& d, int64_t step) const;
   void prepare_local_cache(int64_t bytes);
   SharedCopier& copier();
   // Rank 0: the failed copies to checkpoint.dir since the last call, as one result.
@@ -130,14 +110,14 @@ class Checkpointer {
 
   Comm& comm_;
   std::string dir_;
+  CheckpointDir shared_;                 // dir_
+  std::unique_ptr<CheckpointDir> cache_;  // local_, with checkpoint.local_dir
   CheckpointPolicy policy_;
   std::unique_ptr<CheckpointWriter> file_writer_;
   int64_t keep_last_, keep_every_;
   std::string local_config_, local_;  // checkpoint.local_dir as given; this node's cache dir
   std::unique_ptr<SharedCopier> copier_;
   int64_t sequence_ = 0;
-  mutable std::set<std::string> warned_;  // stray names reported once
-  mutable std::mutex warned_mu_;          // list() runs on the writer and copier threads too
   // Background write (rank 0).
   Tensor snapshot_;
   std::thread writer_;

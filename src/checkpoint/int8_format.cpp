@@ -1,5 +1,5 @@
 // int8 files (strata quantize): a parameter file whose quantized linear weights are int8.
-// Layout (README "int8 files"): the root attributes of a parameter file with format
+// Layout (docs/precision.md, "int8 inference"): the root attributes of a parameter file with format
 // "strata-int8" and `int8_products` ("name<TAB>source" per line); /params/... the fp32 tensors
 // except the weights replaced by int8 (a product whose name is its source); per product P
 // (its global name's path, e.g. /int8/fc1/weight):

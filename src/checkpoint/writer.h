@@ -1,6 +1,6 @@
 // The checkpoint seam: how a file of a run's state is written. Each writer is a file of its
 // own behind this interface:
-//   rank0     rank_writer.cpp: rank 0 writes the whole model (gathered for it) atomically; a
+//   rank0     rank0_writer.cpp: rank 0 writes the whole model (gathered for it) atomically; a
 //             periodic write may go on in the background from a snapshot (checkpoint.async)
 //   parallel  parallel_writer.cpp: every rank writes its ZeRO shard of its stage into the
 //             same file with parallel HDF5, collectively

@@ -9,7 +9,7 @@
 
 #include <fmt/format.h>
 
-#include "checkpoint/checkpointer.h"
+#include "checkpoint/checkpoint_dir.h"
 #include "strata/error.h"
 
 namespace strata::cli {
@@ -23,11 +23,9 @@ Subcommand add_checkpoint(CLI::App& app) {
   latest->add_option("dir", *dir, "a checkpoint directory (checkpoint.dir)")->required();
   return {latest, [dir](Comm& comm) {
             if (comm.rank() != 0) return int(kExitOk);
-            RunConfig cfg;
-            cfg.checkpoint.dir = *dir;
-            const Checkpointer ckpt(cfg, comm, CheckpointWriterKind::kRank0);
+            const CheckpointDir ckpts(*dir, /*warn=*/true);
             std::vector<std::string> skipped;
-            const auto found = ckpt.newest_verified(&skipped);
+            const auto found = ckpts.newest_verified(&skipped);
             for (const auto& why : skipped) fmt::print(stderr, "strata: warning: passed over {}\n", why);
             if (found)
               fmt::print("{} {}\n", found->step, found->path);

@@ -1,6 +1,6 @@
 // The command line before CLI11 reads it: what users type that CLI11 would refuse or word
 // its own way. A list flag's value written as a TOML array ("[2048, 2048]", with spaces, a
-// trailing comma or several lines, as the README shows defaults) becomes its values; an
+// trailing comma or several lines, as docs/configuration.md shows defaults) becomes its values; an
 // unknown command or flag is an error in strata's words, with the closest known name, as the
 // config file's unknown keys are.
 #pragma once

@@ -120,7 +120,7 @@ struct RunConfig {
 
 // One config key: `[section] key = value` in a TOML file and `--section.key VALUE` on the
 // command line, bound to its field of a RunConfig. config_keys() is the one list of keys: the
-// flags, the file reader, the effective config written into checkpoints and the README's
+// flags, the file reader, the effective config written into checkpoints and docs/configuration.md's
 // table all come from it.
 struct ConfigKey {
   using Field = std::variant<int*, int64_t*, uint64_t*, double*, float*, bool*, std::string*,

@@ -60,7 +60,7 @@ void check_text(const std::string& v, const std::string& where) {
 
 std::vector<ConfigKey> config_keys(RunConfig& c) {
   return {
-      text("data.path", &c.data.path, {}, "HDF5 dataset (see README: Data format)"),
+      text("data.path", &c.data.path, {}, "HDF5 dataset (see docs/models-and-data.md, Data format)"),
 
       text("model.type", &c.model.type, {"mlp", "cnn", "custom", "gpt"}, "mlp | cnn | custom | gpt"),
       key("model.hidden", &c.model.hidden, kSize, "hidden linear widths"),
@@ -69,7 +69,7 @@ std::vector<ConfigKey> config_keys(RunConfig& c) {
       key("model.kernel", &c.model.kernel, in(1, 15), "cnn: conv kernel size (odd)"),
       key("model.dropout", &c.model.dropout, in(0, 0.99), "dropout after hidden activations"),
       layers("model.layers", &c.model.layers,
-             "custom: layer specs (README: Models); gpt: the number of blocks"),
+             "custom: layer specs (docs/models-and-data.md); gpt: the number of blocks"),
       key("model.heads", &c.model.heads, kSize, "gpt: attention heads"),
       key("model.dim", &c.model.dim, kSize, "gpt: model width"),
       key("model.context", &c.model.context, kSize, "gpt: tokens per sample"),

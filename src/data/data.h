@@ -1,6 +1,6 @@
 // Datasets in HDF5 and the loader that gives each rank its slice of every global batch.
 //
-// Accepted layouts (README "Data format"). Images: for each split S in {train, test}
+// Accepted layouts (docs/models-and-data.md, "Data format"). Images: for each split S in {train, test}
 //   /S/images  uint8 or float32, shape (N, H, W) or (N, C, H, W); uint8 is scaled by 1/255
 //   /S/labels  uint8, int32 or int64, shape (N,), values in [0, classes)
 // Root attribute "classes" (integer) gives the class count; if absent, max(label)+1 of train.

@@ -25,6 +25,7 @@ class FlatLayout {
   // The flat buffers the backend computes on (the optimizer, allreduce and layers use these).
   Tensor& values() { return values_; }
   Tensor& grads() { return grads_; }
+  const Tensor& grads() const { return grads_; }
   // The host copy of values(): what checkpoints, parameter files and stage gathering read and
   // write. The same storage as values() until place() moves those to a device.
   Tensor& host_values() { return host_values_; }

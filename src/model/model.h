@@ -52,6 +52,7 @@ class Model {
   const std::vector<Param*>& params() const { return layout_.params(); }
   Tensor& values() { return layout_.values(); }
   Tensor& grads() { return layout_.grads(); }
+  const Tensor& grads() const { return layout_.grads(); }
   Tensor& host_values() { return layout_.host_values(); }
   int64_t num_params() const { return layout_.num_params(); }
   void init(uint64_t seed) { layout_.init(seed); }

@@ -160,7 +160,7 @@ void GoodputLedger::finish(bool done) {
 
 void GoodputLedger::write() {
   std::string s = fmt::format(
-      "# strata's goodput ledger (README \"Goodput\"): rewritten by rank 0, read by the next "
+      "# strata's goodput ledger (docs/operations.md, \"Goodput\"): rewritten by rank 0, read by the next "
       "attempt\nversion = 1\njob = {}\nstate = \"{}\"\nfirst_start = {:.6f}\nlast_update = "
       "{:.6f}\nstep = {}\nrestarts = {}\nuseful_s = {:.6f}\nstartup_s = {:.6f}\n"
       "checkpoint_stall_s = {:.6f}\nrecompute_s = {:.6f}\nrestart_gap_s = {:.6f}\n",

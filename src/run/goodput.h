@@ -6,7 +6,7 @@
 // while training, at every checkpoint and at the end. One ledger per job: a start with another
 // Slurm job id, or after the ledger's run finished, opens a new one.
 //
-// Accounting (README "Goodput"), all wall-clock seconds since the job's first attempt began:
+// Accounting (docs/operations.md, "Goodput"), all wall-clock seconds since the job's first attempt began:
 //   useful        the step time of every step in the run's history, each counted once
 //   startup       from an srun step's launch to its first training step (the first attempt:
 //                 from its batch script's start), every attempt

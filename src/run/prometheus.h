@@ -2,7 +2,7 @@
 // every log interval, atomically (temporary file, rename), for node_exporter's textfile
 // collector (--collector.textfile.directory). Every series carries the labels
 // slurm_job_id="<id>" ("" outside Slurm) and run="<last component of output.dir>".
-// The names and their meaning are listed in kPrometheusSeries (README "Prometheus metrics";
+// The names and their meaning are listed in kPrometheusSeries (docs/operations.md, "Prometheus metrics";
 // slurm/grafana-strata.json graphs them).
 #pragma once
 #include <cstdint>

@@ -1,4 +1,3 @@
-#include "run/divergence.h"
 #include "run/session.h"
 
 #include <time.h>
@@ -14,6 +13,8 @@
 #include "checkpoint/checkpoint.h"
 #include "parallel/whole_model.h"
 #include "parallel/zero.h"
+#include "run/divergence.h"
+#include "run/session_report.h"
 #include "strata/error.h"
 
 namespace strata {
@@ -189,7 +190,13 @@ void TrainingSession::resume() {
 }
 
 int TrainingSession::run() {
-  print_startup();
+  if (lead_)
+    print_startup({.cfg = cfg_, .plan = plan_, .grid = grid_, .host = comm_.host(),
+                   .end_time = stop_->end_time(),
+                   .model_summary = plan_.gathered() ? whole_->summary() : model_->summary(),
+                   .per_epoch = per_epoch_, .total = total_, .buckets = reducer_->num_buckets(),
+                   .model = *model_, .opt = *opt_,
+                   .periodic_checkpoints = ckpt_->policy().periodic()});
   const auto t_start = Clock::now();
   const double cpu_start = thread_cpu_seconds();
   comm_.barrier();  // so that every rank's trace starts at the same moment
@@ -280,14 +287,21 @@ int TrainingSession::finish_run(Clock::time_point t_start, double cpu_start) {
                   whole_opt_.get(), /*with_state=*/false);
     final_model = whole_.get();
   }
-  const RankMemory memory = rank_memory();
+  const RankMemory memory = gather_rank_memory(comm_, *model_, *opt_, cfg_.parallel.zero,
+                                               allocs_at_step2_, allocs_at_end_);
   if (lead_) {
     save_parameters(cfg_.params_path(), *final_model,
                     {.config_toml = cfg_.to_toml(), .dataset_sha256 = info.source_sha256,
                      .step = total_});
     const GoodputFigures gp = goodput_->figures();  // the job's goodput so far
     goodput_->finish(/*done=*/true);
-    report_done(ev, figures, train_s, cpu_s, gp, memory);
+    report_done({.cfg = cfg_, .plan = plan_, .step = total_, .steps_run = total_ - start_step_,
+                 .train_s = train_s, .cpu_s = cpu_s,
+                 .checkpoint_write_s = publisher_->total_write_s(),
+                 .allreduce_exposed_s = metrics_hook_->allreduce_exposed_s(),
+                 .loader_wait_s = loader_wait_s_, .ev = ev, .figures = figures, .goodput = gp,
+                 .memory = memory},
+                metrics_.get());
   }
   const int64_t failed = publisher_->agree_failures();
   if (failed > 0) {

@@ -43,14 +43,6 @@ namespace strata {
 // collective).
 int run_train(const RunConfig& cfg, Comm& comm);
 
-// What each rank holds of the training state (indexed by world rank), and its peak RSS.
-struct RankMemory {
-  std::vector<double> optimizer_state, gradients, gradient_sum, peak_rss_mb;
-  // Device allocations and frees made by training steps after the second one (steady state:
-  // none; tensor.h's counter, 0 on the CPU).
-  std::vector<double> steady_device_allocs, steady_device_frees;
-};
-
 class TrainingSession {
  public:
   // Collective. Throws UserError (agreed by every rank) for what cannot run.
@@ -61,12 +53,8 @@ class TrainingSession {
   using Clock = std::chrono::steady_clock;
   void build_model();
   void resume();
-  void print_startup() const;
   std::optional<int> train_step(int64_t step);
   int finish_run(Clock::time_point t_start, double cpu_start);
-  RankMemory rank_memory() const;  // collective
-  void report_done(const EvalResult& ev, const PipelineFigures& figures, double train_s,
-                   double cpu_s, const GoodputFigures& goodput, const RankMemory& memory) const;
 
   const RunConfig& cfg_;
   Comm& comm_;

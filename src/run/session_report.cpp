@@ -9,6 +9,7 @@
 #include "base/job.h"
 #include "parallel/pipeline_schedule.h"
 #include "run/session.h"
+#include "run/session_report.h"
 
 namespace strata {
 namespace {
@@ -65,12 +66,11 @@ void print_recompute(const RunConfig& cfg, const RunPlan& p) {
 
 }  // namespace
 
-void TrainingSession::print_startup() const {
-  if (!lead_) return;
-  const RunConfig& cfg = cfg_;
-  const RunPlan& p = plan_;
+void print_startup(const StartupReport& r) {
+  const RunConfig& cfg = r.cfg;
+  const RunPlan& p = r.plan;
   const DatasetInfo& info = p.info;
-  if (const auto& end = stop_->end_time())
+  if (const auto& end = r.end_time)
     fmt::print("job ends at {}; strata stops with a checkpoint before then (margin measured from "
                "its checkpoint writes)\n", local_clock_time(*end));
   fmt::print("strata {} ({}): {} rank{}, device {}\n", STRATA_VERSION, STRATA_GIT_COMMIT,
@@ -82,34 +82,34 @@ void TrainingSession::print_startup() const {
   fmt::print("data {}: {} train samples{}, {} classes, sample shape {}\n", cfg.data.path,
              info.train.n, info.has_test ? fmt::format(", {} test", info.test.n) : "",
              info.classes, shape_str(info.train.sample_shape));
-  fmt::print("model:\n{}\n", p.gathered() ? whole_->summary() : model_->summary());
+  fmt::print("model:\n{}\n", r.model_summary);
   if (p.T > 1)
     fmt::print("tensor parallel: {} ranks split each block ({} of {} heads and {} of {} MLP "
                "units each) x {} pipeline stage{} x {} data-parallel replica{}\n", p.T,
                cfg.model.heads / p.T, cfg.model.heads, 4 * cfg.model.dim / p.T,
                4 * cfg.model.dim, p.P, p.P == 1 ? "" : "s", p.D, p.D == 1 ? "" : "s");
-  if (p.pipelined()) print_pipeline(cfg, p, grid_, comm_.host());
+  if (p.pipelined()) print_pipeline(cfg, p, r.grid, r.host);
   const std::string span =
-      total_ < per_epoch_ * cfg.train.epochs
-          ? fmt::format("train.max_steps; an epoch is {} steps", per_epoch_)
+      r.total < r.per_epoch * cfg.train.epochs
+          ? fmt::format("train.max_steps; an epoch is {} steps", r.per_epoch)
           : fmt::format("{} epoch{} of {} steps", cfg.train.epochs,
-                        cfg.train.epochs == 1 ? "" : "s", per_epoch_);
-  const int64_t buckets = reducer_->num_buckets();
+                        cfg.train.epochs == 1 ? "" : "s", r.per_epoch);
+  const int64_t buckets = r.buckets;
   fmt::print("training {} steps ({}), global batch {} ({} per replica), {} allreduce bucket{}\n",
-             total_, span, cfg.train.batch_size, cfg.train.batch_size / p.D, buckets,
+             r.total, span, cfg.train.batch_size, cfg.train.batch_size / p.D, buckets,
              buckets == 1 ? "" : "s");
   print_recompute(cfg, p);
   // What each rank holds of the training state (rank 0's; the others' differ by a shard's
   // alignment at most).
-  const double grads_mb = double(model_->grads().size()) * 4 / 1e6;
-  const double shard_mb = double(opt_->shard().end - opt_->shard().begin) * 4 / 1e6;
+  const double grads_mb = double(r.model.grads().size()) * 4 / 1e6;
+  const double shard_mb = double(r.opt.shard().end - r.opt.shard().begin) * 4 / 1e6;
   fmt::print("per rank: optimizer state {:.1f} MB{}, gradients {:.1f} MB{}\n",
-             double(opt_->state_bytes()) / 1e6,
+             double(r.opt.state_bytes()) / 1e6,
              cfg.parallel.zero ? fmt::format(" (ZeRO-{}: 1/{} of the stage's)", cfg.parallel.zero, p.D) : "",
              grads_mb,
              cfg.parallel.zero == 2 ? fmt::format(", reduce-scattered: the sum kept {:.1f} MB", shard_mb)
                                     : "");
-  if (p.writer.kind == CheckpointWriterKind::kParallel && ckpt_->policy().periodic())
+  if (p.writer.kind == CheckpointWriterKind::kParallel && r.periodic_checkpoints)
     fmt::print("checkpoints: {}\n", p.writer.why);
   std::fflush(stdout);
 }
@@ -117,42 +117,46 @@ void TrainingSession::print_startup() const {
 // Bytes of optimizer state and gradients (the buffer backward writes, and the part of it that
 // holds the replicas' sum after the step: the shard with ZeRO-2), and the peak resident set
 // (getrusage: the process's, so with thread ranks every rank reports the same).
-RankMemory TrainingSession::rank_memory() const {
-  const int n = comm_.size(), me = comm_.rank();
+RankMemory gather_rank_memory(Comm& comm, const Model& model, const Optimizer& opt, int zero,
+                              const DeviceAllocations& at_step2,
+                              const DeviceAllocations& at_end) {
+  const int n = comm.size(), me = comm.rank();
   std::vector<double> v(size_t(6 * n), 0.0);
-  const double grads = double(model_->grads().size()) * sizeof(float);
+  const double grads = double(model.grads().size()) * sizeof(float);
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);
-  v[size_t(me)] = double(opt_->state_bytes());
+  v[size_t(me)] = double(opt.state_bytes());
   v[size_t(n + me)] = grads;
   v[size_t(2 * n + me)] =
-      cfg_.parallel.zero == 2 ? double(opt_->shard().end - opt_->shard().begin) * sizeof(float) : grads;
+      zero == 2 ? double(opt.shard().end - opt.shard().begin) * sizeof(float) : grads;
   v[size_t(3 * n + me)] = double(ru.ru_maxrss) / 1024.0;  // KiB on Linux
-  v[size_t(4 * n + me)] = double(allocs_at_end_.allocs - allocs_at_step2_.allocs);
-  v[size_t(5 * n + me)] = double(allocs_at_end_.frees - allocs_at_step2_.frees);
-  comm_.allreduce_sum(v.data(), int64_t(v.size()));
+  v[size_t(4 * n + me)] = double(at_end.allocs - at_step2.allocs);
+  v[size_t(5 * n + me)] = double(at_end.frees - at_step2.frees);
+  comm.allreduce_sum(v.data(), int64_t(v.size()));
   auto part = [&](int k) { return std::vector<double>(v.begin() + k * n, v.begin() + (k + 1) * n); };
   return {part(0), part(1), part(2), part(3), part(4), part(5)};
 }
 
-void TrainingSession::report_done(const EvalResult& ev, const PipelineFigures& figures,
-                                  double train_s, double cpu_s,
-                                  const GoodputFigures& goodput, const RankMemory& memory) const {
-  const RunConfig& cfg = cfg_;
-  const RunPlan& p = plan_;
+void report_done(const DoneReport& r, MetricsWriter* metrics) {
+  const RunConfig& cfg = r.cfg;
+  const RunPlan& p = r.plan;
   const DatasetInfo& info = p.info;
-  const int64_t steps_run = total_ - start_step_;
+  const EvalResult& ev = r.ev;
+  const PipelineFigures& figures = r.figures;
+  const RankMemory& memory = r.memory;
+  const double train_s = r.train_s;
+  const int64_t steps_run = r.steps_run;
   const double sps = double(steps_run) * double(cfg.train.batch_size) / std::max(train_s, 1e-9);
   std::vector<MetricsWriter::Field> done = {
-      {"event", json_string("done")}, {"step", fmt::format("{}", total_)},
+      {"event", json_string("done")}, {"step", fmt::format("{}", r.step)},
       {"train_time_s", json_number(train_s)},
       {"samples_per_s", json_number(sps)},
-      {"checkpoint_write_s", json_number(publisher_->total_write_s())},
-      {"allreduce_exposed_s", json_number(metrics_hook_->allreduce_exposed_s())},
+      {"checkpoint_write_s", json_number(r.checkpoint_write_s)},
+      {"allreduce_exposed_s", json_number(r.allreduce_exposed_s)},
       // Where wall time went on rank 0: waiting for the loader thread, and the CPU time of
       // the training thread (wall minus this is waiting, or time the VM's CPU was taken).
-      {"loader_wait_s", json_number(loader_wait_s_)},
-      {"train_thread_cpu_s", json_number(cpu_s)},
+      {"loader_wait_s", json_number(r.loader_wait_s)},
+      {"train_thread_cpu_s", json_number(r.cpu_s)},
       {"ranks", fmt::format("{}", p.ranks)},
       {"pipeline_stages", fmt::format("{}", p.P)},
       {"tensor_parallel", fmt::format("{}", p.T)},
@@ -166,7 +170,7 @@ void TrainingSession::report_done(const EvalResult& ev, const PipelineFigures& f
       {"peak_rss_mb", json_list(memory.peak_rss_mb, 1)},
       {"steady_device_allocs", json_list(memory.steady_device_allocs, 0)},
       {"steady_device_frees", json_list(memory.steady_device_frees, 0)}};
-  for (auto& f : goodput_fields(goodput)) done.push_back(std::move(f));
+  for (auto& f : goodput_fields(r.goodput)) done.push_back(std::move(f));
   if (p.pipelined()) {
     done.push_back({"peak_live_microbatches", json_list(figures.peak_live, 0)});
     done.push_back({"peak_activation_mb", json_list(figures.peak_mb, 3)});
@@ -186,7 +190,7 @@ void TrainingSession::report_done(const EvalResult& ev, const PipelineFigures& f
     done.push_back({"test_loss", json_number(ev.loss)});
     if (info.tokens) done.push_back({"unigram_entropy_nats", json_number(info.unigram_entropy_nats)});
   }
-  if (metrics_) metrics_->write(done);
+  if (metrics) metrics->write(done);
   fmt::print("done: {} steps in {}, {:.0f} samples/s", steps_run, format_duration(train_s), sps);
   if (info.has_test && info.tokens)
     fmt::print(", validation loss {:.4f} nats per token (next-token accuracy {:.4f}; the "
@@ -194,7 +198,7 @@ void TrainingSession::report_done(const EvalResult& ev, const PipelineFigures& f
                info.unigram_entropy_nats);
   else if (info.has_test)
     fmt::print(", test accuracy {:.4f}, test loss {:.4f}", ev.accuracy, ev.loss);
-  fmt::print("\n{}\nparameters written to {}\n", describe_goodput(goodput), cfg.params_path());
+  fmt::print("\n{}\nparameters written to {}\n", describe_goodput(r.goodput), cfg.params_path());
 }
 
 }  // namespace strata

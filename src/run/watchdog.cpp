@@ -56,6 +56,49 @@ std::string step_text(int64_t step) {
 
 std::string seconds_text(double s) { return s < 10 ? fmt::format("{:.1f}", s) : fmt::format("{:.0f}", s); }
 
+// STRATA_TEST_HANG's entries for rank `rank` (the header says the format). Every rank reads
+// the same variable: rank 0 reports a bad entry, the others leave with it.
+std::vector<Watchdog::Hang> test_hangs(int rank) {
+  using Hang = Watchdog::Hang;
+  std::vector<Hang> hangs;
+  const char* env = std::getenv("STRATA_TEST_HANG");
+  if (!env || !*env) return hangs;
+  const std::string spec = env;
+  size_t pos = 0;
+  while (pos <= spec.size()) {
+    const size_t end = std::min(spec.find(',', pos), spec.size());
+    const std::string item = spec.substr(pos, end - pos);
+    pos = end + 1;
+    std::vector<std::string> f;
+    for (size_t a = 0; a <= item.size();) {
+      const size_t b = std::min(item.find(':', a), item.size());
+      f.push_back(item.substr(a, b - a));
+      a = b + 1;
+    }
+    Hang h{-1, -1, -1.0, Hang::kSleep};
+    bool ok = f.size() >= 2 && f.size() <= 4;
+    std::string why;
+    std::optional<int64_t> r, st;
+    if (ok) r = parse_int(f[0], &why), st = parse_int(f[1], &why);
+    ok = ok && r && st && *r < (1 << 24);
+    if (ok) h.rank = int(*r), h.step = *st;
+    for (size_t i = 2; ok && i < f.size(); ++i) {
+      if (f[i] == "exempt") h.mode = Hang::kExempt;
+      else if (f[i] == "barrier") h.mode = Hang::kBarrier;
+      else if (auto sec = parse_real(f[i], &why); i == 2 && sec && *sec >= 0) h.seconds = *sec;
+      else ok = false;
+    }
+    if (!ok || h.rank < 0 || h.step < 0) {
+      const std::string msg = fmt::format(
+          "STRATA_TEST_HANG: '{}' is not RANK:STEP[:SECONDS][:exempt|:barrier] (a test hook)", item);
+      if (rank == 0) throw UserError(kExitBadInput, msg);
+      throw AgreedFailure(kExitBadInput, "");
+    }
+    if (h.rank == rank) hangs.push_back(h);
+  }
+  return hangs;
+}
+
 }  // namespace
 
 struct Watchdog::Peers {
@@ -79,42 +122,7 @@ std::string describe_activity(int32_t where, int32_t exempt, const char* what) {
 Watchdog::Watchdog(Comm& comm, double timeout_s, std::string report_path)
     : comm_(comm), timeout_s_(timeout_s), rank_(comm.rank()), size_(comm.size()),
       report_path_(std::move(report_path)) {
-  if (const char* env = std::getenv("STRATA_TEST_HANG"); env && *env) {
-    // RANK:STEP[:SECONDS][:exempt|:barrier],...  Every rank reads the same variable.
-    std::string spec = env;
-    size_t pos = 0;
-    while (pos <= spec.size()) {
-      const size_t end = std::min(spec.find(',', pos), spec.size());
-      const std::string item = spec.substr(pos, end - pos);
-      pos = end + 1;
-      std::vector<std::string> f;
-      for (size_t a = 0; a <= item.size();) {
-        const size_t b = std::min(item.find(':', a), item.size());
-        f.push_back(item.substr(a, b - a));
-        a = b + 1;
-      }
-      Hang h{-1, -1, -1.0, Hang::kSleep};
-      bool ok = f.size() >= 2 && f.size() <= 4;
-      std::string why;
-      std::optional<int64_t> r, st;
-      if (ok) r = parse_int(f[0], &why), st = parse_int(f[1], &why);
-      ok = ok && r && st && *r < (1 << 24);
-      if (ok) h.rank = int(*r), h.step = *st;
-      for (size_t i = 2; ok && i < f.size(); ++i) {
-        if (f[i] == "exempt") h.mode = Hang::kExempt;
-        else if (f[i] == "barrier") h.mode = Hang::kBarrier;
-        else if (auto sec = parse_real(f[i], &why); i == 2 && sec && *sec >= 0) h.seconds = *sec;
-        else ok = false;
-      }
-      if (!ok || h.rank < 0 || h.step < 0) {
-        const std::string msg = fmt::format(
-            "STRATA_TEST_HANG: '{}' is not RANK:STEP[:SECONDS][:exempt|:barrier] (a test hook)", item);
-        if (rank_ == 0) throw UserError(kExitBadInput, msg);
-        throw AgreedFailure(kExitBadInput, "");
-      }
-      if (h.rank == rank_) hangs_.push_back(h);
-    }
-  }
+  hangs_ = test_hangs(rank_);
   if (timeout_s_ <= 0) return;
   // Self-check every timeout/8 (at most 1 s), heartbeat every timeout/4 (at most 2 s).
   check_s_ = std::clamp(timeout_s_ / 8, 0.01, 1.0);

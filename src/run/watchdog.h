@@ -89,13 +89,15 @@ class Watchdog {
   double progress_age_s() const;
   bool heartbeats() const { return channel_ != nullptr; }
 
- private:
+  // One STRATA_TEST_HANG entry (the test hook above).
   struct Hang {
     int rank;
     int64_t step;
     double seconds;  // < 0: forever
     enum Mode { kSleep, kExempt, kBarrier } mode;
   };
+
+ private:
   struct Peers;  // what the heartbeat thread has heard (watchdog.cpp)
   void test_hang(int64_t step);
   void detect();     // detector thread: the checks; calls no MPI but MPI_Abort

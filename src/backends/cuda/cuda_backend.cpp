@@ -1,5 +1,5 @@
 // The CUDA backend's table: kernels/cuda's ops, device memory, and the GPU this rank takes.
-// Built into the module libstrata_cuda.so in builds with STRATA_CUDA (src/nocuda otherwise).
+// Built into the module libstrata_cuda.so in builds with STRATA_CUDA (src/backends/nocuda otherwise).
 #include <stdexcept>
 
 #include "backends/cuda_api.h"

@@ -1,7 +1,7 @@
 // The entry point of the CUDA backend module (libstrata_cuda.so): the one exported symbol,
 // a table of the seam's functions defined in this directory (see cuda_module.h). Every other
 // symbol of the module is local (cuda_module.map), so these names never bind to the
-// executable's forwarding functions of the same name (src/cuda_loader).
+// executable's forwarding functions of the same name (src/backends/cuda_loader).
 #include "backends/cuda_api.h"
 #include "strata/comm.h"
 #include "strata/cuda_module.h"

@@ -1,5 +1,5 @@
 // The CUDA backend seam (backend.h, comm.h) in a build with STRATA_CUDA: the backend itself
-// is the module libstrata_cuda.so (src/cuda, kernels/cuda), loaded on first use, so that
+// is the module libstrata_cuda.so (src/backends/cuda, kernels/cuda), loaded on first use, so that
 // strata starts and runs on the CPU where the CUDA libraries or the driver are missing. First
 // the CUDA libraries the module names (DT_NEEDED) are looked for (cuda_libraries.h) and the
 // driver's libcuda.so.1; only when all are there are they loaded and the module with them.

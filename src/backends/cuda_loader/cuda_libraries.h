@@ -1,7 +1,7 @@
 // Finding the CUDA libraries on a node (cudart, cuBLAS, cuBLASLt, cuDNN, NCCL: whatever the
 // backend module was linked against) and loading them by path, so that the module's DT_NEEDED
 // sonames resolve to them. Nothing is run to find them: Python environments are recognised
-// from their directories. The search order (README, "Installing on a cluster"):
+// from their directories. The search order (docs/gpus.md, "Where the CUDA libraries are found"):
 //   1. STRATA_CUDA_LIBS=DIR[:DIR...]: these directories and no others (the override)
 //   2. LD_LIBRARY_PATH
 //   3. CUDA_HOME, then CUDA_PATH: lib64, lib, targets/x86_64-linux/lib

@@ -1,6 +1,6 @@
 // A build without the CUDA backend (STRATA_CUDA=OFF, or AUTO without nvcc, cuBLAS, cuDNN or
-// NCCL): the answers that say so. The CUDA build links src/cuda_loader instead, which loads
-// src/cuda as a module.
+// NCCL): the answers that say so. The CUDA build links src/backends/cuda_loader instead, which loads
+// src/backends/cuda as a module.
 #include <memory>
 
 #include "backends/cuda_api.h"
