@@ -17,8 +17,6 @@ void host_copy(void* dst, const void* src, size_t bytes) {
 }
 void host_sync() {}
 
-bool always(std::string*) { return true; }
-
 const Backend& make_cpu(const DeviceRequest& req, Precision precision, BackendChoice* out) {
   start_cpu_math(req.threads, precision);
   out->why = fmt::format(
@@ -63,7 +61,7 @@ void start_cpu_math(int threads, Precision precision) {
 }
 
 extern const BackendProvider kCpuProvider{.name = "cpu", .what = "CPU", .in_auto = true,
-                                          .available = always, .make = make_cpu,
+                                          .available = always_available, .make = make_cpu,
                                           .transport = nullptr};
 
 }  // namespace strata

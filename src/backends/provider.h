@@ -37,6 +37,9 @@ struct BackendProvider {
   std::unique_ptr<DeviceTransport> (*transport)(Comm& host);
 };
 
+// `available` of a provider that runs wherever strata does (the CPU's).
+inline bool always_available(std::string*) { return true; }
+
 // Every provider of this build, in --device auto's order of preference.
 const std::vector<const BackendProvider*>& backend_providers();
 // The provider of a backend select_backend returned (by its name).

@@ -374,8 +374,6 @@ std::unique_ptr<DeviceTransport> staged_transport(Comm& host) {
 
 namespace {
 
-bool always(std::string*) { return true; }
-
 const Backend& make_staged(const DeviceRequest& req, Precision precision, BackendChoice* out) {
   start_cpu_math(req.threads, precision);
   out->why = "cpu-staged (the CPU ops as a GPU runs them: tagged device memory, deferred "
@@ -386,7 +384,7 @@ const Backend& make_staged(const DeviceRequest& req, Precision precision, Backen
 }  // namespace
 
 extern const BackendProvider kStagedProvider{.name = "cpu-staged", .what = "staged CPU",
-                                             .in_auto = false, .available = always,
+                                             .in_auto = false, .available = always_available,
                                              .make = make_staged,
                                              .transport = staged_transport};
 

@@ -60,8 +60,7 @@ void copy_into(const LoadedCheckpoint& ck, const std::string& path, Model& model
 
 Checkpointer::Checkpointer(const RunConfig& cfg, Comm& comm, CheckpointWriterKind writer)
     : comm_(comm),
-      dir_(cfg.checkpoint_dir()),
-      shared_(dir_, /*warn=*/comm.rank() == 0),
+      shared_(cfg.checkpoint_dir(), /*warn=*/comm.rank() == 0),
       policy_(cfg.checkpoint),
       file_writer_(make_checkpoint_writer(writer, &comm)),
       keep_last_(cfg.checkpoint.keep_last),
@@ -115,7 +114,7 @@ std::string cache_id(const std::string& dir) {
 
 void Checkpointer::preflight(int64_t bytes) {
   collectively(comm_, [&] {
-    if (comm_.rank() == 0) prepare_directory(dir_, bytes, "checkpoint.dir");
+    if (comm_.rank() == 0) prepare_directory(dir(), bytes, "checkpoint.dir");
   });
   if (!local_config_.empty()) prepare_local_cache(bytes);
 }
@@ -123,21 +122,21 @@ void Checkpointer::preflight(int64_t bytes) {
 void Checkpointer::prepare_local_cache(int64_t bytes) {
   char id[17] = {0};
   collectively(comm_, [&] {
-    if (comm_.rank() == 0) std::memcpy(id, cache_id(dir_).c_str(), 16);
+    if (comm_.rank() == 0) std::memcpy(id, cache_id(dir()).c_str(), 16);
   });
   comm_.broadcast(id, 16, 0);
   // Every rank knows its node's directory (resume looks there); rank 0 writes into it.
   collectively(comm_, [&] {
-    local_ = expand_local_dir(local_config_) + "/strata-" + id;
-    cache_ = std::make_unique<CheckpointDir>(local_, /*warn=*/comm_.rank() == 0);
-    if (comm_.rank() == 0) prepare_directory(local_, bytes, "checkpoint.local_dir");
+    cache_ = std::make_unique<CheckpointDir>(expand_local_dir(local_config_) + "/strata-" + id,
+                                             /*warn=*/comm_.rank() == 0);
+    if (comm_.rank() == 0) prepare_directory(cache_->path(), bytes, "checkpoint.local_dir");
   });
   if (comm_.rank() == 0) copier();  // the writer thread submits to it
 }
 
 SharedCopier& Checkpointer::copier() {
   if (!copier_)
-    copier_ = std::make_unique<SharedCopier>(dir_, [this](const std::string& name, int64_t step) {
+    copier_ = std::make_unique<SharedCopier>(dir(), [this](const std::string& name, int64_t step) {
       std::string pointed;
       const auto at = shared_.latest(&pointed);
       if (!at || *at < step) shared_.point_to(name);  // `latest` only moves forward
@@ -209,7 +208,7 @@ std::optional<TrainState> Checkpointer::resume(Model& model, const std::function
       if (from_local) paths = cache_->candidates(shared_step);  // then the shared ones
       for (auto& p : shared_.candidates(0)) paths.push_back(std::move(p));
       if (paths.empty()) {
-        fmt::print("no checkpoint in {}; starting at step 0\n", dir_);
+        fmt::print("no checkpoint in {}; starting at step 0\n", dir());
         return;
       }
     }
@@ -236,7 +235,7 @@ std::optional<TrainState> Checkpointer::resume(Model& model, const std::function
     throw UserError(kExitBadCheckpoint,
                     fmt::format("checkpoint.dir {}: none of the {} checkpoints verifies (each "
                                 "is named above and renamed *.corrupt); not starting over from "
-                                "step 0 (move them away to do so)", dir_, paths.size()));
+                                "step 0 (move them away to do so)", dir(), paths.size()));
   });
   comm_.broadcast(&found, sizeof found, reader);
   if (!found) return std::nullopt;
@@ -255,9 +254,9 @@ std::optional<TrainState> Checkpointer::resume(Model& model, const std::function
     fmt::print("resumed from {} at step {} (epoch {}, batch {} of the epoch)\n", from, st.step,
                st.epoch + 1, st.batch);
     // A local copy newer than the shared directory's: the shared one catches up.
-    if (from_local && from.starts_with(local_ + "/") && st.step > shared_step) {
+    if (from_local && cache_ && from.starts_with(cache_->path() + "/") && st.step > shared_step) {
       fmt::print("checkpoint.dir {} is behind the node-local copy (step {} vs {}): copying it "
-                 "there in the background\n", dir_, st.step, shared_step);
+                 "there in the background\n", dir(), st.step, shared_step);
       copier().submit(from, checkpoint_name(st.step), st.step);
     }
   }
@@ -310,7 +309,7 @@ Checkpointer::SaveResult Checkpointer::save(const Model& model, Optimizer& opt, 
   SaveResult r;
   st.sequence = ++sequence_;
   r.step = st.step;
-  // With a local cache the file goes there first; the copier takes it to dir_.
+  // With a local cache the file goes there first; the copier takes it to checkpoint.dir.
   const CheckpointDir& target = cache_ ? *cache_ : shared_;
   r.path = target.path() + "/" + checkpoint_name(st.step);
   if (comm_.rank() == 0) {
@@ -393,12 +392,12 @@ Checkpointer::SaveResult Checkpointer::save_every_rank(const Model& model, Optim
   const auto t_start = Clock::now();
   const auto t_enter = t_start - std::chrono::duration_cast<Clock::duration>(
                                      std::chrono::duration<double>(before_s));
-  STRATA_CHECK(local_.empty() && file_writer_->every_rank_writes(),
+  STRATA_CHECK(!cache_ && file_writer_->every_rank_writes(),
                "a writer where every rank writes goes to checkpoint.dir directly");
   SaveResult r;
   st.sequence = ++sequence_;
   r.step = st.step;
-  r.path = dir_ + "/" + checkpoint_name(st.step);
+  r.path = dir() + "/" + checkpoint_name(st.step);
   if (comm_.rank() == 0) finish();  // one write at a time
   try {
     r.bytes = file_writer_->write(r.path, {.model = model, .opt = &opt, .state = st, .prov = prov});

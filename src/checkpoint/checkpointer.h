@@ -34,9 +34,12 @@ class Checkpointer {
   // `writer`: the run's (writer.h; the run plan chose it).
   Checkpointer(const RunConfig& cfg, Comm& comm, CheckpointWriterKind writer);
 
-  const std::string& dir() const { return dir_; }
+  const std::string& dir() const { return shared_.path(); }
   // This node's local cache directory ("" without checkpoint.local_dir); after preflight.
-  const std::string& local_dir() const { return local_; }
+  const std::string& local_dir() const {
+    static const std::string none;
+    return cache_ ? cache_->path() : none;
+  }
   // When checkpoints are due (policy.h), and who writes them (writer.h).
   const CheckpointPolicy& policy() const { return policy_; }
   const CheckpointWriter& writer() const { return *file_writer_; }
@@ -109,13 +112,12 @@ class Checkpointer {
   std::optional<SaveResult> copy_failures(bool wait);
 
   Comm& comm_;
-  std::string dir_;
-  CheckpointDir shared_;                 // dir_
-  std::unique_ptr<CheckpointDir> cache_;  // local_, with checkpoint.local_dir
+  CheckpointDir shared_;                  // checkpoint.dir
+  std::unique_ptr<CheckpointDir> cache_;  // this node's cache dir, with checkpoint.local_dir
   CheckpointPolicy policy_;
   std::unique_ptr<CheckpointWriter> file_writer_;
   int64_t keep_last_, keep_every_;
-  std::string local_config_, local_;  // checkpoint.local_dir as given; this node's cache dir
+  std::string local_config_;  // checkpoint.local_dir as given
   std::unique_ptr<SharedCopier> copier_;
   int64_t sequence_ = 0;
   // Background write (rank 0).

@@ -187,6 +187,18 @@ LnRef ref_layernorm(const Vec& x, const Vec& w, const Vec& b, const Vec& dy, int
   return r;
 }
 
+// The kernels' forward, then backward from the forward's own mean and rstd (not accumulating).
+struct LnRun {
+  Vec out, mean, rstd, dinp, dweight, dbias;
+};
+LnRun run_layernorm(const Vec& x, const Vec& w, const Vec& b, const Vec& dy, int N, int C) {
+  LnRun k{nan_vec(N * C), nan_vec(N), nan_vec(N), nan_vec(N * C), nan_vec(C), nan_vec(C)};
+  layernorm_forward(k.out.data(), k.mean.data(), k.rstd.data(), x.data(), w.data(), b.data(), N, C);
+  layernorm_backward(k.dinp.data(), k.dweight.data(), k.dbias.data(), dy.data(), x.data(),
+                     w.data(), k.mean.data(), k.rstd.data(), N, C, false);
+  return k;
+}
+
 void layernorm_case(int N, int C, uint64_t seed) {
   INFO("layernorm N=" << N << " C=" << C);
   Rng rng(seed);
@@ -200,17 +212,15 @@ void layernorm_case(int N, int C, uint64_t seed) {
   const Vec r = rand_vec(rng, N * C);
   const LnRef ref = ref_layernorm(x, w, b, r, N, C);
 
-  Vec out = nan_vec(N * C), mean = nan_vec(N), rstd = nan_vec(N);
-  layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C);
+  const LnRun k = run_layernorm(x, w, b, r, N, C);
+  const Vec &out = k.out, &mean = k.mean, &rstd = k.rstd, &dx = k.dinp, &dw = k.dweight,
+            &db = k.dbias;
   // |x| <= 4 and rstd <= ~3.5 (316 for C = 1): mean and xhat carry a few ulp of 4, rstd a
   // few ulp relative. Measured: mean 3e-7, rstd 1.6e-7 relative, out 1.2e-6.
   check_close("layernorm mean", mean, ref.mean, 3e-6);
   check_rel("layernorm rstd", rstd, ref.rstd, 2e-6);
   check_close("layernorm out", out, ref.out, 1e-5);
 
-  Vec dx = nan_vec(N * C), dw = nan_vec(C), db = nan_vec(C);
-  layernorm_backward(dx.data(), dw.data(), db.data(), r.data(), x.data(), w.data(), mean.data(),
-                     rstd.data(), N, C, false);
   // dinp: two C-term row sums scaled by rstd <= ~3.5, measured 1.1e-6. dweight and dbias:
   // N-term sums (N <= 130) of terms <= ~4 with sums up to ~12, measured 2.6e-6.
   check_close("layernorm dinp", dx, ref.dinp, 1e-5);
@@ -259,10 +269,9 @@ TEST_CASE("layernorm with a large mean keeps its precision", "[cpu_kernel][layer
   for (auto& v : x) v += 1000.f;
   const Vec w(size_t(C), 1.f), b(size_t(C), 0.f), dy = rand_vec(rng, N * C);
   const LnRef ref = ref_layernorm(x, w, b, dy, N, C);
-  Vec out = nan_vec(N * C), mean = nan_vec(N), rstd = nan_vec(N);
-  layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C);
-  for (int n = 0; n < N; ++n) CHECK(rstd[n] == Approx(ref.rstd[n]).epsilon(1e-4));
-  check_close("layernorm out, mean 1000", out, ref.out, 1e-3);
+  const LnRun k = run_layernorm(x, w, b, dy, N, C);
+  for (int n = 0; n < N; ++n) CHECK(k.rstd[n] == Approx(ref.rstd[n]).epsilon(1e-4));
+  check_close("layernorm out, mean 1000", k.out, ref.out, 1e-3);
 
   // Backward from the kernel's own mean and rstd, against the reference's gradients: xhat
   // carries the same ~1e-4 of the mean's rounding as out, into dweight (summed over N = 4 rows
@@ -270,12 +279,9 @@ TEST_CASE("layernorm with a large mean keeps its precision", "[cpu_kernel][layer
   // into dinp (measured 1.7e-5, bound 2e-4); dbias does not involve x (measured 2.4e-7, bound
   // layernorm_case's 3e-5). A backward that loses the mean's precision or a term is off by
   // 1e-2 to 1.
-  Vec dx = nan_vec(N * C), dw = nan_vec(C), db = nan_vec(C);
-  layernorm_backward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), mean.data(),
-                     rstd.data(), N, C, false);
-  check_close("layernorm dinp, mean 1000", dx, ref.dinp, 2e-4);
-  check_close("layernorm dweight, mean 1000", dw, ref.dweight, 1e-3);
-  check_close("layernorm dbias, mean 1000", db, ref.dbias, 3e-5);
+  check_close("layernorm dinp, mean 1000", k.dinp, ref.dinp, 2e-4);
+  check_close("layernorm dweight, mean 1000", k.dweight, ref.dweight, 1e-3);
+  check_close("layernorm dbias, mean 1000", k.dbias, ref.dbias, 3e-5);
 }
 
 TEST_CASE("layernorm is bitwise the same with 1 and 2 threads", "[cpu_kernel][layernorm]") {
