@@ -25,6 +25,7 @@ Subcommand add_checkpoint(CLI::App& app);  // checkpoint latest DIR: the newest 
 std::vector<Subcommand> add_prepare(CLI::App& app);  // fashion-mnist, text
 Subcommand add_eval(CLI::App& app);
 Subcommand add_quantize(CLI::App& app);
+Subcommand add_export(CLI::App& app);      // export --format hf|llmc: a GPT for transformers or llm.c
 Subcommand add_generate(CLI::App& app);
 Subcommand add_inspect(CLI::App& app);
 Subcommand add_devices(CLI::App& app);

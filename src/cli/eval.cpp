@@ -8,7 +8,9 @@
 
 #include <fmt/format.h>
 
+#include "base/hdf5_util.h"
 #include "data/data.h"
+#include "model/batch_on_backend.h"
 #include "run/evaluate.h"
 #include "run/inference.h"
 #include "strata/error.h"
@@ -22,6 +24,7 @@ std::string json_value(double x) { return std::isfinite(x) ? fmt::format("{}", x
 
 struct EvalOptions {
   std::string ckpt, data, device = "auto";
+  std::string logits;  // --logits FILE: the first test batch's inputs and logits (HDF5)
   bool json = false, throughput = false;
   int threads = 1;
   int64_t batch_size = 0;  // samples per batch; 0: 1000 rows of logits
@@ -63,6 +66,34 @@ Throughput throughput_of(const std::vector<double>& seconds, int64_t samples,
   return t;
 }
 
+// A float32 dataset `name` of `shape` in the open file f.
+void write_floats(hid_t f, const char* name, const Shape& shape, const float* data) {
+  std::vector<hsize_t> dims(shape.begin(), shape.end());
+  H5Id space(H5_CHECK(H5Screate_simple(int(dims.size()), dims.data(), nullptr)), H5Sclose);
+  H5Id d(H5_CHECK(H5Dcreate2(f, name, H5T_IEEE_F32LE, space.get(), H5P_DEFAULT, H5P_DEFAULT,
+                             H5P_DEFAULT)), H5Dclose);
+  H5_CHECK(H5Dwrite(d.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data));
+}
+
+// --logits: the model's output on the first batch of the test split, in order, beside its
+// inputs (a language model's token ids as floats): /inputs (B, ...), /logits (B, rows, classes).
+// For comparing strata's forward with another implementation's on the same weights.
+void write_first_logits(Model& model, const Backend& be, const DatasetInfo& info,
+                        int64_t samples, const std::string& path) {
+  Loader loader(info, "test", samples, 0, 1, /*shuffle=*/false, 0);
+  const Loader::Batch& hb = loader.next();
+  BatchOnBackend on_be;
+  const Tensor& logits = model.forward(be, on_be.put(be, hb).x, StepInfo{.training = false});
+  std::vector<float> host(size_t(logits.size()));
+  be.download(host.data(), logits.data(), sizeof(float) * host.size());
+  std::lock_guard lock(hdf5_mutex());
+  h5_quiet();
+  H5Id f(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
+  if (f.get() < 0) fail_input("--logits {}: cannot create the file", path);
+  write_floats(f.get(), "inputs", hb.x.shape, hb.x.data());
+  write_floats(f.get(), "logits", {hb.x.dim(0), model.rows_per_sample(), model.classes()}, host.data());
+}
+
 }  // namespace
 
 int run_eval(const EvalOptions& o, Comm& comm) {
@@ -84,6 +115,10 @@ int run_eval(const EvalOptions& o, Comm& comm) {
   });
   Model* model = im.model.get();
   const Backend* be = im.be;
+  if (!o.logits.empty()) {
+    if (comm.size() > 1) fail_input("--logits: run strata eval on one rank");
+    write_first_logits(*model, *be, info, o.batch_size > 0 ? o.batch_size : 4, o.logits);
+  }
   const Int8Table& int8 = *im.int8;
   const int64_t rows = model->rows_per_sample();
   const int64_t batch_samples = o.batch_size > 0 ? o.batch_size : std::max<int64_t>(1, 1000 / rows);
@@ -136,6 +171,9 @@ Subcommand add_eval(CLI::App& app) {
                    "samples per batch (default: 1000 rows of logits, i.e. 1000 / context "
                    "sequences for a language model)")
       ->check(int_in(1, INT32_MAX));
+  eval->add_option("--logits", o->logits,
+                   "also write the first test batch's inputs and logits (--batch_size samples, "
+                   "default 4) to this HDF5 file");
   eval->add_flag("--throughput", o->throughput,
                  "also report samples/s (tokens/s) and each batch's latency, p50 and p99 (the first "
                  "batch, which builds the kernels, left out)");

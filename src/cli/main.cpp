@@ -74,6 +74,7 @@ int main(int argc, char** argv) {
   for (auto& c : add_prepare(app)) commands.push_back(std::move(c));
   commands.push_back(add_eval(app));
   commands.push_back(add_quantize(app));
+  commands.push_back(add_export(app));
   commands.push_back(add_generate(app));
   commands.push_back(add_inspect(app));
   commands.push_back(add_devices(app));

@@ -56,6 +56,9 @@ struct RunConfig {
     // none | block: keep only each transformer block's input from forward and recompute the
     // rest in backward (less activation memory for about one more forward).
     std::string recompute = "none";
+    // gpt: the initial parameters from a Hugging Face GPT-2 safetensors directory or an llm.c
+    // model file ("" = train.seed's initialisation); a resumed checkpoint takes precedence.
+    std::string init_from = "";
   } train;
   struct DataParallel {
     double bucket_mb = 1.0;  // gradient allreduce bucket size (the first is 1/8 of it)

@@ -96,6 +96,8 @@ std::vector<ConfigKey> config_keys(RunConfig& c) {
            "fp32 | bf16 (bf16 GEMMs and convolutions on a GPU; fp32 master weights)"),
       text("train.recompute", &c.train.recompute, {"none", "block"},
            "none | block: recompute transformer blocks in backward (less memory)"),
+      text("train.init_from", &c.train.init_from, {},
+           "gpt: start from a Hugging Face GPT-2 directory or an llm.c model file (docs/checkpoints.md)"),
 
       key("dp.bucket_mb", &c.dp.bucket_mb, in(0.001, 4096), "gradient allreduce bucket size (MiB)"),
       key("dp.overlap", &c.dp.overlap, {}, "overlap allreduce with backward"),

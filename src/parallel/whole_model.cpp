@@ -100,8 +100,15 @@ void gather_stages(Comm& world, const ProcessGrid& grid, const std::vector<Layer
   }
 }
 
-void take_stage(Model& whole, Optimizer& whole_opt, Model& stage, Optimizer& opt) {
-  auto src = buffers(whole, whole_opt), dst = buffers(stage, opt);
+namespace {
+
+// take_stage, and with null optimizers its parameters-only form.
+void take(Model& whole, Optimizer* whole_opt, Model& stage, Optimizer* opt) {
+  std::vector<float*> src = {whole.host_values().data()}, dst = {stage.host_values().data()};
+  if (whole_opt) {
+    src = buffers(whole, *whole_opt);
+    dst = buffers(stage, *opt);
+  }
   const auto& segments = stage.partition().segments();
   std::vector<float> block;  // the stage's chunks' blocks side by side (interleaved pipelines)
   if (segments.size() > 1) block.resize(size_t(stage.layout().whole_block_params()));
@@ -118,7 +125,15 @@ void take_stage(Model& whole, Optimizer& whole_opt, Model& stage, Optimizer& opt
     stage.layout().extract(from, dst[k]);
     if (table) std::copy_n(src[k] + table->offset, numel(table->shape), dst[k] + copy->offset);
   }
-  opt.set_steps_taken(whole_opt.steps_taken());
+  if (opt) opt->set_steps_taken(whole_opt->steps_taken());
 }
+
+}  // namespace
+
+void take_stage(Model& whole, Optimizer& whole_opt, Model& stage, Optimizer& opt) {
+  take(whole, &whole_opt, stage, &opt);
+}
+
+void take_stage_params(Model& whole, Model& stage) { take(whole, nullptr, stage, nullptr); }
 
 }  // namespace strata

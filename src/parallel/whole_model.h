@@ -33,5 +33,7 @@ void gather_stages(Comm& world, const ProcessGrid& grid, const std::vector<Layer
 // This rank's stage block (its tensor part of it) of a whole model and its optimizer state
 // (after a resume), and the token table's copy if the stage has one.
 void take_stage(Model& whole, Optimizer& whole_opt, Model& stage, Optimizer& opt);
+// The same for the parameters alone (train.init_from: a model file without optimizer state).
+void take_stage_params(Model& whole, Model& stage);
 
 }  // namespace strata

@@ -1,0 +1,233 @@
+#include "base/json.h"
+
+#include <cerrno>
+#include <cstdlib>
+#include <limits>
+
+#include <fmt/format.h>
+
+#include "strata/error.h"
+
+namespace strata {
+namespace {
+
+// Recursive descent over the text; depth is bounded so a hostile file cannot exhaust the stack.
+class Reader {
+ public:
+  Reader(const std::string& t, const std::string& where) : t_(t), where_(where) {}
+
+  JsonValue document() {
+    JsonValue v = value(0);
+    space();
+    if (i_ != t_.size()) fail("text after the JSON value");
+    return v;
+  }
+
+ private:
+  static constexpr int kMaxDepth = 64;
+
+  [[noreturn]] void fail(const std::string& what) const {
+    fail_input("{}: bad JSON at byte {}: {}", where_, i_, what);
+  }
+  void space() {
+    while (i_ < t_.size() && (t_[i_] == ' ' || t_[i_] == '\t' || t_[i_] == '\n' || t_[i_] == '\r')) ++i_;
+  }
+  bool eat(char c) {
+    space();
+    if (i_ < t_.size() && t_[i_] == c) {
+      ++i_;
+      return true;
+    }
+    return false;
+  }
+  void expect(char c) {
+    if (!eat(c)) fail(fmt::format("expected '{}'", c));
+  }
+
+  JsonValue value(int depth) {
+    if (depth > kMaxDepth) fail("nested too deeply");
+    space();
+    if (i_ >= t_.size()) fail("unexpected end");
+    JsonValue v;
+    const char c = t_[i_];
+    if (c == '{') return object(depth);
+    if (c == '[') return array(depth);
+    if (c == '"') {
+      v.kind = JsonValue::Kind::kString;
+      v.text = string();
+    } else if (literal("true")) {
+      v.kind = JsonValue::Kind::kBool;
+      v.boolean = true;
+    } else if (literal("false")) {
+      v.kind = JsonValue::Kind::kBool;
+    } else if (literal("null")) {
+      v.kind = JsonValue::Kind::kNull;
+    } else {
+      v = number();
+    }
+    return v;
+  }
+  bool literal(const char* word) {
+    const std::string w(word);
+    if (t_.compare(i_, w.size(), w) != 0) return false;
+    i_ += w.size();
+    return true;
+  }
+
+  JsonValue object(int depth) {
+    JsonValue v;
+    v.kind = JsonValue::Kind::kObject;
+    ++i_;
+    if (eat('}')) return v;
+    do {
+      space();
+      if (i_ >= t_.size() || t_[i_] != '"') fail("expected a string key");
+      const size_t at = i_;
+      std::string key = string();
+      if (v.find(key)) {
+        i_ = at;
+        fail(fmt::format("duplicate key \"{}\"", key));
+      }
+      expect(':');
+      v.members.emplace_back(std::move(key), value(depth + 1));
+    } while (eat(','));
+    expect('}');
+    return v;
+  }
+
+  JsonValue array(int depth) {
+    JsonValue v;
+    v.kind = JsonValue::Kind::kArray;
+    ++i_;
+    if (eat(']')) return v;
+    do v.items.push_back(value(depth + 1));
+    while (eat(','));
+    expect(']');
+    return v;
+  }
+
+  JsonValue number() {
+    const size_t start = i_;
+    bool integer = true;
+    if (i_ < t_.size() && t_[i_] == '-') ++i_;
+    auto digits = [&] {
+      const size_t s = i_;
+      while (i_ < t_.size() && t_[i_] >= '0' && t_[i_] <= '9') ++i_;
+      return i_ - s;
+    };
+    const size_t lead = i_;
+    if (digits() == 0) fail("expected a value");
+    if (t_[lead] == '0' && i_ - lead > 1) fail("a number with a leading zero");
+    if (i_ < t_.size() && t_[i_] == '.') {
+      ++i_;
+      integer = false;
+      if (digits() == 0) fail("expected digits after '.'");
+    }
+    if (i_ < t_.size() && (t_[i_] == 'e' || t_[i_] == 'E')) {
+      ++i_;
+      integer = false;
+      if (i_ < t_.size() && (t_[i_] == '+' || t_[i_] == '-')) ++i_;
+      if (digits() == 0) fail("expected digits in the exponent");
+    }
+    const std::string s = t_.substr(start, i_ - start);
+    JsonValue v;
+    v.kind = JsonValue::Kind::kNumber;
+    v.number = std::strtod(s.c_str(), nullptr);
+    if (integer) {
+      errno = 0;
+      const long long x = std::strtoll(s.c_str(), nullptr, 10);
+      v.integer = errno != ERANGE;
+      v.int_value = x;
+    }
+    return v;
+  }
+
+  unsigned hex4() {
+    if (i_ + 4 > t_.size()) fail("a short \\u escape");
+    unsigned u = 0;
+    for (int k = 0; k < 4; ++k) {
+      const char h = t_[i_++];
+      u <<= 4;
+      if (h >= '0' && h <= '9') u |= unsigned(h - '0');
+      else if (h >= 'a' && h <= 'f') u |= unsigned(h - 'a' + 10);
+      else if (h >= 'A' && h <= 'F') u |= unsigned(h - 'A' + 10);
+      else fail("a bad \\u escape");
+    }
+    return u;
+  }
+  static void utf8(std::string& out, unsigned cp) {
+    if (cp < 0x80) {
+      out += char(cp);
+    } else if (cp < 0x800) {
+      out += char(0xC0 | (cp >> 6));
+      out += char(0x80 | (cp & 0x3F));
+    } else if (cp < 0x10000) {
+      out += char(0xE0 | (cp >> 12));
+      out += char(0x80 | ((cp >> 6) & 0x3F));
+      out += char(0x80 | (cp & 0x3F));
+    } else {
+      out += char(0xF0 | (cp >> 18));
+      out += char(0x80 | ((cp >> 12) & 0x3F));
+      out += char(0x80 | ((cp >> 6) & 0x3F));
+      out += char(0x80 | (cp & 0x3F));
+    }
+  }
+
+  std::string string() {
+    ++i_;  // the opening quote
+    std::string out;
+    while (true) {
+      if (i_ >= t_.size()) fail("an unterminated string");
+      const unsigned char c = static_cast<unsigned char>(t_[i_++]);
+      if (c == '"') return out;
+      if (c < 0x20) fail("a control character in a string");
+      if (c != '\\') {
+        out += char(c);
+        continue;
+      }
+      if (i_ >= t_.size()) fail("an unterminated string");
+      const char e = t_[i_++];
+      switch (e) {
+        case '"': case '\\': case '/': out += e; break;
+        case 'b': out += '\b'; break;
+        case 'f': out += '\f'; break;
+        case 'n': out += '\n'; break;
+        case 'r': out += '\r'; break;
+        case 't': out += '\t'; break;
+        case 'u': {
+          unsigned cp = hex4();
+          if (cp >= 0xD800 && cp < 0xDC00) {  // a surrogate pair
+            if (t_.compare(i_, 2, "\\u") != 0) fail("a lone surrogate");
+            i_ += 2;
+            const unsigned lo = hex4();
+            if (lo < 0xDC00 || lo >= 0xE000) fail("a lone surrogate");
+            cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+          } else if (cp >= 0xDC00 && cp < 0xE000) {
+            fail("a lone surrogate");
+          }
+          utf8(out, cp);
+          break;
+        }
+        default: fail("a bad escape");
+      }
+    }
+  }
+
+  const std::string& t_;
+  const std::string& where_;
+  size_t i_ = 0;
+};
+
+}  // namespace
+
+const JsonValue* JsonValue::find(const std::string& key) const {
+  for (const auto& [k, v] : members)
+    if (k == key) return &v;
+  return nullptr;
+}
+
+JsonValue parse_json(const std::string& text, const std::string& where) {
+  return Reader(text, where).document();
+}
+
+}  // namespace strata
