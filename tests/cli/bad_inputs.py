@@ -729,6 +729,135 @@ def cases(fx: Fixtures):
     out["params"].append(Case("params: eval --json writes null for a non-finite loss", evc + ["--json"], 0,
                               make=mutated(fx.mlp_params, huge_logits), check_stdout=json_null_loss))
 
+    # ---- strata export and train.init_from (Hugging Face safetensors, llm.c; issue 31) ----
+    def exported(fmt, fn=None, name="hf"):
+        """make(): the GPT fixture exported to CASE/NAME (--format fmt), then fn(path) on it."""
+        def make(case_dir):
+            path = os.path.join(case_dir, name)
+            subprocess.run([S, "export", "--checkpoint", fx.gpt_params, "--format", fmt, "--out", path],
+                           check=True, capture_output=True)
+            if fn:
+                fn(os.path.join(path, "model.safetensors") if fmt == "hf" else path)
+        return make
+
+    def st_rewrite(edit):
+        """fn(): rewrites a safetensors file: edit(header dict, buffer) -> (header text, buffer)."""
+        def fn(path):
+            blob = open(path, "rb").read()
+            n = int.from_bytes(blob[:8], "little")
+            text, buf = edit(json.loads(blob[8:8 + n]), bytearray(blob[8 + n:]))
+            raw = text.encode() if isinstance(text, str) else text
+            with open(path, "wb") as f:
+                f.write(len(raw).to_bytes(8, "little") + raw + bytes(buf))
+        return fn
+
+    def shift(name, by):
+        def edit(h, buf):
+            h[name]["data_offsets"] = [o + by for o in h[name]["data_offsets"]]
+            return json.dumps(h), buf
+        return edit
+
+    def without(name):
+        def edit(h, buf):
+            b, e = h.pop(name)["data_offsets"]
+            for v in h.values():
+                if "data_offsets" in v and v["data_offsets"][0] >= e:
+                    v["data_offsets"] = [o - (e - b) for o in v["data_offsets"]]
+            return json.dumps(h), buf[:b] + buf[e:]
+        return edit
+
+    def set_in(key, value):
+        def edit(h, buf):
+            h["wte.weight"][key] = value
+            return json.dumps(h), buf
+        return edit
+
+    def patch_bytes(offset, data=None, truncate=0):
+        def fn(path):
+            blob = bytearray(open(path, "rb").read())
+            if data is not None:
+                blob[offset:offset + len(data)] = data
+            with open(path, "wb") as f:
+                f.write(blob[:len(blob) - truncate])
+        return fn
+
+    def truncate_last(path):
+        st_rewrite(lambda h, buf: (json.dumps(h), buf[:-4]))(path)
+
+    init = gtrain + ["--train.init_from"]
+    for name, argv, code, pattern, make in [
+            ("init_from a missing path", init + ["{C}/none"], 2, r"train\.init_from: .*none: cannot open \(No such file", None),
+            ("init_from a directory without safetensors", init + ["{C}"], 2,
+             r"holds neither model\.safetensors nor model\.safetensors\.index\.json", None),
+            ("safetensors header length past the end", init + ["{C}/hf"], 4,
+             r"model\.safetensors: header length 1099511627776 .* runs past the end of the file",
+             exported("hf", patch_bytes(0, (1 << 40).to_bytes(8, "little")))),
+            ("safetensors header that is not JSON", init + ["{C}/hf"], 4,
+             r"model\.safetensors: header: bad JSON at byte 12: expected ']'",
+             exported("hf", st_rewrite(lambda h, buf: ('{"a": [1, 2 ', buf)))),
+            ("safetensors header with a duplicate key", init + ["{C}/hf"], 4,
+             r"model\.safetensors: header: bad JSON at byte .*duplicate key \"wpe\.weight\"",
+             exported("hf", st_rewrite(lambda h, buf: (json.dumps(h)[:-1] + ', "wpe.weight": ' +
+                                                        json.dumps(h["wpe.weight"]) + "}", buf)))),
+            ("safetensors offsets overlapping", init + ["{C}/hf"], 4,
+             r"model\.safetensors: tensor h\.0\.ln_1\.bias starts at buffer offset \d+, where the previous tensor ends at",
+             exported("hf", st_rewrite(shift("h.0.ln_1.bias", -4)))),
+            ("safetensors offsets past the buffer", init + ["{C}/hf"], 4,
+             r"model\.safetensors: the tensors cover \d+ bytes of the buffer, which holds \d+",
+             exported("hf", truncate_last)),
+            ("safetensors offsets not matching the shape", init + ["{C}/hf"], 4,
+             r"model\.safetensors: tensor wte\.weight: data_offsets \[0, 8\] hold 8 bytes; dtype F32 and shape",
+             exported("hf", st_rewrite(set_in("data_offsets", [0, 8])))),
+            ("safetensors unknown dtype", init + ["{C}/hf"], 4,
+             r"model\.safetensors: tensor wte\.weight has an unknown dtype \"F33\"",
+             exported("hf", st_rewrite(set_in("dtype", "F33")))),
+            ("safetensors integer dtype", init + ["{C}/hf"], 4,
+             r"model\.safetensors: tensor wte\.weight: dtype I32 is not a floating-point type",
+             exported("hf", st_rewrite(set_in("dtype", "I32")))),
+            ("init_from a shape mismatch", init + ["{C}/hf", "--model.context", "4"], 4,
+             r"model\.safetensors: tensor wpe\.weight has shape \(8, 8\); the model needs \(4, 8\)",
+             exported("hf")),
+            ("init_from more blocks than the file", init + ["{C}/hf", "--model.layers", "2"], 4,
+             r"hf: tensor h\.1\.ln_1\.weight is missing \(the model needs shape \(8,\)\)", exported("hf")),
+            ("init_from a missing tensor", init + ["{C}/hf"], 4, r"hf: tensor ln_f\.bias is missing",
+             exported("hf", st_rewrite(without("ln_f.bias")))),
+            ("init_from an extra tensor", init + ["{C}/hf"], 4,
+             r"model\.safetensors: holds tensor h\.7\.ln_1\.bias, which is not one of the model's \(1 blocks\)",
+             exported("hf", st_rewrite(lambda h, buf: (json.dumps(dict(h, **{"h.7.ln_1.bias": dict(
+                 h["h.0.ln_1.bias"], data_offsets=[len(buf), len(buf) + 32])})), buf + bytes(32))))),
+            ("init_from heads differing from config.json", init + ["{C}/hf", "--model.heads", "2"], 4,
+             r"config\.json: n_head = 1; the model has 2 heads", exported("hf")),
+            ("llm.c file with a wrong magic", init + ["{C}/m.bin"], 4,
+             r"m\.bin: neither a Hugging Face GPT-2 directory .*its first int32 is 1, not llm\.c's magic 20240326",
+             exported("llmc", patch_bytes(0, (1).to_bytes(4, "little")), "m.bin")),
+            ("llm.c file with version 4", init + ["{C}/m.bin"], 4,
+             r"m\.bin: version 4 is not one strata reads", exported("llmc", patch_bytes(4, (4).to_bytes(4, "little")), "m.bin")),
+            ("llm.c file cut short", init + ["{C}/m.bin"], 4,
+             r"m\.bin: \d+ bytes; its header \(version 3, maxT 8, Vp 256, L 1, C 8\) needs \d+",
+             exported("llmc", patch_bytes(0, None, 4), "m.bin")),
+            ("llm.c file of another width", init + ["{C}/m.bin", "--model.dim", "16"], 4,
+             r"m\.bin: header C \(model\.dim\) = 8; the model has 16", exported("llmc", None, "m.bin")),
+            ("init_from for an mlp", train + ["--train.init_from", "{C}/hf"], 2,
+             r"train\.init_from: needs model\.type = \"gpt\"", exported("hf")),
+            ("export to an unknown format", [S, "export", "--checkpoint", fx.gpt_params, "--format", "onnx", "--out", "{C}/x"],
+             2, r"flag --format: onnx not in \{hf,llmc\}", None),
+            ("export of an mlp", [S, "export", "--checkpoint", fx.mlp_params, "--format", "hf", "--out", "{C}/x"], 2,
+             r"mlp/model\.h5: not a GPT-2 model", None),
+            ("export of an int8 file", [S, "export", "--checkpoint", "{C}/in.h5", "--format", "llmc", "--out", "{C}/x"], 2,
+             r"in\.h5: an int8 file \(strata quantize\) cannot be exported", int8_file),
+            ("export with a bad --max_shard_size", [S, "export", "--checkpoint", fx.gpt_params, "--format", "hf", "--out",
+                                                    "{C}/x", "--max_shard_size", "5XB"], 2,
+             r"flag --max_shard_size: '5XB' is not a size", None),
+            ("export of a tokenizer whose vocabulary changed", [S, "export", "--checkpoint", "{C}/in.h5", "--format", "hf",
+                                                                "--out", "{C}/x"], 2,
+             r"encoder\.json: SHA-256 [0-9a-f]{64} is not the 0{64} recorded in .*in\.h5",
+             lambda d: (open(os.path.join(d, "encoder.json"), "w").write("{}"),
+                        open(os.path.join(d, "vocab.bpe"), "w").write("#version: 0.2\n"),
+                        mutated(fx.gpt_params, lambda f: f.attrs.update({
+                            "tokenizer": "gpt2", "tokenizer_vocab": d, "tokenizer_sha256_encoder.json": "0" * 64,
+                            "tokenizer_sha256_vocab.bpe": "0" * 64}))(d)))]:
+        out["params"].append(Case(f"params: {name}", argv, code, pattern, make=make))
+
     # ---- environment variables ----
     def envc(name, env, pattern, code=2, argv=None, marker=False):
         c = Case(f"env: {name}", argv or train, code, pattern, env=env)
