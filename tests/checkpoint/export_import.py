@@ -28,6 +28,7 @@ A 2-block GPT (dim 32, 2 heads, context 16, vocabulary 300 over byte tokens: llm
 
 Usage: export_import.py STRATA FORTUNES.h5 WORKDIR
 """
+import hashlib
 import json
 import os
 import shutil
@@ -259,6 +260,44 @@ for k, (dt, shape, raw) in t16.items():
     check(same, f"bf16 export: {k} is not fp32 rounded to nearest even")
     worst = max(worst, float(np.max(np.abs(as_f32(dt, shape, raw) - fp32[k]) / np.maximum(np.abs(fp32[k]), 1e-30))))
 print(f"bf16: {len(t16)} tensors equal to round-to-nearest-even of fp32 (max relative change {worst:.2e})")
+
+# A model file recording GPT-2's tokenizer (the tokenizer's attributes, with stand-in vocabulary
+# files) and a real vocabulary (vocab_size) smaller than its token table: the files are copied
+# byte for byte, the table's extra rows left out (hf) or zeroed (llm.c).
+tok_model, vocab_dir = os.path.join(work, "tok-model.h5"), os.path.join(work, "vocab")
+shutil.copy(model_h5, tok_model)
+os.makedirs(vocab_dir)
+vocab_files = {"encoder.json": b'{"!": 0, "\\u0120t": 1}\n', "vocab.bpe": b"#version: 0.2\n\xc4\xa0 t\n"}
+for name, content in vocab_files.items():
+    with open(os.path.join(vocab_dir, name), "wb") as f:
+        f.write(content)
+with h5py.File(tok_model, "r+") as f:
+    f.attrs.update({"tokenizer": "gpt2", "tokenizer_vocab": vocab_dir, "vocab_size": np.int64(290)})
+    for name, content in vocab_files.items():
+        f.attrs["tokenizer_sha256_" + name] = hashlib.sha256(content).hexdigest()
+hft, llmct = os.path.join(work, "hf-tok"), os.path.join(work, "tok.bin")
+run(["export", "--checkpoint", tok_model, "--format", "hf", "--out", hft])
+run(["export", "--checkpoint", tok_model, "--format", "llmc", "--out", llmct])
+copied = {n: open(os.path.join(hft, n), "rb").read() for n in ("vocab.json", "merges.txt")}
+check(copied == {"vocab.json": vocab_files["encoder.json"], "merges.txt": vocab_files["vocab.bpe"]},
+      "tokenizer files are not encoder.json and vocab.bpe byte for byte")
+with open(os.path.join(hft, "tokenizer_config.json")) as f:
+    tcfg = json.load(f)
+with open(os.path.join(hft, "special_tokens_map.json")) as f:
+    smap = json.load(f)
+with open(os.path.join(hft, "config.json")) as f:
+    tok_cfg = json.load(f)
+check(tcfg["tokenizer_class"] == "GPT2Tokenizer" and tcfg["model_max_length"] == 16 and
+      smap["eos_token"] == "<|endoftext|>", f"tokenizer_config {tcfg}, special tokens {smap}")
+check(tok_cfg["vocab_size"] == 290 and tok_cfg["eos_token_id"] == 50256, f"config.json {tok_cfg}")
+tt, _ = read_safetensors(os.path.join(hft, "model.safetensors"))
+check(np.array_equal(as_f32(*tt["wte.weight"]), fp32["wte.weight"][:290]), "wte: not the first vocab_size rows")
+hdr = np.frombuffer(open(llmct, "rb").read(1024), "<i4")
+wte_t = np.frombuffer(open(llmct, "rb").read(), "<f4")[256:256 + 384 * 32].reshape(384, 32)
+check(hdr[3] == 290 and hdr[7] == 384 and not wte_t[290:].any() and np.array_equal(wte_t[:290], fp32["wte.weight"][:290]),
+      f"llm.c export of vocab_size 290: header {hdr[:8]}")
+print(f"tokenizer: vocab.json, merges.txt copied byte for byte, tokenizer_config.json, special_tokens_map.json; "
+      f"vocab_size 290 of 300 rows: hf wte {tt['wte.weight'][1]}, llm.c V 290 Vp 384 (rows 290.. zero)")
 
 # ---------------------------------------------------------------- PyTorch loads it, same logits
 gpt = hf_gpt2(cfg)
