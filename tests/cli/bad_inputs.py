@@ -29,6 +29,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import zlib
 from typing import Callable, Optional
@@ -47,6 +48,7 @@ for v in ("SLURM_JOB_ID", "SLURM_CPUS_PER_TASK", "STRATA_JOB_END_TIME", "SLURM_R
           "STRATA_MAX_RESTARTS", "STRATA_MIN_NODES", "STRATA_HEALTH_TIMEOUT", "STRATA_STEP_NODES"):
     ENV.pop(v, None)
 ERROR = "strata: error: "
+EXPORT_LOCK = threading.Lock()  # the params cases' one export of the GPT fixture
 
 
 # A checkpoint whose damaged global heap sends HDF5 1.10's H5Aread into an endless loop.
@@ -731,11 +733,16 @@ def cases(fx: Fixtures):
 
     # ---- strata export and train.init_from (Hugging Face safetensors, llm.c; issue 31) ----
     def exported(fmt, fn=None, name="hf"):
-        """make(): the GPT fixture exported to CASE/NAME (--format fmt), then fn(path) on it."""
+        """make(): the GPT fixture exported (--format fmt; once, then copied) to CASE/NAME, then
+        fn(path) on it."""
         def make(case_dir):
-            path = os.path.join(case_dir, name)
-            subprocess.run([S, "export", "--checkpoint", fx.gpt_params, "--format", fmt, "--out", path],
-                           check=True, capture_output=True)
+            path, done = os.path.join(case_dir, name), fx.path(f"export-{fmt}-{os.stat(fx.gpt_params).st_mtime_ns}")
+            with EXPORT_LOCK:
+                if not os.path.exists(done):
+                    subprocess.run([S, "export", "--checkpoint", fx.gpt_params, "--format", fmt, "--out",
+                                    done + ".tmp"], check=True, capture_output=True)
+                    os.rename(done + ".tmp", done)
+            (shutil.copytree if fmt == "hf" else shutil.copy)(done, path)
             if fn:
                 fn(os.path.join(path, "model.safetensors") if fmt == "hf" else path)
         return make
