@@ -97,6 +97,13 @@ void export_hf(const GptDims& d, const GptWeights& w, const GptFileAttrs& attrs,
   }
   const std::map<std::string, std::string> meta = {{"format", "pt"}};
   const fs::path out(dir);
+  // A previous export's shards that this one does not overwrite.
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(out, ec)) {
+    const std::string n = e.path().filename().string();
+    if (n.starts_with("model-") && n.find("-of-") != std::string::npos && n.ends_with(".safetensors"))
+      remove_if_there(e.path());
+  }
   if (shards.size() == 1) {
     remove_if_there(out / "model.safetensors.index.json");
     write_safetensors((out / "model.safetensors").string(), shards[0], meta);

@@ -250,6 +250,11 @@ for p in parts:
 check(sharded == tensors, "the shards' tensors differ from model.safetensors")
 check(index["metadata"]["total_size"] == sum(len(v[2]) for v in tensors.values()), "index total_size")
 print(f"sharded: {len(parts)} files at --max_shard_size 20KB, {len(sharded)} tensors, same bytes")
+# Exported again into the same directory as one file: no index or shard of the last export left.
+hfs1 = os.path.join(work, "hf-resharded")
+shutil.copytree(hfs, hfs1)
+run(["export", "--checkpoint", model_h5, "--format", "hf", "--out", hfs1])
+check(sorted(os.listdir(hfs1)) == ["config.json", "model.safetensors"], f"left in the directory: {os.listdir(hfs1)}")
 
 # bf16: the fp32 values rounded to nearest even.
 t16, _ = read_safetensors(os.path.join(hf16, "model.safetensors"))
