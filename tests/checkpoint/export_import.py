@@ -21,7 +21,8 @@ A 2-block GPT (dim 32, 2 heads, context 16, vocabulary 300 over byte tokens: llm
     those of model.safetensors (transposed back);
   - bf16 exports hold the fp32 values rounded to nearest even (numpy, bit for bit);
   - export -> train.init_from (one step at lr 1e-30: no weight changes) -> export is byte
-    identical, for hf (from the single file and from the shards) and llmc;
+    identical, for hf (from the single file, from the shards, and from a file as transformers
+    names it: "transformer." prefixes, lm_head.weight, a mask buffer, keys in name order) and llmc;
   - train.init_from on 2 pipeline stages x 2 replicas, and on 2 tensor parts x 2 replicas with
     ZeRO-1 (4 ranks each), gives the one-rank first-step loss within 1e-6 relative (fp32
     rounding of the grid's sums), far below the loss from the initialisation.
@@ -357,7 +358,23 @@ def reimport(src, tag, ranks=1, grid=()):
     return out
 
 
-for src, tag in ((hf, "from-hf"), (hfs, "from-shards"), (llmc, "from-llmc")):
+# As transformers' save_pretrained might write it: names under "transformer.", the tied
+# lm_head.weight and an attention-mask buffer beside them, header keys in name order (not offset
+# order), no padding.
+hfp = os.path.join(work, "hf-prefixed")
+os.makedirs(hfp)
+extra = dict({"transformer." + k: v for k, v in tensors.items()}, **{
+    "lm_head.weight": tensors["wte.weight"],
+    "transformer.h.0.attn.bias": ("F32", (1, 1, 16, 16), np.tril(np.ones((16, 16), np.float32)).tobytes())})
+order, at, hdr = sorted(extra, key=lambda k: (len(extra[k][2]), k)), 0, {}
+for k in order:
+    hdr[k] = {"dtype": extra[k][0], "shape": list(extra[k][1]), "data_offsets": [at, at + len(extra[k][2])]}
+    at += len(extra[k][2])
+text = json.dumps(dict(sorted(hdr.items()), __metadata__={"format": "pt"})).encode()
+with open(os.path.join(hfp, "model.safetensors"), "wb") as f:
+    f.write(struct.pack("<Q", len(text)) + text + b"".join(extra[k][2] for k in order))
+
+for src, tag in ((hf, "from-hf"), (hfs, "from-shards"), (hfp, "from-prefixed"), (llmc, "from-llmc")):
     out = reimport(src, tag)
     fmt = "llmc" if tag == "from-llmc" else "hf"
     again = os.path.join(work, tag + "-export" + (".bin" if fmt == "llmc" else ""))
