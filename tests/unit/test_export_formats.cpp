@@ -90,7 +90,7 @@ TEST_CASE("safetensors: written per the format and read back", "[export]") {
   CHECK(strata::decode_floats(f.tensors[0].bytes, "F32", "a") == std::vector<float>(a, a + 6));
 }
 
-TEST_CASE("bf16 rounds to nearest even; f16 widens exactly", "[export]") {
+TEST_CASE("bf16 rounds to nearest even, f16 widens exactly", "[export]") {
   CHECK(strata::bf16_round(1.0f) == 0x3F80);
   CHECK(strata::bf16_round(from_bits(0x3F808000u)) == 0x3F80);  // a tie: to the even 0x3F80
   CHECK(strata::bf16_round(from_bits(0x3F818000u)) == 0x3F82);  // a tie: to the even 0x3F82
