@@ -47,7 +47,7 @@ struct MemoryEstimate {
 
 // The process itself before any model: code, the MPI, HDF5 and oneDNN libraries, threads'
 // stacks, the data loader's buffers (measured: benchmarks/bench_preset_memory.py).
-inline constexpr double kRuntimeBytes = 64e6;
+inline constexpr double kRuntimeBytes = 50e6;
 
 MemoryEstimate estimate_rank_memory(const std::vector<LayerInfo>& layers, const RankShape& r);
 
