@@ -50,7 +50,7 @@ def token_file(path, vocab, tokens):
 
 def peak_rss_mb(strata, args, work, name):
     """One run in its own process: its peak resident set (wait4's rusage, ru_maxrss, in MB of
-    1e6 bytes) and its `plan:` line."""
+    1e6 bytes), its `plan:` line and its `done:` line."""
     out = os.path.join(work, name)
     cmd = [strata, "train", *args, "--train.max_steps", "1", "--checkpoint.final", "false",
            "--output.dir", out, "--quiet"]
@@ -64,7 +64,8 @@ def peak_rss_mb(strata, args, work, name):
     if p.returncode != 0 or plan is None:
         print(text, file=sys.stderr)
         sys.exit(2)
-    return ru.ru_maxrss * 1024 / 1e6, plan  # KiB on Linux
+    done = next((l for l in text.splitlines() if l.startswith("done: ")), "")
+    return ru.ru_maxrss * 1024 / 1e6, plan, done  # KiB on Linux
 
 
 def estimate_mb(plan):
@@ -95,7 +96,7 @@ def main():
             runs.append((f"gpt2, {opt}, batch 1 x 1024 tokens",
                          base + ["--data.path", bpe, "--model.preset", "gpt2", "--train.optimizer", opt], True))
         for i, (name, args, judged) in enumerate(runs):
-            rss, plan = peak_rss_mb(a.strata, args, work, f"run{i}")
+            rss, plan, done = peak_rss_mb(a.strata, args, work, f"run{i}")
             est = estimate_mb(plan)
             off = (est - rss) / rss
             if judged:
@@ -103,6 +104,7 @@ def main():
             lines.append(f"{name}: estimate {est:.0f} MB, peak RSS {rss:.0f} MB, estimate/measured "
                          f"{est / rss:.3f}{'' if judged else ' (not judged: the runtime alone)'}")
             lines.append(f"  {plan}")
+            lines.append(f"  {done}")
     lines.append(f"largest difference on the presets: {100 * worst:.1f} % (limit 10 %): "
                  f"{'PASS' if worst <= 0.10 else 'FAIL'}")
     text = "\n".join(lines) + "\n"
