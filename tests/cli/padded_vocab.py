@@ -8,6 +8,7 @@ Usage: padded_vocab.py STRATA WORKDIR. Exits 1 naming the first difference."""
 import glob
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -19,6 +20,7 @@ ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIR
 
 def losses(strata, work, name, data, pad, extra, launch=()):
     out = os.path.join(work, name)
+    shutil.rmtree(out, ignore_errors=True)  # a fresh run: metrics.jsonl is appended to
     cmd = [*launch, strata, "train", "--data.path", data, "--model.type", "gpt", "--model.layers", "2",
            "--model.heads", "2", "--model.dim", "32", "--model.context", "16", "--train.batch_size", "8",
            "--train.max_steps", "4", "--train.optimizer", "adamw", "--train.weight_decay", "0.1",

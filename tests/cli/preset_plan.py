@@ -7,6 +7,7 @@ Checks the `plan:` line of gpt2 (124,439,808 parameters, 124,475,904 allocated w
 table's 47 padding rows of 768) and gpt2-xl (1,557,611,200), and that model.pad_vocab = false
 allocates exactly the parameters it uses. Exits 1 naming the first mismatch."""
 import os
+import shutil
 import subprocess
 import sys
 
@@ -18,7 +19,8 @@ ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIR
 
 def main():
     strata, work = sys.argv[1], sys.argv[2]
-    os.makedirs(work, exist_ok=True)
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
     data = os.path.join(work, "gpt2-vocab.h5")
     with h5py.File(data, "w") as f:
         f["train/tokens"] = np.random.default_rng(0).integers(0, 50257, 2 * 1024 + 1).astype(np.uint16)
