@@ -164,7 +164,8 @@ class LmHead final : public SplitLayer {
   // Its own int8 copy of the token table (the embedding keeps reading the fp32 one).
   std::vector<Int8Target> int8_targets() const override {
     if (!wte_) return {};
-    return {{name + ".weight", wte_->name, int(wte_->shape[0]), int(wte_->shape[1])}};
+    // Its first V rows: a padded table's padding has no logits to give.
+    return {{name + ".weight", wte_->name, V_, int(wte_->shape[1])}};
   }
   // Runs before the embedding's backward, which adds its part to the same gradient (W runs in
   // the same layer order, so the sum's order is the same).
