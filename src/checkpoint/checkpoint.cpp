@@ -24,6 +24,7 @@
 #include "base/read_guard.h"
 #include "checkpoint_write.h"
 #include "data/data.h"
+#include "model/layers.h"
 #include "model/optim.h"
 #include "strata/error.h"
 
@@ -206,6 +207,11 @@ void write_model_attrs(hid_t f, const Model& model, const char* format) {
   write_str_attr(f, "model_layers", layers);
   write_int_attr(f, "input_shape", model.input_shape());
   write_int_attr(f, "classes", int64_t(model.classes()));
+  // A padded token table (model.pad_vocab): its rows past the vocabulary are zero padding, and
+  // readers outside strata (export) learn the real vocabulary here.
+  for (const LayerSpec& l : model.spec())
+    if (l.kind == LayerSpec::Kind::kEmbedding && padded_vocab(model.classes(), l.pad) != model.classes())
+      write_int_attr(f, "vocab_size", int64_t(model.classes()));
 }
 
 uint32_t crc32_of(const float* p, int64_t n) {

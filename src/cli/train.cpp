@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include "config/config.h"
+#include "run/memory_estimate.h"
 #include "run/run_plan.h"
 #include "run/session.h"
 #include "strata/error.h"
@@ -46,6 +47,7 @@ Subcommand add_train(CLI::App& app) {
   struct Opts {
     TrainFlags flags;
     int64_t check_grid = 0;
+    bool dry_run = false;
   };
   auto o = std::make_shared<Opts>();
   auto* train = app.add_subcommand("train", "train a model (rank 0 prints progress)");
@@ -54,10 +56,18 @@ Subcommand add_train(CLI::App& app) {
                     "only check that the config's grid fits RANKS ranks (exit 0, or 2 naming the "
                     "key); trains nothing (slurm/train.sbatch asks before shrinking a job)")
       ->check(int_in(1, 1 << 24));
+  train->add_flag("--dry_run", o->dry_run,
+                  "plan the run on these ranks (config, data, grid, model) and print its `plan:` "
+                  "line, the parameter count and memory per rank; allocates and trains nothing");
   return {train, [o](Comm& comm) {
             RunConfig& cfg = o->flags.cfg;
             // The file and the flags: every rank reads them; rank 0 alone reports what is wrong.
             collectively(comm, [&] { apply_train_flags(o->flags); });
+            if (o->dry_run) {
+              const RunPlan plan = plan_run(cfg, comm);
+              if (comm.rank() == 0) fmt::print("{}\n", plan_line(cfg, plan));
+              return int(kExitOk);
+            }
             if (o->check_grid == 0) return run_train(cfg, comm);
             const int P = cfg.parallel.pipeline_stages, T = cfg.parallel.tensor;
             GridShape g;

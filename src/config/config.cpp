@@ -39,8 +39,11 @@ void apply_config(const ConfigFlags& flags, RunConfig& cfg) {
   cfg.config_path = flags.config_path;
   if (!flags.config_path.empty()) read_config_file(flags.config_path, cfg);
   for (const ConfigKey& k : config_keys(cfg))
-    if (auto it = flags.given.find(k.name); it != flags.given.end() && !it->second.empty())
+    if (auto it = flags.given.find(k.name); it != flags.given.end() && !it->second.empty()) {
       k.set_from_flag(it->second);
+      cfg.given[k.name] = "flag --" + k.name;
+    }
+  apply_model_preset(cfg);
 }
 
 void validate(const RunConfig& c) {
@@ -97,7 +100,7 @@ ModelSpec RunConfig::model_spec(int classes) const {
   const float dropout = float(model.dropout);
   ModelSpec s;
   if (model.type == "gpt") {
-    s.push_back(embedding_spec(model.dim));
+    s.push_back(embedding_spec(model.dim, model.vocab_row_multiple()));
     if (dropout > 0) s.push_back(dropout_spec(dropout));
     for (int i = 0, n = model.gpt_blocks(); i < n; ++i)
       s.push_back(block_spec(model.heads, dropout, train.recompute == "block"));

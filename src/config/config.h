@@ -17,6 +17,9 @@ namespace strata {
 
 struct RunConfig {
   std::string config_path;  // the TOML file given with --config ("" if none)
+  // Keys the file or the flags set, each with where ("config f.toml:3:1", "flag --model.dim"):
+  // a preset fills only the others, and names these when they disagree with it.
+  std::map<std::string, std::string> given;
 
   struct Data {
     std::string path = "data/fashion-mnist.h5";
@@ -32,7 +35,14 @@ struct RunConfig {
     // gpt: GPT-2's shape. vocab 0 = the data's; dropout applies to the embeddings and both
     // residual branches of every block.
     int heads = 4, dim = 128, context = 64, vocab = 0;
+    // gpt: a published shape (presets.cpp: gpt2, gpt2-medium, gpt2-large, gpt2-xl) that sets
+    // type, layers, heads, dim, context and vocab; "none" = the keys as given.
+    std::string preset = "none";
+    // gpt: the token table's rows rounded up to a multiple of 128 (llm.c's padding; the padded
+    // rows are never used). Default off; a preset turns it on unless the config sets it.
+    bool pad_vocab = false;
     int gpt_blocks() const;  // model.layers as a count for gpt (default 4)
+    int vocab_row_multiple() const { return pad_vocab ? 128 : 0; }
   } model;
   struct Train {
     int64_t epochs = 1;
@@ -180,6 +190,13 @@ struct ConfigFlags {
 void add_config_flags(CLI::App& sub, ConfigFlags& flags);
 // Builds the run's config: defaults, then the file (if any), then the flags given.
 void apply_config(const ConfigFlags& flags, RunConfig& cfg);
+// model.preset's keys (presets.cpp): set where the config left them, checked where it set
+// them (a different value is a UserError naming both keys). read_config_text and
+// apply_config run it; running it again changes nothing.
+void apply_model_preset(RunConfig& cfg);
+// The preset names model.preset takes, "none" first.
+const std::vector<std::string>& model_presets();
+
 // Cross-key checks a single key's range cannot express; throws UserError naming the key.
 void validate(const RunConfig& cfg);
 

@@ -192,8 +192,10 @@ void read_config_text(std::string_view text, const std::string& source, RunConfi
         fail_input("{}: unknown key '{}'{}", at(source, name.source()), full,
                    near.empty() ? "" : fmt::format(" (did you mean '{}'?)", near));
       set_key(*k, v, fmt::format("{}: key {}", at(source, v.source()), full));
+      cfg.given[full] = at(source, v.source());
     }
   }
+  apply_model_preset(cfg);
 }
 
 void read_config_file(const std::string& path, RunConfig& cfg) {

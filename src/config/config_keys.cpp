@@ -74,6 +74,11 @@ std::vector<ConfigKey> config_keys(RunConfig& c) {
       key("model.dim", &c.model.dim, kSize, "gpt: model width"),
       key("model.context", &c.model.context, kSize, "gpt: tokens per sample"),
       key("model.vocab", &c.model.vocab, in(0, 1 << 24), "gpt: vocabulary (0 = the data's)"),
+      text("model.preset", &c.model.preset, model_presets(),
+           "none | gpt2 | gpt2-medium | gpt2-large | gpt2-xl: GPT-2's published shapes (sets "
+           "model.type, layers, heads, dim, context, vocab)"),
+      key("model.pad_vocab", &c.model.pad_vocab, {},
+          "gpt: token table rows padded to a multiple of 128 (default on with a preset)"),
 
       key("train.epochs", &c.train.epochs, kCount64, "passes over the training split"),
       key("train.batch_size", &c.train.batch_size, kCount64, "GLOBAL batch over all ranks"),

@@ -53,7 +53,7 @@ constexpr KindInfo kKinds[] = {
     {Kind::kMaxPool, "maxpool", 1, 2},     {Kind::kRelu, "relu", 0, 0},
     {Kind::kGelu, "gelu", 0, 0},           {Kind::kSilu, "silu", 0, 0},
     {Kind::kFlatten, "flatten", 0, 0},
-    {Kind::kDropout, "dropout", 1, 1},     {Kind::kEmbedding, "embedding", 1, 1},
+    {Kind::kDropout, "dropout", 1, 1},     {Kind::kEmbedding, "embedding", 1, 2},
     {Kind::kBlock, "block", 1, 3},         {Kind::kLayerNorm, "layernorm", 0, 0},
     {Kind::kLmHead, "lmhead", 0, 0},
 };
@@ -86,7 +86,8 @@ LayerSpec parse_layer_spec(const std::string& text, const std::string& where) {
   s.source = text;
   auto size = [&](size_t i) { return int_arg(where, text, w[i]); };
   switch (s.kind) {
-    case Kind::kLinear: case Kind::kEmbedding: s.size = size(1); break;
+    case Kind::kLinear: s.size = size(1); break;
+    case Kind::kEmbedding: s.size = size(1), s.pad = w.size() > 2 ? size(2) : 0; break;
     case Kind::kConv:
       s.size = size(1), s.kernel = size(2);
       s.stride = w.size() > 3 ? size(3) : 1;
@@ -130,7 +131,9 @@ const char* LayerSpec::kind_name() const {
 
 std::string LayerSpec::text() const {
   switch (kind) {
-    case Kind::kLinear: case Kind::kEmbedding: return fmt::format("{} {}", kind_name(), size);
+    case Kind::kLinear: return fmt::format("linear {}", size);
+    case Kind::kEmbedding:  // unpadded as before, so older files' specs compare equal
+      return pad > 0 ? fmt::format("embedding {} {}", size, pad) : fmt::format("embedding {}", size);
     case Kind::kConv: return fmt::format("conv {} {} {} {}", size, kernel, stride, pad);
     case Kind::kMaxPool:
       return stride == kernel ? fmt::format("maxpool {}", kernel)
@@ -172,9 +175,9 @@ LayerSpec dropout_spec(float p) {
   s.p = p;
   return finish(s);
 }
-LayerSpec embedding_spec(int dim) {
+LayerSpec embedding_spec(int dim, int row_multiple) {
   LayerSpec s = make(Kind::kEmbedding);
-  s.size = dim;
+  s.size = dim, s.pad = row_multiple;
   return finish(s);
 }
 LayerSpec block_spec(int heads, float dropout, bool recompute) {

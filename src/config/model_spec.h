@@ -5,7 +5,9 @@
 // The text form, one layer per string:
 //   linear OUT                      conv OUT_CHANNELS KERNEL [STRIDE [PAD]]
 //   maxpool KERNEL [STRIDE]         relu   gelu   silu   flatten   dropout P
-//   embedding DIM                   block HEADS [DROPOUT [recompute]]   layernorm   lmhead
+//   embedding DIM [ROW_MULTIPLE]    block HEADS [DROPOUT [recompute]]   layernorm   lmhead
+// (embedding's ROW_MULTIPLE: the token table's rows are the vocabulary rounded up to a multiple
+// of it, as llm.c pads GPT-2's 50257 to 50304; the padded rows are never read: layers_gpt.cpp.)
 // Input sizes are inferred when the model is built (model.h).
 #pragma once
 #include <string>
@@ -20,7 +22,7 @@ struct LayerSpec {
   };
   Kind kind = Kind::kFlatten;
   int size = 0;  // linear: outputs; conv: output channels; embedding: width; block: heads
-  int kernel = 0, stride = 1, pad = 0;  // conv, maxpool
+  int kernel = 0, stride = 1, pad = 0;  // conv, maxpool; embedding: pad = the row multiple (0: none)
   float p = 0;                          // dropout, block: dropout probability
   bool recompute = false;               // block: recompute its activations in backward
   std::string source;  // the text it was parsed from, for messages (text() otherwise)
@@ -50,7 +52,7 @@ LayerSpec maxpool_spec(int kernel);
 LayerSpec activation_spec(const std::string& name);  // "relu" | "gelu" | "silu"
 LayerSpec flatten_spec();
 LayerSpec dropout_spec(float p);
-LayerSpec embedding_spec(int dim);
+LayerSpec embedding_spec(int dim, int row_multiple = 0);
 LayerSpec block_spec(int heads, float dropout, bool recompute);
 LayerSpec layernorm_spec();
 LayerSpec lmhead_spec();

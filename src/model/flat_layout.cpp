@@ -157,6 +157,8 @@ void FlatLayout::init(uint64_t seed) {
       case Param::Init::kOnes: std::fill(v, v + n, 1.0f); break;
       case Param::Init::kZeros: std::fill(v, v + n, 0.0f); break;
     }
+    // Padding rows are zero (the rows before them drew the values an unpadded table does).
+    if (p->used_rows > 0) std::fill(v + p->used_rows * (n / p->whole_shape[0]), v + n, 0.0f);
     if (p->split_dim >= 0)
       for_each_run(*p, tp_.rank, tp_.size, [&](int64_t at_part, int64_t at_whole, int64_t k) {
         std::copy_n(v + at_whole, k, p->host + at_part);

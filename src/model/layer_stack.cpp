@@ -44,7 +44,7 @@ std::unique_ptr<Layer> build_layer(const LayerSpec& s, const Shape& in, int inde
     case LayerSpec::Kind::kEmbedding:
       if (in.size() != 1)
         fail_input("{}: '{}' needs token ids (T) per sample, gets {}", where, spec, shape_str(in));
-      return make_embedding(ctx.classes, s.size, int(in[0]));
+      return make_embedding(ctx.classes, s.size, int(in[0]), s.pad);
     case LayerSpec::Kind::kBlock: {
       if (in.size() != 2) fail_input("{}: '{}' needs (T, C) per sample, gets {}", where, spec, shape_str(in));
       const int heads = s.size, C = int(in[1]);
@@ -183,14 +183,21 @@ std::vector<LayerInfo> describe_layers(const ModelSpec& spec, const Shape& input
                                        const std::string& where) {
   LayerStack b = build_layers(spec, input_shape, classes, {}, where);
   std::vector<LayerInfo> out;
+  auto padding = [](const Layer& l) {
+    int64_t n = 0;
+    for (const Param& p : l.params)
+      if (p.used_rows > 0) n += (p.shape[0] - p.used_rows) * (numel(p.shape) / p.shape[0]);
+    return n;
+  };
   for (size_t i = 0; i < b.layers.size(); ++i)
     out.push_back({.name = b.layers[i]->name, .describe = b.layers[i]->describe(),
                    .in_shape = b.shapes[i], .out_shape = b.shapes[i + 1],
-                   .params = param_count(*b.layers[i]),
+                   .params = param_count(*b.layers[i]), .padding = padding(*b.layers[i]),
                    .flat = whole_flat_count(*b.layers[i]),
                    .flops = b.layers[i]->flops_per_sample(b.shapes[i]),
                    .internal_bytes = b.layers[i]->internal_bytes_per_sample(b.shapes[i]),
-                   .recomputes = b.layers[i]->recomputes()});
+                   .recomputes = b.layers[i]->recomputes(),
+                   .reshape = b.layers[i]->is_reshape()});
   return out;
 }
 

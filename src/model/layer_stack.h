@@ -36,10 +36,12 @@ struct LayerInfo {
   std::string name, describe;
   Shape in_shape, out_shape;  // per sample
   int64_t params = 0;
+  int64_t padding = 0;  // of params: never used (the token table's padding rows)
   int64_t flat = 0;  // floats its tensors span in the flat buffers (each padded: flat_span)
   double flops = 0;  // forward, per sample
   int64_t internal_bytes = 0;  // per sample, kept for backward besides the output (blocks)
   bool recomputes = false;     // recomputed in backward instead (train.recompute = block)
+  bool reshape = false;        // a view of its input (flatten): no buffer of its own
 };
 std::vector<LayerInfo> describe_layers(const ModelSpec& spec, const Shape& input_shape, int classes,
                                        const std::string& where = "model.layers");

@@ -50,6 +50,10 @@ struct Param {
   int split_dim = -1;
   int split_groups = 1;
   int64_t whole_offset = 0;  // into the stage's unsplit block (checkpoint layout)
+  // Rows in use, when fewer than shape[0] (0 = all): the rows after them are padding (the
+  // token table's, model.pad_vocab), zero from init on: no op reads them or writes their
+  // gradient, so every optimizer keeps them at zero.
+  int64_t used_rows = 0;
 };
 
 // Megatron-style tensor parallelism: a transformer block's attention heads and MLP hidden
@@ -165,8 +169,12 @@ std::unique_ptr<Layer> make_flatten();
 std::unique_ptr<Layer> make_dropout(float p, int index);  // index decorrelates masks
 
 // GPT-2 (layers_gpt.cpp). Per sample, activations are (T, C): T positions of C features.
-// Token ids (T) as floats -> token + position embedding (T, C).
-std::unique_ptr<Layer> make_embedding(int vocab, int dim, int context);
+// Token ids (T) as floats -> token + position embedding (T, C). row_multiple > 1: the token
+// table has `vocab` rounded up to a multiple of it rows (llm.c's padding of GPT-2's 50257 to
+// 50304); ids stay in [0, vocab) and the rows after them are never read.
+std::unique_ptr<Layer> make_embedding(int vocab, int dim, int context, int row_multiple = 0);
+// The token table's rows for `vocab` and a row multiple (0 or 1: vocab itself).
+int64_t padded_vocab(int64_t vocab, int row_multiple);
 // One pre-LayerNorm transformer block (T, C) -> (T, C): x + attn(ln_1(x)), then
 // + mlp(ln_2(.)) with a 4C GELU MLP; dropout p on both residual branches. `blocks` (the model's
 // count) scales the init of the residual projections as GPT-2 does; `recompute` keeps only the
@@ -178,7 +186,9 @@ std::unique_ptr<Layer> make_block(int dim, int heads, int blocks, float dropout,
                                   bool recompute, TensorSplit tp = {});
 std::unique_ptr<Layer> make_layernorm(int dim);
 // Logits (T, V) = x (T, C) @ wte^T: the output layer, tied to the embedding's token table
-// (tie_lm_head connects them once both exist; Model does it).
+// (tie_lm_head connects them once both exist; Model does it). With a padded table it reads
+// the first V rows: the padded rows have no logits, so the loss, its gradient and sampling
+// never see them.
 std::unique_ptr<Layer> make_lm_head(int vocab);
 // Ties head to embedding; false if they are not an LM head and an embedding.
 bool tie_lm_head(Layer& head, Layer& embedding);

@@ -18,17 +18,29 @@ using Init = Param::Init;
 
 int rows_of(const Tensor& t) { return int(t.dim(0) * t.dim(1)); }  // B*T
 
+// A padded token table's gradient rows past the vocabulary: zero, as the table's rows are
+// (no kernel writes them; zeroed here each step so nothing else need be trusted to).
+void zero_padded_rows(const Backend& be, const Param& table) {
+  if (table.used_rows <= 0 || table.used_rows >= table.shape[0]) return;
+  const int64_t C = table.shape[1];
+  be.memory->zero(table.grad + table.used_rows * C,
+                  sizeof(float) * size_t((table.shape[0] - table.used_rows) * C));
+}
+
 class Embedding final : public SplitLayer {
  public:
-  Embedding(int V, int C, int T) : V_(V), C_(C), T_(T) {
-    params = {{.name = "wte", .shape = {V, C}, .fan_in = C, .init = Init::kNormal},
+  Embedding(int V, int C, int T, int row_multiple)
+      : V_(V), Vp_(int(padded_vocab(V, row_multiple))), C_(C), T_(T) {
+    params = {{.name = "wte", .shape = {Vp_, C}, .fan_in = C, .init = Init::kNormal,
+               .used_rows = Vp_ > V ? V : 0},
               {.name = "wpe", .shape = {T, C}, .fan_in = C, .init = Init::kNormal}};
   }
   std::vector<Op> ops() const override {
     return {Op::embedding_forward, Op::embedding_backward};
   }
   std::string describe() const override {
-    return fmt::format("Embedding(vocab {}, dim {}, context {})", V_, C_, T_);
+    return fmt::format("Embedding(vocab {}, dim {}, context {}{})", V_, C_, T_,
+                       Vp_ > V_ ? fmt::format(", table padded to {} rows", Vp_) : "");
   }
   Shape output_shape(const Shape& in) const override {
     if (in.size() != 1 || in[0] < 1 || in[0] > T_)
@@ -77,8 +89,9 @@ class Embedding final : public SplitLayer {
                             /*accumulate=*/true);
     if (t < T_ && !accumulate)  // positions this batch did not reach get no gradient
       be.memory->zero(params[1].grad + int64_t(t) * C_, sizeof(float) * size_t(T_ - t) * C_);
+    if (!tied_ && !accumulate) zero_padded_rows(be, params[0]);  // (a tied head does it)
   }
-  int V_, C_, T_;
+  int V_, Vp_, C_, T_;
   bool tied_ = false;
 
  private:
@@ -151,7 +164,8 @@ class LmHead final : public SplitLayer {
   // Its own int8 copy of the token table (the embedding keeps reading the fp32 one).
   std::vector<Int8Target> int8_targets() const override {
     if (!wte_) return {};
-    return {{name + ".weight", wte_->name, int(wte_->shape[0]), int(wte_->shape[1])}};
+    // Its first V rows: a padded table's padding has no logits to give.
+    return {{name + ".weight", wte_->name, V_, int(wte_->shape[1])}};
   }
   // Runs before the embedding's backward, which adds its part to the same gradient (W runs in
   // the same layer order, so the sum's order is the same).
@@ -159,6 +173,7 @@ class LmHead final : public SplitLayer {
              bool param_grads, bool accumulate) override {
     be.linear_backward(dx ? dx->data() : nullptr, param_grads ? wte_->grad : nullptr, nullptr,
                        dy.data(), x.data(), wte_->value, rows_of(x), int(x.dim(2)), V_, accumulate);
+    if (param_grads && !accumulate) zero_padded_rows(be, *wte_);
   }
   int V_;
   Param* wte_ = nullptr;
@@ -456,8 +471,11 @@ class Block final : public Layer {
 
 }  // namespace
 
-std::unique_ptr<Layer> make_embedding(int vocab, int dim, int context) {
-  return std::make_unique<Embedding>(vocab, dim, context);
+std::unique_ptr<Layer> make_embedding(int vocab, int dim, int context, int row_multiple) {
+  return std::make_unique<Embedding>(vocab, dim, context, row_multiple);
+}
+int64_t padded_vocab(int64_t vocab, int row_multiple) {
+  return row_multiple > 1 ? (vocab + row_multiple - 1) / row_multiple * row_multiple : vocab;
 }
 std::unique_ptr<Layer> make_block(int dim, int heads, int blocks, float dropout, int index,
                                   bool recompute, TensorSplit tp) {
@@ -477,7 +495,7 @@ bool tie_lm_head(Layer& head, Layer& embedding) {
 
 bool tie_lm_head(Layer& head, Param& table) {
   auto* h = dynamic_cast<LmHead*>(&head);
-  if (!h || table.shape.size() != 2 || table.shape[0] != h->V_) return false;
+  if (!h || table.shape.size() != 2 || table.shape[0] < h->V_) return false;
   h->wte_ = &table;
   return true;
 }

@@ -23,7 +23,8 @@ void check_dataset(const RunConfig& cfg, DatasetInfo& info) {
                info.tokens ? "a token file trains model.type = \"gpt\"" : "a GPT trains on tokens: strata prepare text");
   if (info.tokens) {
     if (cfg.model.vocab != 0 && cfg.model.vocab != info.vocab)
-      fail_input("model.vocab = {}, but {} has a vocabulary of {}", cfg.model.vocab,
+      fail_input("model.vocab = {}{}, but {} has a vocabulary of {}", cfg.model.vocab,
+                 cfg.model.preset == "none" ? "" : fmt::format(" (model.preset = \"{}\")", cfg.model.preset),
                  cfg.data.path, info.vocab);
     set_context(info, cfg.model.context);
   }

@@ -15,6 +15,7 @@
 #include "parallel/whole_model.h"
 #include "parallel/zero.h"
 #include "run/divergence.h"
+#include "run/memory_estimate.h"
 #include "run/session_report.h"
 #include "strata/error.h"
 
@@ -113,6 +114,10 @@ TrainingSession::TrainingSession(const RunConfig& cfg, Comm& comm)
 void TrainingSession::build_model() {
   AllocationScope scope("building the model (parameters, gradients, optimizer state)");
   const RunConfig& cfg = cfg_;
+  if (lead_) {  // what this needs, before any of it is allocated
+    fmt::print("{}\n", plan_line(cfg, plan_));
+    std::fflush(stdout);
+  }
   collectively(comm_, [&] {
     // Values and gradients, the optimizer's state, and on rank 0 the whole model that
     // checkpoints gather into: refused now, naming the layer, if it cannot fit.

@@ -494,6 +494,39 @@ def cases(fx: Fixtures):
     tok("blocks larger than memory", lambda f: None, r"needs .*; this node has .* available", ["--model.dim", "16000000",
         "--model.heads", "1"])
 
+    # ---- model.preset (issue 31): unknown names, keys that disagree, data the preset does not fit ----
+    conf("unknown model.preset", '[model]\npreset = "gpt3"\n',
+         key_re + r"model\.preset: expected one of none, gpt2, gpt2-medium, gpt2-large, gpt2-xl, got 'gpt3'")
+    conf("model.preset with a conflicting model.dim", '[model]\npreset = "gpt2"\ndim = 512\n',
+         r"c\.toml:3:\d+: model\.dim = 512 conflicts with model\.preset = \"gpt2\" \(config .*c\.toml:2:\d+\), "
+         r"which sets model\.dim = 768")
+    conf("model.preset with model.type = mlp", '[model]\ntype = "mlp"\npreset = "gpt2-xl"\n',
+         r"c\.toml:2:\d+: model\.type = \"mlp\" conflicts with model\.preset = \"gpt2-xl\"")
+    out["flags"].append(Case("flags: --model.heads conflicting with model.preset in the file", cfg + ["--model.heads", "4"],
+                             2, r"flag --model\.heads: model\.heads = 4 conflicts with model\.preset = \"gpt2-medium\" "
+                             r"\(config .*c\.toml:2:\d+\), which sets model\.heads = 16",
+                             make=file_with('[model]\npreset = "gpt2-medium"\n')))
+    out["flags"].append(Case("flags: --model.preset conflicting with model.layers in the file",
+                             cfg + ["--model.preset", "gpt2"], 2,
+                             r"config .*c\.toml:2:\d+: model\.layers = 6 conflicts with model\.preset = "
+                             r"\"gpt2\" \(flag --model\.preset\), which sets model\.layers = 12",
+                             make=file_with('[model]\nlayers = 6\n')))
+    tok("model.preset on byte tokens", lambda f: None,
+        r"model\.vocab = 50257 \(model\.preset = \"gpt2\"\), but .*in\.h5 has a vocabulary of 256",
+        ["--model.preset", "gpt2", "--model.type", "gpt", "--model.layers", "12", "--model.heads", "12",
+         "--model.dim", "768", "--model.context", "1024"])
+
+    def bpe_sized(tokens):
+        def fn(f):
+            set_tokens("train", tokens)(f)
+            set_tokens("val", tokens)(f)
+            f.attrs["vocab"] = np.int64(50257)
+        return fn
+    preset_flags = ["--model.preset", "gpt2", "--model.layers", "12", "--model.heads", "12", "--model.dim", "768",
+                    "--model.context", "1024"]
+    tok("model.preset's context beyond the data", bpe_sized(np.arange(1000, dtype=np.uint16)),
+        r"in\.h5: /train/tokens has 1000 tokens; model\.context = 1024 needs at least 1025", preset_flags)
+
     # ---- checkpoints: train --resume PATH / auto, inspect ----
     resume = train + ["--train.max_steps", "3", "--resume", "{C}/in.h5"]
 
