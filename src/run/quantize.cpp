@@ -22,7 +22,7 @@ namespace {
 // train split, run in fp32 (the table records them), / 127.
 void calibrate(Model& model, Int8Table& table, const QuantizeOptions& o, const LoadedParams& lp,
                const Backend& be) {
-  DatasetInfo info = open_dataset(o.data);
+  DatasetInfo info = open_dataset(o.data, {.format = "auto", .val_path = "", .vocab = lp.classes});  // shards: the model's vocabulary
   if (info.tokens && lp.input_shape.size() == 1) set_context(info, lp.input_shape[0]);
   if (info.train.sample_shape != lp.input_shape || info.classes != lp.classes)
     fail_input("--data {}: samples {} with {} classes do not fit the model in {} ({} with {} "
