@@ -284,7 +284,8 @@ void ConfigKey::set_from_flag(const std::vector<std::string>& texts) const {
           if (!v) fail_input("{}: {}", where, why);
           set_real(*v, one(), where);
         } else if constexpr (std::is_same_v<T, std::string>) {
-          set_text(one(), where);
+          if (list_as_text && texts.size() > 1) set_text_list(texts, where);
+          else set_text(one(), where);
         } else if constexpr (std::is_same_v<T, std::vector<int>>) {
           std::vector<int64_t> vs;
           for (const auto& s : texts) {

@@ -61,6 +61,9 @@ struct DataOptions {
   std::string format = "auto";  // auto | hdf5 | llmc | nanogpt
   std::string val_path;         // token shards' validation split ("" = found beside them)
   int vocab = 0;                // token shards' vocabulary (0 = GPT-2's, 50257)
+  // Token shards: this process checks chunks i of the token check with i % check_parts ==
+  // check_part (the ranks of a run share it; run it inside collectively()).
+  int check_part = 0, check_parts = 1;
 };
 
 // Opens and validates the file: datasets present, ranks/dtypes/shapes consistent, and every

@@ -180,8 +180,10 @@ DatasetInfo open_token_shards(const std::string& path, const std::string& format
     info.has_test = true;
     info.test = shard_split("test", files, format);
   }
-  check_shard_tokens(info.train.files, info.train.file_tokens, format, info.vocab);
-  if (info.has_test) check_shard_tokens(info.test.files, info.test.file_tokens, format, info.vocab);
+  const int part = options.check_part, parts = std::max(1, options.check_parts);
+  check_shard_tokens(info.train.files, info.train.file_tokens, format, info.vocab, part, parts);
+  if (info.has_test)
+    check_shard_tokens(info.test.files, info.test.file_tokens, format, info.vocab, part, parts);
   return info;
 }
 

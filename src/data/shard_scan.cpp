@@ -64,13 +64,14 @@ std::string read_chunk(const std::string& file, const Chunk& c, int64_t header,
 }  // namespace
 
 void check_shard_tokens(const std::vector<std::string>& files, const std::vector<int64_t>& tokens,
-                        const std::string& format, int64_t vocab) {
+                        const std::string& format, int64_t vocab, int part, int parts) {
   if (vocab > std::numeric_limits<uint16_t>::max()) return;  // every uint16 is a valid id
   const int64_t header = shard_header_bytes(format);
   std::vector<Chunk> chunks;
+  size_t i = 0;
   for (size_t f = 0; f < files.size(); ++f)
-    for (int64_t at = 0; at < tokens[f]; at += kChunkTokens)
-      chunks.push_back({f, at, std::min(kChunkTokens, tokens[f] - at)});
+    for (int64_t at = 0; at < tokens[f]; at += kChunkTokens, ++i)
+      if (int(i % size_t(parts)) == part) chunks.push_back({f, at, std::min(kChunkTokens, tokens[f] - at)});
   FirstFailure fail;
   std::atomic<size_t> next{0};
   auto scan = [&] {

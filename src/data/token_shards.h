@@ -41,8 +41,9 @@ DatasetInfo open_token_shards(const std::string& path, const std::string& format
                               const DataOptions& options);
 
 // Checks every token of `files` (shards of `format`, `tokens` each) is below `vocab`, reading
-// them in parallel in chunks; throws UserError naming the first bad token's file and byte.
+// them in parallel in chunks (this process: chunks i with i % parts == part); throws
+// UserError naming the first bad token's file and byte.
 void check_shard_tokens(const std::vector<std::string>& files, const std::vector<int64_t>& tokens,
-                        const std::string& format, int64_t vocab);
+                        const std::string& format, int64_t vocab, int part, int parts);
 
 }  // namespace strata

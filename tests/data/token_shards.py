@@ -1,12 +1,12 @@
 #!/usr/bin/python3
 """Token shards (llm.c's and nanoGPT's) train exactly as the same tokens in an HDF5 token file.
 
-The first 40,000 train and 6,000 validation tokens of the fortunes token file, written three
-ways: an HDF5 token file (uint8, as `strata prepare text` writes them), llm.c shards (1024-byte
-header, uint16) cut at uneven places that are not multiples of the context, so many windows
-span two shards, and nanoGPT's train.bin / val.bin. A 1-block GPT (context 16) trains 16 steps
-of global batch 8 on each; every validation window is evaluated at the end (the validation
-shards are cut unevenly too, so windows that span shards are all evaluated):
+The first 2,049 train tokens (128 windows of context 16: the 16 steps of global batch 8 read
+each exactly once) and 6,000 validation tokens of the fortunes token file, written three ways:
+an HDF5 token file (uint8, as `strata prepare text` writes them), llm.c shards (1024-byte
+header, uint16) cut at places that are not multiples of the context, so that windows span two
+and three shards, and nanoGPT's train.bin / val.bin. A 1-block GPT trains on each, and every
+validation window is evaluated at the end (the validation shards are cut likewise):
   - llm.c shards, in memory and streamed (STRATA_DATA_CACHE_MB=0), given as a glob, and nanoGPT
     train.bin: the losses, the validation loss and model.h5's parameters bitwise those of the
     HDF5 file;
@@ -44,7 +44,7 @@ def check(cond, msg):
 
 
 with h5py.File(FORTUNES, "r") as f:
-    train = f["train/tokens"][:40000]
+    train = f["train/tokens"][:T * 8 * STEPS + 1]
     val = f["val/tokens"][:6000]
     vocab = int(f.attrs["vocab"])
 
@@ -72,7 +72,7 @@ def cut(tokens, sizes):
 
 llmc = os.path.join(WORK, "llmc")
 os.makedirs(llmc)
-train_parts = cut(train, [7001, 13, 9999, 50, 3])  # 13 and 3 tokens: a window spans 3 shards
+train_parts = cut(train, [301, 13, 700, 3, 50])  # 13 and 3 tokens: windows span 3 shards
 val_parts = cut(val, [1000, 7, 2500])
 for i, p in enumerate(train_parts):
     write_llmc(os.path.join(llmc, f"tiny_train_{i:06d}.bin"), p)
