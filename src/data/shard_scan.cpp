@@ -1,5 +1,5 @@
 // Token shards: every token checked against the vocabulary before training starts, read in
-// chunks by all the cores (token_shards.h). A 2 GB shard set is a few seconds' scan.
+// chunks by all the cores (token_shards.h).
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -19,7 +19,9 @@
 namespace strata {
 namespace {
 
-constexpr int64_t kChunkTokens = int64_t(1) << 22;  // 8 MiB of uint16 per read
+// 1 MiB of uint16 per read: large enough for the disk, small enough that a thread per core of a
+// large node adds little to the peak memory.
+constexpr int64_t kChunkTokens = int64_t(1) << 19;
 
 struct Chunk {
   size_t file;

@@ -73,8 +73,8 @@ TEST_CASE("token shards: one stream in file order, read across boundaries", "[da
 TEST_CASE("token shards: the token check is split over parts", "[data][shards]") {
   TempDir d;
   const std::string file = (d.path / "a_train_0.bin").string();
-  std::vector<uint16_t> t(3 << 22, 1);  // three chunks of the check
-  t[(2 << 22) + 5] = 60000;             // in the third
+  std::vector<uint16_t> t(3 << 19, 1);  // three chunks of the check (1 MiB each)
+  t[(2 << 19) + 5] = 60000;             // in the third
   write_llmc(file, t);
   auto check = [&](int part, int parts) {
     return user_error([&] {
@@ -83,7 +83,7 @@ TEST_CASE("token shards: the token check is split over parts", "[data][shards]")
     });
   };
   const std::string bad = fmt::format("{}: token at byte {} = 60000 is out of range [0, 50257)", file,
-                                      1024 + 2 * ((2 << 22) + 5));
+                                      1024 + 2 * ((2 << 19) + 5));
   CHECK_THAT(check(0, 1), Contains(bad));
   CHECK_THAT(check(0, 2), Contains(bad));  // chunks 0 and 2
   // Part 1 of 2 checks chunk 1 only, which holds no bad token.
