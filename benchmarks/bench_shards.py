@@ -66,7 +66,7 @@ def main():
                                  int(a.shard_mb * 1e6 / 2), 1)
         small, nsmall = write_shards(os.path.join(work, "small"), 8_000_000, 4_000_000, 2)
         print(f"wrote {nbig} shards of {a.gb:.2f} GB and {nsmall} of 0.016 GB in "
-              f"{time.perf_counter() - t0:.1f} s under {a.dir}")
+              f"{time.perf_counter() - t0:.1f} s")
         with open("/proc/cpuinfo") as f:
             cpu = next(l.split(":", 1)[1].strip() for l in f if l.startswith("model name"))
         print(f"CPU: {cpu}, {os.cpu_count()} cores; strata: {a.strata}; {a.steps} steps, "
