@@ -25,7 +25,9 @@ class Hdf5TokenSource final : public TokenSource {
       space_ = H5Id(H5_CHECK(H5Dget_space(tokens_.get())), H5Sclose);
     });
   }
-  ~Hdf5TokenSource() override {
+  ~Hdf5TokenSource() override { close(); }
+
+  void close() override {
     std::lock_guard lock(hdf5_mutex());
     space_.reset();
     tokens_.reset();

@@ -396,7 +396,7 @@ Loader::Loader(const DatasetInfo& info, const std::string& split, int64_t global
         p->images.reset();
         p->file.reset();
         if (lock.owns_lock()) lock.unlock();
-        p->source.reset();
+        if (p->source) p->source->close();  // kept: it names a token in messages
       } catch (const std::runtime_error&) {
         std::vector<unsigned char>().swap(p->all_rows);
       }

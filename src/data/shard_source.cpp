@@ -32,7 +32,13 @@ class ShardSource final : public TokenSource {
         fail_input("{}: changed since it was opened (now {} bytes)", files_[f], int64_t(sb.st_size));
     }
   }
-  ~ShardSource() override { close_all(); }
+  ~ShardSource() override { close(); }
+
+  void close() override {
+    for (int& f : fds_)
+      if (f >= 0) ::close(f), f = -1;
+    open_ = 0;
+  }
 
   size_t token_bytes() const override { return 2; }
 
@@ -60,7 +66,7 @@ class ShardSource final : public TokenSource {
   static constexpr int kOpenFiles = 64;
   int fd(size_t f) {
     if (fds_[f] >= 0) return fds_[f];
-    if (open_ >= kOpenFiles) close_all();
+    if (open_ >= kOpenFiles) close();
     fds_[f] = ::open(files_[f].c_str(), O_RDONLY | O_CLOEXEC);
     if (fds_[f] < 0) fail_input("{}: cannot open ({})", files_[f], std::strerror(errno));
     ++open_;
@@ -79,12 +85,6 @@ class ShardSource final : public TokenSource {
                    got < 0 ? std::strerror(errno) : "the file is shorter than when it was opened");
       done += size_t(got);
     }
-  }
-
-  void close_all() {
-    for (int& f : fds_)
-      if (f >= 0) ::close(f), f = -1;
-    open_ = 0;
   }
 
   std::vector<std::string> files_;

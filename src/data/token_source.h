@@ -27,7 +27,10 @@ class TokenSource {
   // changed since it was opened, throws UserError naming it.
   virtual void read(const TokenRanges& ranges, unsigned char* dst) = 0;
   // Token i of the split, for messages: "f.h5: /train/tokens[i]", "f.bin: token at byte N".
+  // Answers after close() too.
   virtual std::string where(int64_t i) const = 0;
+  // Closes the files, once the split was read whole; read() may not be called after it.
+  virtual void close() = 0;
 };
 
 // Opens split `s` of `info` (from open_dataset) for reading: its HDF5 dataset

@@ -1,6 +1,7 @@
 // Token shards: the token stream over several files, ranged reads across their boundaries, the
 // validation split found beside the train shards, and the one-line errors.
 #include <cstdint>
+#include <cstdlib>
 #include <fstream>
 #include <numeric>
 #include <string>
@@ -89,4 +90,29 @@ TEST_CASE("token shards: the token check is split over parts", "[data][shards]")
   // Part 1 of 2 checks chunk 1 only, which holds no bad token.
   CHECK(strata::open_dataset(file, {.format = "auto", .val_path = "", .vocab = 0, .check_part = 1,
                                     .check_parts = 2}).train.tokens == int64_t(t.size()));
+}
+
+TEST_CASE("token shards: a token changed after the check is named when a batch reads it", "[data][shards]") {
+  TempDir d;
+  const std::string file = (d.path / "a_train_0.bin").string();
+  write_llmc(file, iota_tokens(41, 0));
+  strata::DatasetInfo info = strata::open_dataset(file);
+  strata::set_context(info, 4);  // 10 windows
+  {
+    std::fstream f(file, std::ios::binary | std::ios::in | std::ios::out);
+    const uint16_t bad = 60000;
+    f.seekp(1024 + 2 * 17);
+    f.write(reinterpret_cast<const char*>(&bad), 2);
+  }
+  const char* was = std::getenv("STRATA_DATA_CACHE_MB");
+  const std::string saved = was ? was : "";
+  for (const char* cache : {"512", "0"}) {  // read whole into memory, and streamed
+    INFO("STRATA_DATA_CACHE_MB=" << cache);
+    ::setenv("STRATA_DATA_CACHE_MB", cache, 1);
+    strata::Loader loader(info, "train", 10, 0, 1, /*shuffle=*/false, 1);
+    CHECK_THAT(user_error([&] { loader.next(); }),
+               Contains(file + ": token at byte 1058 = 60000 is out of range [0, 50257)"));
+  }
+  if (was) ::setenv("STRATA_DATA_CACHE_MB", saved.c_str(), 1);
+  else ::unsetenv("STRATA_DATA_CACHE_MB");
 }
