@@ -15,7 +15,7 @@ no token is held): printed beside each set, and subtracted in the last column. T
 written under --dir and removed at the end.
 
 Usage: bench_shards.py [--strata build/strata] [--gb 2.0] [--shard_mb 100] [--repeats 3]
-                       [--steps 30] [--dir /tmp]
+                       [--steps 30] [--dir DIR]
 """
 import argparse
 import json
