@@ -16,7 +16,7 @@ namespace {
 
 bool is_list_key(const ConfigKey& k) {
   return std::holds_alternative<std::vector<int>*>(k.field) ||
-         std::holds_alternative<std::vector<std::string>*>(k.field);
+         std::holds_alternative<std::vector<std::string>*>(k.field) || k.list_as_text;
 }
 
 // "--name" or "--name=value" -> "name"; "" for anything else.

@@ -105,7 +105,9 @@ int run_eval(const EvalOptions& o, Comm& comm) {
                  "rank (without mpirun/srun), not {}", comm.size());
     im = load_for_inference(o.ckpt, o.device, o.threads);
     const LoadedParams& lp = im.params;
-    info = open_dataset(o.data);
+    // Token shards: the model's vocabulary; the ranks share the token check.
+    info = open_dataset(o.data, {.format = "auto", .val_path = "", .vocab = lp.classes,
+                                 .check_part = comm.rank(), .check_parts = comm.size()});
     if (info.tokens && lp.input_shape.size() == 1) set_context(info, lp.input_shape[0]);
     if (!info.has_test) fail_input("{}: has no /test split to evaluate", o.data);
     if (info.test.sample_shape != lp.input_shape || info.classes != lp.classes)

@@ -22,7 +22,7 @@ void add_config_flags(CLI::App& sub, ConfigFlags& flags) {
   RunConfig defaults;
   for (const ConfigKey& k : config_keys(defaults)) {
     const bool list = std::holds_alternative<std::vector<int>*>(k.field) ||
-                      std::holds_alternative<std::vector<std::string>*>(k.field);
+                      std::holds_alternative<std::vector<std::string>*>(k.field) || k.list_as_text;
     // Values stay text here: apply_config() parses them strictly, after the file.
     auto* o = sub.add_option("--" + k.name, flags.given[k.name], k.help);
     o->type_name(list ? "LIST" : k.expects().starts_with("an integer") ? "INT"

@@ -22,7 +22,10 @@ struct RunConfig {
   std::map<std::string, std::string> given;
 
   struct Data {
+    // One file, a TOML list of files (kept as its TOML text, "[...]") or a glob.
     std::string path = "data/fashion-mnist.h5";
+    std::string format = "auto";  // auto | hdf5 | llmc | nanogpt (data/token_shards.h)
+    std::string val_path;         // token shards' validation split ("" = beside data.path)
   } data;
   struct ModelCfg {
     std::string type = "mlp";  // mlp | cnn | custom | gpt
@@ -144,6 +147,8 @@ struct ConfigKey {
   std::vector<std::string> choices;  // strings: the allowed values (empty = any text)
   std::string help;
   bool count_or_list = false;        // model.layers: a list of strings, or one integer (gpt)
+  bool list_as_text = false;         // data.path: a string, or a list of strings kept as its
+                                     // TOML text ("[\"a.bin\", \"b.bin\"]")
 
   std::string section() const { return name.substr(0, name.find('.')); }
   std::string key() const { return name.substr(name.find('.') + 1); }

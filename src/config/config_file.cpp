@@ -55,6 +55,15 @@ void set_key(const ConfigKey& k, const toml::node& v, const std::string& where) 
             k.set_real(*v.value<double>(), fmt::format("{}", *v.value<double>()), where);
           else wrong();
         } else if constexpr (std::is_same_v<T, std::string>) {
+          if (k.list_as_text && v.is_array()) {
+            std::vector<std::string> sv;
+            for (const toml::node& e : *v.as_array()) {
+              if (!e.is_string())
+                fail_input("{}: expected {}, got an array holding {}", where, k.expects(), node_kind(e));
+              sv.push_back(*e.value<std::string>());
+            }
+            return k.set_text_list(sv, where);
+          }
           if (!v.is_string()) wrong();
           k.set_text(*v.value<std::string>(), where);
         } else {

@@ -42,6 +42,13 @@ ConfigKey text(std::string name, std::string* field, std::vector<std::string> ch
   k.choices = std::move(choices);
   return k;
 }
+std::string toml_quoted(const std::string& s);  // below
+
+ConfigKey text_or_list(std::string name, std::string* field, std::string help) {
+  ConfigKey k = key(std::move(name), field, {}, std::move(help));
+  k.list_as_text = true;
+  return k;
+}
 ConfigKey layers(std::string name, std::vector<std::string>* field, std::string help) {
   ConfigKey k = key(std::move(name), field, {}, std::move(help));
   k.count_or_list = true;
@@ -60,7 +67,14 @@ void check_text(const std::string& v, const std::string& where) {
 
 std::vector<ConfigKey> config_keys(RunConfig& c) {
   return {
-      text("data.path", &c.data.path, {}, "HDF5 dataset (see docs/models-and-data.md, Data format)"),
+      text_or_list("data.path", &c.data.path,
+                   "HDF5 data file, or token shards: a file, a list of files or a glob "
+                   "(docs/models-and-data.md, Data format)"),
+      text("data.format", &c.data.format, {"auto", "hdf5", "llmc", "nanogpt"},
+           "auto | hdf5 | llmc | nanogpt (auto: told from each file)"),
+      text_or_list("data.val_path", &c.data.val_path,
+                   "token shards' validation split, as data.path (\"\" = the train path with "
+                   "\"train\" read as \"val\", when that names files)"),
 
       text("model.type", &c.model.type, {"mlp", "cnn", "custom", "gpt"}, "mlp | cnn | custom | gpt"),
       key("model.hidden", &c.model.hidden, kSize, "hidden linear widths"),
@@ -160,6 +174,7 @@ std::vector<ConfigKey> config_keys(RunConfig& c) {
 
 std::string ConfigKey::expects() const {
   if (count_or_list) return "a list of layer strings (custom) or a block count (gpt)";
+  if (list_as_text) return "a string or a list of strings";
   return std::visit(
       [this](auto* p) -> std::string {
         using T = std::remove_pointer_t<decltype(p)>;
@@ -240,6 +255,11 @@ void ConfigKey::set_int_list(const std::vector<int64_t>& v, const std::string& w
 }
 
 void ConfigKey::set_text_list(const std::vector<std::string>& v, const std::string& where) const {
+  if (auto* s = std::get_if<std::string*>(&field); s && list_as_text) {
+    std::vector<std::string> q;
+    for (const auto& e : v) check_text(e, where), q.push_back(toml_quoted(e));
+    return set_text(fmt::format("[{}]", fmt::join(q, ", ")), where);
+  }
   auto* p = std::get_if<std::vector<std::string>*>(&field);
   if (!p) fail_input("{}: expected {}, got a list of strings", where, expects());
   for (const auto& s : v) check_text(s, where);
@@ -271,7 +291,8 @@ void ConfigKey::set_from_flag(const std::vector<std::string>& texts) const {
           if (!v) fail_input("{}: {}", where, why);
           set_real(*v, one(), where);
         } else if constexpr (std::is_same_v<T, std::string>) {
-          set_text(one(), where);
+          if (list_as_text && texts.size() > 1) set_text_list(texts, where);
+          else set_text(one(), where);
         } else if constexpr (std::is_same_v<T, std::vector<int>>) {
           std::vector<int64_t> vs;
           for (const auto& s : texts) {
@@ -314,7 +335,8 @@ std::string ConfigKey::to_toml() const {
         if constexpr (std::is_same_v<T, bool>) return *p ? "true" : "false";
         else if constexpr (std::is_integral_v<T>) return std::to_string(*p);
         else if constexpr (std::is_floating_point_v<T>) return toml_real(*p);
-        else if constexpr (std::is_same_v<T, std::string>) return toml_quoted(*p);
+        else if constexpr (std::is_same_v<T, std::string>)
+          return list_as_text && p->starts_with('[') ? *p : toml_quoted(*p);
         else if constexpr (std::is_same_v<T, std::vector<int>>) return fmt::format("[{}]", fmt::join(*p, ", "));
         else {
           std::vector<std::string> q;

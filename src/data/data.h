@@ -11,6 +11,8 @@
 // Root attribute "vocab" (integer) gives the vocabulary size; if absent, max(train token)+1.
 // Optional: unigram_entropy_nats (float), source_sha256. The split the trainer calls "test"
 // reads /val/tokens. A token file has no samples until set_context cuts it into windows.
+// Token shards (llm.c's, with a 1024-byte header, and nanoGPT's headerless train.bin/val.bin,
+// both uint16) are token data too, read in place: token_shards.h.
 #pragma once
 #include <condition_variable>
 #include <cstdint>
@@ -29,8 +31,13 @@ struct SplitInfo {
   Shape sample_shape;    // (C, H, W); token files: (T) once set_context(T) ran
   bool images_u8 = true; // else float32
   // Token files only.
-  std::string dataset;   // "/train/tokens"; "/val/tokens" for the split named "test"
+  std::string dataset;   // "/train/tokens"; "/val/tokens" for the split named "test";
+                         // token shards: "train split" / "val split"
   int64_t tokens = 0;    // tokens in the split
+  // Token shards only: the split's files, one token stream in this order, and each one's
+  // token count (empty for HDF5).
+  std::vector<std::string> files;
+  std::vector<int64_t> file_tokens;
 };
 
 struct DatasetInfo {
@@ -42,16 +49,28 @@ struct DatasetInfo {
   std::string source_sha256;  // provenance attribute, "" if absent
   // Token files.
   bool tokens = false;
+  std::string format = "hdf5";  // token data: hdf5 | llmc | nanogpt (token_shards.h)
   int vocab = 0;
   int64_t context = 0;              // T: set by set_context, 0 until then
   double unigram_entropy_nats = 0;  // root attribute: the loss a model that knows only the
                                     // train split's token frequencies reaches; 0 if absent
 };
 
+// How to read data.path (the config's data.format, data.val_path and model.vocab).
+struct DataOptions {
+  std::string format = "auto";  // auto | hdf5 | llmc | nanogpt
+  std::string val_path;         // token shards' validation split ("" = found beside them)
+  int vocab = 0;                // token shards' vocabulary (0 = GPT-2's, 50257)
+  // Token shards: this process checks chunks i of the token check with i % check_parts ==
+  // check_part (the ranks of a run share it; run it inside collectively()).
+  int check_part = 0, check_parts = 1;
+};
+
 // Opens and validates the file: datasets present, ranks/dtypes/shapes consistent, and every
 // label (or token) in range (read once, tokens in chunks). Throws UserError (kExitBadInput)
-// naming the file and dataset at fault.
-DatasetInfo open_dataset(const std::string& path);
+// naming the file and dataset at fault. `path` may also name token shards: one file, a TOML
+// list of files ("[\"a.bin\", \"b.bin\"]") or a glob (token_shards.h).
+DatasetInfo open_dataset(const std::string& path, const DataOptions& options = {});
 
 // Cuts a token file's splits into samples of T = context tokens: sample i of a split is the
 // window tokens[i*T, i*T + T + 1) (stride T, so windows overlap by one token), giving

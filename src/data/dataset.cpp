@@ -25,7 +25,8 @@
 #include "base/memory.h"
 #include "base/parse.h"
 #include "base/read_guard.h"
-#include "h5_datasets.h"
+#include "data/h5_datasets.h"
+#include "data/token_shards.h"
 #include "strata/error.h"
 
 namespace strata {
@@ -263,6 +264,7 @@ DatasetInfo inspect_token_file(const std::string& path, hid_t file) {
   DatasetInfo info;
   info.path = path;
   info.tokens = true;
+  info.format = "hdf5";
   Dataset train = open_tokens(path, file, "/train/tokens");
   info.train.name = "train";
   info.train.dataset = train.name;
@@ -416,7 +418,20 @@ void check_labels(const std::string& path, const std::string& split,
                  classes);
 }
 
-DatasetInfo open_dataset(const std::string& path) {
+DatasetInfo open_dataset(const std::string& path, const DataOptions& options) {
+  const std::vector<std::string> files = data_files(path, "data.path");
+  const std::string format = data_format(files, options.format, "data.path");
+  if (format != "hdf5") return open_token_shards(path, format, options);
+  if (files.size() != 1)
+    fail_input("data.path names {} HDF5 files ({}, ...); an HDF5 data file is read alone",
+               files.size(), files[0]);
+  if (!options.val_path.empty())
+    fail_input("data.val_path = '{}': applies to token shards; {} is HDF5, and holds its "
+               "validation split itself (/val/tokens, /test)", options.val_path, files[0]);
+  return open_hdf5_dataset(files[0]);
+}
+
+DatasetInfo open_hdf5_dataset(const std::string& path) {
   std::lock_guard lock(hdf5_mutex());
   struct stat sb{};
   ReadGuard guard(path, ::stat(path.c_str(), &sb) == 0 ? int64_t(sb.st_size) : 0,

@@ -53,6 +53,8 @@ Split read_split(const std::string& path, hid_t file, const std::string& name);
 Dataset open_tokens(const std::string& path, hid_t file, const std::string& name);
 // The native type tokens of `bytes` bytes are read as (the stored width: no conversion).
 hid_t token_mem_type(size_t bytes);
+// open_dataset for one HDF5 file.
+DatasetInfo open_hdf5_dataset(const std::string& path);
 // Every label of /SPLIT/labels in [0, classes).
 void check_labels(const std::string& path, const std::string& split,
                   const std::vector<int64_t>& labels, int64_t classes);

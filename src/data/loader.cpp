@@ -24,7 +24,8 @@
 
 #include "base/memory.h"
 #include "base/parse.h"
-#include "h5_datasets.h"
+#include "data/h5_datasets.h"
+#include "data/token_source.h"
 #include "strata/error.h"
 #include "strata/kernels_cpu.h"
 #include "strata/rng.h"
@@ -70,21 +71,24 @@ struct Loader::Impl {
   int64_t sample_elems = 0;
   bool u8 = true;
   std::vector<int32_t> labels;
-  H5Id file, images, file_space;  // used under hdf5_mutex(), by the reader thread only
-  std::vector<hsize_t> dims;      // of the images dataset (token files: of the tokens)
+  H5Id file, images, file_space;  // images: used under hdf5_mutex(), by the reader thread only
+  std::vector<hsize_t> dims;      // of the images dataset
   std::string where;              // the split in messages: "/train", or "/val/tokens"
 
-  // Token files: "row" i is the window tokens[i*T, i*T + T + 1), so consecutive rows share
-  // one token. Stored at their own width (token_bytes) in all_rows and staging.
+  // Token data: "row" i is the window tokens[i*T, i*T + T + 1), so consecutive rows share
+  // one token. Stored at their own width (token_bytes) in all_rows and staging. Read from
+  // `source` (an HDF5 dataset or token shards), by the reader thread only once it runs.
   bool tokens = false;
   int64_t T = 0, n_tokens = 0, vocab = 0;
   size_t token_bytes = 0;  // 1, 2, 4: uint8, uint16, int32
+  std::unique_ptr<TokenSource> source;
 
   // Reader-thread scratch.
   int64_t order_epoch = -1;
   std::vector<int64_t> order, ids;
   std::vector<std::pair<int64_t, int64_t>> sorted;  // (row in file, position in batch)
   std::vector<std::pair<hsize_t, hsize_t>> runs;    // (first row, rows) of consecutive rows
+  TokenRanges ranges;                               // token data: the runs' tokens
   std::vector<unsigned char> staging;
 
   // In-memory mode: the whole split's images as stored (uint8 or float32), read once at
@@ -114,18 +118,9 @@ struct Loader::Impl {
     return {start + lo, hi - lo, lo};
   }
 
-  void open(const DatasetInfo& info, const SplitInfo& want) {
+  // An images split (the caller holds hdf5_mutex()).
+  void open_images(const DatasetInfo& info, const SplitInfo& want) {
     file = open_h5(path);
-    if (tokens) {
-      Dataset ds = open_tokens(path, file.get(), want.dataset);
-      if (int64_t(ds.dims[0]) != want.tokens)
-        fail_input("{}: {} changed since it was opened", path, want.dataset);
-      token_bytes = H5Tget_size(ds.type.get());
-      images = std::move(ds.id);
-      dims = ds.dims;
-      file_space = H5Id(H5_CHECK(H5Dget_space(images.get())), H5Sclose);
-      return;
-    }
     Split s = read_split(path, file.get(), split);
     if (s.info.n != want.n || s.info.sample_shape != want.sample_shape ||
         s.info.images_u8 != want.images_u8)
@@ -138,14 +133,15 @@ struct Loader::Impl {
   }
 
   void close() {
+    source.reset();  // takes hdf5_mutex() itself where it needs it
     std::lock_guard lock(hdf5_mutex());
     file_space.reset();
     images.reset();
     file.reset();
   }
 
-  // The rows in `sorted` as a union of hyperslabs, one per run of consecutive rows, so HDF5 reads
-  // each run with one request. HDF5 1.10 makes each OR cost time proportional to the selection
+  // Images: the rows in `sorted` as a union of hyperslabs, one per run of consecutive rows, so
+  // HDF5 reads each run with one request. HDF5 1.10 makes each OR cost time proportional to the selection
   // so far, so adding runs one by one is quadratic (17 ms for 1024 rows); OR-ing halves
   // recursively with H5Scombine_select stays near-linear (0.8 ms).
   H5Id select_runs(size_t lo, size_t hi) const {
@@ -153,8 +149,8 @@ struct Loader::Impl {
       H5Id space(H5_CHECK(H5Scopy(file_space.get())), H5Sclose);
       std::vector<hsize_t> start(dims.size(), 0), count = dims;
       for (size_t i = lo; i < hi; ++i) {
-        start[0] = tokens ? runs[i].first * T : runs[i].first;
-        count[0] = tokens ? runs[i].second * T + 1 : runs[i].second;
+        start[0] = runs[i].first;
+        count[0] = runs[i].second;
         H5_CHECK(H5Sselect_hyperslab(space.get(), i == lo ? H5S_SELECT_SET : H5S_SELECT_OR,
                                      start.data(), nullptr, count.data(), nullptr));
       }
@@ -179,11 +175,16 @@ struct Loader::Impl {
       runs.push_back({hsize_t(sorted[a].first), hsize_t(b - a)});
     }
     // A run of token windows [a, a + k) is the k*T + 1 tokens from a*T; runs never touch
-    // (a gap of at least one window lies between), so the union reads each token once.
+    // (a gap of at least one window lies between), so each token is read once.
     hsize_t total = 0;
     for (const auto& r : runs) total += tokens ? r.second * T + 1 : r.second * sample_elems;
     staging.resize(total * elem_bytes());
-    {
+    if (tokens) {
+      ranges.clear();
+      for (const auto& r : runs)
+        ranges.push_back({int64_t(r.first) * T, int64_t(r.first + r.second) * T + 1});
+      source->read(ranges, staging.data());
+    } else {
       std::lock_guard lock(hdf5_mutex());
       H5Id rows = select_runs(0, runs.size());
       H5Id mem(H5_CHECK(H5Screate_simple(1, &total, nullptr)), H5Sclose);
@@ -207,9 +208,7 @@ struct Loader::Impl {
   }
 
   size_t elem_bytes() const { return tokens ? token_bytes : u8 ? 1 : sizeof(float); }
-  hid_t mem_type() const {
-    return tokens ? token_mem_type(token_bytes) : u8 ? H5T_NATIVE_UINT8 : H5T_NATIVE_FLOAT;
-  }
+  hid_t mem_type() const { return u8 ? H5T_NATIVE_UINT8 : H5T_NATIVE_FLOAT; }  // images
   // Bytes from one row's start to the next's in all_rows (a token window is one more).
   size_t row_bytes() const { return size_t(sample_elems) * elem_bytes(); }
   size_t row_span() const { return tokens ? (size_t(T) + 1) * token_bytes : row_bytes(); }
@@ -227,7 +226,7 @@ struct Loader::Impl {
       std::memcpy(&t, w + i * int64_t(sizeof(Tok)), sizeof(Tok));
       const int64_t v = int64_t(t);
       if (v < 0 || v >= vocab)
-        fail_input("{}: {}[{}] = {} is out of range [0, {})", path, where, row * T + i, v, vocab);
+        fail_input("{} = {} is out of range [0, {})", source->where(row * T + i), v, vocab);
       return v;
     };
     int64_t cur = id(0);
@@ -250,11 +249,11 @@ struct Loader::Impl {
     else std::memcpy(dst, src, row_bytes());
   }
 
-  // Reads the whole images (or tokens) dataset into all_rows (the constructor, under
-  // hdf5_mutex()).
+  // Reads the whole split's images (the caller holds hdf5_mutex()) or tokens into all_rows.
   void load_all() {
     all_rows.resize(size_t(split_bytes()));
-    H5_CHECK(H5Dread(images.get(), mem_type(), H5S_ALL, H5S_ALL, H5P_DEFAULT, all_rows.data()));
+    if (tokens) source->read({{0, n_tokens}}, all_rows.data());
+    else H5_CHECK(H5Dread(images.get(), mem_type(), H5S_ALL, H5S_ALL, H5P_DEFAULT, all_rows.data()));
   }
 
   // Asks the CPU to fetch the rows of batch (epoch, index) from memory into cache, so the
@@ -373,28 +372,36 @@ Loader::Loader(const DatasetInfo& info, const std::string& split, int64_t global
   p->u8 = s->images_u8;
   const int64_t budget = cache_budget_bytes();
   try {
-    {
-      // Opened here, before the reader starts; from then on only the reader uses these ids.
-      std::lock_guard lock(hdf5_mutex());
+    // Opened here, before the reader starts; from then on only the reader uses them.
+    if (p->tokens) {
+      p->source = open_token_source(info, *s);
+      p->token_bytes = p->source->token_bytes();
+    }
+    std::unique_lock lock(hdf5_mutex(), std::defer_lock);
+    if (!p->tokens) {
+      lock.lock();
       h5_quiet();
-      with_file_context(info.path, [&] { p->open(info, *s); });
-      // A split that fits the budget is read once, whole: each batch is then a gather from
-      // memory on the caller's thread (a few microseconds for 64 Fashion-MNIST rows, where a
-      // hyperslab read of 64 scattered rows costs a reader thread 0.1-0.2 ms of the other
-      // core). Which rows a rank uses is unchanged. If that read fails, the loader streams
-      // instead, so a damaged file reports its error at the batch that needs the bad rows.
-      if (p->split_bytes() <= double(budget)) {
-        try {
-          p->load_all();
-          p->in_memory = true;
-          p->file_space.reset();
-          p->images.reset();
-          p->file.reset();
-        } catch (const std::runtime_error&) {
-          std::vector<unsigned char>().swap(p->all_rows);
-        }
+      with_file_context(info.path, [&] { p->open_images(info, *s); });
+    }
+    // A split that fits the budget is read once, whole: each batch is then a gather from
+    // memory on the caller's thread (a few microseconds for 64 Fashion-MNIST rows, where a
+    // hyperslab read of 64 scattered rows costs a reader thread 0.1-0.2 ms of the other
+    // core). Which rows a rank uses is unchanged. If that read fails, the loader streams
+    // instead, so a damaged file reports its error at the batch that needs the bad rows.
+    if (p->split_bytes() <= double(budget)) {
+      try {
+        p->load_all();
+        p->in_memory = true;
+        p->file_space.reset();
+        p->images.reset();
+        p->file.reset();
+        if (lock.owns_lock()) lock.unlock();
+        if (p->source) p->source->close();  // kept: it names a token in messages
+      } catch (const std::runtime_error&) {
+        std::vector<unsigned char>().swap(p->all_rows);
       }
     }
+    if (lock.owns_lock()) lock.unlock();
     if (!p->in_memory) {
       Impl* impl = p.get();
       p->reader = std::thread([impl] { impl->run(); });

@@ -22,7 +22,9 @@ namespace {
 // train split, run in fp32 (the table records them), / 127.
 void calibrate(Model& model, Int8Table& table, const QuantizeOptions& o, const LoadedParams& lp,
                const Backend& be) {
-  DatasetInfo info = open_dataset(o.data);
+  // Token shards: the model's vocabulary.
+  DatasetInfo info = open_dataset(o.data, {.format = "auto", .val_path = "", .vocab = lp.classes,
+                                           .check_part = 0, .check_parts = 1});
   if (info.tokens && lp.input_shape.size() == 1) set_context(info, lp.input_shape[0]);
   if (info.train.sample_shape != lp.input_shape || info.classes != lp.classes)
     fail_input("--data {}: samples {} with {} classes do not fit the model in {} ({} with {} "

@@ -99,7 +99,9 @@ RunPlan plan_run(const RunConfig& cfg, Comm& comm) {
                             .precision = cfg.train.precision}, &p.device_note, &gpu);
     check_grid(cfg, p);
     p.writer = choose_checkpoint_writer(cfg, p.T, comm);
-    p.info = open_dataset(cfg.data.path);
+    p.info = open_dataset(cfg.data.path, {.format = cfg.data.format, .val_path = cfg.data.val_path,
+                                          .vocab = cfg.model.vocab, .check_part = comm.rank(),
+                                          .check_parts = comm.size()});
     check_dataset(cfg, p.info);
     p.layers = describe_layers(cfg.model_spec(p.info.classes), p.info.train.sample_shape,
                                       p.info.classes);

@@ -79,7 +79,12 @@ void print_startup(const StartupReport& r) {
     fmt::print(stderr, "strata: warning: {}: their gradient sums go through host memory (NCCL "
                "needs a GPU per rank); give each rank its own GPU (srun --gpus-per-task=1, or as "
                "many ranks per node as GPUs)\n", p.shared_gpus);
-  fmt::print("data {}: {} train samples{}, {} classes, sample shape {}\n", cfg.data.path,
+  const std::string shards =
+      info.train.files.empty() ? "" : fmt::format(" ({} token shards: {} train file{}, {} val)",
+                                                  info.format, info.train.files.size(),
+                                                  info.train.files.size() == 1 ? "" : "s",
+                                                  info.test.files.size());
+  fmt::print("data {}{}: {} train samples{}, {} classes, sample shape {}\n", cfg.data.path, shards,
              info.train.n, info.has_test ? fmt::format(", {} test", info.test.n) : "",
              info.classes, shape_str(info.train.sample_shape));
   fmt::print("model:\n{}\n", r.model_summary);

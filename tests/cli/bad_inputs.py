@@ -527,6 +527,60 @@ def cases(fx: Fixtures):
     tok("model.preset's context beyond the data", bpe_sized(np.arange(1000, dtype=np.uint16)),
         r"in\.h5: /train/tokens has 1000 tokens; model\.context = 1024 needs at least 1025", preset_flags)
 
+    # ---- token shards: llm.c's (1024-byte header) and nanoGPT's (headerless uint16) ----
+    def llmc_bytes(tokens, magic=20240520, version=1, count=None):
+        header = np.zeros(256, np.int32)
+        header[:3] = (magic, version, len(tokens) if count is None else count)
+        return header.tobytes() + np.asarray(tokens, "<u2").tobytes()
+
+    def files(**named):  # name -> bytes, written into the case's directory
+        def make(case_dir):
+            for name, data in named.items():
+                with open(os.path.join(case_dir, name.replace("__", ".")), "wb") as f:
+                    f.write(data)
+        return make
+
+    def shard(name, make, pattern, path="{C}/*_train_*.bin", extra=()):
+        out["tokens"].append(Case(f"tokens: shards: {name}", gtrain + ["--data.path", path] + list(extra), 2, pattern,
+                                  make=make))
+    ok = np.arange(3000) % 200
+    shard("glob matches nothing", files(), r"data\.path = '.*\*_train_\*\.bin': the glob matches no file$")
+    shard("not a known format (auto)", files(a_train_1__bin=b"\x01\x02" * 100),
+          r"a_train_1\.bin: cannot tell its format \(no HDF5 signature, no llm\.c magic 20240520, not named "
+          r"train\.bin or val\.bin\): set data\.format")
+    shard("wrong magic", files(a_train_1__bin=llmc_bytes(ok, magic=20240326)),
+          r"a_train_1\.bin: magic 20240326 in its header; an llm\.c token shard has 20240520$", extra=["--data.format", "llmc"])
+    shard("wrong version", files(a_train_1__bin=llmc_bytes(ok, version=2)),
+          r"a_train_1\.bin: llm\.c shard version 2; strata reads version 1 \(uint16 tokens\)$")
+    shard("size not 1024 + 2 x count", files(a_train_1__bin=llmc_bytes(ok, count=4000)),
+          r"a_train_1\.bin: has 7024 bytes, but its header counts 4000 tokens \(1024 \+ 2 x 4000 = 9024 bytes\)$")
+    shard("shorter than the header", files(a_train_1__bin=b"\0" * 100),
+          r"a_train_1\.bin: has 100 bytes, fewer than the 1024 of an llm\.c shard's header$", extra=["--data.format", "llmc"])
+    shard("header counts no tokens", files(a_train_1__bin=llmc_bytes([])), r"a_train_1\.bin: its header counts 0 tokens")
+    bad = ok.copy()
+    bad[7] = 50257
+    shard("token id >= vocabulary (file and byte named)", files(a_train_1__bin=llmc_bytes(ok), a_train_2__bin=llmc_bytes(bad)),
+          r"a_train_2\.bin: token at byte 1038 = 50257 is out of range \[0, 50257\) \(model\.vocab, or GPT-2's 50257", extra=["--model.vocab", "0"])
+    shard("token id >= model.vocab", files(a_train_1__bin=llmc_bytes(ok)),
+          r"a_train_1\.bin: token at byte 1224 = 100 is out of range \[0, 100\)",
+          extra=["--model.vocab", "100"])
+    shard("validation shard token out of range", files(a_train_1__bin=llmc_bytes(ok), a_val_1__bin=llmc_bytes(bad)),
+          r"a_val_1\.bin: token at byte 1038 = 50257 is out of range", extra=["--model.vocab", "0"])
+    shard("a list mixing formats", files(a_train_1__bin=llmc_bytes(ok), train__bin=np.asarray(ok, "<u2").tobytes()),
+          r"data\.path: .*a_train_1\.bin is an llm\.c token shard but .*train\.bin is nanoGPT's headerless uint16 "
+          r"tokens; one format per path$", path='["{C}/a_train_1.bin", "{C}/train.bin"]')
+    shard("a missing file in a list", files(a_train_1__bin=llmc_bytes(ok)), r"b\.bin: cannot open \(No such file",
+          path='["{C}/a_train_1.bin", "{C}/b.bin"]')
+    shard("nanoGPT train.bin of odd size", files(train__bin=b"\0" * 4001),
+          r"train\.bin: has 4001 bytes, an odd number; nanoGPT's \.bin holds uint16 tokens", path="{C}/train.bin")
+    shard("nanoGPT train.bin empty", files(train__bin=b""), r"train\.bin: is empty; it holds no tokens$", path="{C}/train.bin")
+    shard("nanoGPT token >= model.vocab", files(train__bin=np.full(3000, 300, "<u2").tobytes()),
+          r"train\.bin: token at byte 0 = 300 is out of range \[0, 256\)", path="{C}/train.bin", extra=["--model.vocab", "256"])
+    shard("data.val_path on an HDF5 file", None, r"data\.val_path = '.*': applies to token shards; .* is HDF5",
+          path=fx.tokens, extra=["--data.val_path", "{C}/v.bin"])
+    shard("shards shorter than the context", files(a_train_1__bin=llmc_bytes(ok[:5])),
+          r"\*_train_\*\.bin: train split has 5 tokens; model\.context = 8 needs at least 9")
+
     # ---- checkpoints: train --resume PATH / auto, inspect ----
     resume = train + ["--train.max_steps", "3", "--resume", "{C}/in.h5"]
 

@@ -74,6 +74,19 @@ TEST_CASE("config files: every value has its TOML type", "[config]") {
   CHECK_THAT(toml_error("[train]\nlr = { x = 1 }\n"), Contains("got a table"));
 }
 
+TEST_CASE("config files: data.path is a string or a list of strings, kept as its TOML text", "[config]") {
+  const RunConfig one = from_toml("[data]\npath = \"shards/*_train_*.bin\"\n");
+  CHECK(one.data.path == "shards/*_train_*.bin");
+  const RunConfig list = from_toml("[data]\npath = [\"a.bin\", 'dir/b \"q\".bin']\n");
+  CHECK(list.data.path == "[\"a.bin\", \"dir/b \\\"q\\\".bin\"]");
+  CHECK(strata::toml_array_values(list.data.path, "data.path") ==
+        std::vector<std::string>{"a.bin", "dir/b \"q\".bin"});
+  CHECK(from_toml(list.to_toml()).data.path == list.data.path);  // the effective config reads back
+  CHECK_THAT(toml_error("[data]\npath = [\"a.bin\", 3]\n"),
+             Contains("expected a string or a list of strings, got an array holding an integer"));
+  CHECK_THAT(toml_error("[data]\nformat = \"parquet\"\n"), Contains("expected one of auto, hdf5, llmc, nanogpt"));
+}
+
 TEST_CASE("config files: unknown, misplaced and duplicate keys are errors", "[config]") {
   CHECK_THAT(toml_error("[train]\nepoch = 3\n"),
              Contains("t.toml:2:1: unknown key 'train.epoch' (did you mean 'train.epochs'?)"));
