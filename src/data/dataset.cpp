@@ -25,6 +25,7 @@
 #include "base/memory.h"
 #include "base/parse.h"
 #include "base/read_guard.h"
+#include "data/tokenizer_identity.h"
 #include "h5_datasets.h"
 #include "strata/error.h"
 
@@ -296,6 +297,7 @@ DatasetInfo inspect_token_file(const std::string& path, hid_t file) {
     info.unigram_entropy_nats = *h;
   }
   if (auto sha = read_string_attr(path, file, "source_sha256")) info.source_sha256 = *sha;
+  info.tokenizer = read_tokenizer_attrs(file);
   return info;
 }
 

@@ -182,6 +182,13 @@ class JsonVocab {
   size_t i_ = 0, line_ = 1, line_start_ = 0;
 };
 
+// s for an error message: control bytes as \xNN, at most 60 bytes.
+std::string shown(const std::string& s) {
+  std::string out;
+  for (unsigned char c : s.substr(0, 60)) out += c < 0x20 || c == 0x7F ? fmt::format("\\x{:02x}", c) : std::string(1, char(c));
+  return s.size() > 60 ? out + "..." : out;
+}
+
 // Decodes one UTF-8 code point of s at i (advancing i); -1 for invalid UTF-8.
 int64_t next_code_point(const std::string& s, size_t& i) {
   const unsigned char c = (unsigned char)s[i++];
@@ -221,21 +228,27 @@ struct Gpt2VocabReader {
 
   void read_vocab(const std::string& path) {
     JsonVocab json(path, read_whole(path));
-    std::vector<size_t> line_of_id;
+    std::vector<size_t> line_of_id;          // 0: no token has the id (yet)
+    std::vector<std::string> spelled_of_id;  // as the file spells it, for messages
     json.parse([&](const std::string& key, int64_t id, size_t line, size_t col) {
       std::string bad;
       const std::string bytes = to_bytes(key, &bad);
       auto at = [&](const std::string& what) {
-        fail_input("{}: line {}, column {}: token \"{}\" {}", path, line, col, key, what);
+        fail_input("{}: line {}, column {}: token \"{}\" {}", path, line, col, shown(key), what);
       };
       if (bytes.empty()) at(key.empty() ? "is empty" : fmt::format("has {}, outside GPT-2's byte alphabet", bad));
-      if (size_t(id) >= t.token_bytes_.size()) t.token_bytes_.resize(size_t(id) + 1), line_of_id.resize(size_t(id) + 1);
+      if (size_t(id) >= t.token_bytes_.size()) {
+        t.token_bytes_.resize(size_t(id) + 1);
+        line_of_id.resize(size_t(id) + 1);
+        spelled_of_id.resize(size_t(id) + 1);
+      }
       if (line_of_id[size_t(id)])
         at(fmt::format("has id {}, which the token \"{}\" already has (line {})", id,
-                       t.token_bytes_[size_t(id)], line_of_id[size_t(id)]));
+                       spelled_of_id[size_t(id)], line_of_id[size_t(id)]));
       if (!id_of.emplace(bytes, int32_t(id)).second)
         at(fmt::format("appears twice (ids {} and {})", id_of[bytes], id));
       t.token_bytes_[size_t(id)] = bytes;
+      spelled_of_id[size_t(id)] = key;
       line_of_id[size_t(id)] = line;
     });
     for (size_t id = 0; id < line_of_id.size(); ++id)
@@ -265,7 +278,7 @@ struct Gpt2VocabReader {
       const size_t sp = l.find(' ');
       if (sp == std::string::npos || sp == 0 || l.find(' ', sp + 1) != std::string::npos ||
           sp + 1 == l.size())
-        fail_input("{}: line {}: \"{}\" is not a merge (two tokens separated by one space)", path, line, l);
+        fail_input("{}: line {}: \"{}\" is not a merge (two tokens separated by one space)", path, line, shown(l));
       int32_t ids[3];
       const std::string parts[3] = {l.substr(0, sp), l.substr(sp + 1), l.substr(0, sp) + l.substr(sp + 1)};
       for (int k = 0; k < 3; ++k) {
@@ -274,12 +287,12 @@ struct Gpt2VocabReader {
         auto it = bytes.empty() ? id_of.end() : id_of.find(bytes);
         if (it == id_of.end())
           fail_input("{}: line {}: the merge \"{}\" names {} \"{}\", which is not in {}", path,
-                     line, l, k < 2 ? "the token" : "the merged token", parts[k], vocab_path);
+                     line, shown(l), k < 2 ? "the token" : "the merged token", shown(parts[k]), vocab_path);
         ids[k] = it->second;
       }
       const uint64_t pair = uint64_t(uint32_t(ids[0])) << 32 | uint32_t(ids[1]);
       if (auto [it, fresh] = line_of_pair.emplace(pair, line); !fresh)
-        fail_input("{}: line {}: the merge \"{}\" repeats line {}", path, line, l, it->second);
+        fail_input("{}: line {}: the merge \"{}\" repeats line {}", path, line, shown(l), it->second);
       merges.push_back({ids[0], ids[1], ids[2]});
     }
     if (merges.empty()) fail_input("{}: has no merges", path);
