@@ -105,10 +105,11 @@ def main():
            [("node", node), ("pieces", ours_pieces), ("one", ours_one), ("all", ours_all)]}
     date = datetime.date.today().isoformat()
     lines = [
-        f"# GPT-2 tokenizer throughput, {date}, {cpu_name()}, {cores} cores usable",
+        f"# GPT-2 tokenizer throughput, {date}, {cpu_name()}, {cores} cores usable, load average "
+        f"{os.getloadavg()[0]:.1f} at the end",
         f"# text: fortunes + jargon, {mb:.2f} MB, {len(pieces)} pieces of <= 16 KiB; ids checked equal first;",
         f"# medians of {args.rounds} alternating rounds (rounds: gpt-3-encoder {[round(x, 2) for x in node]}, "
-        f"strata 1 thread {[round(x, 1) for x in ours_pieces]})",
+        f"strata 1 thread {[round(x, 1) for x in ours_pieces]}, strata {cores} threads {[round(x, 1) for x in ours_all]})",
         f"gpt-3-encoder 1.1.4 (Node.js {subprocess.run(['node', '--version'], capture_output=True, text=True).stdout.strip()}), "
         f"pieces, 1 thread: {med['node']:.2f} MB/s",
         f"strata, the same pieces, 1 thread: {med['pieces']:.1f} MB/s ({med['pieces'] / med['node']:.1f}x gpt-3-encoder)",

@@ -125,6 +125,10 @@ size_t next_cut(std::string_view text, size_t from) {
   return text.size();
 }
 
+constexpr size_t kMaxCachedWord = 32;  // bytes
+
+}  // namespace
+
 // Words seen before, by their bytes, and their ids (in one flat array).
 class WordCache {
  public:
@@ -145,10 +149,6 @@ class WordCache {
   std::unordered_map<std::string_view, std::pair<size_t, size_t>> map_;
   std::vector<int32_t> ids_;
 };
-
-constexpr size_t kMaxCachedWord = 32;  // bytes
-
-}  // namespace
 
 const char* gpt2_unicode_version() { return STRATA_UNICODE_VERSION; }
 
@@ -231,6 +231,11 @@ std::vector<int32_t> Gpt2Tokenizer::encode(std::string_view text) const {
   std::vector<int32_t> out;
   out.reserve(text.size() / 3);
   WordCache cache;
+  encode_into(text, cache, out);
+  return out;
+}
+
+void Gpt2Tokenizer::encode_into(std::string_view text, WordCache& cache, std::vector<int32_t>& out) const {
   gpt2_pretokenize(text, [&](size_t start, size_t len) {
     const std::string_view w = text.substr(start, len);
     if (len == 1) {
@@ -246,7 +251,6 @@ std::vector<int32_t> Gpt2Tokenizer::encode(std::string_view text) const {
     bpe(w, out);
     if (len <= kMaxCachedWord) cache.add(w, out.data() + before, out.size() - before);
   });
-  return out;
 }
 
 std::vector<int32_t> Gpt2Tokenizer::encode_parallel(std::string_view text, int threads,
@@ -267,8 +271,10 @@ std::vector<int32_t> Gpt2Tokenizer::encode_parallel(std::string_view text, int t
   std::vector<std::vector<int32_t>> ids(pieces.size());
   std::atomic<size_t> next_piece{0}, bytes_done{0}, pieces_done{0};
   auto work = [&] {
+    WordCache cache;  // one per thread, over all its pieces: they are views of one text
     for (size_t p; (p = next_piece++) < pieces.size();) {
-      ids[p] = encode(pieces[p]);
+      ids[p].reserve(pieces[p].size() / 3);
+      encode_into(pieces[p], cache, ids[p]);
       bytes_done += pieces[p].size();
       ++pieces_done;
     }

@@ -24,6 +24,8 @@ void gpt2_pretokenize(std::string_view text, const std::function<void(size_t, si
 // The Unicode version of the letter/number/space tables.
 const char* gpt2_unicode_version();
 
+class WordCache;  // gpt2_tokenizer.cpp
+
 class Gpt2Tokenizer {
  public:
   // Reads DIR/encoder.json + DIR/vocab.bpe, or else DIR/vocab.json + DIR/merges.txt. A file
@@ -57,6 +59,8 @@ class Gpt2Tokenizer {
 
  private:
   void bpe(std::string_view word, std::vector<int32_t>& out) const;
+  // Appends the ids of text; `cache` keeps views into text, which must outlive it.
+  void encode_into(std::string_view text, WordCache& cache, std::vector<int32_t>& out) const;
   const Merge* find_merge(int32_t left, int32_t right) const;
 
   std::vector<std::string> token_bytes_;  // by id
