@@ -55,7 +55,7 @@ std::vector<Subcommand> add_prepare(CLI::App& app) {
       fmt::print("wrote {}: {} train tokens, {} val tokens, vocab {} ({}); unigram entropy "
                  "{:.4f} nats/token ({:.4f} bits)\n",
                  o->text_out, t.train_tokens, t.val_tokens, t.vocab,
-                 o->tokenizer.name == "gpt2" ? fmt::format("gpt2, {} threads", t.threads) : "bytes",
+                 o->tokenizer.name == "gpt2" ? fmt::format("gpt2, {} thread{}", t.threads, t.threads == 1 ? "" : "s") : "bytes",
                  t.unigram_entropy_nats, t.unigram_entropy_nats / std::log(2.0));
     }
     comm.barrier();
