@@ -24,6 +24,7 @@
 #include "base/read_guard.h"
 #include "checkpoint_write.h"
 #include "data/data.h"
+#include "data/tokenizer_identity.h"
 #include "model/layers.h"
 #include "model/optim.h"
 #include "strata/error.h"
@@ -261,6 +262,7 @@ void write_checkpoint_attrs(hid_t f, const Model& model, const TrainState& st,
   write_int_attr(f, "slurm_restart_count", prov.slurm_restart_count);
   write_str_attr(f, "hosts", join(prov.hosts, ','));
   write_str_attr(f, "created_utc", prov.created_utc);
+  write_tokenizer_attrs(f, prov.tokenizer);
 }
 
 std::string param_path(const std::string& global_name) {
@@ -281,6 +283,7 @@ void save_parameters(const std::string& path, const Model& model, const ParamFil
     write_int_attr(f, "step", meta.step);
     write_str_attr(f, "config", meta.config_toml);
     write_str_attr(f, "dataset_sha256", meta.dataset_sha256);
+    write_tokenizer_attrs(f, meta.tokenizer);
   });
 }
 
@@ -376,6 +379,7 @@ void read_state_attrs(hid_t f, const std::string& path, LoadedCheckpoint& out) {
   out.state.step = checked_int_attr(f, "step", path, 0, INT64_MAX);
   read_str_attr(f, "config", &out.prov.config_toml);
   read_str_attr(f, "dataset_sha256", &out.prov.dataset_sha256);
+  out.prov.tokenizer = read_tokenizer_attrs(f);
   if (out.format != kCheckpointFormat) return;
   TrainState& s = out.state;
   s.epoch = checked_int_attr(f, "epoch", path, 0, INT64_MAX);

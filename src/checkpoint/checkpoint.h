@@ -34,6 +34,8 @@ struct Provenance {
   int64_t slurm_restart_count = 0;
   std::vector<std::string> hosts;  // host of each rank
   std::string created_utc;         // ISO 8601
+  // The training data's tokenizer attributes (data/tokenizer_identity.h), copied into the file.
+  std::map<std::string, std::string> tokenizer;
 };
 
 // A tensor to write: global name ("fc1.weight"), its HDF5 path, shape and data.
@@ -76,6 +78,7 @@ struct ParamFileMeta {
   std::string config_toml;
   std::string dataset_sha256;
   int64_t step = 0;
+  std::map<std::string, std::string> tokenizer;  // as Provenance::tokenizer
 };
 void save_parameters(const std::string& path, const Model& model, const ParamFileMeta& meta);
 

@@ -5,6 +5,7 @@
 
 #include "checkpoint/checkpoint_write.h"
 #include "checkpoint/writer.h"
+#include "data/tokenizer_identity.h"
 #include "strata/error.h"
 
 namespace strata {
@@ -29,6 +30,7 @@ class Int8Writer final : public CheckpointWriter {
       write_int_attr(f, "step", c.meta.step);
       write_str_attr(f, "config", c.meta.config_toml);
       write_str_attr(f, "dataset_sha256", c.meta.dataset_sha256);
+      write_tokenizer_attrs(f, c.meta.tokenizer);
       write_int8_products(f, table);
     });
   }

@@ -17,8 +17,10 @@ Subcommand add_generate(CLI::App& app) {
   GenerateOptions& gen = o->gen;
   auto* generate = app.add_subcommand("generate", "sample text from a trained GPT (model.type = \"gpt\")");
   generate->add_option("--checkpoint", gen.checkpoint, "model.h5 or a checkpoint of a gpt run")->required();
-  generate->add_option("--prompt", gen.prompt, "text to continue (bytes)")->capture_default_str();
-  generate->add_option("--tokens", gen.tokens, "tokens (bytes) to generate")
+  generate->add_option("--prompt", gen.prompt, "text to continue")->capture_default_str();
+  generate->add_option("--vocab", gen.vocab,
+                       "GPT-2's vocabulary directory, when the model records none or it moved");
+  generate->add_option("--tokens", gen.tokens, "tokens to generate")
       ->check(int_in(0, INT32_MAX))->capture_default_str();
   generate->add_option("--temperature", gen.temperature, "0 = always the most likely token")
       ->check(real_in(0, 1e6))

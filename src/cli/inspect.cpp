@@ -37,6 +37,10 @@ int run_inspect(const std::string& path) {
     fmt::print("step {}\n", s.step);
   }
   fmt::print("model: {} -> {} classes: {}\n", shape_str(ck.input_shape), ck.classes, fmt::join(spec_texts(ck.spec), ", "));
+  if (auto t = p.tokenizer.find("tokenizer"); t != p.tokenizer.end()) {
+    auto dir = p.tokenizer.find("tokenizer_vocab");
+    fmt::print("tokenizer {}{}\n", t->second, dir == p.tokenizer.end() ? "" : " from " + dir->second);
+  }
   // The config summary: the keys that define the run.
   for (const char* key : {"lr =", "lr_schedule", "epochs", "max_steps", "weight_decay", "momentum"})
     for (size_t a = 0, b; a < p.config_toml.size(); a = b + 1) {

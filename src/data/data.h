@@ -16,6 +16,7 @@
 #pragma once
 #include <condition_variable>
 #include <cstdint>
+#include <map>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -54,6 +55,9 @@ struct DatasetInfo {
   int64_t context = 0;              // T: set by set_context, 0 until then
   double unigram_entropy_nats = 0;  // root attribute: the loss a model that knows only the
                                     // train split's token frequencies reaches; 0 if absent
+  // The tokenizer attributes (tokenizer_identity.h: tokenizer, tokenizer_vocab,
+  // tokenizer_sha256_*) as the file has them; empty: bytes, or not recorded.
+  std::map<std::string, std::string> tokenizer;
 };
 
 // How to read data.path (the config's data.format, data.val_path and model.vocab).

@@ -27,6 +27,7 @@
 #include "base/read_guard.h"
 #include "data/h5_datasets.h"
 #include "data/token_shards.h"
+#include "data/tokenizer_identity.h"
 #include "strata/error.h"
 
 namespace strata {
@@ -298,6 +299,7 @@ DatasetInfo inspect_token_file(const std::string& path, hid_t file) {
     info.unigram_entropy_nats = *h;
   }
   if (auto sha = read_string_attr(path, file, "source_sha256")) info.source_sha256 = *sha;
+  info.tokenizer = read_tokenizer_attrs(file);
   return info;
 }
 

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <hdf5.h>
 #include <openssl/evp.h>
+#include <sched.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -18,8 +19,10 @@
 #include <filesystem>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -30,6 +33,8 @@
 #include "base/job.h"
 #include "base/memory.h"
 #include "data/data.h"
+#include "data/gpt2_tokenizer.h"
+#include "data/tokenizer_identity.h"
 #include "strata/error.h"
 
 #ifndef STRATA_VERSION
@@ -229,11 +234,13 @@ std::string read_text_input(const std::string& path) {
   return data;
 }
 
-// Entropy of the byte frequencies of `bytes`, in nats: -sum p ln p.
-double unigram_entropy_nats(const std::string& bytes) {
-  std::array<int64_t, kByteVocab> count{};
-  for (unsigned char c : bytes) ++count[c];
-  const double n = double(bytes.size());
+// Entropy of the frequencies of the tokens in `tokens` (bytes or ids below `vocab`), in nats:
+// -sum p ln p.
+template <typename Tokens>
+double unigram_entropy_nats(const Tokens& tokens, int vocab) {
+  std::vector<int64_t> count(size_t(vocab), 0);
+  for (auto t : tokens) ++count[size_t(static_cast<std::make_unsigned_t<decltype(t)>>(t))];
+  const double n = double(tokens.size());
   double h = 0;
   for (int64_t c : count)
     if (c > 0) h -= double(c) / n * std::log(double(c) / n);
@@ -241,7 +248,10 @@ double unigram_entropy_nats(const std::string& bytes) {
 }
 
 struct TextCorpus {
-  std::string train, val;
+  std::string train, val;                     // bytes
+  std::vector<uint16_t> train_ids, val_ids;  // gpt2
+  TokenizerAttrs tokenizer;                   // gpt2's identity; empty for bytes
+  int vocab = kByteVocab;
   std::vector<std::string> names, digests;  // per input: basename, SHA-256
   std::string combined;                     // source_sha256
   std::string source;                       // the input paths
@@ -255,15 +265,16 @@ void write_double_attr(hid_t obj, const char* name, double value) {
   H5_CHECK(H5Awrite(attr.get(), H5T_NATIVE_DOUBLE, &value));
 }
 
-// /GROUP/tokens, uint8 (N,), contiguous (default creation properties).
-void write_tokens(hid_t file, const char* group, const std::string& bytes) {
+// /GROUP/tokens, uint8 (bytes) or uint16 (ids) (N,), contiguous (default creation properties).
+void write_tokens(hid_t file, const char* group, const void* data, size_t n, bool u16) {
   H5Id g(H5_CHECK(H5Gcreate2(file, group, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT)), H5Gclose);
-  hsize_t n = bytes.size();
-  H5Id space(H5_CHECK(H5Screate_simple(1, &n, nullptr)), H5Sclose);
-  H5Id ds(H5_CHECK(H5Dcreate2(g.get(), "tokens", H5T_STD_U8LE, space.get(), H5P_DEFAULT,
-                              H5P_DEFAULT, H5P_DEFAULT)),
+  hsize_t dims = n;
+  H5Id space(H5_CHECK(H5Screate_simple(1, &dims, nullptr)), H5Sclose);
+  H5Id ds(H5_CHECK(H5Dcreate2(g.get(), "tokens", u16 ? H5T_STD_U16LE : H5T_STD_U8LE, space.get(),
+                              H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT)),
           H5Dclose);
-  H5_CHECK(H5Dwrite(ds.get(), H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, bytes.data()));
+  H5_CHECK(H5Dwrite(ds.get(), u16 ? H5T_NATIVE_UINT16 : H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL,
+                    H5P_DEFAULT, data));
 }
 
 void write_text_file(const std::string& path, const TextCorpus& c) {
@@ -272,13 +283,22 @@ void write_text_file(const std::string& path, const TextCorpus& c) {
   hid_t f = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
   if (f < 0) fail_input("{}: cannot create ({})", path, h5_error_detail());
   H5Id file(f, H5Fclose);
-  write_tokens(f, "train", c.train);
-  write_tokens(f, "val", c.val);
+  const bool ids = !c.tokenizer.empty();
+  if (ids) {
+    write_tokens(f, "train", c.train_ids.data(), c.train_ids.size(), true);
+    write_tokens(f, "val", c.val_ids.data(), c.val_ids.size(), true);
+  } else {
+    write_tokens(f, "train", c.train.data(), c.train.size(), false);
+    write_tokens(f, "val", c.val.data(), c.val.size(), false);
+  }
   write_str_attr(f, "kind", "tokens");
-  write_int_attr(f, "vocab", kByteVocab);
-  write_str_attr(f, "tokenizer", "bytes");
-  write_int_attr(f, "train_tokens", int64_t(c.train.size()));
-  write_int_attr(f, "val_tokens", int64_t(c.val.size()));
+  write_int_attr(f, "vocab", c.vocab);
+  if (ids)
+    write_tokenizer_attrs(f, c.tokenizer);
+  else
+    write_str_attr(f, "tokenizer", "bytes");
+  write_int_attr(f, "train_tokens", int64_t(ids ? c.train_ids.size() : c.train.size()));
+  write_int_attr(f, "val_tokens", int64_t(ids ? c.val_ids.size() : c.val.size()));
   write_double_attr(f, "val_fraction", c.val_fraction);
   write_double_attr(f, "unigram_entropy_nats", c.entropy);
   write_str_attr(f, "source", c.source);
@@ -317,10 +337,85 @@ void check_out_dir(const std::string& out_path) {
     fail_input("{}: output directory {} does not exist", out_path, dir.string());
 }
 
+// ---------------------------------------------------------------- GPT-2 tokens
+
+// The cores this process may run on.
+int usable_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return 1;
+}
+
+// The tokenizer `tok` names, checked; nullopt for bytes.
+std::optional<Gpt2Tokenizer> open_text_tokenizer(const TextTokenizer& tok) {
+  if (tok.name == "bytes") {
+    if (!tok.vocab_dir.empty())
+      fail_input("--vocab {}: is for --tokenizer gpt2; --tokenizer bytes has no vocabulary", tok.vocab_dir);
+    return std::nullopt;
+  }
+  if (tok.name != "gpt2") fail_input("--tokenizer {}: unknown; expected bytes or gpt2", tok.name);
+  if (tok.vocab_dir.empty())
+    fail_input("--tokenizer gpt2 needs --vocab DIR: the directory of GPT-2's encoder.json and "
+               "vocab.bpe (or Hugging Face's vocab.json and merges.txt)");
+  return Gpt2Tokenizer::load(tok.vocab_dir);
+}
+
+// Progress of encoding one input on stderr: a bar redrawn in place on a terminal, else a line
+// every 10 s. Only for inputs of kMinBytes or more (a small one is done before it would show).
+class EncodeProgress {
+ public:
+  static constexpr size_t kMinBytes = size_t(8) << 20;
+  EncodeProgress(std::string name, size_t total)
+      : name_(std::move(name)), total_(total), on_(total >= kMinBytes),
+        tty_(::isatty(STDERR_FILENO) == 1), start_(now_s()) {}
+  void operator()(size_t done) {
+    if (!on_ || finished_) return;
+    const double t = now_s() - start_;
+    if (!tty_ && done < total_ && t < last_ + 10) return;
+    last_ = t;
+    finished_ = done >= total_;
+    const double pct = 100.0 * double(done) / double(total_);
+    const int filled = int(pct / 100 * 30);
+    const std::string msg =
+        fmt::format("prepare text: {} [{}{}] {:.0f}% of {:.1f} MB, {:.1f} MB/s", name_,
+                    std::string(size_t(filled), '#'), std::string(size_t(30 - filled), '.'), pct,
+                    double(total_) / 1e6, double(done) / 1e6 / std::max(t, 1e-3));
+    std::fprintf(stderr, tty_ ? "\r%s%s" : "%s%s", msg.c_str(), tty_ && done < total_ ? "" : "\n");
+    std::fflush(stderr);
+  }
+
+ private:
+  static double now_s() {
+    timespec ts{};
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return double(ts.tv_sec) + double(ts.tv_nsec) * 1e-9;
+  }
+  std::string name_;
+  size_t total_;
+  bool on_, tty_, finished_ = false;
+  double start_, last_ = 0;
+};
+
+// Encodes one document and appends its parts to the splits, <|endoftext|> between documents.
+void add_gpt2_document(TextCorpus& c, const Gpt2Tokenizer& tok, const std::string& bytes,
+                       const std::string& name, int threads) {
+  EncodeProgress progress(name, bytes.size());
+  const std::vector<int32_t> ids = tok.encode_parallel(bytes, threads, std::ref(progress));
+  const size_t val = size_t(std::llround(c.val_fraction * double(ids.size())));
+  const bool first = c.names.size() == 1;  // this document's name is in already
+  auto append = [first](std::vector<uint16_t>& split, const int32_t* b, const int32_t* e) {
+    if (!first) split.push_back(uint16_t(kGpt2EndOfText));  // even after an empty part
+    split.insert(split.end(), b, e);  // ids < vocab_size <= 65536 (checked by the caller)
+  };
+  append(c.train_ids, ids.data(), ids.data() + (ids.size() - val));
+  append(c.val_ids, ids.data() + (ids.size() - val), ids.data() + ids.size());
+}
+
 }  // namespace
 
 PreparedText prepare_text(const std::vector<std::string>& inputs, const std::string& out_path,
-                          double val_fraction) {
+                          double val_fraction, const TextTokenizer& tokenizer) {
   if (!(val_fraction > 0 && val_fraction < 1))
     fail_input("--val_fraction {}: expected a fraction strictly between 0 and 1", val_fraction);
   if (inputs.empty()) fail_input("prepare text: no --input files");
@@ -329,6 +424,18 @@ PreparedText prepare_text(const std::vector<std::string>& inputs, const std::str
   // Read and check everything before creating any file.
   TextCorpus c;
   c.val_fraction = val_fraction;
+  const std::optional<Gpt2Tokenizer> gpt2 = open_text_tokenizer(tokenizer);
+  const int threads = tokenizer.threads > 0 ? tokenizer.threads : usable_cores();
+  if (gpt2) {
+    if (gpt2->vocab_size() > 65536)
+      fail_input("{}: {} tokens; prepare text writes uint16 ids, at most 65536", gpt2->files()[0],
+                 gpt2->vocab_size());
+    if (gpt2->vocab_size() <= kGpt2EndOfText)
+      fail_input("{}: {} tokens; GPT-2's <|endoftext|> ({}) must be one of them", gpt2->files()[0],
+                 gpt2->vocab_size(), kGpt2EndOfText);
+    c.tokenizer = gpt2_tokenizer_attrs(*gpt2, tokenizer.vocab_dir);
+    c.vocab = gpt2->vocab_size();
+  }
   std::string listing;  // exactly what `sha256sum NAME...` prints, run in the inputs' directory
   for (size_t i = 0; i < inputs.size(); ++i) {
     const std::string name = fs::path(inputs[i]).filename().string();
@@ -344,6 +451,10 @@ PreparedText prepare_text(const std::vector<std::string>& inputs, const std::str
     c.digests.push_back(sha.hex());
     listing += fmt::format("{}  {}\n", c.digests.back(), name);
     c.source += (i ? " " : "") + inputs[i];
+    if (gpt2) {
+      add_gpt2_document(c, *gpt2, bytes, name, threads);
+      continue;
+    }
     // The last round(f * size) bytes of each input are validation.
     const size_t val = size_t(std::llround(val_fraction * double(bytes.size())));
     c.train.append(bytes, 0, bytes.size() - val);
@@ -352,18 +463,20 @@ PreparedText prepare_text(const std::vector<std::string>& inputs, const std::str
   Sha256 combined;
   combined.update(listing.data(), listing.size());
   c.combined = combined.hex();
-  for (const auto& [split, bytes] : {std::pair{"train", &c.train}, std::pair{"val", &c.val}})
-    if (int64_t(bytes->size()) < kMinTextSplitTokens)
-      fail_input("{}: the {} split would hold {} tokens (bytes) at --val_fraction {}; at least {} "
+  const size_t n_train = gpt2 ? c.train_ids.size() : c.train.size();
+  const size_t n_val = gpt2 ? c.val_ids.size() : c.val.size();
+  for (const auto& [split, n] : {std::pair{"train", n_train}, std::pair{"val", n_val}})
+    if (int64_t(n) < kMinTextSplitTokens)
+      fail_input("{}: the {} split would hold {} tokens ({}) at --val_fraction {}; at least {} "
                  "are needed (a context of up to {} tokens): give more text{}",
-                 out_path, split, bytes->size(), val_fraction, kMinTextSplitTokens,
+                 out_path, split, n, gpt2 ? "GPT-2's" : "bytes", val_fraction, kMinTextSplitTokens,
                  kMinTextSplitTokens - 1,
                  split == std::string_view("val") ? " or a larger --val_fraction" : "");
-  c.entropy = unigram_entropy_nats(c.train);
+  c.entropy = gpt2 ? unigram_entropy_nats(c.train_ids, c.vocab) : unigram_entropy_nats(c.train, c.vocab);
 
   write_and_publish(out_path, [&](const std::string& tmp) { write_text_file(tmp, c); });
-  return {.train_tokens = int64_t(c.train.size()), .val_tokens = int64_t(c.val.size()),
-          .vocab = kByteVocab, .unigram_entropy_nats = c.entropy};
+  return {.train_tokens = int64_t(n_train), .val_tokens = int64_t(n_val), .vocab = c.vocab,
+          .unigram_entropy_nats = c.entropy, .threads = gpt2 ? threads : 1};
 }
 
 std::string sha256_file(const std::string& path) {

@@ -31,6 +31,14 @@ struct PreparedText {
   int64_t train_tokens = 0, val_tokens = 0;
   int vocab = 0;
   double unigram_entropy_nats = 0;
+  int threads = 1;  // that encoded the text (gpt2)
+};
+
+// Which tokenizer `strata prepare text` uses.
+struct TextTokenizer {
+  std::string name = "bytes";  // bytes | gpt2
+  std::string vocab_dir;       // gpt2: encoder.json + vocab.bpe, or vocab.json + merges.txt
+  int threads = 0;             // gpt2: encoding threads; 0 = every core this process may use
 };
 
 // `strata prepare text`: text files -> token file (data.h) with the built-in byte-level
@@ -55,8 +63,19 @@ struct PreparedText {
 // val_fraction outside (0, 1); a split under kMinTextSplitTokens tokens; no output directory.
 // Inputs are read whole into memory. Written to "<out>.tmp.<pid>" and renamed over out_path,
 // like prepare_fashion_mnist. Runs on one rank.
+//
+// With tokenizer.name = "gpt2": GPT-2's BPE (gpt2_tokenizer.h) from tokenizer.vocab_dir. Each
+// input is one document, encoded on tokenizer.threads threads (a progress bar on stderr for
+// inputs over 8 MiB); the validation split is the last round(val_fraction * n) tokens of each
+// document's n; in each split the documents' parts are joined with <|endoftext|> (50256)
+// between them (none before the first or after the last). So decoding a split gives the
+// inputs' bytes with "<|endoftext|>" between documents. The tokens are uint16, vocab = 50257
+// (the vocabulary's size), tokenizer = "gpt2", and the vocabulary's identity is recorded
+// (tokenizer_identity.h: tokenizer_vocab, tokenizer_sha256_<file>); unigram_entropy_nats is
+// over token frequencies. UserError also for an unknown tokenizer name, gpt2 without a
+// vocab_dir, a vocab_dir with bytes, and any fault of the vocabulary's files.
 PreparedText prepare_text(const std::vector<std::string>& inputs, const std::string& out_path,
-                          double val_fraction = 0.1);
+                          double val_fraction = 0.1, const TextTokenizer& tokenizer = {});
 
 // Lower-case hex SHA-256 of a file's bytes. Throws UserError if it cannot be read.
 std::string sha256_file(const std::string& path);

@@ -84,7 +84,8 @@ int run_quantize(const QuantizeOptions& o) {
       break;
     }
   const ParamFileMeta meta{.config_toml = lp.prov.config_toml,
-                           .dataset_sha256 = lp.prov.dataset_sha256, .step = lp.state.step};
+                           .dataset_sha256 = lp.prov.dataset_sha256, .step = lp.state.step,
+                           .tokenizer = lp.prov.tokenizer};
   make_checkpoint_writer(CheckpointWriterKind::kInt8, nullptr)
       ->write(o.out, {.model = model, .int8 = &table, .meta = meta});
   fmt::print("wrote {}: {} products (linear and convolution weights) in int8 (weights {:.2f} MB -> {:.2f} MB; symmetric "

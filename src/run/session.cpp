@@ -81,7 +81,7 @@ TrainingSession::TrainingSession(const RunConfig& cfg, Comm& comm)
                   .dataset_sha256 = plan_.info.source_sha256, .grid_ranks = plan_.ranks,
                   .grid_data_parallel = plan_.D, .grid_stages = plan_.P, .grid_tensor = plan_.T,
                   .slurm_job_id = slurm_job_id(), .slurm_restart_count = slurm_restart_count(),
-                  .hosts = grid_.hosts, .created_utc = ""};
+                  .hosts = grid_.hosts, .created_utc = "", .tokenizer = plan_.info.tokenizer};
   progress_ = std::make_unique<ProgressLine>(lead_ ? cfg.progress : "off");
   publisher_ = std::make_unique<Publisher>(
       cfg, comm, plan_, grid_, *ckpt_, PublishedState{*model_, *opt_, whole_.get(), whole_opt_.get()},
@@ -328,7 +328,7 @@ int TrainingSession::finish_run(Clock::time_point t_start, double cpu_start) {
   if (lead_) {
     save_parameters(cfg_.params_path(), *final_model,
                     {.config_toml = cfg_.to_toml(), .dataset_sha256 = info.source_sha256,
-                     .step = total_});
+                     .step = total_, .tokenizer = info.tokenizer});
     const GoodputFigures gp = goodput_->figures();  // the job's goodput so far
     goodput_->finish(/*done=*/true);
     report_done({.cfg = cfg_, .plan = plan_, .step = total_, .steps_run = total_ - start_step_,

@@ -191,6 +191,25 @@ def dataset(images=None, labels=None, test=None, attrs=None, name="in.h5"):
     return make
 
 
+def gpt2_vocab(text="", merges=("l l",), extra_json=None):
+    """make(): a GPT-2 vocabulary in the case dir: encoder.json (the 256 bytes in GPT-2's
+    spelling, ids 0..255, then "ll" = 256 and extra_json) and vocab.bpe (merges). text: the
+    encoder.json text instead; None: no encoder.json."""
+    def spell(b):  # GPT-2's bytes_to_unicode
+        printable = [c for c in range(256) if 33 <= c <= 126 or 161 <= c <= 172 or c >= 174]
+        return chr(b) if b in printable else chr(256 + [c for c in range(256) if c not in printable].index(b))
+
+    def make(case_dir):
+        vocab = {spell(b): b for b in range(256)}
+        vocab.update({"ll": 256, **(extra_json or {})})
+        if text is not None:
+            with open(os.path.join(case_dir, "encoder.json"), "w", encoding="utf-8") as f:
+                f.write(text or json.dumps(vocab))
+        with open(os.path.join(case_dir, "vocab.bpe"), "w", encoding="utf-8") as f:
+            f.write("#version: 0.2\n" + "".join(m + "\n" for m in merges))
+    return make
+
+
 # ----------------------------------------------------------------------------- the corpus
 
 def cases(fx: Fixtures):
@@ -333,6 +352,37 @@ def cases(fx: Fixtures):
     out["flags"].append(Case("flags: prepare text from /dev/zero",
                              [S, "prepare", "text", "--input", "/dev/zero", "--out", "{C}/x.h5"], 2,
                              r"/dev/zero: is a device or socket"))
+    # GPT-2's tokenizer (issue 31): its flags, and vocabularies that are missing, malformed or
+    # inconsistent; each error names the file and line.
+    ptext = [S, "prepare", "text", "--input", fx.path("text.txt"), "--out", "{C}/x.h5"]
+    gvocab = ptext + ["--tokenizer", "gpt2", "--vocab", "{C}"]
+    out["flags"].append(Case("flags: prepare text --tokenizer sentencepiece", ptext + ["--tokenizer", "sentencepiece"],
+                             2, r"--tokenizer sentencepiece: unknown; expected bytes or gpt2"))
+    out["flags"].append(Case("flags: prepare text --tokenizer gpt2 without --vocab", ptext + ["--tokenizer", "gpt2"],
+                             2, r"--tokenizer gpt2 needs --vocab DIR"))
+    out["flags"].append(Case("flags: prepare text --vocab with --tokenizer bytes", ptext + ["--vocab", "{C}"],
+                             2, r"--vocab .*: is for --tokenizer gpt2"))
+    out["flags"].append(Case("flags: generate --vocab for a model trained on bytes",
+                             [S, "generate", "--checkpoint", fx.gpt_params, "--tokens", "2", "--vocab", "{C}"],
+                             2, r"--vocab .*model\.h5 was trained on bytes"))
+    out["data"].append(Case("data: gpt2 vocabulary directory missing",
+                            ptext + ["--tokenizer", "gpt2", "--vocab", "{C}/none"], 2, r"/none: does not exist; --vocab names"))
+    out["data"].append(Case("data: gpt2 encoder.json missing", gvocab, 2, r"encoder\.json: does not exist",
+                            make=gpt2_vocab(text=None)))
+    out["data"].append(Case("data: gpt2 encoder.json malformed", gvocab, 2,
+                            r"encoder\.json: line 3, column 7: expected ':'", make=gpt2_vocab(text='{\n"a": 0,\n "b"  1}')))
+    out["data"].append(Case("data: gpt2 encoder.json not JSON", gvocab, 2,
+                            r"encoder\.json: line 1, column 1: expected '\{'", make=gpt2_vocab(text="<html>")))
+    out["data"].append(Case("data: gpt2 encoder.json with a duplicate id", gvocab, 2,
+                            r"encoder\.json: line 1, column \d+: token \"zz\" has id 40, which the token \"\(\" already has",
+                            make=gpt2_vocab(extra_json={"zz": 40})))
+    out["data"].append(Case("data: gpt2 encoder.json with a gap in the ids", gvocab, 2,
+                            r"encoder\.json: no token has id 257", make=gpt2_vocab(extra_json={"zz": 300})))
+    out["data"].append(Case("data: gpt2 vocab.bpe merge naming an unknown token", gvocab, 2,
+                            r"vocab\.bpe: line 3: the merge \"q z\" names the merged token \"qz\", which is not in .*encoder\.json",
+                            make=gpt2_vocab(merges=["l l", "q z"])))
+    out["data"].append(Case("data: gpt2 vocab.bpe line not a merge", gvocab, 2,
+                            r"vocab\.bpe: line 2: \"lll\" is not a merge", make=gpt2_vocab(merges=["lll"])))
     out["flags"].append(Case("flags: a scalar flag given twice takes the last", train + ["--train.lr", "nan", "--train.lr", "0.1"], 0))
     out["flags"].append(Case("flags: a list flag given twice takes the last",
                              train + ["--model.hidden", "0", "-1", "--model.hidden", "8"], 0))
