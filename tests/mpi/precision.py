@@ -52,7 +52,8 @@ def train(strata, out, args, precision, fresh=True):
     p = subprocess.run(cmd, env=MPI_ENV, capture_output=True, text=True, timeout=900)
     if p.returncode != 0:
         fail(f"{' '.join(cmd)} exited {p.returncode}\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}")
-    first = (p.stdout + p.stderr).splitlines()[0]
+    # The start-up line (the `plan:` line of the memory estimate comes before it).
+    first = next((l for l in (p.stdout + p.stderr).splitlines() if l.startswith("strata ")), "")
     if precision == "bf16" and "bf16" not in first.split("; bf16:", 1)[-1]:
         fail(f"the start-up line does not name the bf16 kernels: {first}")
     return [m for m in metrics(os.path.join(out, "metrics.jsonl")) if m.get("event") == "done"][-1]
