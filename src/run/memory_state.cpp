@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include <fmt/format.h>
@@ -18,14 +21,30 @@ int64_t part_floats(Model& model, Optimizer& opt, int64_t header) {
   return n;
 }
 
+// STRATA_TEST_KILL_AT_STEP=STEP:RANK (the Slurm tests): that rank kills itself with SIGKILL
+// once the memory checkpoint after STEP steps is complete (its copies written and sent), as a
+// fault right after that step would. {-1, -1}: not set.
+std::pair<int64_t, int> test_kill_at() {
+  const char* v = std::getenv("STRATA_TEST_KILL_AT_STEP");
+  long long step = -1;
+  int rank = -1;
+  if (v && std::sscanf(v, "%lld:%d", &step, &rank) == 2) return {step, rank};
+  return {-1, -1};
+}
+
 class MemoryHook final : public StepHook {
  public:
-  MemoryHook(MemoryState& m, int64_t per_epoch, const Backend& be, GoodputLedger& g)
-      : m_(m), per_epoch_(per_epoch), be_(be), goodput_(g) {}
+  MemoryHook(MemoryState& m, int64_t per_epoch, const Backend& be, GoodputLedger& g, int rank)
+      : m_(m), per_epoch_(per_epoch), be_(be), goodput_(g), rank_(rank) {}
   std::optional<int> end(const StepEnd& e) override {
     const int64_t done = e.step + 1;
     if (done % m_.every() == 0) goodput_.checkpoint(done, m_.save(done, per_epoch_, be_));
     else m_.poll();
+    if (kill_.first == done && kill_.second == rank_) {
+      m_.finish(/*remove=*/false);
+      std::fflush(nullptr);
+      ::raise(SIGKILL);
+    }
     return std::nullopt;
   }
 
@@ -34,6 +53,8 @@ class MemoryHook final : public StepHook {
   int64_t per_epoch_;
   const Backend& be_;
   GoodputLedger& goodput_;
+  int rank_;
+  std::pair<int64_t, int> kill_ = test_kill_at();
 };
 
 }  // namespace
@@ -96,14 +117,16 @@ std::optional<TrainState> MemoryState::restore(int64_t file_step) {
   }
   opt_.set_steps_taken(s[3]);
   if (lead)
-    fmt::print("resumed from memory at step {}: {} ({} newer than the newest checkpoint file{})"
-               "\n", s[0],
+    fmt::print("resumed from memory at step {}: {} ({})\n", s[0],
                f.from_partner == 0
                    ? "every rank's own copy"
                    : fmt::format("{} part(s) from the partner's copy (their own copy is gone or "
                                  "damaged), the rest from their own", f.from_partner),
-               f.step > file_step ? "it is" : "as new as, and faster to read than,",
-               file_step < 0 ? ": none" : fmt::format(", step {}", file_step));
+               file_step < 0 ? "there is no checkpoint file"
+               : f.step > file_step
+                   ? fmt::format("newer than the newest checkpoint file, step {}", file_step)
+                   : fmt::format("as new as the newest checkpoint file, step {}, and faster to "
+                                 "read", file_step));
   return TrainState{.step = s[0], .epoch = s[1], .batch = s[2],
                     .optimizer = opt_.config().kind, .optimizer_steps = s[3]};
 }
@@ -144,7 +167,7 @@ void MemoryState::finish(bool remove) {
 
 std::unique_ptr<StepHook> memory_checkpoint_hook(MemoryState& m, int64_t per_epoch,
                                                  const Backend& be, GoodputLedger& goodput) {
-  return std::make_unique<MemoryHook>(m, per_epoch, be, goodput);
+  return std::make_unique<MemoryHook>(m, per_epoch, be, goodput, m.rank());
 }
 
 }  // namespace strata

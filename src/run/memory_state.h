@@ -46,6 +46,7 @@ class MemoryState {
   // checkpoint.dir).
   void finish(bool remove);
   int64_t every() const { return every_; }
+  int rank() const { return comm_.rank(); }
 
  private:
   static constexpr int64_t kStateFloats = 8;  // 4 int64: step, epoch, batch, optimizer steps
