@@ -357,6 +357,7 @@ std::vector<MemoryCheckpoints::Copy> MemoryCheckpoints::scan(int64_t* stale) con
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(dir_, ec)) names.push_back(e.path().filename().string());
   std::sort(names.begin(), names.end());
+  int64_t other = 0;
   // The ranks of a node share its directory: each looks at every local_size-th name.
   for (size_t i = size_t(pair_.local_rank); i < names.size(); i += size_t(pair_.local_size)) {
     const std::string path = dir_ + "/" + names[i];
@@ -376,8 +377,9 @@ std::vector<MemoryCheckpoints::Copy> MemoryCheckpoints::scan(int64_t* stale) con
       continue;
     }
     if (why.empty() && (h.run != run_ || h.ranks != comm_.size())) {
-      fmt::print(stderr, "strata: warning: checkpoint.memory_dir {}: written by a run with "
-                 "another config or grid; not taken\n", path);
+      if (other++ == 0)  // once per rank: a launch on another grid sees every copy so
+        fmt::print(stderr, "strata: warning: checkpoint.memory_dir {}: {} and maybe more copies "
+                   "were written by a run with another config or grid; not taken\n", dir_, path);
       continue;
     }
     if (why.empty() && (h.part != p->part || h.step != p->step ||

@@ -17,33 +17,29 @@ SCENARIO:
 The fault is STRATA_TEST_KILL_AT_STEP=STEP:RANK (that rank kills itself with SIGKILL once the
 memory checkpoint after STEP steps is complete), so each restore's step is known exactly.
 """
-import argparse
 import glob
 import os
 import re
 import subprocess
-import sys
 import time
 
-from slurm_jobs import (Ctx, Failure, expect, expect_bitwise, fresh, launches, read, submit,
-                        wait_job, write_config)
+from slurm_jobs import (Failure, expect, expect_bitwise, fresh, launches, read, submit, wait_job,
+                        write_config)
+from slurm_jobs import main as slurm_main
 
 STEPS = 600
 KILL = 250
 
 
-def config(d, extra="", every=100, memory_dir=None):
+def config(ctx, d, extra="", every=100, memory_dir=None):
     cfg = os.path.join(d, "config.toml")
     mem = "" if memory_dir is None else f'memory_dir = "{memory_dir}"\n'
     # write_config's [checkpoint] table is the last before [output]: append to it by extra.
-    write_config(cfg, os.path.join(d, "out"), STEPS, CTX_DATA[0], every=every)
+    write_config(cfg, os.path.join(d, "out"), STEPS, ctx.data, every=every)
     text = read(cfg).replace("[output]", f"memory_every = 1\n{mem}[output]") + extra
     with open(cfg, "w") as f:
         f.write(text)
     return cfg
-
-
-CTX_DATA = [""]
 
 
 def reference(ctx, name, extra=""):
@@ -83,7 +79,7 @@ def no_memory_dir(path, what, wait_s=10):
 def restart_job(ctx, name, extra=""):
     """train.sbatch with rank 1 killed after step KILL; returns (job log text, job id)."""
     d = fresh(os.path.join(ctx.work, f"mem-{name}"))
-    cfg = config(d, extra)
+    cfg = config(ctx, d, extra)
     job, log = submit(ctx, f"mem-{name}", cfg, ckpt_dir=os.path.join(d, "ckpt"),
                       extra_env={"STRATA_TEST_KILL_AT_STEP": f"{KILL}:1"})
     completed(wait_job(ctx, job, timeout=300, release=False))
@@ -134,7 +130,7 @@ run -1:-1
 def scenario_copies(ctx):
     d = fresh(os.path.join(ctx.work, "mem-copies"))
     mem = os.path.join(d, "mem")
-    cfg = config(d, memory_dir=mem + "/%n")
+    cfg = config(ctx, d, memory_dir=mem + "/%n")
     script = os.path.join(d, "job.sh")
     with open(script, "w") as f:
         f.write(COPIES_SCRIPT)
@@ -173,7 +169,7 @@ def scenario_copies(ctx):
 def scenario_cleanup(ctx):
     # Fails: no checkpoint files (every_steps = 0), no restarts: the killed launch ends the job.
     d = fresh(os.path.join(ctx.work, "mem-fails"))
-    job, log = submit(ctx, "mem-fails", config(d, every=0), ckpt_dir=os.path.join(d, "ckpt"),
+    job, log = submit(ctx, "mem-fails", config(ctx, d, every=0), ckpt_dir=os.path.join(d, "ckpt"),
                       extra_env={"STRATA_TEST_KILL_AT_STEP": f"{KILL}:1", "STRATA_MAX_RESTARTS": "0"})
     info = wait_job(ctx, job, timeout=300, release=False)
     expect(info.get("JobState") == "FAILED", f"job ended {info.get('JobState')}, expected FAILED")
@@ -182,7 +178,7 @@ def scenario_cleanup(ctx):
     no_memory_dir(f"/dev/shm/strata-{job}", "the job failed")
     # Cancelled while training.
     d = fresh(os.path.join(ctx.work, "mem-cancelled"))
-    cfg = config(d)
+    cfg = config(ctx, d)
     with open(cfg) as f:
         text = f.read().replace(f"max_steps = {STEPS}", "max_steps = 1000000")
     with open(cfg, "w") as f:
@@ -202,26 +198,5 @@ SCENARIOS = {"restart": scenario_restart, "copies": scenario_copies,
              "parallel": scenario_parallel, "cleanup": scenario_cleanup}
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("scenario", choices=sorted(SCENARIOS))
-    for k in ("--strata", "--data", "--work", "--sbatch", "--cluster"):
-        ap.add_argument(k, required=True)
-    a = ap.parse_args()
-    os.makedirs(a.work, exist_ok=True)
-    t0 = time.time()
-    ctx = None
-    try:
-        ctx = Ctx(a)
-        CTX_DATA[0] = ctx.data
-        SCENARIOS[a.scenario](ctx)
-    except (Failure, subprocess.TimeoutExpired, OSError) as e:
-        print(f"FAIL (memory {a.scenario}): {e}", flush=True)
-        for job, log in (ctx.logs if ctx else []):
-            print(f"\n----- log of job {job}: {log} -----\n{read(log) or '(empty or missing)'}")
-        sys.exit(1)
-    print(f"PASS (memory {a.scenario}) in {time.time() - t0:.0f} s")
-
-
 if __name__ == "__main__":
-    main()
+    slurm_main(SCENARIOS)
