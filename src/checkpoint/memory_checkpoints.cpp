@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <climits>
 #include <cstring>
@@ -19,7 +20,6 @@
 #include "base/job.h"
 #include "base/memory.h"
 #include "checkpoint/checkpoint_cache.h"
-#include "checkpoint/checkpoint_write.h"
 #include "strata/error.h"
 
 namespace strata {
@@ -39,7 +39,7 @@ struct Header {
   uint64_t run, job, payload_bytes;
   uint32_t payload_crc, header_crc;
 };
-static_assert(sizeof(Header) == 72 && offsetof(Header, payload_crc) % 4 == 0);
+static_assert(sizeof(Header) == 72);
 constexpr char kMagic[8] = {'S', 'T', 'R', 'A', 'T', 'A', 'M', 'C'};
 
 uint64_t fnv1a(const std::string& s) {
@@ -48,9 +48,43 @@ uint64_t fnv1a(const std::string& s) {
   return h;
 }
 
-uint32_t header_crc(const Header& h) {
-  return crc32_of(reinterpret_cast<const float*>(&h), offsetof(Header, payload_crc) / 4);
+// CRC-32C (Castagnoli) of n bytes: with SSE4.2's crc32 instruction where the CPU has it (about
+// 8 bytes a cycle: a save of every step must cost the ranks' cores little), else by table.
+uint32_t crc32c_table(uint32_t crc, const unsigned char* p, size_t n) {
+  static const auto table = [] {
+    std::array<uint32_t, 256> t{};
+    for (uint32_t i = 0; i < 256; ++i) {
+      uint32_t c = i;
+      for (int k = 0; k < 8; ++k) c = c & 1 ? (c >> 1) ^ 0x82f63b78u : c >> 1;
+      t[i] = c;
+    }
+    return t;
+  }();
+  for (size_t i = 0; i < n; ++i) crc = table[(crc ^ p[i]) & 0xff] ^ (crc >> 8);
+  return crc;
 }
+#if defined(__x86_64__)
+__attribute__((target("sse4.2"))) uint32_t crc32c_sse42(uint32_t crc, const unsigned char* p,
+                                                        size_t n) {
+  uint64_t c = crc;
+  for (; n >= 8; p += 8, n -= 8) {
+    uint64_t v;
+    std::memcpy(&v, p, 8);
+    c = __builtin_ia32_crc32di(c, v);
+  }
+  return crc32c_table(uint32_t(c), p, n);
+}
+#endif
+uint32_t crc32c(const void* data, size_t n) {
+  const auto* p = static_cast<const unsigned char*>(data);
+#if defined(__x86_64__)
+  static const bool sse42 = __builtin_cpu_supports("sse4.2");
+  if (sse42) return ~crc32c_sse42(~0u, p, n);
+#endif
+  return ~crc32c_table(~0u, p, n);
+}
+
+uint32_t header_crc(const Header& h) { return crc32c(&h, offsetof(Header, payload_crc)); }
 
 std::string part_name(int part, int64_t step, bool own) {
   return fmt::format("part-{:05d}-{:012d}.{}", part, step, own ? "own" : "peer");
@@ -90,9 +124,9 @@ std::string read_part(const std::string& path, Header* h, std::vector<float>* pa
   payload->resize(h->payload_bytes / 4);
   if (!in.read(reinterpret_cast<char*>(payload->data()), std::streamsize(h->payload_bytes)))
     return fmt::format("truncated: fewer than the {} payload bytes its header names", h->payload_bytes);
-  const uint32_t crc = crc32_of(payload->data(), int64_t(payload->size()));
+  const uint32_t crc = crc32c(payload->data(), payload->size() * 4);
   if (crc != h->payload_crc)
-    return fmt::format("CRC-32 {:08x} of its payload, {:08x} in its header", crc, h->payload_crc);
+    return fmt::format("CRC-32C {:08x} of its payload, {:08x} in its header", crc, h->payload_crc);
   return "";
 }
 
@@ -122,7 +156,7 @@ int write_copy(const std::string& dir, const std::string& path, Header h,
   std::sort(olds.begin(), olds.end());
   for (size_t k = 0; k + 1 < olds.size(); ++k) fs::remove(olds[k].second, ec);
   h.payload_bytes = uint64_t(data.size()) * 4;
-  h.payload_crc = crc32_of(data.data(), int64_t(data.size()));
+  h.payload_crc = crc32c(data.data(), data.size() * 4);
   h.header_crc = header_crc(h);
   const std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);

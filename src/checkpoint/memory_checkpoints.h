@@ -9,7 +9,7 @@
 // directory, one per part and step:
 //   part-<rank>-<step>.own    the part rank <rank> wrote itself
 //   part-<rank>-<step>.peer   the copy its partner received and wrote
-// each a header (job, attempt, run, ranks, step, CRC-32) and the payload, written under
+// each a header (job, attempt, run, ranks, step, CRC-32C) and the payload, written under
 // "<name>.tmp.<pid>" and renamed: a half-written copy never has a final name. At most two per
 // part and kind, the temporary one included.
 #pragma once

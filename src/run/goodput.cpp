@@ -138,13 +138,16 @@ void GoodputLedger::step_done(int64_t steps_done, double seconds) {
   if (last_update_ - last_write_ >= kWriteEvery) write();
 }
 
-void GoodputLedger::checkpoint(int64_t steps_done, double stall_s) {
+void GoodputLedger::checkpoint(int64_t steps_done, double stall_s, bool write_now) {
   if (!active_) return;
   f_.checkpoint_stall_s += stall_s;
   marks_.push_back({steps_done, f_.useful_s});
   keep_newest(marks_);
   last_update_ = unix_now();
-  write();  // before the checkpoint can be resumed from, the ledger knows its useful time
+  // Before the checkpoint can be resumed from, the ledger knows its useful time (a memory
+  // checkpoint's mark may be up to a second late: the steps after the last write count as
+  // the restart's gap instead).
+  if (write_now || last_update_ - last_write_ >= kWriteEvery) write();
 }
 
 GoodputFigures GoodputLedger::figures() const {

@@ -55,8 +55,10 @@ class GoodputLedger {
   void begin(int64_t start_step, const std::string& source = "");
   // A step ended with `steps_done` steps done; `seconds` its wall time, checkpoints excluded.
   void step_done(int64_t steps_done, double seconds);
-  // The training thread spent `stall_s` in a checkpoint of `steps_done` steps.
-  void checkpoint(int64_t steps_done, double stall_s);
+  // The training thread spent `stall_s` in a checkpoint of `steps_done` steps. write_now:
+  // the ledger is rewritten at once (else with the next update, at most a second later: for
+  // memory checkpoints, taken as often as every step).
+  void checkpoint(int64_t steps_done, double stall_s, bool write_now = true);
   GoodputFigures figures() const;
   // The last update: `done` closes the ledger (the job's training is complete).
   void finish(bool done);

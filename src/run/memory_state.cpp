@@ -38,7 +38,8 @@ class MemoryHook final : public StepHook {
       : m_(m), per_epoch_(per_epoch), be_(be), goodput_(g), rank_(rank) {}
   std::optional<int> end(const StepEnd& e) override {
     const int64_t done = e.step + 1;
-    if (done % m_.every() == 0) goodput_.checkpoint(done, m_.save(done, per_epoch_, be_));
+    if (done % m_.every() == 0)
+      goodput_.checkpoint(done, m_.save(done, per_epoch_, be_), /*write_now=*/false);
     else m_.poll();
     if (kill_.first == done && kill_.second == rank_) {
       m_.finish(/*remove=*/false);
