@@ -16,7 +16,7 @@ meets more faults, as a real job would):
 
   requeue   STRATA_MAX_RESTARTS=0: slurm/train.sbatch as before issue 17, every fault requeues
   restart   the default: restarts inside the allocation; a node set DOWN and USR1 still requeue
-  memory    as restart, with checkpoint.memory_every = 1 (issue 33): a restart resumes from the
+  memory    as restart, with checkpoint.memory_every = 1 (--memory-every; issue 33): a restart resumes from the
             last step in node memory when the node's copies survived (each simulated node has a
             memory directory of its own: a node left out takes its copies with it)
 
@@ -67,6 +67,7 @@ ap.add_argument("--reference", default="", help="an earlier run's uninterrupted/
 ap.add_argument("--seed", type=int, default=1)
 ap.add_argument("--faults", default="kill,kill,kill,stop,down,usr1")
 ap.add_argument("--arms", default="requeue,restart", help="requeue, restart, memory")
+ap.add_argument("--memory-every", type=int, default=1, help="the memory arm's checkpoint.memory_every")
 ap.add_argument("--no-release", action="store_true")
 ap.add_argument("--steps", type=int, default=0, help="skip the speed probe: train this many steps")
 a = ap.parse_args()
@@ -120,7 +121,7 @@ def write_config(path, out, steps, memory=False):
     text = text.replace('dir = "runs/fmnist_cnn"', f'dir = "{out}"')
     text += "\n[checkpoint]\nevery_seconds = 5\nkeep_last = 3\n"
     if memory:  # the memory arm: every step into node memory; %n: each node its own (they share a host)
-        text += 'memory_every = 1\nmemory_dir = "/dev/shm/strata-bench-memory/%n"\n'
+        text += f'memory_every = {a.memory_every}\nmemory_dir = "/dev/shm/strata-bench-memory/%n"\n'
     text += "[watchdog]\ntimeout_s = 5\n"
     with open(path, "w") as f:
         f.write(text)

@@ -31,6 +31,7 @@ ap.add_argument("--strata", default=os.path.join(ROOT, "build", "strata"))
 ap.add_argument("--fmnist", default=os.path.join(ROOT, "data", "fashion-mnist.h5"))
 ap.add_argument("--fortunes", default=os.path.join(ROOT, "data", "fortunes.h5"))
 ap.add_argument("--repeats", type=int, default=3)
+ap.add_argument("--every", type=int, default=1, help="checkpoint.memory_every of the 'on' arm")
 ap.add_argument("--models", default="mlp,cnn,gpt")
 ap.add_argument("--work", default="/var/tmp/strata-bench-memory")
 ap.add_argument("--out", default="")
@@ -52,7 +53,7 @@ def run(model, memory):
             "--train.max_steps", str(steps), "--output.dir", out, "--progress", "off",
             "--checkpoint.final", "false", "--threads", "1"]
     if memory:
-        args += ["--checkpoint.memory_every", "1", "--checkpoint.memory_dir",
+        args += ["--checkpoint.memory_every", str(a.every), "--checkpoint.memory_dir",
                  os.path.join("/dev/shm", "strata-bench-memory", "%n")]
     cmd = ["mpirun", "--oversubscribe", "--bind-to", "none",
            "-n", "1", "-x", "SLURMD_NODENAME=n1", *args, ":",
@@ -68,7 +69,7 @@ def run(model, memory):
     return {"step_s": done["train_time_s"] / done["step"],
             "stall_ms": float(stall.group(1)) if stall else None,
             "stall_max_ms": float(stall.group(2)) if stall else None,
-            "per_node": (re.search(r"memory checkpoints: every 1 step into \S+: ([0-9.]+ \S+) per node", p.stdout)
+            "per_node": (re.search(r"memory checkpoints: every \d+ steps? into \S+: ([0-9.]+ \S+) per node", p.stdout)
                          or [None, None])[1]}
 
 
@@ -79,7 +80,8 @@ def main():
     lines = [f"# bench_memory_checkpoints.py, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
              f"# CPU: {name.group(1) if name else '?'}, {os.cpu_count()} cores; "
              f"load average before: {os.getloadavg()[0]:.2f}; strata {a.strata}",
-             f"# 2 ranks as two simulated nodes, 1 thread each; median of {a.repeats} repeats, arms alternating"]
+             f"# 2 ranks as two simulated nodes, 1 thread each; memory_every = {a.every} against off; "
+             f"median of {a.repeats} repeats, arms alternating"]
     print("\n".join(lines), flush=True)
     rows = []
     for model in a.models.split(","):
@@ -88,7 +90,7 @@ def main():
             for memory in ((False, True) if i % 2 == 0 else (True, False)):
                 r = run(model, memory)
                 res[memory].append(r)
-                print(f"{model} memory_every={'1' if memory else 'off'} repeat {i}: "
+                print(f"{model} memory_every={a.every if memory else 'off'} repeat {i}: "
                       f"{1e3 * r['step_s']:.2f} ms/step"
                       + (f", stall per save median {r['stall_ms']:.2f} ms (max {r['stall_max_ms']:.2f})"
                          if memory else ""), flush=True)
