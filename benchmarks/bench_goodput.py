@@ -16,6 +16,9 @@ meets more faults, as a real job would):
 
   requeue   STRATA_MAX_RESTARTS=0: slurm/train.sbatch as before issue 17, every fault requeues
   restart   the default: restarts inside the allocation; a node set DOWN and USR1 still requeue
+  memory    as restart, with checkpoint.memory_every = 1 (--memory-every; issue 33): a restart resumes from the
+            last step in node memory when the node's copies survived (each simulated node has a
+            memory directory of its own: a node left out takes its copies with it)
 
 Faults (one every --fault-every s ± 30 %, seeded; their kinds cycle through --faults in a
 seeded random order; each only after the job wrote a checkpoint since the last fault, else at a
@@ -63,7 +66,8 @@ ap.add_argument("--fault-every", type=float, default=100)
 ap.add_argument("--reference", default="", help="an earlier run's uninterrupted/ directory to reuse")
 ap.add_argument("--seed", type=int, default=1)
 ap.add_argument("--faults", default="kill,kill,kill,stop,down,usr1")
-ap.add_argument("--arms", default="requeue,restart")
+ap.add_argument("--arms", default="requeue,restart", help="requeue, restart, memory")
+ap.add_argument("--memory-every", type=int, default=1, help="the memory arm's checkpoint.memory_every")
 ap.add_argument("--no-release", action="store_true")
 ap.add_argument("--steps", type=int, default=0, help="skip the speed probe: train this many steps")
 a = ap.parse_args()
@@ -109,13 +113,16 @@ def latest_step(ckpt):
         return -1
 
 
-def write_config(path, out, steps):
+def write_config(path, out, steps, memory=False):
     with open(os.path.join(ROOT, "configs", "fmnist_cnn.toml")) as f:
         text = f.read()
     text = text.replace('path = "data/fashion-mnist.h5"', f'path = "{os.path.abspath(a.data)}"')
     text = text.replace("epochs = 4", f"epochs = 1000\nmax_steps = {steps}")
     text = text.replace('dir = "runs/fmnist_cnn"', f'dir = "{out}"')
-    text += "\n[checkpoint]\nevery_seconds = 5\nkeep_last = 3\n[watchdog]\ntimeout_s = 5\n"
+    text += "\n[checkpoint]\nevery_seconds = 5\nkeep_last = 3\n"
+    if memory:  # the memory arm: every step into node memory; %n: each node its own (they share a host)
+        text += f'memory_every = {a.memory_every}\nmemory_dir = "/dev/shm/strata-bench-memory/%n"\n'
+    text += "[watchdog]\ntimeout_s = 5\n"
     with open(path, "w") as f:
         f.write(text)
 
@@ -125,7 +132,7 @@ def submit(name, steps, env_extra):
     shutil.rmtree(d, ignore_errors=True)
     os.makedirs(d)
     cfg = os.path.join(d, "config.toml")
-    write_config(cfg, os.path.join(d, "out"), steps)
+    write_config(cfg, os.path.join(d, "out"), steps, memory=name == "memory")
     env = dict(ENV, CONFIG=cfg, STRATA=os.path.abspath(a.strata), STRATA_STEP_NODES="1", **env_extra)
     log = os.path.join(d, "job.log")
     p = subprocess.run(["sbatch", "--parsable", f"--job-name=bench-{name}", "--nodes=2",
@@ -313,7 +320,9 @@ def report(r, ref_dir):
     restarts = r["ledger"].get("restart", [])
     if len(restarts) != len(r["faults"]):
         print(f"WARNING: {len(r['faults'])} faults but {len(restarts)} restarts in the ledger")
-    print(f"{'fault':<48} {'how':<18} {'gap s':>7} {'start-up s':>10} {'recompute s':>11} {'lost s':>7}")
+    if "job_restores_memory" in done:
+        print(f"restores: {done['job_restores_memory']} from memory checkpoints, {done['job_restores_file']} from files")
+    print(f"{'fault':<48} {'how':<18} {'from':<7} {'gap s':>7} {'start-up s':>10} {'recompute s':>11} {'lost s':>7}")
     attempt = 0
     for f, rs in zip(r["faults"], restarts):
         how = f"requeue (attempt {rs['slurm_restart_count']})" if rs["slurm_restart_count"] > attempt \
@@ -321,7 +330,7 @@ def report(r, ref_dir):
         attempt = rs["slurm_restart_count"]
         rs["how"], rs["fault"] = how, f["what"]
         lost = rs["restart_gap_s"] + rs["startup_s"] + rs["recompute_s"]
-        print(f"{f['what'][:48]:<48} {how:<18} {rs['restart_gap_s']:>7.1f} {rs['startup_s']:>10.1f} "
+        print(f"{f['what'][:48]:<48} {how:<18} {rs.get('source', ''):<7} {rs['restart_gap_s']:>7.1f} {rs['startup_s']:>10.1f} "
               f"{rs['recompute_s']:>11.1f} {lost:>7.1f}")
     # Per kind of fault and what the script did: how many, and the mean and worst time lost.
     groups = {}

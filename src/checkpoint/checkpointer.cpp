@@ -177,6 +177,13 @@ void check_resumable(const LoadedCheckpoint& ck, const std::string& path, const 
                     ck.prov.dataset_sha256.substr(0, 12), dataset_sha256.substr(0, 12), cfg.data.path));
 }
 
+int64_t Checkpointer::newest_file_step() {
+  int64_t neg = -std::max(comm_.rank() == 0 ? shared_.newest_step() : -1,
+                          cache_ ? cache_->newest_step() : -1);
+  comm_.allreduce_min(&neg, 1);
+  return -neg;
+}
+
 std::optional<TrainState> Checkpointer::resume(Model& model, const std::function<Optimizer&()>& opt_into,
                                                const RunConfig& cfg,
                                                const std::string& dataset_sha256) {

@@ -63,6 +63,10 @@ class Checkpointer {
   std::optional<TrainState> resume(Model& model, const std::function<Optimizer&()>& opt_into,
                                    const RunConfig& cfg, const std::string& dataset_sha256);
 
+  // Collective: the step of the newest checkpoint file, in checkpoint.dir (by `latest`) or
+  // a node-local cache, unverified; -1 when there is none.
+  int64_t newest_file_step();
+
   struct SaveResult {
     bool ok = false;
     std::string path, error;

@@ -102,6 +102,10 @@ struct RunConfig {
     // A node-local directory ("" = off; "%n" = the Slurm node's name) that receives each
     // checkpoint first; a background thread copies it to `dir` (checkpoint_cache.h).
     std::string local_dir = "";
+    // Every K steps each rank's part into node memory and a partner node's (0 = off;
+    // memory_checkpoints.h); memory_dir "" = /dev/shm/strata-<job>, "%n" = the node's name.
+    int64_t memory_every = 0;
+    std::string memory_dir = "";
   } checkpoint;
   struct Watchdog {
     double timeout_s = 300;     // a rank without progress this long is named and the job

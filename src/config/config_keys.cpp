@@ -160,6 +160,11 @@ std::vector<ConfigKey> config_keys(RunConfig& c) {
       text("checkpoint.local_dir", &c.checkpoint.local_dir, {},
            "node-local directory written first, copied to checkpoint.dir in the background "
            "(\"\" = off; %n = the node's name)"),
+      key("checkpoint.memory_every", &c.checkpoint.memory_every, kCountOrZero64,
+          "steps between checkpoints in node memory, copied to a partner node (0 = off)"),
+      text("checkpoint.memory_dir", &c.checkpoint.memory_dir, {},
+           "node memory (tmpfs) directory of memory checkpoints (\"\" = /dev/shm/strata-<job>; "
+           "%n = the node's name)"),
 
       key("watchdog.timeout_s", &c.watchdog.timeout_s, in(0, 1e7),
           "abort naming a rank stuck this long (0 = off)"),

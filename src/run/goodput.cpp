@@ -71,6 +71,8 @@ void GoodputLedger::read_existing() {
   last_update_ = number(t, "last_update", first_start_);
   step_ = integer(t, "step");
   f_.restarts = integer(t, "restarts");
+  f_.restores_memory = integer(t, "restores_memory");
+  f_.restores_file = integer(t, "restores_file");
   f_.useful_s = number(t, "useful_s");
   f_.startup_s = number(t, "startup_s");
   f_.checkpoint_stall_s = number(t, "checkpoint_stall_s");
@@ -85,7 +87,9 @@ void GoodputLedger::read_existing() {
         restarts_.push_back({number(*r, "at"), integer(*r, "slurm_restart_count"),
                              integer(*r, "reached_step"), integer(*r, "resumed_step"),
                              number(*r, "recompute_s"), number(*r, "restart_gap_s"),
-                             number(*r, "startup_s")});
+                             number(*r, "startup_s"), r->get_as<std::string>("source")
+                                                          ? **r->get_as<std::string>("source")
+                                                          : std::string()});
 }
 
 double GoodputLedger::useful_at(int64_t step) const {
@@ -97,14 +101,14 @@ double GoodputLedger::useful_at(int64_t step) const {
   return f_.useful_s * double(step) / double(step_);
 }
 
-void GoodputLedger::begin(int64_t start_step) {
+void GoodputLedger::begin(int64_t start_step, const std::string& source) {
   if (!active_) return;
   const double now = unix_now(), launch = launch_time();
   if (!open_) {
     f_.startup_s += now - first_start_;  // the first attempt: its script's start to here
   } else {
     GoodputRestart r{.at = launch, .slurm_restart_count = slurm_restarts_, .reached_step = step_,
-                     .resumed_step = start_step};
+                     .resumed_step = start_step, .source = source};
     r.restart_gap_s = std::max(0.0, launch - last_update_);
     r.startup_s = now - launch;
     const double before = useful_at(start_step);
@@ -114,6 +118,8 @@ void GoodputLedger::begin(int64_t start_step) {
     f_.restart_gap_s += r.restart_gap_s;
     f_.startup_s += r.startup_s;
     ++f_.restarts;
+    f_.restores_memory += source == "memory";
+    f_.restores_file += source == "file";
     restarts_.push_back(r);
     keep_newest(restarts_);
     // Checkpoints beyond the one resumed from belong to the abandoned history.
@@ -132,13 +138,16 @@ void GoodputLedger::step_done(int64_t steps_done, double seconds) {
   if (last_update_ - last_write_ >= kWriteEvery) write();
 }
 
-void GoodputLedger::checkpoint(int64_t steps_done, double stall_s) {
+void GoodputLedger::checkpoint(int64_t steps_done, double stall_s, bool write_now) {
   if (!active_) return;
   f_.checkpoint_stall_s += stall_s;
   marks_.push_back({steps_done, f_.useful_s});
   keep_newest(marks_);
   last_update_ = unix_now();
-  write();  // before the checkpoint can be resumed from, the ledger knows its useful time
+  // Before the checkpoint can be resumed from, the ledger knows its useful time (a memory
+  // checkpoint's mark may be up to a second late: the steps after the last write count as
+  // the restart's gap instead).
+  if (write_now || last_update_ - last_write_ >= kWriteEvery) write();
 }
 
 GoodputFigures GoodputLedger::figures() const {
@@ -162,17 +171,19 @@ void GoodputLedger::write() {
   std::string s = fmt::format(
       "# strata's goodput ledger (docs/operations.md, \"Goodput\"): rewritten by rank 0, read by the next "
       "attempt\nversion = 1\njob = {}\nstate = \"{}\"\nfirst_start = {:.6f}\nlast_update = "
-      "{:.6f}\nstep = {}\nrestarts = {}\nuseful_s = {:.6f}\nstartup_s = {:.6f}\n"
+      "{:.6f}\nstep = {}\nrestarts = {}\nrestores_memory = {}\nrestores_file = {}\nuseful_s = {:.6f}\nstartup_s = {:.6f}\n"
       "checkpoint_stall_s = {:.6f}\nrecompute_s = {:.6f}\nrestart_gap_s = {:.6f}\n",
-      json_string(job_), state_, first_start_, last_update_, step_, f_.restarts, f_.useful_s,
+      json_string(job_), state_, first_start_, last_update_, step_, f_.restarts, f_.restores_memory,
+      f_.restores_file, f_.useful_s,
       f_.startup_s, f_.checkpoint_stall_s, f_.recompute_s, f_.restart_gap_s);
   for (const Mark& m : marks_)
     s += fmt::format("\n[[checkpoint]]\nstep = {}\nuseful_s = {:.6f}\n", m.step, m.useful_s);
   for (const GoodputRestart& r : restarts_)
     s += fmt::format("\n[[restart]]\nat = {:.6f}\nslurm_restart_count = {}\nreached_step = {}\n"
                      "resumed_step = {}\nrecompute_s = {:.6f}\nrestart_gap_s = {:.6f}\n"
-                     "startup_s = {:.6f}\n", r.at, r.slurm_restart_count, r.reached_step,
-                     r.resumed_step, r.recompute_s, r.restart_gap_s, r.startup_s);
+                     "startup_s = {:.6f}\nsource = {}\n", r.at, r.slurm_restart_count,
+                     r.reached_step, r.resumed_step, r.recompute_s, r.restart_gap_s, r.startup_s,
+                     json_string(r.source));
   // Accounting must never stop training: a failed write is retried at the next update.
   if (replace_text_file(path_, s).empty()) last_write_ = unix_now();
 }
@@ -180,11 +191,13 @@ void GoodputLedger::write() {
 std::string describe_goodput(const GoodputFigures& f) {
   return fmt::format(
       "goodput {:.1f}% of {} since the job's first attempt (useful {}; lost: start-up {}, "
-      "checkpoint stalls {}, recomputed steps {}, restart gaps {}, other {}; {} restart{})",
+      "checkpoint stalls {}, recomputed steps {}, restart gaps {}, other {}; {} restart{}{})",
       100 * f.ratio(), format_duration(f.wall_s), format_duration(f.useful_s),
       format_duration(f.startup_s), format_duration(f.checkpoint_stall_s),
       format_duration(f.recompute_s), format_duration(f.restart_gap_s), format_duration(f.other_s),
-      f.restarts, f.restarts == 1 ? "" : "s");
+      f.restarts, f.restarts == 1 ? "" : "s",
+      f.restores_memory == 0 ? "" : fmt::format(": {} from memory, {} from files",
+                                                 f.restores_memory, f.restores_file));
 }
 
 std::vector<std::pair<std::string, std::string>> goodput_fields(const GoodputFigures& f) {
@@ -196,7 +209,9 @@ std::vector<std::pair<std::string, std::string>> goodput_fields(const GoodputFig
           {"lost_recompute_s", json_number(f.recompute_s)},
           {"lost_restart_gap_s", json_number(f.restart_gap_s)},
           {"lost_other_s", json_number(f.other_s)},
-          {"job_restarts", fmt::format("{}", f.restarts)}};
+          {"job_restarts", fmt::format("{}", f.restarts)},
+          {"job_restores_memory", fmt::format("{}", f.restores_memory)},
+          {"job_restores_file", fmt::format("{}", f.restores_file)}};
 }
 
 }  // namespace strata

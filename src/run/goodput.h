@@ -28,6 +28,8 @@ struct GoodputFigures {
   double wall_s = 0, useful_s = 0, startup_s = 0, checkpoint_stall_s = 0, recompute_s = 0,
          restart_gap_s = 0, other_s = 0;
   int64_t restarts = 0;  // attempts after the first, in the allocation or requeued
+  // How those attempts resumed: from memory checkpoints, or from checkpoint files.
+  int64_t restores_memory = 0, restores_file = 0;
   double ratio() const { return wall_s > 0 ? useful_s / wall_s : 0; }
 };
 
@@ -36,6 +38,7 @@ struct GoodputRestart {
   double at = 0;  // unix time of the new attempt's launch
   int64_t slurm_restart_count = 0, reached_step = 0, resumed_step = 0;
   double recompute_s = 0, restart_gap_s = 0, startup_s = 0;
+  std::string source;  // "memory" | "file" | "" (from step 0)
 };
 
 class GoodputLedger {
@@ -47,12 +50,15 @@ class GoodputLedger {
   GoodputLedger(const GoodputLedger&) = delete;
   GoodputLedger& operator=(const GoodputLedger&) = delete;
 
-  // Training starts with `start_step` steps done (the checkpoint resumed from, or 0).
-  void begin(int64_t start_step);
+  // Training starts with `start_step` steps done (the checkpoint resumed from, or 0), taken
+  // from `source`: "memory" (memory checkpoints), "file" or "" (none).
+  void begin(int64_t start_step, const std::string& source = "");
   // A step ended with `steps_done` steps done; `seconds` its wall time, checkpoints excluded.
   void step_done(int64_t steps_done, double seconds);
-  // The training thread spent `stall_s` in a checkpoint of `steps_done` steps.
-  void checkpoint(int64_t steps_done, double stall_s);
+  // The training thread spent `stall_s` in a checkpoint of `steps_done` steps. write_now:
+  // the ledger is rewritten at once (else with the next update, at most a second later: for
+  // memory checkpoints, taken as often as every step).
+  void checkpoint(int64_t steps_done, double stall_s, bool write_now = true);
   GoodputFigures figures() const;
   // The last update: `done` closes the ledger (the job's training is complete).
   void finish(bool done);
@@ -80,7 +86,9 @@ class GoodputLedger {
 };
 
 // "goodput 93.1% of 11m52s since the job's first attempt (useful 11m03s; lost: start-up 21s,
-// checkpoint stalls 3s, recomputed steps 14s, restart gaps 9s, other 2s; 6 restarts)"
+// checkpoint stalls 3s, recomputed steps 14s, restart gaps 9s, other 2s; 6 restarts)"; with
+// memory checkpoints the restarts say where they resumed from ("6 restarts: 5 from memory, 1
+// from files")
 std::string describe_goodput(const GoodputFigures& f);
 // The `done` metrics event's fields: goodput, goodput_wall_s, goodput_useful_s, lost_*_s,
 // job_restarts (key, JSON value).

@@ -22,6 +22,7 @@ const std::vector<PrometheusSeries> kPrometheusSeries = {
     {"strata_checkpoint_stall_seconds", "training-thread stall of the newest finished checkpoint"},
     {"strata_checkpoint_bytes", "size of the newest finished checkpoint"},
     {"strata_job_restarts", "restarts of this job so far: in the allocation and requeued"},
+    {"strata_job_restores", "restarts of this job so far by where they resumed from: source=\"memory\" (memory checkpoints) or \"file\" (checkpoint files)"},
     {"strata_slurm_restart_count", "requeues of this job (SLURM_RESTART_COUNT)"},
     {"strata_watchdog_progress_age_seconds", "seconds since the least recent progress of any rank rank 0's watchdog watches"},
     {"strata_goodput_ratio", "useful step time / wall time since the job's first attempt"},
@@ -69,6 +70,7 @@ struct Sample {
   const char* name;
   double value;
   const char* cause = nullptr;  // strata_goodput_lost_seconds only
+  const char* label = "cause";
 };
 // The text format spells non-finite values NaN, +Inf, -Inf.
 std::string prom_number(double v) {
@@ -89,6 +91,8 @@ void PrometheusFile::write(const TrainingGauges& g) {
       {"strata_checkpoint_step", double(ckpt_step_)}, {"strata_checkpoint_write_seconds", ckpt_write_s_},
       {"strata_checkpoint_stall_seconds", ckpt_stall_s_}, {"strata_checkpoint_bytes", double(ckpt_bytes_)},
       {"strata_job_restarts", double(f.restarts)},
+      {"strata_job_restores", double(f.restores_memory), "memory", "source"},
+      {"strata_job_restores", double(f.restores_file), "file", "source"},
       {"strata_slurm_restart_count", double(g.slurm_restart_count)},
       {"strata_goodput_ratio", f.ratio()}, {"strata_goodput_wall_seconds", f.wall_s},
       {"strata_goodput_useful_seconds", f.useful_s},
@@ -106,7 +110,7 @@ void PrometheusFile::write(const TrainingGauges& g) {
       if (std::string_view(x.name) != m.name) continue;
       if (!header) s += fmt::format("# HELP {} {}\n# TYPE {} gauge\n", m.name, m.help, m.name);
       header = true;
-      s += x.cause ? fmt::format("{}{{{},cause=\"{}\"}} {}\n", m.name, labels_, x.cause, prom_number(x.value))
+      s += x.cause ? fmt::format("{}{{{},{}=\"{}\"}} {}\n", m.name, labels_, x.label, x.cause, prom_number(x.value))
                    : fmt::format("{}{{{}}} {}\n", m.name, labels_, prom_number(x.value));
     }
   }

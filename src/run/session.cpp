@@ -103,6 +103,7 @@ TrainingSession::TrainingSession(const RunConfig& cfg, Comm& comm)
   stop_ = stop.get();
   hooks_.add(std::move(stop));
   hooks_.add(checkpoint_hook(ckpt_->policy(), comm, *publisher_));
+  if (mem_) hooks_.add(memory_checkpoint_hook(*mem_, per_epoch_, be_, *goodput_));
   auto metrics = std::make_unique<MetricsHook>(cfg, oc_, per_epoch_, metrics_.get(), *progress_, *reducer_);
   metrics_hook_ = metrics.get();
   hooks_.add(std::move(metrics));
@@ -167,7 +168,21 @@ void TrainingSession::resume() {
     if (!unsharded) unsharded = std::make_unique<Optimizer>(oc_, model_->num_params());
     return *unsharded;
   };
-  if (!plan_.gathered()) {
+  // Memory checkpoints first: the newest complete generation in the nodes' memory when it is
+  // at least as new as the files (each rank restores its own part; rank 0 still assembles the
+  // whole model for the file checkpoints when the plan gathers).
+  mem_ = MemoryState::make(cfg_, comm_, fmt::format("grid {} {} {} {} zero {}", plan_.ranks, plan_.D,
+                                                    plan_.P, plan_.T, cfg_.parallel.zero),
+                           *model_, *opt_);
+  if (mem_ && cfg_.resume == "auto") resumed = mem_->restore(ckpt_->newest_file_step());
+  if (resumed) {
+    resumed_from_ = "memory";
+    if (plan_.gathered() && lead_) {
+      whole_ = std::make_unique<Model>(cfg_.model_spec(plan_.info.classes),
+                                       plan_.info.train.sample_shape, plan_.info.classes);
+      whole_opt_ = std::make_unique<Optimizer>(oc_, whole_->num_params());
+    }
+  } else if (!plan_.gathered()) {
     resumed = ckpt_->resume(*model_, opt, cfg_, sha);
   } else if (lead_ || cfg_.resume != "never") {
     // Checkpoints hold the whole model by global names, whatever grid wrote them: every rank
@@ -189,6 +204,7 @@ void TrainingSession::resume() {
   model_->place(be_);
   opt_->place(be_);
   if (!resumed) return;
+  if (resumed_from_.empty()) resumed_from_ = "file";
   start_step_ = std::min(resumed->step, total_);
   if (start_step_ < total_) loader_->seek(resumed->epoch, resumed->batch);
   if (metrics_)
@@ -236,10 +252,14 @@ int TrainingSession::run() {
   const auto t_start = Clock::now();
   const double cpu_start = thread_cpu_seconds();
   comm_.barrier();  // so that every rank's trace starts at the same moment
-  goodput_->begin(start_step_);
+  goodput_->begin(start_step_, resumed_from_);
   tracer_->set_origin();
   for (int64_t step = start_step_; step < total_; ++step) {
-    if (auto code = train_step(step)) return *code;
+    if (auto code = train_step(step)) {
+      // A stop wrote its checkpoint to checkpoint.dir: the memory copies are not needed.
+      if (mem_) mem_->finish(/*remove=*/*code == kExitResumable);
+      return *code;
+    }
     if (step == start_step_ + 1) allocs_at_step2_ = device_allocations();
   }
   allocs_at_end_ = total_ - start_step_ >= 2 ? device_allocations() : allocs_at_step2_;
@@ -289,6 +309,7 @@ int TrainingSession::finish_run(Clock::time_point t_start, double cpu_start) {
   if (ckpt_->policy().final_due(publisher_->last_step(), total_))
     publisher_->save(total_, /*wait=*/true);
   publisher_->finish();
+  if (mem_) mem_->finish(/*remove=*/true);
   watchdog_->stop();  // collective; the final evaluation and parameter file are not watched
   const double train_s = since(t_start), cpu_s = thread_cpu_seconds() - cpu_start;
   progress_->finish();

@@ -28,6 +28,7 @@
 #include "parallel/pipeline.h"
 #include "run/evaluate.h"
 #include "run/goodput.h"
+#include "run/memory_state.h"
 #include "run/prometheus.h"
 #include "run/publisher.h"
 #include "run/run_plan.h"
@@ -76,6 +77,8 @@ class TrainingSession {
   // After what it writes from (members are destroyed in reverse): its destructor waits for a
   // background write still in flight.
   std::unique_ptr<Checkpointer> ckpt_;
+  std::unique_ptr<MemoryState> mem_;  // checkpoint.memory_every
+  std::string resumed_from_;          // "memory" | "file" | "" (from step 0)
   int64_t ckpt_bytes_ = 0;
   std::unique_ptr<GoodputLedger> goodput_;  // active on rank 0
   std::unique_ptr<Watchdog> watchdog_;

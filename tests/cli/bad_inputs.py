@@ -1103,6 +1103,21 @@ def memory_cases(fx, out, train):
                         preexec=cg[1]))
     else:
         print(f"skipped: memory: a cgroup limit: {why}")
+    # Memory checkpoints (checkpoint.memory_every): the directory must be creatable, and two
+    # generations of the parts must fit its file system (a 1 MiB tmpfs in a mount namespace of
+    # the case's own) and the node's memory.
+    mem = mlp + ["--checkpoint.memory_every", "1", "--checkpoint.memory_dir"]
+    out.append(Case("memory: checkpoint.memory_dir under a regular file", mem + [D + "/shm"], 2,
+                    r"checkpoint\.memory_dir .*/shm: cannot create it"))
+    unshare = shutil.which("unshare")
+    if unshare and subprocess.run([unshare, "--mount", "true"], capture_output=True).returncode == 0:
+        out.append(Case("memory: memory checkpoints larger than their tmpfs",
+                        [unshare, "--mount", "sh", "-c", 'mount -t tmpfs -o size=1m none /mnt && exec "$@"',
+                         "sh"] + mem + ["/mnt/strata", "--model.hidden", "4096"], 2,
+                        r"checkpoint\.memory_dir /mnt/strata on node .*: memory checkpoints need [0-9.]+ MiB "
+                        r"there .*, its file system has [0-9.]+ [KM]iB free$"))
+    else:
+        print("skipped: memory: checkpoints larger than their tmpfs: cannot mount one (unshare --mount)")
     # Past the check: the test hook fails every allocation of at least N bytes.
     def oom(name, argv, n, what, scope=""):
         out.append(Case(f"memory: out of memory past the check: {name}", argv, 7,

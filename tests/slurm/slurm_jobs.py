@@ -747,9 +747,11 @@ SCENARIOS = {
 }
 
 
-def main():
+def main(scenarios=None):
+    """Runs the scenario the command line names, of `scenarios` (these by default)."""
+    scenarios = scenarios or SCENARIOS
     ap = argparse.ArgumentParser()
-    ap.add_argument("scenario", choices=sorted(SCENARIOS))
+    ap.add_argument("scenario", choices=sorted(scenarios))
     ap.add_argument("--strata", required=True)
     ap.add_argument("--data", required=True)
     ap.add_argument("--work", required=True)
@@ -761,7 +763,7 @@ def main():
     ctx = None
     try:
         ctx = Ctx(a)
-        SCENARIOS[a.scenario](ctx)
+        scenarios[a.scenario](ctx)
     except (Failure, subprocess.TimeoutExpired, OSError) as e:
         print(f"FAIL ({a.scenario}): {e}", flush=True)
         for job, log in (ctx.logs if ctx else []):

@@ -58,6 +58,27 @@ TEST_CASE("goodput: a restart moves the steps after the checkpoint to recompute"
   CHECK(next.figures().useful_s == 0);
 }
 
+TEST_CASE("goodput: restores from memory and from files are counted apart", "[goodput]") {
+  strata::test::TempDir tmp;
+  const std::string path = tmp.path.string() + "/goodput.toml";
+  const char* sources[] = {"", "memory", "file", "memory"};
+  for (int attempt = 0; attempt < 4; ++attempt) {
+    GoodputLedger g(path, "78", 0);
+    g.begin(attempt * 10, sources[attempt]);
+    g.step_done(attempt * 10 + 10, 0.1);
+    g.checkpoint(attempt * 10 + 10, 0.01);
+  }
+  GoodputLedger g(path, "78", 0);
+  const auto f = g.figures();
+  CHECK(f.restarts == 3);
+  CHECK(f.restores_memory == 2);
+  CHECK(f.restores_file == 1);
+  REQUIRE(g.restarts().size() == 3);
+  CHECK(g.restarts()[0].source == "memory");
+  CHECK(g.restarts()[1].source == "file");
+  CHECK(strata::describe_goodput(f).ends_with("; 3 restarts: 2 from memory, 1 from files)"));
+}
+
 TEST_CASE("goodput: another job or a damaged ledger starts afresh", "[goodput]") {
   strata::test::TempDir tmp;
   const std::string dir = tmp.path.string(), path = dir + "/goodput.toml";
@@ -84,12 +105,17 @@ TEST_CASE("prometheus: one text file, every series labelled, written atomically"
   g.step = 7;
   g.loss = 0.25;
   g.progress_age_s = -1;  // watchdog off: no series
+  g.goodput.restores_memory = 4;
+  g.goodput.restores_file = 1;
   p.note_checkpoint(5, 1.5, 0.01, 4096);
   p.write(g);
   const std::string text = slurp(path);
   CHECK(text.find("strata_step{slurm_job_id=\"123\",run=\"run \\\"a\\\"\\\\b\"} 7\n") != std::string::npos);
   CHECK(text.find("strata_checkpoint_bytes{") != std::string::npos);
   CHECK(text.find("cause=\"restart_gap\"") != std::string::npos);
+  CHECK(text.find("strata_job_restores{slurm_job_id=\"123\",run=\"run \\\"a\\\"\\\\b\",source=\"memory\"} 4\n") !=
+        std::string::npos);
+  CHECK(text.find(",source=\"file\"} 1\n") != std::string::npos);
   CHECK(text.find("strata_watchdog_progress_age_seconds") == std::string::npos);
   // A checkpoint finished after the last update (drained at run end) rewrites the file.
   p.note_checkpoint(9, 2.0, 0.02, 8192);

@@ -1,0 +1,530 @@
+#include "checkpoint/memory_checkpoints.h"
+
+#include <fcntl.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <regex>
+
+#include <fmt/format.h>
+
+#include "base/files.h"
+#include "base/job.h"
+#include "base/memory.h"
+#include "checkpoint/checkpoint_cache.h"
+#include "strata/error.h"
+
+namespace strata {
+namespace fs = std::filesystem;
+namespace {
+
+constexpr int kTag = 0x6d63;  // the parts' messages on the world communicator
+constexpr uint32_t kVersion = 1;
+
+// A part file's header; header_crc covers the bytes before it, payload_crc the payload.
+struct Header {
+  char magic[8];
+  uint32_t version;
+  int32_t part, ranks;
+  uint32_t reserved;
+  int64_t step, attempt;
+  uint64_t run, job, payload_bytes;
+  uint32_t payload_crc, header_crc;
+};
+static_assert(sizeof(Header) == 72);
+constexpr char kMagic[8] = {'S', 'T', 'R', 'A', 'T', 'A', 'M', 'C'};
+
+uint64_t fnv1a(const std::string& s) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+// CRC-32C (Castagnoli) of n bytes: with SSE4.2's crc32 instruction where the CPU has it (about
+// 8 bytes a cycle: a save of every step must cost the ranks' cores little), else by table.
+uint32_t crc32c_table(uint32_t crc, const unsigned char* p, size_t n) {
+  static const auto table = [] {
+    std::array<uint32_t, 256> t{};
+    for (uint32_t i = 0; i < 256; ++i) {
+      uint32_t c = i;
+      for (int k = 0; k < 8; ++k) c = c & 1 ? (c >> 1) ^ 0x82f63b78u : c >> 1;
+      t[i] = c;
+    }
+    return t;
+  }();
+  for (size_t i = 0; i < n; ++i) crc = table[(crc ^ p[i]) & 0xff] ^ (crc >> 8);
+  return crc;
+}
+#if defined(__x86_64__)
+__attribute__((target("sse4.2"))) uint32_t crc32c_sse42(uint32_t crc, const unsigned char* p,
+                                                        size_t n) {
+  uint64_t c = crc;
+  for (; n >= 8; p += 8, n -= 8) {
+    uint64_t v;
+    std::memcpy(&v, p, 8);
+    c = __builtin_ia32_crc32di(c, v);
+  }
+  return crc32c_table(uint32_t(c), p, n);
+}
+#endif
+uint32_t crc32c(const void* data, size_t n) {
+  const auto* p = static_cast<const unsigned char*>(data);
+#if defined(__x86_64__)
+  static const bool sse42 = __builtin_cpu_supports("sse4.2");
+  if (sse42) return ~crc32c_sse42(~0u, p, n);
+#endif
+  return ~crc32c_table(~0u, p, n);
+}
+
+uint32_t header_crc(const Header& h) { return crc32c(&h, offsetof(Header, payload_crc)); }
+
+std::string part_name(int part, int64_t step, bool own) {
+  return fmt::format("part-{:05d}-{:012d}.{}", part, step, own ? "own" : "peer");
+}
+
+struct Parsed {
+  int part;
+  int64_t step;
+  bool own;
+};
+std::optional<Parsed> parse_name(const std::string& name) {
+  static const std::regex re(R"(part-(\d{5})-(\d{12})\.(own|peer))");
+  std::smatch m;
+  if (!std::regex_match(name, m, re)) return std::nullopt;
+  return Parsed{std::stoi(m[1]), std::stoll(m[2]), m[3] == "own"};
+}
+
+bool write_all(int fd, const char* p, size_t n) {
+  while (n > 0) {
+    const ssize_t w = ::write(fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;
+    p += w;
+    n -= size_t(w);
+  }
+  return true;
+}
+
+// The payload of a part file after its header, or why it cannot be taken.
+std::string read_part(const std::string& path, Header* h, std::vector<float>* payload) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in.read(reinterpret_cast<char*>(h), sizeof *h)) return "shorter than its header";
+  if (std::memcmp(h->magic, kMagic, 8) != 0 || h->version != kVersion)
+    return "not a strata memory checkpoint (version 1)";
+  if (header_crc(*h) != h->header_crc) return "its header's CRC-32 does not match";
+  if (!payload) return "";
+  payload->resize(h->payload_bytes / 4);
+  if (!in.read(reinterpret_cast<char*>(payload->data()), std::streamsize(h->payload_bytes)))
+    return fmt::format("truncated: fewer than the {} payload bytes its header names", h->payload_bytes);
+  const uint32_t crc = crc32c(payload->data(), payload->size() * 4);
+  if (crc != h->payload_crc)
+    return fmt::format("CRC-32C {:08x} of its payload, {:08x} in its header", crc, h->payload_crc);
+  return "";
+}
+
+// Available memory of the node (MemAvailable), in bytes; -1 when unknown.
+int64_t mem_available() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  int64_t kb;
+  std::string unit;
+  while (in >> key >> kb) {
+    std::getline(in, unit);
+    if (key == "MemAvailable:") return kb * 1024;
+  }
+  return -1;
+}
+
+// One copy, `h` completed with the payload's size and CRCs. The older generations of the same
+// part and kind but the newest are removed first (at most two then exist, the one being
+// written included), then it is written under a temporary name and renamed. 0 or errno.
+int write_copy(const std::string& dir, const std::string& path, Header h,
+               const std::vector<float>& data, bool own) {
+  std::error_code ec;
+  std::vector<std::pair<int64_t, fs::path>> olds;
+  for (const auto& e : fs::directory_iterator(dir, ec))
+    if (auto p = parse_name(e.path().filename().string()); p && p->part == h.part && p->own == own)
+      olds.emplace_back(p->step, e.path());
+  std::sort(olds.begin(), olds.end());
+  for (size_t k = 0; k + 1 < olds.size(); ++k) fs::remove(olds[k].second, ec);
+  h.payload_bytes = uint64_t(data.size()) * 4;
+  h.payload_crc = crc32c(data.data(), data.size() * 4);
+  h.header_crc = header_crc(h);
+  const std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  bool ok = fd >= 0 && write_all(fd, reinterpret_cast<const char*>(&h), sizeof h) &&
+            write_all(fd, reinterpret_cast<const char*>(data.data()), h.payload_bytes);
+  int err = ok ? 0 : (errno ? errno : EIO);
+  if (fd >= 0 && ::close(fd) != 0 && err == 0) err = errno;
+  if (err == 0 && ::rename(tmp.c_str(), path.c_str()) == 0) return 0;
+  if (err == 0) err = errno;
+  ::unlink(tmp.c_str());
+  return err;
+}
+
+// The rank whose copy r keeps, under the same pairing.
+int source_of(const MemoryPairing& p, int r) {
+  std::vector<std::string> names;
+  for (int n : p.node_of) names.push_back(p.node_names[size_t(n)]);
+  return pair_ranks(names, r).source;
+}
+
+}  // namespace
+
+MemoryPairing pair_ranks(const std::vector<std::string>& node_by_rank, int rank) {
+  MemoryPairing p;
+  std::vector<std::vector<int>> ranks_of;  // by node index
+  std::vector<int> local(node_by_rank.size());
+  for (size_t r = 0; r < node_by_rank.size(); ++r) {
+    auto it = std::find(p.node_names.begin(), p.node_names.end(), node_by_rank[r]);
+    int n = int(it - p.node_names.begin());
+    if (it == p.node_names.end()) {
+      p.node_names.push_back(node_by_rank[r]);
+      ranks_of.emplace_back();
+    }
+    p.node_of.push_back(n);
+    local[r] = int(ranks_of[size_t(n)].size());
+    ranks_of[size_t(n)].push_back(int(r));
+  }
+  const int n = p.node_of[size_t(rank)], N = int(p.node_names.size());
+  p.local_rank = local[size_t(rank)];
+  p.local_size = int(ranks_of[size_t(n)].size());
+  if (N < 2) return p;
+  auto at = [&](int node, int l) {
+    const auto& v = ranks_of[size_t((node + N) % N)];
+    return l < int(v.size()) ? v[size_t(l)] : -1;
+  };
+  p.partner = at(n + 1, p.local_rank);
+  p.source = at(n - 1, p.local_rank);
+  return p;
+}
+
+std::string expand_memory_dir(const std::string& memory_dir) {
+  if (!memory_dir.empty()) return expand_local_dir(memory_dir);
+  const std::string job = slurm_job_id();
+  return "/dev/shm/strata-" + (job.empty() ? fmt::format("local-{}", ::getuid()) : job);
+}
+
+MemoryCheckpoints::MemoryCheckpoints(std::string dir, Comm& comm, int64_t part_floats, Identity id,
+                                     const std::string& node)
+    : dir_(std::move(dir)), comm_(comm), floats_(part_floats), id_(std::move(id)),
+      run_(fnv1a(id_.run)), job_(fnv1a(id_.job)) {
+  pair_ = pair_ranks(comm.all_gather_text(node), comm.rank());
+  part_floats_.assign(size_t(comm.size()), 0);
+  part_floats_[size_t(comm.rank())] = floats_;
+  comm.allreduce_sum(part_floats_.data(), int64_t(part_floats_.size()));
+  for (Slot& s : slots_) s.own.resize(size_t(floats_));
+  writer_ = std::thread([this] { writer_loop(); });
+}
+
+MemoryCheckpoints::~MemoryCheckpoints() {
+  // Only the writes: an exchange still in flight waits for a partner that may be gone (an
+  // error ends this run; drain() is the orderly end).
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  writer_.join();
+}
+
+int64_t MemoryCheckpoints::preflight() {
+  // Every node keeps two generations of its ranks' parts and of the partners' copies.
+  std::vector<int64_t> node_bytes(pair_.node_names.size(), 0);
+  std::vector<std::string> hosts(part_floats_.size());
+  for (int r = 0; r < comm_.size(); ++r) {
+    const int src = source_of(pair_, r);
+    const int64_t held = src >= 0 ? part_floats_[size_t(src)] : 0;
+    node_bytes[size_t(pair_.node_of[size_t(r)])] +=
+        2 * (4 * (part_floats_[size_t(r)] + held) + 2 * int64_t(sizeof(Header)));
+  }
+  const int64_t mine = node_bytes[size_t(pair_.node_of[size_t(comm_.rank())])];
+  collectively(comm_, [&] {
+    if (const std::string why = make_directories(dir_); !why.empty())
+      fail_input("checkpoint.memory_dir {}: cannot create it ({})", dir_, why);
+    if (pair_.local_rank != 0) return;
+    // Copies an earlier launch left count as free: they are replaced.
+    int64_t ours = 0;
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(dir_, ec))
+      if (parse_name(e.path().filename().string())) ours += int64_t(e.file_size(ec));
+    struct statvfs v{};
+    if (::statvfs(dir_.c_str(), &v) != 0)
+      fail_input("checkpoint.memory_dir {}: cannot read its file system's size ({})", dir_,
+                 std::strerror(errno));
+    const int64_t free_fs = int64_t(v.f_bavail) * int64_t(v.f_frsize) + ours;
+    const int64_t avail = mem_available();
+    const std::string node = pair_.node_names[size_t(pair_.node_of[size_t(comm_.rank())])];
+    if (mine > free_fs)
+      fail_input("checkpoint.memory_dir {} on node {}: memory checkpoints need {} there (two "
+                 "generations of {} rank part(s) and their partner copies), its file system has "
+                 "{} free", dir_, node, format_bytes(double(mine)), pair_.local_size,
+                 format_bytes(double(free_fs)));
+    if (avail >= 0 && mine > avail + ours)
+      fail_input("checkpoint.memory_dir {} on node {}: memory checkpoints need {} of the node's "
+                 "memory, only {} is available", dir_, node, format_bytes(double(mine)),
+                 format_bytes(double(avail + ours)));
+  });
+  int64_t most = *std::max_element(node_bytes.begin(), node_bytes.end());
+  return most;
+}
+
+float* MemoryCheckpoints::begin_save(double* wait_s) {
+  const auto t0 = std::chrono::steady_clock::now();
+  poll();  // the last save's partner copy, when it has arrived, is written before this one
+  Slot& s = slots_[next_];
+  complete_exchange(s, next_, /*block=*/true);
+  wait_slot_idle(next_);
+  *wait_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return s.own.data();
+}
+
+void MemoryCheckpoints::end_save(int64_t step) {
+  const int i = next_;
+  Slot& s = slots_[i];
+  s.step = step;
+  if (pair_.partner >= 0) s.send = comm_.start_send(s.own.data(), floats_, pair_.partner, kTag);
+  if (pair_.source >= 0) {
+    s.held.resize(size_t(part_floats_[size_t(pair_.source)]));
+    s.recv = comm_.start_recv(s.held.data(), int64_t(s.held.size()), pair_.source, kTag);
+    s.held_pending = true;
+  }
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    jobs_.push_back({&s.own, comm_.rank(), step, true, i});
+    ++busy_[i];
+  }
+  cv_.notify_all();
+  next_ ^= 1;
+}
+
+void MemoryCheckpoints::poll() {
+  complete_exchange(slots_[0], 0, false);
+  complete_exchange(slots_[1], 1, false);
+}
+
+void MemoryCheckpoints::complete_exchange(Slot& s, int index, bool block) {
+  auto done = [&](int& h) {
+    if (h < 0) return true;
+    if (block) comm_.wait(h);
+    else if (!comm_.test(h)) return false;
+    h = -1;
+    return true;
+  };
+  done(s.send);
+  if (done(s.recv) && s.held_pending) {
+    s.held_pending = false;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      jobs_.push_back({&s.held, pair_.source, s.step, false, index});
+      ++busy_[index];
+    }
+    cv_.notify_all();
+  }
+}
+
+void MemoryCheckpoints::wait_slot_idle(int s) {
+  std::unique_lock<std::mutex> lk(mu_);
+  cv_.wait(lk, [&] { return busy_[s] == 0; });
+}
+
+void MemoryCheckpoints::drain() {
+  for (int i = 0; i < 2; ++i) complete_exchange(slots_[i], i, true);
+  wait_slot_idle(0);
+  wait_slot_idle(1);
+}
+
+void MemoryCheckpoints::writer_loop() {
+  for (;;) {
+    Job j;
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      cv_.wait(lk, [&] { return stop_ || !jobs_.empty(); });
+      if (jobs_.empty()) return;
+      j = jobs_.front();
+      jobs_.erase(jobs_.begin());
+    }
+    write_part(j);
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      --busy_[j.slot];
+    }
+    cv_.notify_all();
+  }
+}
+
+// One copy; a failure is a warning (the first one of a run) and training goes on.
+void MemoryCheckpoints::write_part(const Job& j) {
+  Header h{};
+  std::memcpy(h.magic, kMagic, 8);
+  h.version = kVersion;
+  h.part = j.part;
+  h.ranks = comm_.size();
+  h.step = j.step;
+  h.attempt = id_.attempt;
+  h.run = run_;
+  h.job = job_;
+  const std::string path = dir_ + "/" + part_name(j.part, j.step, j.own);
+  const int err = write_copy(dir_, path, h, *j.data, j.own);
+  if (err == 0) return;
+  std::lock_guard<std::mutex> lk(mu_);
+  if (failures_.empty())
+    fmt::print(stderr, "strata: warning: checkpoint.memory_dir {}: cannot write {} ({}); "
+               "training goes on, later failures are not reported\n", dir_, path,
+               std::strerror(err));
+  failures_.push_back(path);
+}
+
+// This rank's share of its node's directory: the copies that verify. Damaged ones are named
+// and removed, an earlier attempt's removed (counted in *stale), others' left alone.
+std::vector<MemoryCheckpoints::Copy> MemoryCheckpoints::scan(int64_t* stale) const {
+  std::vector<Copy> copies;
+  std::vector<std::string> names;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir_, ec)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  int64_t other = 0;
+  // The ranks of a node share its directory: each looks at every local_size-th name.
+  for (size_t i = size_t(pair_.local_rank); i < names.size(); i += size_t(pair_.local_size)) {
+    const std::string path = dir_ + "/" + names[i];
+    if (names[i].starts_with("part-") && names[i].find(".tmp.") != std::string::npos) {
+      fs::remove(path, ec);  // a write a killed rank left unfinished
+      continue;
+    }
+    const auto p = parse_name(names[i]);
+    if (!p) continue;
+    Header h{};
+    std::vector<float> payload;
+    std::string why = read_part(path, &h, nullptr);
+    if (why.empty() && h.job != job_) continue;  // another job's: not ours to judge
+    if (why.empty() && h.attempt != id_.attempt) {
+      fs::remove(path, ec);  // an earlier attempt's: a requeue starts from checkpoint.dir
+      ++*stale;
+      continue;
+    }
+    if (why.empty() && (h.run != run_ || h.ranks != comm_.size())) {
+      if (other++ == 0)  // once per rank: a launch on another grid sees every copy so
+        fmt::print(stderr, "strata: warning: checkpoint.memory_dir {}: {} and maybe more copies "
+                   "were written by a run with another config or grid; not taken\n", dir_, path);
+      continue;
+    }
+    if (why.empty() && (h.part != p->part || h.step != p->step ||
+                        h.payload_bytes != uint64_t(part_floats_[size_t(p->part)]) * 4))
+      why = "its header does not match its name or this run's part size";
+    if (why.empty()) why = read_part(path, &h, &payload);
+    if (!why.empty()) {
+      fmt::print(stderr, "strata: warning: memory checkpoint {} is damaged ({}): skipped and "
+                 "removed\n", path, why);
+      fs::remove(path, ec);
+      continue;
+    }
+    copies.push_back({p->part, p->step, p->own, path});
+  }
+  return copies;
+}
+
+MemoryCheckpoints::Found MemoryCheckpoints::find() {
+  int64_t stale = 0;
+  const std::vector<Copy> copies = scan(&stale);
+  comm_.allreduce_sum(&stale, 1);
+  Found f;
+  if (stale > 0 && comm_.rank() == 0)
+    fmt::print("memory checkpoints: removed {} cop{} left by an earlier attempt of this job (a "
+               "requeue starts from checkpoint.dir)\n", stale, stale == 1 ? "y" : "ies");
+  // The newest step held by any rank, then whether every part is there; else the next older.
+  const int R = comm_.size();
+  int64_t bound = INT64_MAX;
+  for (int round = 0;; ++round) {
+    int64_t newest = -1;
+    for (const Copy& c : copies)
+      if (c.step < bound) newest = std::max(newest, c.step);
+    int64_t neg = -newest;
+    comm_.allreduce_min(&neg, 1);
+    const int64_t step = -neg;
+    if (step < 0) {
+      if (f.why.empty()) f.why = "no memory copies";
+      return f;
+    }
+    std::vector<int64_t> have(size_t(R), 0);
+    for (const Copy& c : copies)
+      if (c.step == step) have[size_t(c.part)] = 1;
+    comm_.allreduce_sum(have.data(), R);
+    const auto missing = std::find(have.begin(), have.end(), 0);
+    if (missing == have.end()) {
+      f.step = step;
+      break;
+    }
+    if (round == 0)
+      f.why = fmt::format("step {} lacks part {} (neither its own nor its partner's copy is on "
+                          "a node of this launch)", step, missing - have.begin());
+    bound = step;
+  }
+  // Who provides each part: the rank itself when its node holds a copy (-1), else the lowest
+  // rank whose node does.
+  holder_.assign(size_t(R), INT64_MAX);
+  std::vector<int64_t> peer(size_t(R), 0);
+  chosen_.clear();
+  for (const Copy& c : copies) {
+    if (c.step != f.step) continue;
+    const int64_t me = c.part == comm_.rank() ? -1 : comm_.rank();
+    if (me < holder_[size_t(c.part)] || (me == holder_[size_t(c.part)] && c.own)) {
+      holder_[size_t(c.part)] = me;
+      chosen_[c.part] = c;
+    }
+  }
+  comm_.allreduce_min(holder_.data(), R);
+  for (const auto& [part, c] : chosen_) {
+    const int64_t me = part == comm_.rank() ? -1 : comm_.rank();
+    if (holder_[size_t(part)] == me && !c.own) peer[size_t(part)] = 1;
+  }
+  comm_.allreduce_sum(peer.data(), R);
+  for (int64_t x : peer) f.from_partner += x;
+  return f;
+}
+
+void MemoryCheckpoints::take(const Found& f, float* out) {
+  STRATA_CHECK(f.step >= 0 && holder_.size() == size_t(comm_.size()), "take() without a found step");
+  std::vector<std::vector<float>> sending;
+  std::vector<int> handles;
+  Header h{};
+  for (const auto& [part, c] : chosen_) {
+    if (part == comm_.rank() || holder_[size_t(part)] != comm_.rank()) continue;
+    sending.emplace_back();
+    if (auto why = read_part(c.path, &h, &sending.back()); !why.empty())
+      fail_input("memory checkpoint {}: {} (it verified a moment ago)", c.path, why);
+    handles.push_back(comm_.start_send(sending.back().data(), int64_t(sending.back().size()),
+                                       part, kTag + 1));
+  }
+  const int64_t mine = holder_[size_t(comm_.rank())];
+  if (mine == -1) {
+    std::vector<float> payload;
+    const auto& c = chosen_.at(comm_.rank());
+    if (auto why = read_part(c.path, &h, &payload); !why.empty())
+      fail_input("memory checkpoint {}: {} (it verified a moment ago)", c.path, why);
+    std::copy(payload.begin(), payload.end(), out);
+  } else {
+    handles.push_back(comm_.start_recv(out, floats_, int(mine), kTag + 1));
+  }
+  for (int hd : handles) comm_.wait(hd);
+}
+
+void MemoryCheckpoints::remove_files() {
+  drain();
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir_, ec)) {
+    const auto p = parse_name(e.path().filename().string());
+    if (p && ((p->own && p->part == comm_.rank()) || (!p->own && p->part == pair_.source)))
+      fs::remove(e.path(), ec);
+  }
+  fs::remove(dir_, ec);  // only when empty: the node's other ranks may still be writing
+}
+
+}  // namespace strata

@@ -1,0 +1,139 @@
+// Checkpoints in node memory (checkpoint.memory_every, checkpoint.memory_dir): every K steps
+// each rank's own part of the run's state goes into its node's memory directory (tmpfs, so it
+// outlives the ranks but not the node) and, sent over MPI, into the memory directory of a
+// partner rank on another node. A restart inside the allocation resumes from the newest step
+// for which every rank's part is in some node's memory (its own copy or the partner's), before
+// falling back to checkpoint.dir (docs/checkpoints.md, "Memory checkpoints").
+//
+// The part's bytes are opaque here (the run packs them: run/memory_state.h). Files in the
+// directory, one per part and step:
+//   part-<rank>-<step>.own    the part rank <rank> wrote itself
+//   part-<rank>-<step>.peer   the copy its partner received and wrote
+// each a header (job, attempt, run, ranks, step, CRC-32C) and the payload, written under
+// "<name>.tmp.<pid>" and renamed: a half-written copy never has a final name. At most two per
+// part and kind, the temporary one included.
+#pragma once
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "strata/comm.h"
+
+namespace strata {
+
+// Ranks paired across nodes: rank r on node n keeps its copy with the rank of the same local
+// index on node (n + 1) mod N, and holds the copy of the one on node (n - 1) mod N.
+struct MemoryPairing {
+  std::vector<int> node_of;             // node index by rank (nodes in order of their first rank)
+  std::vector<std::string> node_names;  // by node index
+  int partner = -1;                     // keeps this rank's copy (-1: none, one node)
+  int source = -1;                      // whose copy this rank keeps (-1: none)
+  int local_rank = 0, local_size = 1;   // among the ranks of this rank's node
+};
+MemoryPairing pair_ranks(const std::vector<std::string>& node_by_rank, int rank);
+
+// checkpoint.memory_dir as this rank uses it: "" means /dev/shm/strata-<job> ("local-<uid>"
+// outside Slurm); every "%n" becomes the node's name.
+std::string expand_memory_dir(const std::string& memory_dir);
+
+class MemoryCheckpoints {
+ public:
+  // Who wrote a copy: a copy of another job, attempt (a requeue) or run is never taken.
+  struct Identity {
+    std::string job;
+    int64_t attempt = 0;
+    std::string run;  // the run's config and grid (kept as a hash)
+  };
+  // Collective. part_floats: this rank's part's size (the same at every save); node: the
+  // name of this rank's node (job.h's slurm_node_name(); the tests pass their own).
+  MemoryCheckpoints(std::string dir, Comm& comm, int64_t part_floats, Identity id,
+                    const std::string& node);
+  ~MemoryCheckpoints();  // finishes the writes in flight
+  MemoryCheckpoints(const MemoryCheckpoints&) = delete;
+  MemoryCheckpoints& operator=(const MemoryCheckpoints&) = delete;
+
+  const std::string& dir() const { return dir_; }
+  const MemoryPairing& pairing() const { return pair_; }
+  // Collective. Creates the directory and checks that two generations of the parts each node
+  // keeps fit both the file system's free space and the node's available memory; throws
+  // UserError naming the directory and node. Returns the largest node's bytes.
+  int64_t preflight();
+
+  // Collective. The newest step whose every part has a verified copy in the memory directory
+  // of some rank's node (damaged copies are named on stderr and removed; copies of an earlier
+  // attempt of this job are removed). step -1: none; `why` says what is there.
+  struct Found {
+    int64_t step = -1;
+    int64_t from_partner = 0;  // parts whose own copy is gone: the partner's copy is taken
+    std::string why;
+  };
+  Found find();
+  // Collective, after find() found a step: this rank's part of it into out (part_floats),
+  // from its own node, or sent by the rank whose node holds a copy.
+  void take(const Found& f, float* out);
+
+  // A save: begin_save() returns the buffer to fill (waiting, first, for the save before the
+  // last one to leave it: *wait_s), end_save() sends it to the partner and hands it to the
+  // writer thread. poll() (after every step) moves the exchange on and writes the partner's
+  // copy once it has arrived.
+  float* begin_save(double* wait_s);
+  void end_save(int64_t step);
+  void poll();
+  // Waits for the exchange and the writes in flight.
+  void drain();
+  // Removes the copies this rank wrote (own and held) and the directory if left empty (a run
+  // that finished or stopped with a checkpoint in checkpoint.dir no longer needs them).
+  void remove_files();
+
+ private:
+  struct Slot {
+    std::vector<float> own, held;
+    int send = -1, recv = -1;  // handles in flight
+    int64_t step = -1;
+    bool held_pending = false;  // received (or receiving), not yet handed to the writer
+  };
+  struct Job {
+    const std::vector<float>* data = nullptr;
+    int part = 0;
+    int64_t step = 0;
+    bool own = true;
+    int slot = 0;
+  };
+  struct Copy {  // a verified copy in this rank's share of its node's directory
+    int part;
+    int64_t step;
+    bool own;
+    std::string path;
+  };
+  void writer_loop();
+  void write_part(const Job& j);
+  void wait_slot_idle(int s);
+  void complete_exchange(Slot& s, int index, bool block);
+  std::vector<Copy> scan(int64_t* stale) const;
+
+  std::string dir_;
+  Comm& comm_;
+  int64_t floats_;
+  Identity id_;
+  uint64_t run_ = 0, job_ = 0;  // id_'s hashes
+  MemoryPairing pair_;
+  std::vector<int64_t> part_floats_;  // by rank
+  std::vector<int64_t> holder_;       // find(): who provides each part (-1: the part's rank)
+  std::map<int, Copy> chosen_;        // find(): the copies this rank provides, by part
+  Slot slots_[2];
+  int next_ = 0;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<Job> jobs_;
+  int busy_[2] = {0, 0};  // jobs queued or running per slot
+  bool stop_ = false;
+  std::vector<std::string> failures_;
+  std::thread writer_;
+};
+
+}  // namespace strata

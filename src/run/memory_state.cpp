@@ -1,0 +1,174 @@
+#include "run/memory_state.h"
+
+#include <algorithm>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "base/job.h"
+#include "base/memory.h"
+
+namespace strata {
+namespace {
+
+int64_t part_floats(Model& model, Optimizer& opt, int64_t header) {
+  int64_t n = header + model.host_values().size();
+  for (auto& [name, t] : opt.state()) n += t->size();
+  return n;
+}
+
+// STRATA_TEST_KILL_AT_STEP=STEP:RANK (the Slurm tests): that rank kills itself with SIGKILL
+// once the memory checkpoint after STEP steps is complete (its copies written and sent), as a
+// fault right after that step would. {-1, -1}: not set.
+std::pair<int64_t, int> test_kill_at() {
+  const char* v = std::getenv("STRATA_TEST_KILL_AT_STEP");
+  long long step = -1;
+  int rank = -1;
+  if (v && std::sscanf(v, "%lld:%d", &step, &rank) == 2) return {step, rank};
+  return {-1, -1};
+}
+
+class MemoryHook final : public StepHook {
+ public:
+  MemoryHook(MemoryState& m, int64_t per_epoch, const Backend& be, GoodputLedger& g, int rank)
+      : m_(m), per_epoch_(per_epoch), be_(be), goodput_(g), rank_(rank) {}
+  std::optional<int> end(const StepEnd& e) override {
+    const int64_t done = e.step + 1;
+    if (done % m_.every() == 0)
+      goodput_.checkpoint(done, m_.save(done, per_epoch_, be_), /*write_now=*/false);
+    else m_.poll();
+    if (kill_.first == done && kill_.second == rank_) {
+      m_.finish(/*remove=*/false);
+      std::fflush(nullptr);
+      ::raise(SIGKILL);
+    }
+    return std::nullopt;
+  }
+
+ private:
+  MemoryState& m_;
+  int64_t per_epoch_;
+  const Backend& be_;
+  GoodputLedger& goodput_;
+  int rank_;
+  std::pair<int64_t, int> kill_ = test_kill_at();
+};
+
+}  // namespace
+
+std::unique_ptr<MemoryState> MemoryState::make(const RunConfig& cfg, Comm& comm,
+                                               const std::string& grid, Model& model,
+                                               Optimizer& opt) {
+  if (cfg.checkpoint.memory_every <= 0) return nullptr;
+  auto m = std::make_unique<MemoryState>(cfg, comm, grid, model, opt);
+  const int64_t per_node = m->mem_.preflight();
+  const MemoryPairing& p = m->mem_.pairing();
+  if (comm.rank() == 0) {
+    fmt::print("memory checkpoints: every {} step{} into {}: {} per node (two generations of "
+               "its ranks' parts and of their partners' copies)\n", cfg.checkpoint.memory_every,
+               cfg.checkpoint.memory_every == 1 ? "" : "s", m->mem_.dir(),
+               format_bytes(double(per_node)));
+    if (p.node_names.size() < 2)
+      fmt::print(stderr, "strata: warning: checkpoint.memory_every: every rank runs on node {}: "
+                 "memory checkpoints have no partner copy, so a lost node means resuming from "
+                 "checkpoint.dir\n", p.node_names.front());
+    else if (p.partner >= 0)
+      fmt::print("memory checkpoints: each rank's part is copied to the rank of the same local "
+                 "index on the next node (rank 0 on {} -> rank {} on {})\n", p.node_names[0],
+                 p.partner, p.node_names[size_t(p.node_of[size_t(p.partner)])]);
+  }
+  return m;
+}
+
+MemoryState::MemoryState(const RunConfig& cfg, Comm& comm, const std::string& grid, Model& model,
+                         Optimizer& opt)
+    : mem_(expand_memory_dir(cfg.checkpoint.memory_dir), comm,
+           part_floats(model, opt, kStateFloats),
+           {.job = slurm_job_id(), .attempt = slurm_restart_count(), .run = cfg.to_toml() + grid},
+           slurm_node_name()),
+      comm_(comm), model_(model), opt_(opt), every_(cfg.checkpoint.memory_every) {}
+
+std::optional<TrainState> MemoryState::restore(int64_t file_step) {
+  const MemoryCheckpoints::Found f = mem_.find();
+  const bool lead = comm_.rank() == 0;
+  if (f.step < 0 || f.step < file_step) {
+    if (lead)
+      fmt::print("resuming from the checkpoint files, not from memory: {}\n",
+                 f.step < 0 ? f.why
+                            : fmt::format("the newest complete memory generation (step {}) is "
+                                          "older than the newest checkpoint file (step {})",
+                                          f.step, file_step));
+    return std::nullopt;
+  }
+  std::vector<float> part(size_t(part_floats(model_, opt_, kStateFloats)));
+  mem_.take(f, part.data());
+  int64_t s[4];
+  std::memcpy(s, part.data(), sizeof s);
+  const float* p = part.data() + kStateFloats;
+  Tensor& values = model_.host_values();
+  std::copy(p, p + values.size(), values.data());
+  p += values.size();
+  for (auto& [name, t] : opt_.state()) {
+    std::copy(p, p + t->size(), t->data());
+    p += t->size();
+  }
+  opt_.set_steps_taken(s[3]);
+  if (lead)
+    fmt::print("resumed from memory at step {}: {} ({})\n", s[0],
+               f.from_partner == 0
+                   ? "every rank's own copy"
+                   : fmt::format("{} part(s) from the partner's copy (their own copy is gone or "
+                                 "damaged), the rest from their own", f.from_partner),
+               file_step < 0 ? "there is no checkpoint file"
+               : f.step > file_step
+                   ? fmt::format("newer than the newest checkpoint file, step {}", file_step)
+                   : fmt::format("as new as the newest checkpoint file, step {}, and faster to "
+                                 "read", file_step));
+  return TrainState{.step = s[0], .epoch = s[1], .batch = s[2],
+                    .optimizer = opt_.config().kind, .optimizer_steps = s[3]};
+}
+
+double MemoryState::save(int64_t steps_done, int64_t per_epoch, const Backend& be) {
+  const auto t0 = std::chrono::steady_clock::now();
+  double wait_s = 0;
+  float* out = mem_.begin_save(&wait_s);
+  model_.pull(be);
+  opt_.pull(be);
+  const int64_t s[4] = {steps_done, steps_done / per_epoch, steps_done % per_epoch,
+                        opt_.steps_taken()};
+  std::memcpy(out, s, sizeof s);
+  std::fill(out + 8, out + kStateFloats, 0.f);
+  float* p = out + kStateFloats;
+  const Tensor& values = model_.host_values();
+  p = std::copy(values.data(), values.data() + values.size(), p);
+  for (auto& [name, t] : opt_.state()) p = std::copy(t->data(), t->data() + t->size(), p);
+  mem_.end_save(steps_done);
+  const double stall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  stalls_.push_back(stall);
+  return stall;
+}
+
+void MemoryState::finish(bool remove) {
+  if (finished_) return;
+  finished_ = true;
+  if (remove) mem_.remove_files();
+  else mem_.drain();
+  if (comm_.rank() != 0 || stalls_.empty()) return;
+  std::vector<double> v = stalls_;
+  std::nth_element(v.begin(), v.begin() + ptrdiff_t(v.size() / 2), v.end());
+  fmt::print("memory checkpoints: {} saves in this launch, stall per save: median {:.2f} ms, "
+             "max {:.2f} ms{}\n", stalls_.size(), 1e3 * v[v.size() / 2],
+             1e3 * *std::max_element(v.begin(), v.end()),
+             remove ? "; this run's copies removed" : "");
+}
+
+std::unique_ptr<StepHook> memory_checkpoint_hook(MemoryState& m, int64_t per_epoch,
+                                                 const Backend& be, GoodputLedger& goodput) {
+  return std::make_unique<MemoryHook>(m, per_epoch, be, goodput, m.rank());
+}
+
+}  // namespace strata

@@ -1,0 +1,67 @@
+// The run's side of memory checkpoints (checkpoint/memory_checkpoints.h): what a rank's part
+// holds, packed into one buffer (where the run stands, this rank's parameters: its stage's
+// tensor part, and its optimizer state: its ZeRO shard), when it is saved (a step hook every
+// checkpoint.memory_every steps), and the restore at a restart. Randomness is keyed by
+// (seed, epoch, step, sample), so the position in the data order is all of the loader and RNG
+// state a resumed run needs.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/memory_checkpoints.h"
+#include "config/config.h"
+#include "model/model.h"
+#include "model/optim.h"
+#include "run/goodput.h"
+#include "run/step_hooks.h"
+#include "strata/backend.h"
+#include "strata/comm.h"
+
+namespace strata {
+
+class MemoryState {
+ public:
+  // Collective; nullptr on every rank when checkpoint.memory_every is 0. Checks the memory
+  // directory's room (UserError) and prints the start-up line (rank 0).
+  // `grid`: the run's grid in words (a copy of another grid is never taken).
+  static std::unique_ptr<MemoryState> make(const RunConfig& cfg, Comm& comm,
+                                           const std::string& grid, Model& model, Optimizer& opt);
+  MemoryState(const RunConfig& cfg, Comm& comm, const std::string& grid, Model& model,
+              Optimizer& opt);
+
+  // Collective, under --resume auto. Restores this rank's part of the newest complete memory
+  // generation into the model and optimizer (host copies) when it is at least as new as
+  // `file_step` (the newest checkpoint in checkpoint.dir or a node-local cache; -1: none) and
+  // returns its state; nullopt to resume from the files. Rank 0 prints which copy and why.
+  std::optional<TrainState> restore(int64_t file_step);
+  // A save after `steps_done` steps; returns the training thread's stall (seconds).
+  double save(int64_t steps_done, int64_t per_epoch, const Backend& be);
+  void poll() { mem_.poll(); }
+  // The run ends: the writes in flight finish, rank 0 prints the saves' stalls; `remove`:
+  // this rank's copies are deleted (a finished run, or a stop whose checkpoint is in
+  // checkpoint.dir).
+  void finish(bool remove);
+  int64_t every() const { return every_; }
+  int rank() const { return comm_.rank(); }
+
+ private:
+  static constexpr int64_t kStateFloats = 8;  // 4 int64: step, epoch, batch, optimizer steps
+  MemoryCheckpoints mem_;
+  Comm& comm_;
+  Model& model_;
+  Optimizer& opt_;
+  int64_t every_;
+  std::vector<double> stalls_;
+  bool finished_ = false;
+};
+
+// Saves every MemoryState::every() steps, and moves the partner exchange on after each step.
+// The stall counts in the goodput ledger as a checkpoint's (its step is a resume point).
+std::unique_ptr<StepHook> memory_checkpoint_hook(MemoryState& m, int64_t per_epoch,
+                                                 const Backend& be, GoodputLedger& goodput);
+
+}  // namespace strata

@@ -1,0 +1,144 @@
+// Memory checkpoints (checkpoint/memory_checkpoints.h) on in-process ranks given node names of
+// their own: the pairing across nodes, the partner's copy, and what a restart finds when a
+// node's directory is gone, a copy is damaged, or the copies are another attempt's.
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <fstream>
+
+#include "checkpoint/memory_checkpoints.h"
+#include "ranks_util.h"
+#include "test_util.h"
+
+namespace fs = std::filesystem;
+using strata::MemoryCheckpoints;
+using strata::test::on_ranks;
+
+namespace {
+
+constexpr int64_t kFloats = 1000;
+
+float value(int rank, int64_t step, int64_t i) { return float(rank * 100000 + step * 1000 + i); }
+
+// Two ranks on nodes n1 and n2, each with the directory root/<node>.
+MemoryCheckpoints::Identity identity(int64_t attempt = 0) {
+  return {.job = "42", .attempt = attempt, .run = "the run"};
+}
+std::string node_of(int rank) { return rank == 0 ? "n1" : "n2"; }
+
+// Saves steps 1..3 on both ranks.
+void save_three(const fs::path& root) {
+  strata::run_ranks(2, [&](strata::Comm& c) {
+    MemoryCheckpoints m((root / node_of(c.rank())).string(), c, kFloats, identity(),
+                        node_of(c.rank()));
+    m.preflight();
+    for (int64_t step = 1; step <= 3; ++step) {
+      double wait = 0;
+      float* p = m.begin_save(&wait);
+      for (int64_t i = 0; i < kFloats; ++i) p[i] = value(c.rank(), step, i);
+      m.end_save(step);
+      m.poll();
+    }
+    m.drain();
+  });
+}
+
+struct Restored {
+  int64_t step = -1, from_partner = 0;
+  bool exact = false;
+};
+std::vector<Restored> restore(const fs::path& root, int64_t attempt = 0) {
+  return on_ranks(2, [&](strata::Comm& c) {
+    MemoryCheckpoints m((root / node_of(c.rank())).string(), c, kFloats, identity(attempt),
+                        node_of(c.rank()));
+    Restored r;
+    const auto f = m.find();
+    r.step = f.step;
+    r.from_partner = f.from_partner;
+    if (f.step < 0) return r;
+    std::vector<float> out(kFloats);
+    m.take(f, out.data());
+    r.exact = true;
+    for (int64_t i = 0; i < kFloats; ++i) r.exact = r.exact && out[size_t(i)] == value(c.rank(), f.step, i);
+    return r;
+  });
+}
+
+size_t count(const fs::path& dir, const std::string& ending) {
+  size_t n = 0;
+  for (const auto& e : fs::directory_iterator(dir)) n += e.path().string().ends_with(ending);
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("memory checkpoints: ranks pair with the same local rank on the next node", "[memory]") {
+  auto p = strata::pair_ranks({"a", "a", "b", "b"}, 1);
+  CHECK(p.partner == 3);
+  CHECK(p.source == 3);
+  CHECK(p.local_rank == 1);
+  CHECK(p.local_size == 2);
+  p = strata::pair_ranks({"a", "b", "c"}, 0);
+  CHECK(p.partner == 1);
+  CHECK(p.source == 2);
+  p = strata::pair_ranks({"a", "a"}, 0);  // one node: no partner
+  CHECK(p.partner == -1);
+  CHECK(p.source == -1);
+}
+
+TEST_CASE("memory checkpoints: own and partner copies, two generations, restored exactly", "[memory]") {
+  strata::test::TempDir tmp;
+  const fs::path root = tmp.path;
+  save_three(root);
+  for (const char* node : {"n1", "n2"}) {
+    CHECK(count(root / node, ".own") == 2);  // steps 2 and 3
+    CHECK(count(root / node, ".peer") == 2);
+  }
+  auto r = restore(root);
+  for (const auto& x : r) {
+    CHECK(x.step == 3);
+    CHECK(x.from_partner == 0);
+    CHECK(x.exact);
+  }
+
+  SECTION("a node's directory gone: its part comes from the partner's copy") {
+    fs::remove_all(root / "n1");
+    r = restore(root);
+    for (const auto& x : r) {
+      CHECK(x.step == 3);
+      CHECK(x.from_partner == 1);
+      CHECK(x.exact);
+    }
+  }
+  SECTION("a flipped byte: the copy is skipped and removed, the partner's taken") {
+    const fs::path own = root / "n2" / "part-00001-000000000003.own";
+    REQUIRE(fs::exists(own));
+    {
+      std::fstream f(own, std::ios::in | std::ios::out | std::ios::binary);
+      f.seekp(500);
+      f.put('\x5a');
+    }
+    r = restore(root);
+    CHECK_FALSE(fs::exists(own));
+    for (const auto& x : r) {
+      CHECK(x.step == 3);
+      CHECK(x.from_partner == 1);
+      CHECK(x.exact);
+    }
+  }
+  SECTION("both copies of a part gone at the newest step: the step before") {
+    fs::remove(root / "n2" / "part-00001-000000000003.own");
+    fs::remove(root / "n1" / "part-00001-000000000003.peer");
+    r = restore(root);
+    for (const auto& x : r) {
+      CHECK(x.step == 2);
+      CHECK(x.exact);
+    }
+  }
+  SECTION("another attempt of the job (a requeue): removed, nothing taken") {
+    r = restore(root, /*attempt=*/1);
+    for (const auto& x : r) CHECK(x.step == -1);
+    CHECK(count(root / "n1", "") == 0);
+    CHECK(count(root / "n2", "") == 0);
+  }
+}
