@@ -2,6 +2,7 @@
 
 #include <cerrno>
 #include <cstdlib>
+#include <algorithm>
 #include <limits>
 
 #include <fmt/format.h>
@@ -27,7 +28,8 @@ class Reader {
   static constexpr int kMaxDepth = 64;
 
   [[noreturn]] void fail(const std::string& what) const {
-    fail_input("{}: bad JSON at byte {}: {}", where_, i_, what);
+    const TextPosition p = json_position(t_, i_);
+    fail_input("{}: bad JSON at line {}, column {} (byte {}): {}", where_, p.line, p.column, i_, what);
   }
   void space() {
     while (i_ < t_.size() && (t_[i_] == ' ' || t_[i_] == '\t' || t_[i_] == '\n' || t_[i_] == '\r')) ++i_;
@@ -41,7 +43,7 @@ class Reader {
     return false;
   }
   void expect(char c) {
-    if (!eat(c)) fail(fmt::format("expected '{}'", c));
+    if (!eat(c)) fail(fmt::format("{}expected '{}'", i_ < t_.size() ? "" : "unexpected end; ", c));
   }
 
   JsonValue value(int depth) {
@@ -52,6 +54,7 @@ class Reader {
     const char c = t_[i_];
     if (c == '{') return object(depth);
     if (c == '[') return array(depth);
+    v.offset = i_;
     if (c == '"') {
       v.kind = JsonValue::Kind::kString;
       v.text = string();
@@ -77,28 +80,42 @@ class Reader {
   JsonValue object(int depth) {
     JsonValue v;
     v.kind = JsonValue::Kind::kObject;
-    ++i_;
+    v.offset = i_++;
     if (eat('}')) return v;
     do {
       space();
       if (i_ >= t_.size() || t_[i_] != '"') fail("expected a string key");
       const size_t at = i_;
       std::string key = string();
-      if (v.find(key)) {
-        i_ = at;
-        fail(fmt::format("duplicate key \"{}\"", key));
-      }
       expect(':');
       v.members.emplace_back(std::move(key), value(depth + 1));
+      v.members.back().second.key_offset = at;
     } while (eat(','));
     expect('}');
+    no_duplicate_keys(v);
     return v;
+  }
+
+  // The first key (in text order) that repeats an earlier one is an error. Sorting the keys
+  // keeps this O(n log n): GPT-2's encoder.json has 50257.
+  void no_duplicate_keys(const JsonValue& v) {
+    std::vector<size_t> order(v.members.size());
+    for (size_t k = 0; k < order.size(); ++k) order[k] = k;
+    std::stable_sort(order.begin(), order.end(),
+                     [&](size_t a, size_t b) { return v.members[a].first < v.members[b].first; });
+    size_t dup = v.members.size();
+    for (size_t k = 1; k < order.size(); ++k)
+      if (v.members[order[k]].first == v.members[order[k - 1]].first)
+        dup = std::min(dup, order[k]);  // stable: order[k] comes after order[k - 1] in the text
+    if (dup == v.members.size()) return;
+    i_ = v.members[dup].second.key_offset;
+    fail(fmt::format("duplicate key \"{}\"", v.members[dup].first));
   }
 
   JsonValue array(int depth) {
     JsonValue v;
     v.kind = JsonValue::Kind::kArray;
-    ++i_;
+    v.offset = i_++;
     if (eat(']')) return v;
     do v.items.push_back(value(depth + 1));
     while (eat(','));
@@ -132,6 +149,7 @@ class Reader {
     const std::string s = t_.substr(start, i_ - start);
     JsonValue v;
     v.kind = JsonValue::Kind::kNumber;
+    v.offset = start;
     v.number = std::strtod(s.c_str(), nullptr);
     if (integer) {
       errno = 0;
@@ -228,6 +246,15 @@ const JsonValue* JsonValue::find(const std::string& key) const {
 
 JsonValue parse_json(const std::string& text, const std::string& where) {
   return Reader(text, where).document();
+}
+
+TextPosition json_position(const std::string& text, size_t offset) {
+  TextPosition p;
+  size_t line_start = 0;
+  for (size_t i = 0; i < offset && i < text.size(); ++i)
+    if (text[i] == '\n') ++p.line, line_start = i + 1;
+  p.column = offset - line_start + 1;
+  return p;
 }
 
 }  // namespace strata
