@@ -937,7 +937,7 @@ def cases(fx: Fixtures):
              r"model\.safetensors: header length 1099511627776 .* runs past the end of the file",
              exported("hf", patch_bytes(0, (1 << 40).to_bytes(8, "little")))),
             ("safetensors header that is not JSON", init + ["{C}/hf"], 4,
-             r"model\.safetensors: header: bad JSON at line 1, column 13 \(byte 12\): expected ']'",
+             r"model\.safetensors: header: bad JSON at line 1, column 13 \(byte 12\): unexpected end; expected ']'",
              exported("hf", st_rewrite(lambda h, buf: ('{"a": [1, 2 ', buf)))),
             ("safetensors header with a duplicate key", init + ["{C}/hf"], 4,
              r"model\.safetensors: header: bad JSON at line \d+, column \d+ \(byte \d+\): duplicate key \"wpe\.weight\"",
