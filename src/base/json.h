@@ -20,6 +20,9 @@ struct JsonValue {
   std::string text;       // string
   std::vector<JsonValue> items;                            // array
   std::vector<std::pair<std::string, JsonValue>> members;  // object, in the text's order
+  // Byte offsets into the parsed text, for messages (json_position): where this value starts
+  // and, for an object member's value, where its key starts.
+  size_t offset = 0, key_offset = 0;
 
   bool is_object() const { return kind == Kind::kObject; }
   bool is_string() const { return kind == Kind::kString; }
@@ -29,8 +32,14 @@ struct JsonValue {
   const JsonValue* find(const std::string& key) const;
 };
 
-// Parses `text`; on malformed JSON throws UserError(kExitBadInput) "WHERE: ... at byte N" (the
-// offset into `text`).
+// Parses `text`; on malformed JSON throws UserError(kExitBadInput)
+// "WHERE: bad JSON at line L, column C (byte N): ...".
 JsonValue parse_json(const std::string& text, const std::string& where);
+
+// The 1-based line and column (in bytes) of byte `offset` of `text`.
+struct TextPosition {
+  size_t line = 1, column = 1;
+};
+TextPosition json_position(const std::string& text, size_t offset);
 
 }  // namespace strata

@@ -73,7 +73,7 @@ void remove_if_there(const fs::path& p) {
 
 void export_hf(const GptDims& d, const GptWeights& w, const GptFileAttrs& attrs,
                const std::string& dir, const HfExport& opt, const std::string& source) {
-  const bool gpt2_tok = attrs.tokenizer == "gpt2";
+  const bool gpt2_tok = tokenizer_name(attrs.tokenizer) == "gpt2";
   if (gpt2_tok) check_tokenizer_files(attrs, source);  // before anything is written
   if (const std::string why = make_directories(dir); !why.empty())
     fail_input("--out {}: cannot create the directory ({})", dir, why);

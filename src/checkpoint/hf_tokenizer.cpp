@@ -1,7 +1,5 @@
 #include "checkpoint/hf_tokenizer.h"
 
-#include <openssl/evp.h>
-
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -14,6 +12,7 @@
 #include "base/files.h"
 #include "base/hdf5_util.h"
 #include "data/data.h"
+#include "data/tokenizer_identity.h"
 #include "strata/error.h"
 
 namespace strata {
@@ -21,33 +20,21 @@ namespace {
 
 namespace fs = std::filesystem;
 
-constexpr const char* kShaPrefix = "tokenizer_sha256_";
-
-std::string file_sha256(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return "";
-  std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> ctx(EVP_MD_CTX_new(), EVP_MD_CTX_free);
-  if (!ctx || EVP_DigestInit_ex(ctx.get(), EVP_sha256(), nullptr) != 1)
-    throw std::runtime_error("OpenSSL: SHA-256 unavailable");
-  std::vector<char> buf(1 << 20);
-  while (in.read(buf.data(), std::streamsize(buf.size())) || in.gcount() > 0)
-    EVP_DigestUpdate(ctx.get(), buf.data(), size_t(in.gcount()));
-  unsigned char md[EVP_MAX_MD_SIZE];
-  unsigned len = 0;
-  EVP_DigestFinal_ex(ctx.get(), md, &len);
-  std::string hex;
-  for (unsigned i = 0; i < len; ++i) hex += fmt::format("{:02x}", md[i]);
-  return hex;
-}
-
 // The vocabulary's two files, under the names the model file records: {vocab, merges}.
 std::pair<std::string, std::string> vocab_files(const GptFileAttrs& a, const std::string& source) {
-  if (a.tokenizer_sha256.count("encoder.json") && a.tokenizer_sha256.count("vocab.bpe"))
-    return {"encoder.json", "vocab.bpe"};
-  if (a.tokenizer_sha256.count("vocab.json") && a.tokenizer_sha256.count("merges.txt"))
-    return {"vocab.json", "merges.txt"};
-  fail_input("{}: tokenizer = \"gpt2\" but no root attributes {}encoder.json + {}vocab.bpe (or "
-             "vocab.json + merges.txt) record its vocabulary", source, kShaPrefix, kShaPrefix);
+  auto recorded = [&](const char* name) { return a.tokenizer.count(std::string("tokenizer_sha256_") + name) > 0; };
+  if (recorded("encoder.json") && recorded("vocab.bpe")) return {"encoder.json", "vocab.bpe"};
+  if (recorded("vocab.json") && recorded("merges.txt")) return {"vocab.json", "merges.txt"};
+  fail_input("{}: tokenizer = \"gpt2\" but no root attributes tokenizer_sha256_encoder.json + "
+             "tokenizer_sha256_vocab.bpe (or vocab.json + merges.txt) record its vocabulary", source);
+}
+
+// The directory of the vocabulary's files (root attribute tokenizer_vocab).
+std::string vocab_dir(const GptFileAttrs& a, const std::string& source) {
+  auto it = a.tokenizer.find("tokenizer_vocab");
+  if (it == a.tokenizer.end() || it->second.empty())
+    fail_input("{}: tokenizer = \"gpt2\" but no root attribute tokenizer_vocab names its vocabulary", source);
+  return it->second;
 }
 
 }  // namespace
@@ -62,42 +49,19 @@ GptFileAttrs read_gpt_attrs(const std::string& h5_path) {
   if (H5Aexists(f.get(), "vocab_size") > 0 && (!read_int_attr(f.get(), "vocab_size", &v) || v.size() != 1 || v[0] < 1))
     throw UserError(kExitBadCheckpoint, fmt::format("{}: root attribute vocab_size is not a positive integer", h5_path));
   if (!v.empty()) a.vocab_size = v[0];
-  read_str_attr(f.get(), "tokenizer", &a.tokenizer);
-  read_str_attr(f.get(), "tokenizer_vocab", &a.tokenizer_vocab);
-  std::vector<std::string> names;
-  auto visit = [](hid_t, const char* name, const H5A_info_t*, void* out) -> herr_t {
-    static_cast<std::vector<std::string>*>(out)->push_back(name);
-    return 0;
-  };
-  H5_CHECK(H5Aiterate2(f.get(), H5_INDEX_NAME, H5_ITER_NATIVE, nullptr, visit, &names));
-  for (const std::string& n : names)
-    if (n.rfind(kShaPrefix, 0) == 0) {
-      std::string sha;
-      if (!read_str_attr(f.get(), n.c_str(), &sha))
-        throw UserError(kExitBadCheckpoint, fmt::format("{}: root attribute {} is not a string", h5_path, n));
-      a.tokenizer_sha256[n.substr(std::string(kShaPrefix).size())] = sha;
-    }
+  a.tokenizer = read_tokenizer_attrs(f.get());
   return a;
 }
 
 void check_tokenizer_files(const GptFileAttrs& a, const std::string& source) {
-  const auto [vocab, merges] = vocab_files(a, source);
-  for (const std::string& name : {vocab, merges}) {
-    const std::string path = (fs::path(a.tokenizer_vocab) / name).string();
-    const std::string sha = file_sha256(path);
-    if (sha.empty())
-      fail_input("{}: cannot read the tokenizer's {} (root attribute tokenizer_vocab of {})", path,
-                 name, source);
-    if (sha != a.tokenizer_sha256.at(name))
-      fail_input("{}: SHA-256 {} is not the {} recorded in {} (the vocabulary changed since)",
-                 path, sha, a.tokenizer_sha256.at(name), source);
-  }
+  vocab_files(a, source);
+  check_recorded_files(a.tokenizer, vocab_dir(a, source), source, "");
 }
 
 void write_tokenizer_files(const GptFileAttrs& a, const std::string& dir, int64_t context) {
   const auto [vocab, merges] = vocab_files(a, dir);
   for (const auto& [from, to] : {std::pair{vocab, "vocab.json"}, std::pair{merges, "merges.txt"}}) {
-    std::ifstream in(fs::path(a.tokenizer_vocab) / from, std::ios::binary);
+    std::ifstream in(fs::path(vocab_dir(a, dir)) / from, std::ios::binary);
     std::stringstream bytes;
     bytes << in.rdbuf();
     publish_text_file((fs::path(dir) / to).string(), bytes.str());

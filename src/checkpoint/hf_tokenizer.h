@@ -3,8 +3,9 @@
 // tokenizer_config.json, special_tokens_map.json).
 #pragma once
 #include <cstdint>
-#include <map>
 #include <string>
+
+#include "data/tokenizer_identity.h"
 
 namespace strata {
 
@@ -14,10 +15,9 @@ namespace strata {
 // of its files (encoder.json + vocab.bpe, or vocab.json + merges.txt).
 struct GptFileAttrs {
   int64_t vocab_size = 0;
-  std::string tokenizer, tokenizer_vocab;
-  std::map<std::string, std::string> tokenizer_sha256;  // by file basename
+  TokenizerAttrs tokenizer;  // data/tokenizer_identity.h
 };
-// Throws UserError(kExitBadCheckpoint) naming the file for an attribute of the wrong type.
+// Throws UserError(kExitBadCheckpoint) naming the file for a vocab_size of the wrong type.
 GptFileAttrs read_gpt_attrs(const std::string& h5_path);
 
 // GPT-2's vocabulary files as `attrs` records them, each present in tokenizer_vocab with its

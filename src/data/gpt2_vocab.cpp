@@ -15,6 +15,7 @@
 
 #include <fmt/format.h>
 
+#include "base/json.h"
 #include "data/gpt2_tokenizer.h"
 #include "strata/error.h"
 
@@ -49,138 +50,6 @@ std::string read_whole(const std::string& path) {
   if (std::ferror(f.get())) fail_input("{}: cannot read ({})", path, std::strerror(errno));
   return data;
 }
-
-// Appends the UTF-8 of code point cp.
-void put_utf8(std::string& s, uint32_t cp) {
-  if (cp < 0x80) {
-    s += char(cp);
-  } else if (cp < 0x800) {
-    s += char(0xC0 | cp >> 6), s += char(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    s += char(0xE0 | cp >> 12), s += char(0x80 | (cp >> 6 & 0x3F)), s += char(0x80 | (cp & 0x3F));
-  } else {
-    s += char(0xF0 | cp >> 18), s += char(0x80 | (cp >> 12 & 0x3F));
-    s += char(0x80 | (cp >> 6 & 0x3F)), s += char(0x80 | (cp & 0x3F));
-  }
-}
-
-// The encoder.json / vocab.json object {"token": id, ...}, read strictly, with the line and
-// column of the first fault.
-class JsonVocab {
- public:
-  JsonVocab(std::string path, std::string text) : path_(std::move(path)), s_(std::move(text)) {}
-
-  // Calls add(token in UTF-8, id, line, column) for each member, in file order.
-  template <typename F>
-  void parse(F&& add) {
-    skip_ws();
-    expect('{', "'{' (a JSON object of token -> id)");
-    skip_ws();
-    if (peek() == '}') fail("the object is empty; expected token -> id members");
-    for (;;) {
-      skip_ws();
-      const size_t line = line_, column = col();
-      std::string key = string();
-      skip_ws();
-      expect(':', "':'");
-      skip_ws();
-      add(key, id(), line, column);
-      skip_ws();
-      if (peek() == ',') {
-        next();
-        continue;
-      }
-      expect('}', "',' or '}'");
-      break;
-    }
-    skip_ws();
-    if (i_ < s_.size()) fail("unexpected text after the JSON object");
-  }
-
-  [[noreturn]] void fail(const std::string& what) const {
-    fail_input("{}: line {}, column {}: {}", path_, line_, col(), what);
-  }
-
- private:
-  int peek() const { return i_ < s_.size() ? (unsigned char)s_[i_] : -1; }
-  int next() {
-    if (i_ >= s_.size()) fail("unexpected end of file");
-    const int c = (unsigned char)s_[i_++];
-    if (c == '\n') ++line_, line_start_ = i_;
-    return c;
-  }
-  size_t col() const { return i_ - line_start_ + 1; }
-  void skip_ws() {
-    while (peek() == ' ' || peek() == '\t' || peek() == '\n' || peek() == '\r') next();
-  }
-  void expect(char c, const char* what) {
-    if (peek() != (unsigned char)c)
-      fail(peek() < 0 ? fmt::format("unexpected end of file; expected {}", what)
-                      : fmt::format("expected {}", what));
-    next();
-  }
-  uint32_t hex4() {
-    uint32_t v = 0;
-    for (int k = 0; k < 4; ++k) {
-      const int c = next();
-      const int d = c >= '0' && c <= '9' ? c - '0'
-                    : c >= 'a' && c <= 'f' ? c - 'a' + 10
-                    : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
-      if (d < 0) fail("bad \\u escape; expected 4 hex digits");
-      v = v << 4 | uint32_t(d);
-    }
-    return v;
-  }
-  std::string string() {
-    expect('"', "'\"' (a token in quotes)");
-    std::string out;
-    for (;;) {
-      const int c = next();
-      if (c == '"') return out;
-      if (c < 0x20) fail("control character in a string; JSON needs it escaped");
-      if (c != '\\') {
-        out += char(c);
-        continue;
-      }
-      const int e = next();
-      switch (e) {
-        case '"': case '\\': case '/': out += char(e); break;
-        case 'b': out += '\b'; break;
-        case 'f': out += '\f'; break;
-        case 'n': out += '\n'; break;
-        case 'r': out += '\r'; break;
-        case 't': out += '\t'; break;
-        case 'u': {
-          uint32_t cp = hex4();
-          if (cp >= 0xD800 && cp < 0xDC00) {
-            if (next() != '\\' || next() != 'u') fail("lone UTF-16 surrogate in \\u escape");
-            const uint32_t lo = hex4();
-            if (lo < 0xDC00 || lo >= 0xE000) fail("bad UTF-16 surrogate pair in \\u escape");
-            cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
-          } else if (cp >= 0xDC00 && cp < 0xE000) {
-            fail("lone UTF-16 surrogate in \\u escape");
-          }
-          put_utf8(out, cp);
-          break;
-        }
-        default: fail(fmt::format("bad escape '\\{}'", char(e)));
-      }
-    }
-  }
-  int64_t id() {
-    if (peek() < '0' || peek() > '9') fail("expected a token id (a non-negative integer)");
-    int64_t v = 0;
-    while (peek() >= '0' && peek() <= '9') {
-      v = v * 10 + (next() - '0');
-      if (v > (int64_t(1) << 24)) fail("token id over 2^24");
-    }
-    if (peek() == '.' || peek() == 'e' || peek() == 'E') fail("token id is not an integer");
-    return v;
-  }
-
-  std::string path_, s_;
-  size_t i_ = 0, line_ = 1, line_start_ = 0;
-};
 
 // s for an error message: control bytes as \xNN, at most 60 bytes.
 std::string shown(const std::string& s) {
@@ -226,34 +95,42 @@ struct Gpt2VocabReader {
     return out;
   }
 
+  // encoder.json / vocab.json: one JSON object {"token": id, ...}; a fault names the line and
+  // column of its token.
   void read_vocab(const std::string& path) {
-    JsonVocab json(path, read_whole(path));
-    std::vector<size_t> line_of_id;          // 0: no token has the id (yet)
-    std::vector<std::string> spelled_of_id;  // as the file spells it, for messages
-    json.parse([&](const std::string& key, int64_t id, size_t line, size_t col) {
+    const std::string text = read_whole(path);
+    const JsonValue json = parse_json(text, path);
+    auto fail_at = [&](size_t offset, const std::string& what) {
+      const TextPosition p = json_position(text, offset);
+      fail_input("{}: line {}, column {}: {}", path, p.line, p.column, what);
+    };
+    if (!json.is_object()) fail_at(json.offset, "expected '{' (a JSON object of token -> id)");
+    if (json.members.empty()) fail_at(json.offset, "the object is empty; expected token -> id members");
+    std::vector<const std::pair<std::string, JsonValue>*> member_of_id;  // null: no token has it
+    for (const auto& member : json.members) {
+      const auto& [key, value] = member;
+      auto at = [&](const std::string& what) { fail_at(value.key_offset, fmt::format("token \"{}\" {}", shown(key), what)); };
+      if (!value.is_int() || value.int_value < 0) at("has an id that is not a non-negative integer");
+      if (value.int_value > (int64_t(1) << 24)) at("has a token id over 2^24");
+      const size_t id = size_t(value.int_value);
       std::string bad;
       const std::string bytes = to_bytes(key, &bad);
-      auto at = [&](const std::string& what) {
-        fail_input("{}: line {}, column {}: token \"{}\" {}", path, line, col, shown(key), what);
-      };
       if (bytes.empty()) at(key.empty() ? "is empty" : fmt::format("has {}, outside GPT-2's byte alphabet", bad));
-      if (size_t(id) >= t.token_bytes_.size()) {
-        t.token_bytes_.resize(size_t(id) + 1);
-        line_of_id.resize(size_t(id) + 1);
-        spelled_of_id.resize(size_t(id) + 1);
+      if (id >= t.token_bytes_.size()) {
+        t.token_bytes_.resize(id + 1);
+        member_of_id.resize(id + 1);
       }
-      if (line_of_id[size_t(id)])
-        at(fmt::format("has id {}, which the token \"{}\" already has (line {})", id,
-                       spelled_of_id[size_t(id)], line_of_id[size_t(id)]));
+      if (const auto* first = member_of_id[id])
+        at(fmt::format("has id {}, which the token \"{}\" already has (line {})", id, shown(first->first),
+                       json_position(text, first->second.key_offset).line));
       if (!id_of.emplace(bytes, int32_t(id)).second)
         at(fmt::format("appears twice (ids {} and {})", id_of[bytes], id));
-      t.token_bytes_[size_t(id)] = bytes;
-      spelled_of_id[size_t(id)] = key;
-      line_of_id[size_t(id)] = line;
-    });
-    for (size_t id = 0; id < line_of_id.size(); ++id)
-      if (!line_of_id[id])
-        fail_input("{}: no token has id {} (of 0..{}); ids must be 0..n-1", path, id, line_of_id.size() - 1);
+      t.token_bytes_[id] = bytes;
+      member_of_id[id] = &member;
+    }
+    for (size_t id = 0; id < member_of_id.size(); ++id)
+      if (!member_of_id[id])
+        fail_input("{}: no token has id {} (of 0..{}); ids must be 0..n-1", path, id, member_of_id.size() - 1);
     for (int b = 0; b < 256; ++b) {
       auto it = id_of.find(std::string(1, char(b)));
       if (it == id_of.end()) fail_input("{}: has no token for the byte 0x{:02x}", path, b);

@@ -57,6 +57,22 @@ TokenizerAttrs read_tokenizer_attrs(hid_t obj) {
   return a;
 }
 
+void check_recorded_files(const TokenizerAttrs& attrs, const std::string& dir, const std::string& file,
+                          const std::string& hint) {
+  const std::string then = hint.empty() ? "" : "; " + hint;
+  for (const auto& [name, sha] : attrs) {
+    if (name.rfind(kShaPrefix, 0) != 0) continue;
+    const std::string path = (fs::path(dir) / name.substr(std::string(kShaPrefix).size())).string();
+    std::error_code ec;
+    if (!fs::exists(path, ec))
+      fail_input("{}: does not exist, but {} was made with it ({}){}", path, file, name, then);
+    const std::string got = sha256_file(path);
+    if (got != sha)
+      fail_input("{}: SHA-256 {} is not the {} recorded in {} ({}): a different vocabulary{}", path, got,
+                 sha, file, name, then);
+  }
+}
+
 Gpt2Tokenizer load_recorded_gpt2(const TokenizerAttrs& attrs, const std::string& vocab_dir,
                                  const std::string& file) {
   std::string dir = vocab_dir;
@@ -70,18 +86,7 @@ Gpt2Tokenizer load_recorded_gpt2(const TokenizerAttrs& attrs, const std::string&
       fail_input("{}: its tokenizer's vocabulary {} is not there (moved?); name it with --vocab DIR", file, dir);
   }
   Gpt2Tokenizer t = Gpt2Tokenizer::load(dir);
-  for (const auto& [name, sha] : attrs) {
-    if (name.rfind(kShaPrefix, 0) != 0) continue;
-    const std::string path = (fs::path(dir) / name.substr(std::string(kShaPrefix).size())).string();
-    std::error_code ec;
-    if (!fs::exists(path, ec))
-      fail_input("{}: does not exist, but {} was made with it ({}); name the right directory with --vocab",
-                 path, file, name);
-    const std::string got = sha256_file(path);
-    if (got != sha)
-      fail_input("{}: SHA-256 {} is not the {} that {} records ({}): a different vocabulary; name the "
-                 "right directory with --vocab", path, got.substr(0, 16), sha.substr(0, 16), file, name);
-  }
+  check_recorded_files(attrs, dir, file, "name the right directory with --vocab");
   return t;
 }
 

@@ -31,6 +31,11 @@ std::string tokenizer_name(const TokenizerAttrs& attrs);
 void write_tokenizer_attrs(hid_t obj, const TokenizerAttrs& attrs);
 TokenizerAttrs read_tokenizer_attrs(hid_t obj);
 
+// Every recorded tokenizer_sha256_<name> must match the file `name` in dir; UserError naming
+// that file and `file` (the model or token file that records it), ending in "; HINT" if given.
+void check_recorded_files(const TokenizerAttrs& attrs, const std::string& dir, const std::string& file,
+                          const std::string& hint);
+
 // The GPT-2 tokenizer that `file` (a model or token file) records: from vocab_dir if given,
 // else from its tokenizer_vocab; every recorded tokenizer_sha256_* must match the file of that
 // name in the directory. UserError naming the directory, the file and the model at fault

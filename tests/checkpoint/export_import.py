@@ -34,7 +34,6 @@ import json
 import os
 import shutil
 import struct
-import subprocess
 import sys
 
 import h5py
@@ -43,12 +42,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "mpi"))
+from common import Checks, fresh_dir, run_checked, strata_cmd  # noqa: E402
+
 strata, data, work = sys.argv[1:4]
-work = os.path.join(work, "export-import")
-shutil.rmtree(work, ignore_errors=True)
-os.makedirs(work)
-ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-           OMPI_MCA_rmaps_base_oversubscribe="1")
+work = fresh_dir(work, "export-import")
 # The fortunes' byte tokens with a vocabulary of 300 (ids 256..299 never occur): a vocabulary
 # llm.c's export pads to a multiple of 128.
 tokens = os.path.join(work, "tokens300.h5")
@@ -60,22 +58,11 @@ data = tokens
 MODEL = ["--data.path", data, "--model.type", "gpt", "--model.layers", "2", "--model.heads", "2",
          "--model.dim", "32", "--model.context", "16", "--model.vocab", "300",
          "--train.batch_size", "8", "--train.seed", "3", "--train.log_every", "1", "--quiet"]
-failures = []
-
-
-def check(cond, msg):
-    if not cond:
-        print(f"FAIL: {msg}")
-        failures.append(msg)
+check = Checks()
 
 
 def run(args, ranks=1):
-    cmd = ([strata] if ranks == 1 else ["mpirun", "-n", str(ranks), "--oversubscribe", "--bind-to",
-                                        "none", strata]) + args
-    p = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)
-    if p.returncode != 0:
-        sys.exit(f"FAIL: {' '.join(cmd)} exited {p.returncode}\n{p.stdout[-2000:]}\n{p.stderr[-3000:]}")
-    return p
+    return run_checked(strata_cmd(strata, ranks) + args, timeout=300)
 
 
 def first_loss(out):
@@ -398,5 +385,4 @@ for tag, grid in (("2 stages x 2 replicas", ["--parallel.pipeline_stages", "2"])
           f"from the initialisation {fresh:.4f})")
     check(rel <= 1e-6, f"first-step loss on {tag} differs by {rel:.1e}")
 
-print("FAIL" if failures else "PASS")
-sys.exit(1 if failures else 0)
+check.finish()

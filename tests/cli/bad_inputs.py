@@ -370,9 +370,9 @@ def cases(fx: Fixtures):
     out["data"].append(Case("data: gpt2 encoder.json missing", gvocab, 2, r"encoder\.json: does not exist",
                             make=gpt2_vocab(text=None)))
     out["data"].append(Case("data: gpt2 encoder.json malformed", gvocab, 2,
-                            r"encoder\.json: line 3, column 7: expected ':'", make=gpt2_vocab(text='{\n"a": 0,\n "b"  1}')))
+                            r"encoder\.json: bad JSON at line 3, column 7 \(byte 16\): expected ':'", make=gpt2_vocab(text='{\n"a": 0,\n "b"  1}')))
     out["data"].append(Case("data: gpt2 encoder.json not JSON", gvocab, 2,
-                            r"encoder\.json: line 1, column 1: expected '\{'", make=gpt2_vocab(text="<html>")))
+                            r"encoder\.json: bad JSON at line 1, column 1 \(byte 0\): expected a value", make=gpt2_vocab(text="<html>")))
     out["data"].append(Case("data: gpt2 encoder.json with a duplicate id", gvocab, 2,
                             r"encoder\.json: line 1, column \d+: token \"zz\" has id 40, which the token \"\(\" already has",
                             make=gpt2_vocab(extra_json={"zz": 40})))
@@ -937,10 +937,10 @@ def cases(fx: Fixtures):
              r"model\.safetensors: header length 1099511627776 .* runs past the end of the file",
              exported("hf", patch_bytes(0, (1 << 40).to_bytes(8, "little")))),
             ("safetensors header that is not JSON", init + ["{C}/hf"], 4,
-             r"model\.safetensors: header: bad JSON at byte 12: expected ']'",
+             r"model\.safetensors: header: bad JSON at line 1, column 13 \(byte 12\): unexpected end; expected ']'",
              exported("hf", st_rewrite(lambda h, buf: ('{"a": [1, 2 ', buf)))),
             ("safetensors header with a duplicate key", init + ["{C}/hf"], 4,
-             r"model\.safetensors: header: bad JSON at byte .*duplicate key \"wpe\.weight\"",
+             r"model\.safetensors: header: bad JSON at line \d+, column \d+ \(byte \d+\): duplicate key \"wpe\.weight\"",
              exported("hf", st_rewrite(lambda h, buf: (json.dumps(h)[:-1] + ', "wpe.weight": ' +
                                                         json.dumps(h["wpe.weight"]) + "}", buf)))),
             ("safetensors offsets overlapping", init + ["{C}/hf"], 4,

@@ -19,28 +19,18 @@ validation window is evaluated at the end (the validation shards are cut likewis
 Usage: token_shards.py STRATA FORTUNES.h5 WORKDIR
 """
 import os
-import shutil
-import subprocess
 import sys
 
 import h5py
 import numpy as np
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "mpi"))
+from common import Checks, fresh_dir, metrics, run_checked, strata_cmd  # noqa: E402
+
 STRATA, FORTUNES, WORK = sys.argv[1:4]
-WORK = os.path.join(WORK, "token-shards")
-shutil.rmtree(WORK, ignore_errors=True)
-os.makedirs(WORK)
-ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-           OMPI_MCA_rmaps_base_oversubscribe="1")
+WORK = fresh_dir(WORK, "token-shards")
 T, STEPS = 16, 16
-failed = False
-
-
-def check(cond, msg):
-    global failed
-    if not cond:
-        print(f"FAIL: {msg}")
-        failed = True
+check = Checks()
 
 
 with h5py.File(FORTUNES, "r") as f:
@@ -97,15 +87,10 @@ MODEL = ["--model.type", "gpt", "--model.layers", "1", "--model.heads", "2", "--
 
 def train_run(tag, data, ranks=1, extra=(), env=None, steps=STEPS):
     out = os.path.join(WORK, tag)
-    cmd = ([STRATA] if ranks == 1 else ["mpirun", "-n", str(ranks), "--bind-to", "none", STRATA])
-    cmd += ["train", "--data.path", data, "--output.dir", out, "--train.max_steps", str(steps)]
-    cmd += MODEL + list(extra)
-    p = subprocess.run(cmd, env=dict(ENV, **(env or {})), capture_output=True, text=True, timeout=300)
-    if p.returncode != 0:
-        sys.exit(f"FAIL: {' '.join(cmd)} exited {p.returncode}\n{p.stdout[-2000:]}\n{p.stderr[-3000:]}")
-    import json
-    with open(os.path.join(out, "metrics.jsonl")) as f:
-        ms = [json.loads(line) for line in f if line.strip()]
+    cmd = strata_cmd(STRATA, ranks) + ["train", "--data.path", data, "--output.dir", out,
+                                       "--train.max_steps", str(steps)] + MODEL + list(extra)
+    run_checked(cmd, env=env, timeout=300)
+    ms = metrics(os.path.join(out, "metrics.jsonl"))
     losses = [m["loss"] for m in ms if "event" not in m]
     done = [m for m in ms if m.get("event") == "done"]
     return out, losses, done[-1] if done else {}
@@ -177,5 +162,4 @@ check(len(set(frozen_whole)) == len(frozen_whole), "frozen weights: batches give
       "the comparison could not see a batch out of place")
 print(f"frozen weights, 1 rank to step {K} then 2 ranks: losses of steps {K + 1}-{STEPS} "
       f"{'bitwise' if same else 'NOT'} those of the uninterrupted 2-rank run")
-print("FAIL" if failed else "PASS")
-sys.exit(1 if failed else 0)
+check.finish()

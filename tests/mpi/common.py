@@ -1,6 +1,7 @@
 """Helpers for tests that launch strata under mpirun and read what it wrote."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -9,6 +10,14 @@ import numpy as np
 
 MPI_ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                OMPI_MCA_rmaps_base_oversubscribe="1")
+
+
+def fresh_dir(parent, name):
+    """parent/name, emptied: a test's own work directory."""
+    path = os.path.join(parent, name)
+    shutil.rmtree(path, ignore_errors=True)
+    os.makedirs(path)
+    return path
 
 
 def art_text(strata, work):
@@ -20,13 +29,23 @@ def art_text(strata, work):
     return path
 
 
-def run_strata(strata, ranks, args, timeout=600):
-    """Runs `strata train ARGS` on `ranks` ranks; fails the test on a non-zero exit."""
-    cmd = ["mpirun", "-n", str(ranks), "--oversubscribe", "--bind-to", "none", strata] + args
-    p = subprocess.run(cmd, env=MPI_ENV, capture_output=True, text=True, timeout=timeout)
+def run_checked(cmd, env=None, timeout=600):
+    """Runs cmd (with MPI_ENV plus env); fails the test on a non-zero exit, showing its output."""
+    p = subprocess.run(cmd, env=dict(MPI_ENV, **(env or {})), capture_output=True, text=True, timeout=timeout)
     if p.returncode != 0:
         sys.exit(f"FAIL: {' '.join(cmd)} exited {p.returncode}\n{p.stdout[-2000:]}\n{p.stderr[-4000:]}")
     return p
+
+
+def strata_cmd(strata, ranks=1):
+    """strata alone for one rank, under mpirun for more."""
+    return [strata] if ranks == 1 else ["mpirun", "-n", str(ranks), "--oversubscribe", "--bind-to", "none", strata]
+
+
+def run_strata(strata, ranks, args, timeout=600):
+    """Runs `strata train ARGS` on `ranks` ranks under mpirun; fails the test on a non-zero exit."""
+    return run_checked(["mpirun", "-n", str(ranks), "--oversubscribe", "--bind-to", "none", strata] + args,
+                       timeout=timeout)
 
 
 def metrics(path):

@@ -51,9 +51,24 @@ TEST_CASE("json: values, escapes and what RFC 8259 refuses", "[export]") {
   CHECK(v.find("s")->text == "\xc4\xa0t\n\xf0\x9f\x98\x80");  // U+0120, U+1F600 as UTF-8
   CHECK(v.find("t")->boolean);
   CHECK(v.find("missing") == nullptr);
+  // Where each value (and an object member's key) starts, for messages.
+  const std::string text = "{\"a\": 1,\n  \"b\": [true, \"x\"]}";
+  const auto w = strata::parse_json(text, "x");
+  CHECK(w.offset == 0);
+  CHECK(w.find("a")->key_offset == 1);
+  CHECK(w.find("a")->offset == 6);
+  CHECK(w.find("b")->key_offset == 11);
+  CHECK(w.find("b")->items[1].offset == 23);
+  CHECK(strata::json_position(text, 11).line == 2);
+  CHECK(strata::json_position(text, 11).column == 3);
+  CHECK(strata::json_position(text, 0).column == 1);
   CHECK_THAT(user_error([] { strata::parse_json(R"({"k": 1, "k": 2})", "h"); }),
-             Contains("h: bad JSON at byte 9: duplicate key \"k\""));
-  CHECK_THAT(user_error([] { strata::parse_json("[1, 2,]", "h"); }), Contains("expected a value"));
+             Contains("h: bad JSON at line 1, column 10 (byte 9): duplicate key \"k\""));
+  CHECK_THAT(user_error([] { strata::parse_json("{\n \"k\": 1,\n \"j\": 2,\n \"k\": 3}", "h"); }),
+             Contains("h: bad JSON at line 4, column 2 (byte 21): duplicate key \"k\""));
+  CHECK_THAT(user_error([] { strata::parse_json("[1,\n  2,]", "h"); }),
+             Contains("h: bad JSON at line 2, column 5 (byte 8): expected a value"));
+  CHECK_THAT(user_error([] { strata::parse_json("[1", "h"); }), Contains("unexpected end; expected ']'"));
   CHECK_THAT(user_error([] { strata::parse_json("[01]", "h"); }), Contains("leading zero"));
   CHECK_THAT(user_error([] { strata::parse_json("{} x", "h"); }), Contains("text after the JSON value"));
   CHECK_THAT(user_error([] { strata::parse_json("\"\\ud800\"", "h"); }), Contains("lone surrogate"));

@@ -155,19 +155,21 @@ TEST_CASE("gpt2 vocabulary faults name the file and line", "[gpt2]") {
 
   write_file(dir / "vocab.bpe", "#version: 0.2\nl l\n");
   write_file(dir / "encoder.json", "{\"a\": 0,\n \"b\" 1}");
-  CHECK_THAT(load_error(dir), Catch::Contains(json + ": line 2, column 6: expected ':'"));
+  CHECK_THAT(load_error(dir), Catch::Contains(json + ": bad JSON at line 2, column 6 (byte 14): expected ':'"));
   write_file(dir / "encoder.json", good_json.substr(0, good_json.size() - 2) + ", \"zz\": 256}");  // id 256 again
   CHECK_THAT(load_error(dir), Catch::Contains(json + ": line 1, column") && Catch::Contains("has id 256, which the token"));
   write_file(dir / "encoder.json", "{\"a\": 0, \"a\": 1}");
-  CHECK_THAT(load_error(dir), Catch::Contains("token \"a\" appears twice"));
+  CHECK_THAT(load_error(dir), Catch::Contains(json + ": bad JSON at line 1, column 10 (byte 9): duplicate key \"a\""));
   write_file(dir / "encoder.json", "{\"a\": 0, \"b\": 2}");
   CHECK_THAT(load_error(dir), Catch::Contains(json + ": no token has id 1"));
   write_file(dir / "encoder.json", "{\"a\": 0, \"b\": 1}");
   CHECK_THAT(load_error(dir), Catch::Contains(json + ": has no token for the byte 0x00"));
   write_file(dir / "encoder.json", "{\"a\": 0.5}");
-  CHECK_THAT(load_error(dir), Catch::Contains("token id is not an integer"));
+  CHECK_THAT(load_error(dir), Catch::Contains(json + ": line 1, column 2: token \"a\" has an id that is not a non-negative integer"));
   write_file(dir / "encoder.json", "{\"a\": 0");
-  CHECK_THAT(load_error(dir), Catch::Contains("unexpected end of file"));
+  CHECK_THAT(load_error(dir), Catch::Contains("unexpected end; expected '}'"));
+  write_file(dir / "encoder.json", "[0]");
+  CHECK_THAT(load_error(dir), Catch::Contains(json + ": line 1, column 1: expected '{' (a JSON object of token -> id)"));
 
   // Hugging Face's names, when OpenAI's are absent.
   fs::remove(dir / "encoder.json");
