@@ -106,10 +106,41 @@ struct GeluLanes : simd::Lanes<W> {
   }
 };
 
-// Elements [i0, i1): whole vectors, then the last partial one through a stack buffer.
+// GPT-2's tanh GELU: gelu(x) = x/2 * (1 + tanh(u)), u = sqrt(2/pi) * (x + 0.044715 x^3).
+// tanh from the same exp: tanh(|u|) = (1 - e) / (1 + e), e = exp(-2|u|) in (0, 1], so nothing
+// overflows; the odd symmetry gives the sign. Near u = 0, 1 - e loses bits to cancellation, but
+// only ~1e-7 absolute in tanh, which the 1 + tanh(u) that follows cannot see.
 template <int W>
-STRATA_INLINE void gelu_forward_range(float* out, const float* inp, int64_t i0, int64_t i1) {
-  using V = GeluLanes<W>;
+struct GeluTanhLanes : simd::Lanes<W> {
+  using Base = simd::Lanes<W>;
+  using F = typename Base::F;
+  using Base::exp_nonpos;
+
+  static constexpr float kSqrt2OverPi = 0.79788456080286536f, kCubic = 0.044715f;
+
+  static STRATA_INLINE F tanh_of(const F& u) {
+    const F a = u < 0.f ? -u : u;
+    const F e = exp_nonpos(a * -2.f);
+    const F t = (1.f - e) / (1.f + e);
+    return u < 0.f ? -t : t;
+  }
+  static STRATA_INLINE F forward(const F& x) {
+    const F t = tanh_of((x + x * x * x * kCubic) * kSqrt2OverPi);
+    return x * 0.5f * (1.f + t);
+  }
+  // gelu'(x) = (1 + t)/2 + x/2 * (1 - t^2) * sqrt(2/pi) * (1 + 3 * 0.044715 x^2).
+  static STRATA_INLINE F backward(const F& dy, const F& x) {
+    const F x2 = x * x;
+    const F t = tanh_of((x + x2 * x * kCubic) * kSqrt2OverPi);
+    const F du = (x2 * (3.f * kCubic) + 1.f) * kSqrt2OverPi;
+    return dy * ((1.f + t) * 0.5f + x * 0.5f * (1.f - t * t) * du);
+  }
+};
+
+// Elements [i0, i1) through the lane form V (GeluLanes or GeluTanhLanes): whole vectors, then
+// the last partial one through a stack buffer.
+template <class V, int W>
+STRATA_INLINE void forward_range(float* out, const float* inp, int64_t i0, int64_t i1) {
   int64_t i = i0;
   for (; i + W <= i1; i += W) V::store(out + i, V::forward(V::load(inp + i)));
   if (i < i1) {
@@ -121,10 +152,9 @@ STRATA_INLINE void gelu_forward_range(float* out, const float* inp, int64_t i0, 
   }
 }
 
-template <int W>
-STRATA_INLINE void gelu_backward_range(float* dinp, const float* dout, const float* inp,
-                                       int64_t i0, int64_t i1) {
-  using V = GeluLanes<W>;
+template <class V, int W>
+STRATA_INLINE void backward_range(float* dinp, const float* dout, const float* inp, int64_t i0,
+                                  int64_t i1) {
   int64_t i = i0;
   for (; i + W <= i1; i += W)
     V::store(dinp + i, V::backward(V::load(dout + i), V::load(inp + i)));
@@ -143,11 +173,18 @@ using GeluBackwardRange = void (*)(float*, const float*, const float*, int64_t, 
 
 #define STRATA_GELU_VARIANT(suffix, attr, W)                                                  \
   attr void gelu_forward_##suffix(float* out, const float* inp, int64_t i0, int64_t i1) {     \
-    gelu_forward_range<W>(out, inp, i0, i1);                                                  \
+    forward_range<GeluLanes<W>, W>(out, inp, i0, i1);                                         \
   }                                                                                           \
   attr void gelu_backward_##suffix(float* dinp, const float* dout, const float* inp,          \
                                    int64_t i0, int64_t i1) {                                  \
-    gelu_backward_range<W>(dinp, dout, inp, i0, i1);                                          \
+    backward_range<GeluLanes<W>, W>(dinp, dout, inp, i0, i1);                                 \
+  }                                                                                           \
+  attr void gelu_tanh_forward_##suffix(float* out, const float* inp, int64_t i0, int64_t i1) {\
+    forward_range<GeluTanhLanes<W>, W>(out, inp, i0, i1);                                     \
+  }                                                                                           \
+  attr void gelu_tanh_backward_##suffix(float* dinp, const float* dout, const float* inp,     \
+                                        int64_t i0, int64_t i1) {                             \
+    backward_range<GeluTanhLanes<W>, W>(dinp, dout, inp, i0, i1);                             \
   }
 
 STRATA_ISA_VARIANTS(STRATA_GELU_VARIANT, "avx2,fma")
@@ -157,26 +194,42 @@ STRATA_ISA_VARIANTS(STRATA_GELU_VARIANT, "avx2,fma")
 constexpr int64_t kGeluChunk = int64_t(1) << 14;
 constexpr int64_t kParallelMin = int64_t(1) << 15;
 
+// Every GELU entry point: `range` over chunks of the elements, threaded for large n.
+template <class Range, class... Ptrs>
+void chunked(Range range, int64_t n, Ptrs... p) {
+  const int64_t chunks = (n + kGeluChunk - 1) / kGeluChunk;
+#pragma omp parallel for schedule(static) if (n >= kParallelMin)
+  for (int64_t c = 0; c < chunks; ++c) range(p..., c * kGeluChunk, std::min(n, (c + 1) * kGeluChunk));
+}
+
 }  // namespace
 
 // inp (n) -> out (n); gelu(x) = x * Phi(x) = x/2 * (1 + erf(x/sqrt 2)).
 void gelu_forward(float* out, const float* inp, int64_t n) {
   static const GeluForwardRange range =
       pick_isa(gelu_forward_avx512, gelu_forward_avx2, gelu_forward_generic, /*avx2_needs_fma=*/true);
-  const int64_t chunks = (n + kGeluChunk - 1) / kGeluChunk;
-#pragma omp parallel for schedule(static) if (n >= kParallelMin)
-  for (int64_t c = 0; c < chunks; ++c)
-    range(out, inp, c * kGeluChunk, std::min(n, (c + 1) * kGeluChunk));
+  chunked(range, n, out, inp);
 }
 
 // dout (n), inp (n) -> dinp (n); gelu'(x) = Phi(x) + x * phi(x), phi the normal density.
 void gelu_backward(float* dinp, const float* dout, const float* inp, int64_t n) {
   static const GeluBackwardRange range =
       pick_isa(gelu_backward_avx512, gelu_backward_avx2, gelu_backward_generic, true);
-  const int64_t chunks = (n + kGeluChunk - 1) / kGeluChunk;
-#pragma omp parallel for schedule(static) if (n >= kParallelMin)
-  for (int64_t c = 0; c < chunks; ++c)
-    range(dinp, dout, inp, c * kGeluChunk, std::min(n, (c + 1) * kGeluChunk));
+  chunked(range, n, dinp, dout, inp);
+}
+
+// inp (n) -> out (n); the tanh form (GeluTanhLanes).
+void gelu_tanh_forward(float* out, const float* inp, int64_t n) {
+  static const GeluForwardRange range =
+      pick_isa(gelu_tanh_forward_avx512, gelu_tanh_forward_avx2, gelu_tanh_forward_generic, true);
+  chunked(range, n, out, inp);
+}
+
+// dout (n), inp (n) -> dinp (n); the tanh form's derivative.
+void gelu_tanh_backward(float* dinp, const float* dout, const float* inp, int64_t n) {
+  static const GeluBackwardRange range =
+      pick_isa(gelu_tanh_backward_avx512, gelu_tanh_backward_avx2, gelu_tanh_backward_generic, true);
+  chunked(range, n, dinp, dout, inp);
 }
 
 // The scalar forms, std::erf and std::exp per element: the reference the tests hold the

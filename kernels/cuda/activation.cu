@@ -45,6 +45,28 @@ __global__ void gelu_backward_kernel(float* dinp, const float* dout, const float
   }
 }
 
+// GPT-2's tanh GELU: x/2 * (1 + tanh(u)), u = sqrt(2/pi) * (x + 0.044715 x^3) (PyTorch's
+// approximate='tanh'); tanhf here, the CPU computes tanh from its exp: both within a few ulp.
+constexpr float kSqrt2OverPi = 0.79788456080286536f, kCubic = 0.044715f;
+
+__global__ void gelu_tanh_forward_kernel(float* out, const float* inp, int64_t n) {
+  STRATA_GRID_STRIDE(i, n) {
+    const float x = inp[i];
+    out[i] = x * 0.5f * (1.f + tanhf(kSqrt2OverPi * (x + kCubic * x * x * x)));
+  }
+}
+
+// gelu'(x) = (1 + t)/2 + x/2 * (1 - t^2) * sqrt(2/pi) * (1 + 3 * 0.044715 x^2)
+__global__ void gelu_tanh_backward_kernel(float* dinp, const float* dout, const float* inp,
+                                          int64_t n) {
+  STRATA_GRID_STRIDE(i, n) {
+    const float x = inp[i], x2 = x * x;
+    const float t = tanhf(kSqrt2OverPi * (x + kCubic * x2 * x));
+    const float du = kSqrt2OverPi * (1.f + 3.f * kCubic * x2);
+    dinp[i] = dout[i] * (0.5f * (1.f + t) + 0.5f * x * (1.f - t * t) * du);
+  }
+}
+
 // silu(x) = x * s(x), s = 1 / (1 + e^-x), as on the CPU.
 __global__ void silu_forward_kernel(float* out, const float* inp, int64_t n) {
   STRATA_GRID_STRIDE(i, n) {
@@ -89,6 +111,16 @@ void gelu_forward(float* out, const float* inp, int64_t n) {
 // dout (n), inp (n) -> dinp (n)
 void gelu_backward(float* dinp, const float* dout, const float* inp, int64_t n) {
   launch_elementwise(gelu_backward_kernel, n, dinp, dout, inp);
+}
+
+// inp (n) -> out (n)
+void gelu_tanh_forward(float* out, const float* inp, int64_t n) {
+  launch_elementwise(gelu_tanh_forward_kernel, n, out, inp);
+}
+
+// dout (n), inp (n) -> dinp (n)
+void gelu_tanh_backward(float* dinp, const float* dout, const float* inp, int64_t n) {
+  launch_elementwise(gelu_tanh_backward_kernel, n, dinp, dout, inp);
 }
 
 // inp (n) -> out (n)

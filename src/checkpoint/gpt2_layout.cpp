@@ -27,7 +27,10 @@ GptDims gpt_dims(const ModelSpec& spec, const Shape& input_shape, int classes, i
     for (; i + 2 < spec.size() && spec[i].kind == K::kBlock; ++i) {
       if (d.L > 0 && spec[i].size != d.NH)
         fail_input("{}: not a GPT-2 model: its blocks have different head counts", where);
+      if (d.L > 0 && spec[i].gelu_tanh != d.gelu_tanh)
+        fail_input("{}: not a GPT-2 model: its blocks have different GELUs", where);
       d.NH = spec[i].size;
+      d.gelu_tanh = spec[i].gelu_tanh;
       ++d.L;
     }
   }
@@ -41,6 +44,10 @@ GptDims gpt_dims(const ModelSpec& spec, const Shape& input_shape, int classes, i
   if (d.V > d.Vp)
     fail_input("{}: vocab_size {} is larger than the token table's {} rows", where, d.V, d.Vp);
   return d;
+}
+
+std::string gelu_name(bool tanh) {
+  return tanh ? "tanh (model.gelu = \"tanh\")" : "erf (model.gelu = \"erf\")";
 }
 
 std::vector<GptTensor> gpt_tensors(const GptDims& d) {

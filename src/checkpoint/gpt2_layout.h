@@ -21,7 +21,11 @@ struct GptDims {
   int64_t Vp = 0;  // rows of strata's token table (V, or V padded for speed)
   int64_t T = 0, L = 0, NH = 0, C = 0;  // context, blocks, heads, width
   float dropout = 0;
+  bool gelu_tanh = false;  // the blocks' GELU: GPT-2's tanh form (model.gelu = "tanh"), else erf
 };
+
+// The GELU's name in messages: "tanh (model.gelu = \"tanh\")" or the erf one.
+std::string gelu_name(bool tanh);
 
 // The GPT-2 that `spec` describes (embedding, optional dropout, blocks, layernorm, lmhead) for
 // samples of `input_shape` and `classes` token ids, with `vocab` real tokens (0: all rows).

@@ -24,14 +24,14 @@ namespace fs = std::filesystem;
 
 [[noreturn]] void bad(const std::string& msg) { throw UserError(kExitBadCheckpoint, msg); }
 
-// transformers' GPT2Config for the model: strata's GELU is the exact erf form ("gelu", not
-// GPT-2's tanh "gelu_new"), LayerNorm's eps 1e-5, attention scaled by 1/sqrt(head size), no
+// transformers' GPT2Config for the model: its GELU ("gelu_new", GPT-2's tanh form, for
+// model.gelu = "tanh"; "gelu", the exact erf form, otherwise), LayerNorm's eps 1e-5, attention scaled by 1/sqrt(head size), no
 // attention dropout; the LM head tied to wte.
 std::string config_json(const GptDims& d, const std::string& dtype, bool gpt2_tokenizer) {
   const std::string eot = gpt2_tokenizer ? "50256" : "null";
   return fmt::format(
       "{{\n"
-      "  \"activation_function\": \"gelu\",\n"
+      "  \"activation_function\": \"{8}\",\n"
       "  \"architectures\": [\"GPT2LMHeadModel\"],\n"
       "  \"attn_pdrop\": 0.0,\n"
       "  \"bos_token_id\": {0},\n"
@@ -56,7 +56,7 @@ std::string config_json(const GptDims& d, const std::string& dtype, bool gpt2_to
       "  \"vocab_size\": {7}\n"
       "}}\n",
       eot, d.dropout > 0 ? fmt::format("{}", d.dropout) : "0.0", d.T, d.C, d.NH, d.L,
-      dtype == "BF16" ? "bfloat16" : "float32", d.V);
+      dtype == "BF16" ? "bfloat16" : "float32", d.V, d.gelu_tanh ? "gelu_new" : "gelu");
 }
 
 // The file of shard k of n (1-based), as transformers names them.
@@ -148,6 +148,21 @@ void collect(const std::string& file, std::map<std::string, Found>& by_name,
   }
 }
 
+// config.json's activation_function against the model's GELU. transformers' GPT2Config
+// defaults to "gelu_new" (GPT-2's tanh form; "gelu_pytorch_tanh" is the same function), and
+// "gelu" is the exact erf form; a model that runs another GELU than the weights were trained
+// with is refused rather than silently changed.
+void check_activation(const JsonValue* act, const GptDims& dims, const std::string& where) {
+  const std::string name = !act ? "gelu_new" : act->is_string() ? act->text : "(not a string)";
+  const bool tanh = name == "gelu_new" || name == "gelu_pytorch_tanh";
+  if (!tanh && name != "gelu")
+    bad(fmt::format("{}: activation_function = \"{}\" is not a GELU strata runs (gelu_new or "
+                    "gelu_pytorch_tanh: tanh; gelu: erf)", where, name));
+  if (tanh != dims.gelu_tanh)
+    bad(fmt::format("{}: activation_function = \"{}\" is the {} GELU; the model's is {}", where, name,
+                    tanh ? "tanh" : "erf", gelu_name(dims.gelu_tanh)));
+}
+
 std::map<std::string, Found> read_hf_tensors(const std::string& path, const GptDims& dims) {
   std::map<std::string, Found> by_name;
   struct stat sb{};
@@ -172,6 +187,7 @@ std::map<std::string, Found> read_hf_tensors(const std::string& path, const GptD
     if (nh && (!nh->is_int() || nh->int_value != dims.NH))
       bad(fmt::format("{}: n_head = {}; the model has {} heads (model.heads)", where,
                       nh->is_int() ? fmt::format("{}", nh->int_value) : "(not an integer)", dims.NH));
+    check_activation(c.is_object() ? c.find("activation_function") : nullptr, dims, where);
   }
   const fs::path index = dir / "model.safetensors.index.json";
   if (!fs::exists(index)) {

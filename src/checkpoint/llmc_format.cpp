@@ -115,6 +115,9 @@ GptWeights import_llmc(const std::string& path, const GptDims& dims) {
   if (int64_t(sb.st_size) != want)
     bad(fmt::format("{}: {} bytes; its header (version {}, maxT {}, Vp {}, L {}, C {}) needs {}",
                     path, sb.st_size, h[1], h[2], Vp, h[4], h[6], want));
+  if (!dims.gelu_tanh)  // llm.c's blocks always run the tanh GELU
+    bad(fmt::format("{}: an llm.c model, trained with the tanh GELU; the model's is {}", path,
+                    gelu_name(false)));
   GptWeights w;
   auto next = [&](const Shape& shape, const std::string& name) {
     std::string bytes(size_t(numel(shape) * (dtype == "BF16" ? 2 : 4)), '\0');

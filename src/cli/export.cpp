@@ -53,6 +53,11 @@ int run_export(const ExportOptions& o) {
     export_hf(d, w, attrs, o.out, {.dtype = dtype, .max_shard_bytes = max_shard}, o.checkpoint);
   else
     export_llmc(d, w, o.out, dtype);
+  // llm.c has no erf GELU: the file is written (strata reads it back exactly), but llm.c runs
+  // it with the tanh form, up to ~5e-4 away per activation.
+  if (o.format == "llmc" && !d.gelu_tanh)
+    fmt::print(stderr, "strata: warning: {}: the model uses the erf GELU (model.gelu = \"erf\"); "
+               "llm.c runs {} with the tanh GELU, a slightly different function\n", o.checkpoint, o.out);
   fmt::print("exported {} ({} blocks, {} heads, width {}, context {}, vocabulary {}) to {} ({}, {})\n",
              o.checkpoint, d.L, d.NH, d.C, d.T, d.V, o.out, o.format == "hf" ? "Hugging Face" : "llm.c",
              o.dtype);

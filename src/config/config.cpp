@@ -103,7 +103,7 @@ ModelSpec RunConfig::model_spec(int classes) const {
     s.push_back(embedding_spec(model.dim, model.vocab_row_multiple()));
     if (dropout > 0) s.push_back(dropout_spec(dropout));
     for (int i = 0, n = model.gpt_blocks(); i < n; ++i)
-      s.push_back(block_spec(model.heads, dropout, train.recompute == "block"));
+      s.push_back(block_spec(model.heads, dropout, train.recompute == "block", model.gelu == "tanh"));
     s.push_back(layernorm_spec());
     s.push_back(lmhead_spec());
     return s;

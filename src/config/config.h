@@ -44,6 +44,9 @@ struct RunConfig {
     // gpt: the token table's rows rounded up to a multiple of 128 (llm.c's padding; the padded
     // rows are never used). Default off; a preset turns it on unless the config sets it.
     bool pad_vocab = false;
+    // gpt: the blocks' GELU, "erf" (exact) | "tanh" (GPT-2's, Hugging Face's gelu_new, llm.c's).
+    // Default erf; a preset sets tanh unless the config sets it.
+    std::string gelu = "erf";
     int gpt_blocks() const;  // model.layers as a count for gpt (default 4)
     int vocab_row_multiple() const { return pad_vocab ? 128 : 0; }
   } model;

@@ -93,6 +93,8 @@ std::vector<ConfigKey> config_keys(RunConfig& c) {
            "model.type, layers, heads, dim, context, vocab)"),
       key("model.pad_vocab", &c.model.pad_vocab, {},
           "gpt: token table rows padded to a multiple of 128 (default on with a preset)"),
+      text("model.gelu", &c.model.gelu, {"erf", "tanh"},
+           "gpt: erf | tanh: the blocks' GELU (tanh is GPT-2's; default tanh with a preset)"),
 
       key("train.epochs", &c.train.epochs, kCount64, "passes over the training split"),
       key("train.batch_size", &c.train.batch_size, kCount64, "GLOBAL batch over all ranks"),

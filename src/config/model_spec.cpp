@@ -54,7 +54,7 @@ constexpr KindInfo kKinds[] = {
     {Kind::kGelu, "gelu", 0, 0},           {Kind::kSilu, "silu", 0, 0},
     {Kind::kFlatten, "flatten", 0, 0},
     {Kind::kDropout, "dropout", 1, 1},     {Kind::kEmbedding, "embedding", 1, 2},
-    {Kind::kBlock, "block", 1, 3},         {Kind::kLayerNorm, "layernorm", 0, 0},
+    {Kind::kBlock, "block", 1, 4},         {Kind::kLayerNorm, "layernorm", 0, 0},
     {Kind::kLmHead, "lmhead", 0, 0},
 };
 
@@ -98,9 +98,13 @@ LayerSpec parse_layer_spec(const std::string& text, const std::string& where) {
     case Kind::kBlock:
       s.size = size(1);
       s.p = w.size() > 2 ? prob_arg(where, text, w[2]) : 0.0f;
-      if (w.size() > 3 && w[3] != "recompute")
-        fail_input("{}: '{}': the third argument is 'recompute' or nothing", where, text);
-      s.recompute = w.size() > 3;
+      for (size_t i = 3; i < w.size(); ++i) {  // the words after DROPOUT, each at most once
+        bool& flag = w[i] == "recompute" ? s.recompute : s.gelu_tanh;
+        if ((w[i] != "recompute" && w[i] != "tanh") || flag)
+          fail_input("{}: '{}': after the dropout come 'recompute' and 'tanh', each at most once",
+                     where, text);
+        flag = true;
+      }
       break;
     default: break;
   }
@@ -140,7 +144,8 @@ std::string LayerSpec::text() const {
                               : fmt::format("maxpool {} {}", kernel, stride);
     case Kind::kDropout: return fmt::format("dropout {}", p);
     case Kind::kBlock:
-      if (recompute) return fmt::format("block {} {} recompute", size, p);
+      if (recompute || gelu_tanh)
+        return fmt::format("block {} {}{}{}", size, p, recompute ? " recompute" : "", gelu_tanh ? " tanh" : "");
       return p > 0 ? fmt::format("block {} {}", size, p) : fmt::format("block {}", size);
     default: return kind_name();
   }
@@ -148,7 +153,7 @@ std::string LayerSpec::text() const {
 
 bool LayerSpec::operator==(const LayerSpec& o) const {
   return kind == o.kind && size == o.size && kernel == o.kernel && stride == o.stride &&
-         pad == o.pad && p == o.p && recompute == o.recompute;
+         pad == o.pad && p == o.p && recompute == o.recompute && gelu_tanh == o.gelu_tanh;
 }
 
 LayerSpec linear_spec(int out) {
@@ -180,9 +185,9 @@ LayerSpec embedding_spec(int dim, int row_multiple) {
   s.size = dim, s.pad = row_multiple;
   return finish(s);
 }
-LayerSpec block_spec(int heads, float dropout, bool recompute) {
+LayerSpec block_spec(int heads, float dropout, bool recompute, bool gelu_tanh) {
   LayerSpec s = make(Kind::kBlock);
-  s.size = heads, s.p = dropout, s.recompute = recompute;
+  s.size = heads, s.p = dropout, s.recompute = recompute, s.gelu_tanh = gelu_tanh;
   return finish(s);
 }
 LayerSpec layernorm_spec() { return finish(make(Kind::kLayerNorm)); }

@@ -5,9 +5,11 @@
 // The text form, one layer per string:
 //   linear OUT                      conv OUT_CHANNELS KERNEL [STRIDE [PAD]]
 //   maxpool KERNEL [STRIDE]         relu   gelu   silu   flatten   dropout P
-//   embedding DIM [ROW_MULTIPLE]    block HEADS [DROPOUT [recompute]]   layernorm   lmhead
+//   embedding DIM [ROW_MULTIPLE]    block HEADS [DROPOUT [recompute] [tanh]]   layernorm   lmhead
 // (embedding's ROW_MULTIPLE: the token table's rows are the vocabulary rounded up to a multiple
 // of it, as llm.c pads GPT-2's 50257 to 50304; the padded rows are never read: layers_gpt.cpp.)
+// (block's `tanh`: its MLP uses GPT-2's tanh GELU, model.gelu = "tanh"; without it the exact erf
+// GELU, as every file written before the word existed.)
 // Input sizes are inferred when the model is built (model.h).
 #pragma once
 #include <string>
@@ -25,6 +27,7 @@ struct LayerSpec {
   int kernel = 0, stride = 1, pad = 0;  // conv, maxpool; embedding: pad = the row multiple (0: none)
   float p = 0;                          // dropout, block: dropout probability
   bool recompute = false;               // block: recompute its activations in backward
+  bool gelu_tanh = false;               // block: the tanh GELU (GPT-2's), not the erf one
   std::string source;  // the text it was parsed from, for messages (text() otherwise)
 
   LayerSpec() = default;
@@ -53,7 +56,7 @@ LayerSpec activation_spec(const std::string& name);  // "relu" | "gelu" | "silu"
 LayerSpec flatten_spec();
 LayerSpec dropout_spec(float p);
 LayerSpec embedding_spec(int dim, int row_multiple = 0);
-LayerSpec block_spec(int heads, float dropout, bool recompute);
+LayerSpec block_spec(int heads, float dropout, bool recompute, bool gelu_tanh = false);
 LayerSpec layernorm_spec();
 LayerSpec lmhead_spec();
 

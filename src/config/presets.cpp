@@ -1,6 +1,7 @@
 // model.preset: GPT-2's four published shapes (Radford et al. 2019, as the Hugging Face and
 // llm.c configs give them), each a set of config keys. The preset fills the keys the config
-// left alone; a key the config set must agree with it.
+// left alone; a key the config set must agree with it. It also turns on model.pad_vocab and
+// sets model.gelu = "tanh" (GPT-2's GELU) unless the config sets them.
 #include <algorithm>
 
 #include <fmt/format.h>
@@ -80,6 +81,7 @@ void apply_model_preset(RunConfig& cfg) {
     }
   }
   if (where("model.pad_vocab").empty()) cfg.model.pad_vocab = true;
+  if (where("model.gelu").empty()) cfg.model.gelu = "tanh";  // GPT-2's own GELU
 }
 
 }  // namespace strata

@@ -54,7 +54,7 @@ std::unique_ptr<Layer> build_layer(const LayerSpec& s, const Shape& in, int inde
       if (heads % ctx.tp.size != 0)
         fail_input("parallel.tensor = {} does not divide model.heads = {} (each tensor-parallel "
                    "rank holds whole attention heads)", ctx.tp.size, heads);
-      return make_block(C, heads, ctx.blocks, s.p, index, s.recompute, ctx.tp);
+      return make_block(C, heads, ctx.blocks, s.p, index, s.recompute, s.gelu_tanh, ctx.tp);
     }
     case LayerSpec::Kind::kLayerNorm:
       if (in.empty()) fail_input("{}: '{}' needs an input", where, spec);

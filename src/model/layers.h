@@ -176,14 +176,14 @@ std::unique_ptr<Layer> make_embedding(int vocab, int dim, int context, int row_m
 // The token table's rows for `vocab` and a row multiple (0 or 1: vocab itself).
 int64_t padded_vocab(int64_t vocab, int row_multiple);
 // One pre-LayerNorm transformer block (T, C) -> (T, C): x + attn(ln_1(x)), then
-// + mlp(ln_2(.)) with a 4C GELU MLP; dropout p on both residual branches. `blocks` (the model's
+// + mlp(ln_2(.)) with a 4C GELU MLP (erf GELU, or GPT-2's tanh form with gelu_tanh); dropout p on both residual branches. `blocks` (the model's
 // count) scales the init of the residual projections as GPT-2 does; `recompute` keeps only the
 // block's input from forward and recomputes the rest in backward. Under tensor parallelism
 // (tp.size > 1) the block holds heads/size heads and 4*dim/size MLP units: c_attn and c_fc
 // column-parallel, both c_proj row-parallel, one allreduce over tp.comm per branch in forward
 // (the row-parallel output) and one in backward (the gradient at the branch's LayerNorm).
 std::unique_ptr<Layer> make_block(int dim, int heads, int blocks, float dropout, int index,
-                                  bool recompute, TensorSplit tp = {});
+                                  bool recompute, bool gelu_tanh = false, TensorSplit tp = {});
 std::unique_ptr<Layer> make_layernorm(int dim);
 // Logits (T, V) = x (T, C) @ wte^T: the output layer, tied to the embedding's token table
 // (tie_lm_head connects them once both exist; Model does it). With a padded table it reads

@@ -195,7 +195,8 @@ BlockWorkspace& block_workspace() {
   return w;
 }
 
-// One GPT-2 block: x + drop(proj(attn(ln_1(x)))), then + drop(mlp(ln_2(.))), mlp = 4C GELU.
+// One GPT-2 block: x + drop(proj(attn(ln_1(x)))), then + drop(mlp(ln_2(.))), mlp = 4C GELU
+// (the exact erf form, or GPT-2's tanh form with gelu_tanh).
 // Tensor parallel (Megatron-LM): c_attn and c_fc are split by output rows (this rank's heads,
 // its share of the MLP units), both c_proj by input columns; each rank's c_proj gives a partial
 // sum of the branch output, allreduced over the tensor group (the bias added once, by rank 0).
@@ -204,8 +205,8 @@ BlockWorkspace& block_workspace() {
 // same, on every rank of the group.
 class Block final : public Layer {
  public:
-  Block(int C, int NH, int blocks, float p, int index, bool recompute, TensorSplit tp)
-      : C_(C), NH_(NH), p_(p), index_(index), recompute_(recompute), tp_(tp) {
+  Block(int C, int NH, int blocks, float p, int index, bool recompute, bool gelu_tanh, TensorSplit tp)
+      : C_(C), NH_(NH), p_(p), index_(index), recompute_(recompute), gelu_tanh_(gelu_tanh), tp_(tp) {
     const int S = tp.size;
     // GPT-2's init: N(0, 0.02) weights, zero biases, and the two projections that write into
     // the residual stream scaled by 1/sqrt(2 * blocks).
@@ -243,11 +244,12 @@ class Block final : public Layer {
   std::vector<Op> ops() const override {
     return {Op::layernorm_forward, Op::layernorm_backward, Op::linear_forward,
             Op::linear_backward, Op::attention_forward, Op::attention_backward,
-            Op::gelu_forward, Op::gelu_backward, Op::residual_forward,
+            gelu_tanh_ ? Op::gelu_tanh_forward : Op::gelu_forward,
+            gelu_tanh_ ? Op::gelu_tanh_backward : Op::gelu_backward, Op::residual_forward,
             Op::dropout_forward, Op::dropout_backward};
   }
   std::string describe() const override {
-    return fmt::format("Block(dim {}, heads {}{}{}{})", C_, NH_,
+    return fmt::format("Block(dim {}, heads {}{}{}{}{})", C_, NH_, gelu_tanh_ ? ", tanh GELU" : "",
                        p_ > 0 ? fmt::format(", dropout {}", p_) : "", recompute_ ? ", recompute" : "",
                        tp_.size > 1 ? fmt::format(", {} heads on each of {} ranks", NH_ / tp_.size, tp_.size) : "");
   }
@@ -335,7 +337,7 @@ class Block final : public Layer {
       d = gm;
     }
     be.linear_backward(g4, pg(kMlpProjW), pg(kMlpProjB), d, a.fcg.data(), value(kMlpProjW), N, Hl, C, accumulate);
-    be.gelu_backward(g4b, g4, a.fc.data(), int64_t(N) * Hl);
+    (gelu_tanh_ ? be.gelu_tanh_backward : be.gelu_backward)(g4b, g4, a.fc.data(), int64_t(N) * Hl);
     be.linear_backward(gc2, pg(kFcW), pg(kFcB), g4b, a.ln2.data(), value(kFcW), N, C, Hl, accumulate);
     tensor_sum(gc2, n);
     be.layernorm_backward(gr, pg(kLn2W), pg(kLn2B), gc2, a.res1.data(), value(kLn2W), a.st2.data(),
@@ -451,7 +453,7 @@ class Block final : public Layer {
     be.residual_forward(a.res1.data(), x.data(), tmp, n);
     be.layernorm_forward(a.ln2.data(), a.st2.data(), a.st2.data() + N, a.res1.data(), value(kLn2W), value(kLn2B), N, C);
     linear(be, kFcW, a.fc.data(), a.ln2.data(), value(kFcB), N, C, Hl);
-    be.gelu_forward(a.fcg.data(), a.fc.data(), int64_t(N) * Hl);
+    (gelu_tanh_ ? be.gelu_tanh_forward : be.gelu_forward)(a.fcg.data(), a.fc.data(), int64_t(N) * Hl);
     linear(be, kMlpProjW, tmp, a.fcg.data(), bias(kMlpProjB), N, Hl, C);
     tensor_sum(tmp, n);
     drop(mk.m2, 1);
@@ -462,6 +464,7 @@ class Block final : public Layer {
   float p_;
   int index_;
   bool recompute_;
+  bool gelu_tanh_;  // GPT-2's tanh GELU in the MLP (model.gelu = "tanh"), else the erf one
   TensorSplit tp_;
   PerSlot<BlockActs> acts_;  // without recompute
   PerSlot<Masks> masks_;
@@ -478,8 +481,8 @@ int64_t padded_vocab(int64_t vocab, int row_multiple) {
   return row_multiple > 1 ? (vocab + row_multiple - 1) / row_multiple * row_multiple : vocab;
 }
 std::unique_ptr<Layer> make_block(int dim, int heads, int blocks, float dropout, int index,
-                                  bool recompute, TensorSplit tp) {
-  return std::make_unique<Block>(dim, heads, blocks, dropout, index, recompute, tp);
+                                  bool recompute, bool gelu_tanh, TensorSplit tp) {
+  return std::make_unique<Block>(dim, heads, blocks, dropout, index, recompute, gelu_tanh, tp);
 }
 std::unique_ptr<Layer> make_layernorm(int dim) { return std::make_unique<LayerNorm>(dim); }
 std::unique_ptr<Layer> make_lm_head(int vocab) { return std::make_unique<LmHead>(vocab); }

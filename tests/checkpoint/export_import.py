@@ -3,7 +3,8 @@
 specifications and a PyTorch GPT-2 written here (docs/checkpoints.md, "Export and import").
 
 A 2-block GPT (dim 32, 2 heads, context 16, vocabulary 300 over byte tokens: llm.c pads it to
-384) trained 30 steps on Debian's fortunes (so the weights are not the initialisation), then:
+384) trained 30 steps on Debian's fortunes (so the weights are not the initialisation), once
+with the erf GELU (model.gelu's default) and once with GPT-2's tanh GELU, then:
   - export --format hf (fp32, bf16, and sharded with --max_shard_size) and --format llmc (fp32,
     bf16); every safetensors file passes every rule of the format, checked by the parser below
     (written from the specification, github.com/huggingface/safetensors "Format"): u64
@@ -15,14 +16,18 @@ A 2-block GPT (dim 32, 2 heads, context 16, vocabulary 300 over byte tokens: llm
   - a PyTorch GPT-2 built from config.json with Hugging Face's module names and Conv1D
     weights (in x out, x @ W + b) loads model.safetensors with load_state_dict(strict=True) as
     it is (the file holds the Conv1D layout: the only transpose against strata's out x in), and
-    its logits on the first test batch match `strata eval --logits` within 1e-5 x max|logit|;
+    its logits on the first test batch match `strata eval --logits` within 1e-5 x max|logit|,
+    for both GELUs (config.json's activation_function "gelu" and "gelu_new", which the PyTorch
+    model runs; the other GELU misses by far more);
+  - an llm.c export of the erf model warns (llm.c runs the tanh GELU), of the tanh one not;
   - the llm.c file: 256 int32 header (magic 20240326, version 3 / 5, maxT, V, L, NH, C, Vp a
     multiple of 128), size 1024 + the 16 tensors of llm.c's layout, padded rows zero, values
     those of model.safetensors (transposed back);
   - bf16 exports hold the fp32 values rounded to nearest even (numpy, bit for bit);
   - export -> train.init_from (one step at lr 1e-30: no weight changes) -> export is byte
     identical, for hf (from the single file, from the shards, and from a file as transformers
-    names it: "transformer." prefixes, lm_head.weight, a mask buffer, keys in name order) and llmc;
+    names it: "transformer." prefixes, lm_head.weight, a mask buffer, keys in name order; and
+    the tanh model's) and llmc (the tanh model's: llm.c files import as tanh only);
   - train.init_from on 2 pipeline stages x 2 replicas, and on 2 tensor parts x 2 replicas with
     ZeRO-1 (4 ranks each), gives the one-rank first-step loss within 1e-6 relative (fp32
     rounding of the grid's sums), far below the loss from the initialisation.
@@ -205,8 +210,17 @@ llmc, llmc16 = os.path.join(work, "model.bin"), os.path.join(work, "model-bf16.b
 run(["export", "--checkpoint", model_h5, "--format", "hf", "--out", hf])
 run(["export", "--checkpoint", model_h5, "--format", "hf", "--out", hf16, "--dtype", "bf16"])
 run(["export", "--checkpoint", model_h5, "--format", "hf", "--out", hfs, "--max_shard_size", "20KB"])
-run(["export", "--checkpoint", model_h5, "--format", "llmc", "--out", llmc])
+warned = run(["export", "--checkpoint", model_h5, "--format", "llmc", "--out", llmc]).stderr
 run(["export", "--checkpoint", model_h5, "--format", "llmc", "--out", llmc16, "--dtype", "bf16"])
+check("strata: warning:" in warned and "erf GELU" in warned, f"llm.c export of an erf model: stderr {warned!r}")
+# The same run with GPT-2's tanh GELU.
+run(["train"] + MODEL + ["--model.gelu", "tanh", "--train.max_steps", "30", "--train.optimizer", "adamw",
+                         "--train.lr", "0.01", "--output.dir", os.path.join(work, "trained-tanh")])
+model_tanh_h5 = os.path.join(work, "trained-tanh", "model.h5")
+hf_tanh, llmc_tanh = os.path.join(work, "hf-tanh"), os.path.join(work, "model-tanh.bin")
+run(["export", "--checkpoint", model_tanh_h5, "--format", "hf", "--out", hf_tanh])
+quiet = run(["export", "--checkpoint", model_tanh_h5, "--format", "llmc", "--out", llmc_tanh]).stderr
+check(quiet == "", f"llm.c export of a tanh model: stderr {quiet!r}")
 
 with h5py.File(model_h5, "r") as f:
     strata_w = {k: f["params"][k][()] for k in ("embedding1/wte", "block1/attn/c_attn/weight")}
@@ -293,19 +307,28 @@ print(f"tokenizer: vocab.json, merges.txt copied byte for byte, tokenizer_config
       f"vocab_size 290 of 300 rows: hf wte {tt['wte.weight'][1]}, llm.c V 290 Vp 384 (rows 290.. zero)")
 
 # ---------------------------------------------------------------- PyTorch loads it, same logits
-gpt = hf_gpt2(cfg)
-state = {k: torch.from_numpy(v.copy()) for k, v in fp32.items()}
-gpt.load_state_dict(state, strict=True)
-run(["eval", "--checkpoint", model_h5, "--data", data, "--batch_size", "4", "--logits",
-     os.path.join(work, "logits.h5")])
-with h5py.File(os.path.join(work, "logits.h5"), "r") as f:
-    idx, want = f["inputs"][()].astype(np.int64), f["logits"][()]
-with torch.no_grad():
-    got = gpt(torch.from_numpy(idx)).numpy()
-err = float(np.max(np.abs(got - want)) / np.max(np.abs(want)))
-print(f"logits: PyTorch (HF names, strict load) vs strata eval on {idx.shape[0]}x{idx.shape[1]} tokens: "
-      f"max |diff| / max |logit| = {err:.2e}")
-check(got.shape == want.shape and err <= 1e-5, f"logits differ by {err:.2e} relative")
+for h5, out_dir, gelu in ((model_h5, hf, "gelu"), (model_tanh_h5, hf_tanh, "gelu_new")):
+    with open(os.path.join(out_dir, "config.json")) as f:
+        c = json.load(f)
+    check(c["activation_function"] == gelu, f"{out_dir}/config.json: activation_function {c['activation_function']}")
+    state = {k: torch.from_numpy(as_f32(*v).copy())
+             for k, v in read_safetensors(os.path.join(out_dir, "model.safetensors"))[0].items()}
+    logits = os.path.join(work, f"logits-{gelu}.h5")
+    run(["eval", "--checkpoint", h5, "--data", data, "--batch_size", "4", "--logits", logits])
+    with h5py.File(logits, "r") as f:
+        idx, want = f["inputs"][()].astype(np.int64), f["logits"][()]
+    errs = {}
+    for act in ("gelu", "gelu_new"):  # the config's GELU, and the other one: far off
+        gpt = hf_gpt2(dict(c, activation_function=act))
+        gpt.load_state_dict(state, strict=True)
+        with torch.no_grad():
+            got = gpt(torch.from_numpy(idx)).numpy()
+        errs[act] = float(np.max(np.abs(got - want)) / np.max(np.abs(want)))
+    err, other = errs[gelu], errs["gelu" if gelu == "gelu_new" else "gelu_new"]
+    print(f"logits ({gelu}): PyTorch (HF names, strict load) vs strata eval on {idx.shape[0]}x{idx.shape[1]} "
+          f"tokens: max |diff| / max |logit| = {err:.2e} (with the other GELU: {other:.2e})")
+    check(got.shape == want.shape and err <= 1e-5, f"{gelu}: logits differ by {err:.2e} relative")
+    check(other > 10 * max(err, 1e-7), f"{gelu}: the other GELU's logits are as close ({other:.2e})")
 
 # ---------------------------------------------------------------- llm.c
 NAMES = ["ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight",
@@ -361,15 +384,17 @@ text = json.dumps(dict(sorted(hdr.items()), __metadata__={"format": "pt"})).enco
 with open(os.path.join(hfp, "model.safetensors"), "wb") as f:
     f.write(struct.pack("<Q", len(text)) + text + b"".join(extra[k][2] for k in order))
 
-for src, tag in ((hf, "from-hf"), (hfs, "from-shards"), (hfp, "from-prefixed"), (llmc, "from-llmc")):
-    out = reimport(src, tag)
+TANH = ["--model.gelu", "tanh"]
+for src, tag, ref, extra in ((hf, "from-hf", hf, []), (hfs, "from-shards", hf, []), (hfp, "from-prefixed", hf, []),
+                             (hf_tanh, "from-hf-tanh", hf_tanh, TANH), (llmc_tanh, "from-llmc", llmc_tanh, TANH)):
+    out = reimport(src, tag, grid=extra)
     fmt = "llmc" if tag == "from-llmc" else "hf"
     again = os.path.join(work, tag + "-export" + (".bin" if fmt == "llmc" else ""))
     run(["export", "--checkpoint", os.path.join(out, "model.h5"), "--format", fmt, "--out", again])
     if fmt == "llmc":
-        same = open(again, "rb").read() == open(llmc, "rb").read()
+        same = open(again, "rb").read() == open(ref, "rb").read()
     else:
-        same = all(open(os.path.join(again, f), "rb").read() == open(os.path.join(hf, f), "rb").read()
+        same = all(open(os.path.join(again, f), "rb").read() == open(os.path.join(ref, f), "rb").read()
                    for f in ("model.safetensors", "config.json"))
     print(f"export -> init_from ({tag[5:]}) -> export: {'byte-identical' if same else 'DIFFERENT'}")
     check(same, f"{tag}: the re-export differs from the export")

@@ -925,6 +925,15 @@ def cases(fx: Fixtures):
                 f.write(blob[:len(blob) - truncate])
         return fn
 
+    def set_activation(name):
+        """fn(): config.json beside model.safetensors says activation_function = name."""
+        def fn(path):
+            cfg_path = os.path.join(os.path.dirname(path), "config.json")
+            cfg = json.load(open(cfg_path))
+            cfg["activation_function"] = name
+            json.dump(cfg, open(cfg_path, "w"))
+        return fn
+
     def truncate_last(path):
         st_rewrite(lambda h, buf: (json.dumps(h), buf[:-4]))(path)
 
@@ -981,6 +990,20 @@ def cases(fx: Fixtures):
              exported("llmc", patch_bytes(0, None, 4), "m.bin")),
             ("llm.c file of another width", init + ["{C}/m.bin", "--model.dim", "16"], 4,
              r"m\.bin: header C \(model\.dim\) = 8; the model has 16", exported("llmc", None, "m.bin")),
+            # The GELU (model.gelu): the file's (config.json's activation_function; llm.c: always
+            # tanh) must be the model's, each named.
+            ("init_from an erf export into model.gelu = tanh", init + ["{C}/hf", "--model.gelu", "tanh"], 4,
+             r'config\.json: activation_function = "gelu" is the erf GELU; the model\'s is tanh \(model\.gelu = "tanh"\)',
+             exported("hf")),
+            ("init_from gelu_new into model.gelu = erf", init + ["{C}/hf"], 4,
+             r'config\.json: activation_function = "gelu_new" is the tanh GELU; the model\'s is erf \(model\.gelu = "erf"\)',
+             exported("hf", set_activation("gelu_new"))),
+            ("init_from an activation_function that is not a GELU", init + ["{C}/hf"], 4,
+             r'config\.json: activation_function = "relu" is not a GELU strata runs', exported("hf", set_activation("relu"))),
+            ("init_from an llm.c file into model.gelu = erf", init + ["{C}/m.bin"], 4,
+             r"m\.bin: an llm\.c model, trained with the tanh GELU; the model's is erf \(model\.gelu = \"erf\"\)",
+             exported("llmc", None, "m.bin")),
+            ("model.gelu not erf or tanh", gtrain + ["--model.gelu", "approx"], 2, r"model\.gelu.*erf.*tanh", None),
             ("init_from for an mlp", train + ["--train.init_from", "{C}/hf"], 2,
              r"train\.init_from: needs model\.type = \"gpt\"", exported("hf")),
             ("export to an unknown format", [S, "export", "--checkpoint", fx.gpt_params, "--format", "onnx", "--out", "{C}/x"],

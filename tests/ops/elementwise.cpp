@@ -1,4 +1,4 @@
-// Elementwise ops: add_inplace, relu, gelu, silu, residual_forward (and the CPU's add_bias_rows).
+// Elementwise ops: add_inplace, relu, gelu (erf and tanh), silu, residual_forward (and the CPU's add_bias_rows).
 //
 // Tolerances: exact wherever both sides do the same single IEEE operation per element (relu,
 // add, residual). gelu 5e-6: CUDA's erff/expf are within 2 ulp of the true value, glibc's
@@ -94,6 +94,25 @@ void check_gelu_backward() {
   }
 }
 
+// The tanh GELU: the CPU's tanh from its vector exp against CUDA's tanhf, a few ulp either.
+void check_gelu_tanh_forward() {
+  for (int64_t n : kSizes) {
+    OpCase c(fmt::format("gelu_tanh_forward n{}", n));
+    const F32 inp = c.in(activation_inputs(41, n, false)), out = c.out("out", size_t(n), kGeluTol);
+    c.run([&](const Backend& be, const Ptrs& p) { be.gelu_tanh_forward(p[out], p[inp], n); });
+  }
+}
+
+void check_gelu_tanh_backward() {
+  for (int64_t n : kSizes) {
+    OpCase c(fmt::format("gelu_tanh_backward n{}", n));
+    const F32 dout = c.in(random_vector(42, size_t(n))),
+              inp = c.in(activation_inputs(41, n, false));
+    const F32 dinp = c.out("dinp", size_t(n), kGeluTol);
+    c.run([&](const Backend& be, const Ptrs& p) { be.gelu_tanh_backward(p[dinp], p[dout], p[inp], n); });
+  }
+}
+
 // SiLU: the CPU's std::exp against CUDA's expf (2 ulp), through a division: a few ulp.
 void check_silu_forward() {
   for (int64_t n : kSizes) {
@@ -160,6 +179,22 @@ void fd_gelu_backward() {
   };
   Rng rng(7);
   check_grad("fd gelu_backward n60: dinp", x, dx, loss, rng);
+}
+
+void fd_gelu_tanh_backward() {
+  const int n = kCpuGeluN;
+  auto x = cpu_gelu_inputs();
+  const auto r = random_vector(6, n);
+  const Backend& cpu = reference();
+  std::vector<float> dx = nan_vector(n);
+  cpu.gelu_tanh_backward(dx.data(), r.data(), x.data(), n);
+  auto loss = [&] {
+    std::vector<float> y(n);
+    cpu.gelu_tanh_forward(y.data(), x.data(), n);
+    return dot(y, r);
+  };
+  Rng rng(7);
+  check_grad("fd gelu_tanh_backward n60: dinp", x, dx, loss, rng);
 }
 
 void fd_silu_backward() {
@@ -359,6 +394,85 @@ TEST_CASE("gelu is bitwise the same with 1 and 2 threads", "[cpu_kernel][activat
   }
   CHECK(bitwise_equal(out[0], out[1]));
   CHECK(bitwise_equal(dx[0], dx[1]));
+}
+
+// ---- The tanh GELU against a double reference ----------------------------------------------
+// GPT-2's form, 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3), and its derivative, in
+// double, over the erf tests' inputs (a grid over [-12, 12], random values, large ones). The
+// kernel's tanh is (1 - e) / (1 + e) with its 2-ulp exp: ~2e-7 absolute in tanh, so ~1e-7 |x|
+// in gelu, plus the float rounding of u (relative 2e-7 of u, up to ~2e-7 |x| in gelu where
+// tanh' is large). Bound 5e-7 max(1, |x|) (backward: also * max(1, |dy|)); a wrong constant,
+// sign or derivative term is off by 1e-4 or more (the erf form itself differs by up to 4.7e-4).
+namespace {
+double gelu_tanh_d(double x) {
+  return 0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
+}
+double gelu_tanh_grad_d(double x) {
+  const double k = std::sqrt(2.0 / M_PI), t = std::tanh(k * (x + 0.044715 * x * x * x));
+  return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * k * (1.0 + 3.0 * 0.044715 * x * x);
+}
+}  // namespace
+
+TEST_CASE("gelu tanh: kernels match a double reference over the whole range",
+          "[cpu_kernel][activation]") {
+  Rng rng(73);
+  Vec x = gelu_inputs(rng);
+  x.resize(x.size() - 2);  // not +-3e38: x^3 overflows to inf there (gelu is still x or -0)
+  const int64_t n = int64_t(x.size());
+  REQUIRE(n % 16 != 0);
+  const Vec dy = rand_vec(rng, n, -2.f, 2.f);
+  Vec out = nan_vec(n), dx = nan_vec(n);
+  gelu_tanh_forward(out.data(), x.data(), n);
+  gelu_tanh_backward(dx.data(), dy.data(), x.data(), n);
+  double worst_f = 0, worst_b = 0, worst_vs_erf = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double xi = x[size_t(i)], scale = std::max(1.0, std::abs(xi));
+    const double ef = std::abs(out[size_t(i)] - gelu_tanh_d(xi)) / scale;
+    const double eb = std::abs(dx[size_t(i)] - dy[size_t(i)] * gelu_tanh_grad_d(xi)) /
+                      (scale * std::max(1.0, std::abs(double(dy[size_t(i)]))));
+    worst_f = std::max(worst_f, ef);
+    worst_b = std::max(worst_b, eb);
+    if (std::abs(xi) < 20) worst_vs_erf = std::max(worst_vs_erf, std::abs(gelu_tanh_d(xi) - xi * cdf_d(xi)));
+    INFO("x = " << xi << ": gelu_tanh " << out[size_t(i)] << " vs " << gelu_tanh_d(xi)
+                << ", dinp " << dx[size_t(i)] << " vs " << dy[size_t(i)] * gelu_tanh_grad_d(xi));
+    CHECK(ef <= 5e-7);
+    CHECK(eb <= 5e-7);
+  }
+  std::printf("gelu tanh vs double: forward %.2e, backward %.2e (/ max(1,|x|)); tanh - erf form "
+              "up to %.2e\n", worst_f, worst_b, worst_vs_erf);
+  CHECK(worst_vs_erf > 4e-4);  // the two forms are told apart by these inputs
+}
+
+TEST_CASE("gelu tanh: special values and every tail length", "[cpu_kernel][activation]") {
+  const float inf = std::numeric_limits<float>::infinity();
+  const Vec x = {kNaN, inf, -inf, 0.f, 1.f, -1.f, 3e38f};
+  const int64_t n = int64_t(x.size());
+  const Vec ones(size_t(n), 1.f);
+  Vec out = nan_vec(n), dx = nan_vec(n);
+  gelu_tanh_forward(out.data(), x.data(), n);
+  gelu_tanh_backward(dx.data(), ones.data(), x.data(), n);
+  CHECK(std::isnan(out[0]));
+  CHECK(std::isnan(dx[0]));
+  CHECK(out[1] == inf);
+  CHECK(out[3] == 0.f);
+  CHECK(dx[3] == 0.5f);
+  CHECK(std::abs(out[4] - 0.8411919906f) <= 1e-7f);  // PyTorch's gelu(1, approximate='tanh')
+  CHECK(std::abs(out[5] + 0.1588080094f) <= 1e-7f);
+  CHECK(out[6] == 3e38f);
+  Rng rng(74);
+  const Vec big = rand_vec(rng, 64, -5.f, 5.f), dbig = rand_vec(rng, 64);
+  Vec all(64), dall(64);
+  gelu_tanh_forward(all.data(), big.data(), 64);
+  gelu_tanh_backward(dall.data(), dbig.data(), big.data(), 64);
+  for (int off = 0; off < 4; ++off)
+    for (int len = 1; len <= 40; ++len) {
+      Vec o = nan_vec(len), d = nan_vec(len);
+      gelu_tanh_forward(o.data(), big.data() + off, len);
+      gelu_tanh_backward(d.data(), dbig.data() + off, big.data() + off, len);
+      INFO("offset " << off << ", length " << len);
+      CHECK(bitwise_equal(o, Vec(all.begin() + off, all.begin() + off + len)));
+      CHECK(bitwise_equal(d, Vec(dall.begin() + off, dall.begin() + off + len)));
+    }
 }
 
 }  // namespace strata::optest

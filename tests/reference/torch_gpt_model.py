@@ -7,7 +7,8 @@ c_attn(ln_1(x)))), then x + mlp.c_proj(gelu(mlp.c_fc(ln_2(x))))), a final LayerN
 output layer tied to the token embedding (lm_head.weight is wte). Attention scales by
 1/sqrt(head size) and masks the future with -inf through an explicit mask and softmax (as
 nanoGPT on torch < 2.0: torch 1.13 has no fused scaled_dot_product_attention); GELU is the
-exact erf form (nn.GELU()); LayerNorm eps is 1e-5. No dropout. Parameter names are strata's
+exact erf form (nn.GELU()), or with gelu="tanh" GPT-2's tanh form (strata's model.gelu =
+"tanh"); LayerNorm eps is 1e-5. No dropout. Parameter names are strata's
 (strata_params()).
 """
 import math
@@ -16,8 +17,9 @@ import torch
 import torch.nn as nn
 
 
-def gpt(vocab, dim, heads, context, layers):
-    """The model, with torch's default initialisation (callers set their own)."""
+def gpt(vocab, dim, heads, context, layers, gelu="none"):
+    """The model, with torch's default initialisation (callers set their own). gelu: torch's
+    `approximate`, "none" (erf) or "tanh"."""
 
     class CausalSelfAttention(nn.Module):
         def __init__(self):
@@ -40,7 +42,7 @@ def gpt(vocab, dim, heads, context, layers):
         def __init__(self):
             super().__init__()
             self.c_fc = nn.Linear(dim, 4 * dim)
-            self.gelu = nn.GELU()  # exact erf form, as strata's
+            self.gelu = nn.GELU(approximate=gelu)  # as strata's model.gelu
             self.c_proj = nn.Linear(4 * dim, dim)
 
         def forward(self, x):

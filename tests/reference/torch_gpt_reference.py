@@ -16,6 +16,9 @@ The file holds:
   logits            (B,T,V) float32
   loss              mean cross-entropy over the B*T positions (float64 of torch's float32)
   grad/<name>       every parameter's gradient; embedding1.wte's is the sum of its two uses
+  tanh/logits, tanh/loss, tanh/grad/<name>
+                    the same batch through the model with GPT-2's tanh GELU
+                    (nn.GELU(approximate="tanh")): model.gelu = "tanh"'s reference
   bf16/logits, bf16/loss, bf16/grad/<name>
                     the same under torch.autocast("cpu", dtype=torch.bfloat16) (the linear
                     layers, the LM head and the attention's two matmuls in bf16; softmax,
@@ -132,6 +135,15 @@ def main():
     loss = loss_of(logits, y)
     loss.backward()
     grads = {n: np32(p.grad) for n, p in params.items()}
+    # The same batch with the tanh GELU (its own model, the same initial parameters).
+    model_tanh = gpt(VOCAB, DIM, HEADS, CONTEXT, LAYERS, gelu="tanh")
+    params_tanh = model_tanh.strata_params()
+    with torch.no_grad():
+        for n, p in params_tanh.items():
+            p.copy_(init[n])
+    logits_tanh = model_tanh(x)
+    loss_tanh = loss_of(logits_tanh, y)
+    loss_tanh.backward()
     # The same batch under CPU autocast.
     model.zero_grad(set_to_none=True)
     with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -151,10 +163,13 @@ def main():
             f[f"init/{n}"] = np32(init[n])
             f[f"grad/{n}"] = grads[n]
             f[f"bf16/grad/{n}"] = np32(p.grad)
+            f[f"tanh/grad/{n}"] = np32(params_tanh[n].grad)
         f["x"] = x.numpy().astype(np.int32)
         f["y"] = y.numpy().astype(np.int32)
         f["logits"] = np32(logits)
         f["loss"] = np.float64(loss.item())
+        f["tanh/logits"] = np32(logits_tanh)
+        f["tanh/loss"] = np.float64(loss_tanh.item())
         f["bf16/logits"] = np32(logits16.float())
         f["bf16/loss"] = np.float64(loss16.item())
 

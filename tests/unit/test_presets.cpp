@@ -183,3 +183,32 @@ TEST_CASE("thousands separators", "[presets]") {
   CHECK(thousands(1000) == "1,000");
   CHECK(thousands(0) == "0");
 }
+
+TEST_CASE("model.gelu: presets set tanh unless given, the block's text records it", "[presets]") {
+  CHECK(from_toml("[model]\npreset = \"gpt2\"\n").model.gelu == "tanh");
+  CHECK(from_toml("[model]\npreset = \"gpt2\"\ngelu = \"erf\"\n").model.gelu == "erf");
+  CHECK(from_toml("[model]\ntype = \"gpt\"\n").model.gelu == "erf");
+  CHECK_THAT(user_error([] { from_toml("[model]\ngelu = \"fast\"\n"); }),
+             Contains("model.gelu") && Contains("erf, tanh"));
+  // The layer text: a trailing "tanh" (after "recompute" when both), none for erf (as every
+  // file written before model.gelu), read back to the same spec.
+  RunConfig c = from_toml("[model]\ntype = \"gpt\"\nlayers = 1\nheads = 2\ndim = 8\ngelu = \"tanh\"\n");
+  CHECK(c.model_spec(16)[1].text() == "block 2 0 tanh");
+  c.train.recompute = "block";
+  CHECK(c.model_spec(16)[1].text() == "block 2 0 recompute tanh");
+  c.model.gelu = "erf";
+  CHECK(c.model_spec(16)[1].text() == "block 2 0 recompute");
+  for (const char* text : {"block 2 0 tanh", "block 2 0.1 recompute tanh", "block 2 0 tanh recompute"}) {
+    const LayerSpec s(text);
+    CHECK(s.gelu_tanh);
+    CHECK(LayerSpec(s.text()) == s);
+    CHECK_FALSE(s == LayerSpec("block 2 0.1 recompute"));
+  }
+  CHECK_FALSE(LayerSpec("block 2").gelu_tanh);
+  CHECK_THAT(user_error([] { LayerSpec("block 2 0 tanh tanh"); }),
+             Contains("'block 2 0 tanh tanh': after the dropout come 'recompute' and 'tanh', each at most once"));
+  CHECK_THAT(user_error([] { LayerSpec("block 2 0 erf"); }), Contains("after the dropout come"));
+  // The built block says which GELU it runs.
+  const auto layers = describe_layers({"embedding 8", "block 2 0 tanh", "layernorm", "lmhead"}, {4}, 16);
+  CHECK(layers[1].describe == "Block(dim 8, heads 2, tanh GELU)");
+}

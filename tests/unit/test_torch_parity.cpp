@@ -443,8 +443,9 @@ GptSizes gpt_sizes(const RefFile& f) {
   return {a("vocab"), a("dim"), a("heads"), a("context"), a("layers"), a("batch")};
 }
 
-// The GPT exactly as a config with model.type = "gpt" expands it (with train.recompute set).
-ModelSpec gpt_spec(const GptSizes& s, const std::string& recompute) {
+// The GPT exactly as a config with model.type = "gpt" expands it (with train.recompute and
+// model.gelu set).
+ModelSpec gpt_spec(const GptSizes& s, const std::string& recompute, const std::string& gelu = "erf") {
   RunConfig cfg;
   cfg.model.type = "gpt";
   cfg.model.layers = {std::to_string(s.layers)};
@@ -452,13 +453,15 @@ ModelSpec gpt_spec(const GptSizes& s, const std::string& recompute) {
   cfg.model.dim = s.dim;
   cfg.model.context = s.context;
   cfg.train.recompute = recompute;
+  cfg.model.gelu = gelu;
   return cfg.model_spec(s.vocab);
 }
 
 // The GPT with the file's initial parameters; input (T) token ids per sample, V classes.
-std::unique_ptr<Model> load_gpt(const RefFile& f, const GptSizes& s, const std::string& recompute) {
-  ModelSpec spec = gpt_spec(s, recompute);
-  if (recompute == "none") {
+std::unique_ptr<Model> load_gpt(const RefFile& f, const GptSizes& s, const std::string& recompute,
+                                const std::string& gelu = "erf") {
+  ModelSpec spec = gpt_spec(s, recompute, gelu);
+  if (recompute == "none" && gelu == "erf") {
     INFO("the layer spec in " << f.path << " must be the one strata's config gives for a GPT");
     REQUIRE(lines(f.str_attr("spec")) == spec_texts(spec));
   }
@@ -484,30 +487,32 @@ StepResult gpt_forward_backward(Model& m, const int32_t* x, const int32_t* y, in
   return r;
 }
 
-void check_gpt_one_batch(const std::string& recompute) {
+// gelu "tanh": against the file's tanh/ group (the same batch, nn.GELU(approximate="tanh")).
+void check_gpt_one_batch(const std::string& recompute, const std::string& gelu = "erf") {
   cpu::blas_init(1);
   RefFile f("gpt.h5");
   const GptSizes s = gpt_sizes(f);
-  auto m = load_gpt(f, s, recompute);
+  auto m = load_gpt(f, s, recompute, gelu);
+  const std::string group = gelu == "tanh" ? "tanh/" : "";
   Shape xs;
   auto x = f.i32("x", &xs);
   auto y = f.i32("y");
   REQUIRE(xs == Shape{s.batch, s.context});
   REQUIRE(int64_t(y.size()) == numel(xs));
 
-  fmt::print("torch parity, GPT {} blocks, dim {}, heads {}, recompute {} (torch {}), one batch "
-             "of {} x {} tokens: max|strata-torch| / max|torch|\n",
-             s.layers, s.dim, s.heads, recompute, f.str_attr("torch_version"), s.batch, s.context);
+  fmt::print("torch parity, GPT {} blocks, dim {}, heads {}, recompute {}, {} GELU (torch {}), one "
+             "batch of {} x {} tokens: max|strata-torch| / max|torch|\n",
+             s.layers, s.dim, s.heads, recompute, gelu, f.str_attr("torch_version"), s.batch, s.context);
   auto r = gpt_forward_backward(*m, x.data(), y.data(), s.batch, s.context);
-  auto ref_logits = f.f32("logits");
+  auto ref_logits = f.f32(group + "logits");
   REQUIRE(int64_t(ref_logits.size()) == r.logits.size());
   expect_close("logits", max_err(r.logits.data(), ref_logits.data(), r.logits.size()),
                kTolGptForward);
-  const double ref_loss = f.f64("loss").at(0);
+  const double ref_loss = f.f64(group + "loss").at(0);
   expect_close("loss", std::abs(r.loss - ref_loss) / std::abs(ref_loss), kTolGptForward);
   size_t checked = 0;
   for (Param* p : m->params()) {
-    auto g = f.f32("grad/" + p->name);
+    auto g = f.f32(group + "grad/" + p->name);
     REQUIRE(int64_t(g.size()) == numel(p->shape));
     expect_close("grad " + p->name, max_err(p->grad, g.data(), int64_t(g.size())), kTolGptGrad);
     ++checked;
@@ -544,6 +549,7 @@ TEST_CASE("torch parity: GPT in bf16 against torch's CPU autocast", "[.][torch]"
 TEST_CASE("torch parity: GPT logits, loss and gradients", "[.][torch]") {
   SECTION("activations stored") { check_gpt_one_batch("none"); }
   SECTION("blocks recomputed in backward") { check_gpt_one_batch("block"); }
+  SECTION("tanh GELU (model.gelu = \"tanh\")") { check_gpt_one_batch("none", "tanh"); }
 }
 
 TEST_CASE("torch parity: GPT 20 AdamW steps", "[.][torch]") {
