@@ -11,10 +11,10 @@
 #include "base/job.h"
 #include "base/memory.h"
 #include "checkpoint/checkpoint.h"
-#include "checkpoint/gpt2_layout.h"
 #include "parallel/whole_model.h"
 #include "parallel/zero.h"
 #include "run/divergence.h"
+#include "run/init_from.h"
 #include "run/memory_estimate.h"
 #include "run/session_report.h"
 #include "strata/error.h"
@@ -200,7 +200,8 @@ void TrainingSession::resume() {
   }
   if (resumed && unsharded) take_shard(*unsharded, *opt_);
   unsharded.reset();
-  if (!resumed && !cfg_.train.init_from.empty()) init_from_file();
+  if (!resumed && !cfg_.train.init_from.empty())
+    init_from_file(cfg_, plan_, comm_, *model_, whole_.get());
   model_->place(be_);
   opt_->place(be_);
   if (!resumed) return;
@@ -210,35 +211,6 @@ void TrainingSession::resume() {
   if (metrics_)
     metrics_->write({{"event", json_string("resumed")}, {"step", fmt::format("{}", resumed->step)},
                      {"slurm_restart_count", fmt::format("{}", slurm_restart_count())}});
-}
-
-// train.init_from: every rank reads the file as the whole model (for a moment) and keeps its
-// stage's block, its tensor part of it, as a resume does (whole_model.h); the optimizer starts
-// fresh. A file that does not fit the config fails on every rank alike, before any training.
-void TrainingSession::init_from_file() {
-  AllocationScope scope("reading train.init_from");
-  const std::string& path = cfg_.train.init_from;
-  const ModelSpec spec = cfg_.model_spec(plan_.info.classes);
-  const Shape& shape = plan_.info.train.sample_shape;
-  GptWeights w;
-  collectively(comm_, [&] {
-    if (cfg_.model.type != "gpt")
-      fail_input("train.init_from: needs model.type = \"gpt\" (a GPT-2 file), not \"{}\"",
-                 cfg_.model.type);
-    w = import_gpt2(path, gpt_dims(spec, shape, plan_.info.classes, 0, "train.init_from"));
-  });
-  std::unique_ptr<Model> temp;
-  Model* whole = model_.get();
-  if (plan_.gathered()) {
-    if (!whole_) temp = std::make_unique<Model>(spec, shape, plan_.info.classes);
-    whole = whole_ ? whole_.get() : temp.get();
-  }
-  for (Param* q : whole->params()) {
-    const std::vector<float>& v = w.at(q->name);
-    STRATA_CHECK(int64_t(v.size()) == numel(q->shape), "init_from: {} size", q->name);
-    std::copy(v.begin(), v.end(), q->host);
-  }
-  if (whole != model_.get()) take_stage_params(*whole, *model_);
 }
 
 int TrainingSession::run() {

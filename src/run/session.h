@@ -54,7 +54,6 @@ class TrainingSession {
   using Clock = std::chrono::steady_clock;
   void build_model();
   void resume();
-  void init_from_file();  // train.init_from (a run that resumes nothing)
   std::optional<int> train_step(int64_t step);
   int finish_run(Clock::time_point t_start, double cpu_start);
 
