@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -108,6 +109,20 @@ void ensure_parent_dir(const std::string& file, const std::string& key) {
     fail_input("{}: cannot create directory {} ({})", what, dir, why);
   if (::access(dir.c_str(), W_OK | X_OK) != 0)
     fail_input("{}: directory {} is not writable ({})", what, dir, std::strerror(errno));
+}
+
+std::string read_whole_file(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) fail_input("{}: does not exist", path);
+  if (std::filesystem::is_directory(path, ec)) fail_input("{}: is a directory; expected a file", path);
+  std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(path.c_str(), "rb"), std::fclose);
+  if (!f) fail_input("{}: cannot open ({})", path, std::strerror(errno));
+  std::string data;
+  char buf[1 << 16];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, f.get())) > 0) data.append(buf, n);
+  if (std::ferror(f.get())) fail_input("{}: cannot read ({})", path, std::strerror(errno));
+  return data;
 }
 
 }  // namespace strata

@@ -27,5 +27,8 @@ std::string replace_text_file(const std::string& path, const std::string& text);
 void publish_text_file(const std::string& path, const std::string& text);
 // Creates `dir` and any missing parents, none of them world-writable; "" or the reason.
 std::string make_directories(const std::string& dir);
+// The bytes of a (small) file another tool wrote: a vocabulary, a config.json. Throws
+// UserError(kExitBadInput) naming `path` when it is missing, a directory or unreadable.
+std::string read_whole_file(const std::string& path);
 
 }  // namespace strata

@@ -5,9 +5,7 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <set>
-#include <sstream>
 
 #include <fmt/format.h>
 
@@ -173,13 +171,10 @@ std::map<std::string, Found> read_hf_tensors(const std::string& path, const GptD
   }
   const fs::path dir(path);
   if (fs::exists(dir / "config.json")) {  // the one size the shapes do not show: heads
-    std::ifstream in(dir / "config.json");
-    std::stringstream text;
-    text << in.rdbuf();
     const std::string where = (dir / "config.json").string();
     JsonValue c;
     try {
-      c = parse_json(text.str(), where);
+      c = parse_json(read_whole_file(where), where);
     } catch (const UserError& e) {
       bad(e.what());
     }
@@ -197,12 +192,9 @@ std::map<std::string, Found> read_hf_tensors(const std::string& path, const GptD
     collect((dir / "model.safetensors").string(), by_name, nullptr);
     return by_name;
   }
-  std::ifstream in(index);
-  std::stringstream text;
-  text << in.rdbuf();
   JsonValue j;
   try {
-    j = parse_json(text.str(), index.string());
+    j = parse_json(read_whole_file(index.string()), index.string());
   } catch (const UserError& e) {
     bad(e.what());
   }

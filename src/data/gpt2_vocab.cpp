@@ -2,19 +2,17 @@
 // merge list, both spelled in GPT-2's printable alphabet for bytes.
 #include <algorithm>
 #include <array>
-#include <cerrno>
 #include <climits>
 #include <cstdint>
-#include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <memory>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
 #include <fmt/format.h>
 
+#include "base/files.h"
 #include "base/json.h"
 #include "data/gpt2_tokenizer.h"
 #include "strata/error.h"
@@ -35,20 +33,6 @@ std::vector<int> byte_of_code_point() {
     byte[size_t(printable ? b : next++)] = b;
   }
   return byte;
-}
-
-std::string read_whole(const std::string& path) {
-  std::error_code ec;
-  if (!fs::exists(path, ec)) fail_input("{}: does not exist", path);
-  if (fs::is_directory(path, ec)) fail_input("{}: is a directory; expected a file", path);
-  std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(path.c_str(), "rb"), std::fclose);
-  if (!f) fail_input("{}: cannot open ({})", path, std::strerror(errno));
-  std::string data;
-  char buf[1 << 16];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, f.get())) > 0) data.append(buf, n);
-  if (std::ferror(f.get())) fail_input("{}: cannot read ({})", path, std::strerror(errno));
-  return data;
 }
 
 // s for an error message: control bytes as \xNN, at most 60 bytes.
@@ -98,7 +82,7 @@ struct Gpt2VocabReader {
   // encoder.json / vocab.json: one JSON object {"token": id, ...}; a fault names the line and
   // column of its token.
   void read_vocab(const std::string& path) {
-    const std::string text = read_whole(path);
+    const std::string text = read_whole_file(path);
     const JsonValue json = parse_json(text, path);
     auto fail_at = [&](size_t offset, const std::string& what) {
       const TextPosition p = json_position(text, offset);
@@ -140,7 +124,7 @@ struct Gpt2VocabReader {
 
   // One merge "A B" per line after an optional "#version" line; rank = order.
   void read_merges(const std::string& path, const std::string& vocab_path) {
-    const std::string text = read_whole(path);
+    const std::string text = read_whole_file(path);
     std::vector<std::array<int32_t, 3>> merges;  // left, right, merged
     std::unordered_map<uint64_t, size_t> line_of_pair;
     size_t line = 0;

@@ -177,20 +177,14 @@ void TrainingSession::resume() {
   if (mem_ && cfg_.resume == "auto") resumed = mem_->restore(ckpt_->newest_file_step());
   if (resumed) {
     resumed_from_ = "memory";
-    if (plan_.gathered() && lead_) {
-      whole_ = std::make_unique<Model>(cfg_.model_spec(plan_.info.classes),
-                                       plan_.info.train.sample_shape, plan_.info.classes);
-      whole_opt_ = std::make_unique<Optimizer>(oc_, whole_->num_params());
-    }
+    if (plan_.gathered() && lead_) make_whole();
   } else if (!plan_.gathered()) {
     resumed = ckpt_->resume(*model_, opt, cfg_, sha);
   } else if (lead_ || cfg_.resume != "never") {
     // Checkpoints hold the whole model by global names, whatever grid wrote them: every rank
     // loads the whole (for a moment) and keeps its stage's block. Rank 0 keeps the whole to
     // gather checkpoints into. (Without a resume, resume() returns at once on every rank.)
-    whole_ = std::make_unique<Model>(cfg_.model_spec(plan_.info.classes),
-                                     plan_.info.train.sample_shape, plan_.info.classes);
-    whole_opt_ = std::make_unique<Optimizer>(oc_, whole_->num_params());
+    make_whole();
     resumed = ckpt_->resume(*whole_, [&]() -> Optimizer& { return *whole_opt_; }, cfg_, sha);
     if (resumed) take_stage(*whole_, *whole_opt_, *model_, opt());
     if (!lead_) {
@@ -211,6 +205,14 @@ void TrainingSession::resume() {
   if (metrics_)
     metrics_->write({{"event", json_string("resumed")}, {"step", fmt::format("{}", resumed->step)},
                      {"slurm_restart_count", fmt::format("{}", slurm_restart_count())}});
+}
+
+// The whole model (every layer, whole tensors) and its optimizer, which checkpoints of a
+// pipeline or tensor-parallel grid are read into and gathered from.
+void TrainingSession::make_whole() {
+  whole_ = std::make_unique<Model>(cfg_.model_spec(plan_.info.classes),
+                                   plan_.info.train.sample_shape, plan_.info.classes);
+  whole_opt_ = std::make_unique<Optimizer>(oc_, whole_->num_params());
 }
 
 int TrainingSession::run() {

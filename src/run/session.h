@@ -53,6 +53,7 @@ class TrainingSession {
  private:
   using Clock = std::chrono::steady_clock;
   void build_model();
+  void make_whole();  // whole_ and whole_opt_
   void resume();
   std::optional<int> train_step(int64_t step);
   int finish_run(Clock::time_point t_start, double cpu_start);
