@@ -1,11 +1,13 @@
 #include "checkpoint/memory_checkpoints.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cerrno>
 #include <climits>
 #include <cstring>
@@ -13,6 +15,7 @@
 #include <fstream>
 #include <map>
 #include <regex>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -102,17 +105,6 @@ std::optional<Parsed> parse_name(const std::string& name) {
   return Parsed{std::stoi(m[1]), std::stoll(m[2]), m[3] == "own"};
 }
 
-bool write_all(int fd, const char* p, size_t n) {
-  while (n > 0) {
-    const ssize_t w = ::write(fd, p, n);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return false;
-    p += w;
-    n -= size_t(w);
-  }
-  return true;
-}
-
 // The payload of a part file after its header, or why it cannot be taken.
 std::string read_part(const std::string& path, Header* h, std::vector<float>* payload) {
   std::ifstream in(path, std::ios::binary);
@@ -143,31 +135,26 @@ int64_t mem_available() {
   return -1;
 }
 
-// One copy, `h` completed with the payload's size and CRCs. The older generations of the same
-// part and kind but the newest are removed first (at most two then exist, the one being
-// written included), then it is written under a temporary name and renamed. 0 or errno.
-int write_copy(const std::string& dir, const std::string& path, Header h,
-               const std::vector<float>& data, bool own) {
+// Removes the copies of `part` and kind in `dir` but the newest (an earlier launch's), so a
+// save's new file makes at most two.
+void remove_older(const std::string& dir, int part, bool own) {
   std::error_code ec;
   std::vector<std::pair<int64_t, fs::path>> olds;
   for (const auto& e : fs::directory_iterator(dir, ec))
-    if (auto p = parse_name(e.path().filename().string()); p && p->part == h.part && p->own == own)
+    if (auto p = parse_name(e.path().filename().string()); p && p->part == part && p->own == own)
       olds.emplace_back(p->step, e.path());
   std::sort(olds.begin(), olds.end());
   for (size_t k = 0; k + 1 < olds.size(); ++k) fs::remove(olds[k].second, ec);
-  h.payload_bytes = uint64_t(data.size()) * 4;
-  h.payload_crc = crc32c(data.data(), data.size() * 4);
-  h.header_crc = header_crc(h);
-  const std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-  bool ok = fd >= 0 && write_all(fd, reinterpret_cast<const char*>(&h), sizeof h) &&
-            write_all(fd, reinterpret_cast<const char*>(data.data()), h.payload_bytes);
-  int err = ok ? 0 : (errno ? errno : EIO);
-  if (fd >= 0 && ::close(fd) != 0 && err == 0) err = errno;
-  if (err == 0 && ::rename(tmp.c_str(), path.c_str()) == 0) return 0;
-  if (err == 0) err = errno;
-  ::unlink(tmp.c_str());
-  return err;
+}
+
+// Waits for a request of the exchange's communicator without the watchdog's marks (those are
+// the training thread's): MPI moves the bytes inside test().
+void await(Comm& c, int handle, const bool& stop, std::mutex& mu) {
+  for (int spins = 0; !c.test(handle); ++spins) {
+    if (spins > 64) std::this_thread::sleep_for(std::chrono::microseconds(20));
+    std::lock_guard<std::mutex> lk(mu);
+    if (stop) return;  // the run ends on an error: a partner may be gone
+  }
 }
 
 // The rank whose copy r keeps, under the same pairing.
@@ -221,19 +208,29 @@ MemoryCheckpoints::MemoryCheckpoints(std::string dir, Comm& comm, int64_t part_f
   part_floats_.assign(size_t(comm.size()), 0);
   part_floats_[size_t(comm.rank())] = floats_;
   comm.allreduce_sum(part_floats_.data(), int64_t(part_floats_.size()));
-  for (Slot& s : slots_) s.own.resize(size_t(floats_));
-  writer_ = std::thread([this] { writer_loop(); });
+  xcomm_ = comm.split(0, comm.rank());
+  // MPI moves a message only inside a call on it: on a thread of its own where MPI allows
+  // that, so the exchange goes on while the training thread computes.
+  const std::string level = mpi_thread_level();
+  background_exchange_ = level == "MPI_THREAD_MULTIPLE" || level == "none";  // none: in-process ranks
+  copier_ = std::thread([this] { copy_loop(); });
+  if (background_exchange_) exchanger_ = std::thread([this] { exchange_loop(); });
 }
 
 MemoryCheckpoints::~MemoryCheckpoints() {
-  // Only the writes: an exchange still in flight waits for a partner that may be gone (an
-  // error ends this run; drain() is the orderly end).
+  // The copies finish; an exchange in flight is abandoned (an error ends this run and its
+  // partner may be gone; drain() is the orderly end).
   {
     std::lock_guard<std::mutex> lk(mu_);
     stop_ = true;
   }
   cv_.notify_all();
-  writer_.join();
+  copier_.join();
+  if (exchanger_.joinable()) exchanger_.join();
+  for (MappedFile* f : {&own_[0], &own_[1], &held_[0], &held_[1]}) {
+    if (f->map) ::munmap(f->map, f->bytes);
+    if (f->fd >= 0) ::close(f->fd);
+  }
 }
 
 int64_t MemoryCheckpoints::preflight() {
@@ -277,104 +274,190 @@ int64_t MemoryCheckpoints::preflight() {
   return most;
 }
 
-float* MemoryCheckpoints::begin_save(double* wait_s) {
+void MemoryCheckpoints::save(int64_t step, std::function<void(float*)> fill, double* wait_s) {
   const auto t0 = std::chrono::steady_clock::now();
-  poll();  // the last save's partner copy, when it has arrived, is written before this one
-  Slot& s = slots_[next_];
-  complete_exchange(s, next_, /*block=*/true);
-  wait_slot_idle(next_);
-  *wait_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  return s.own.data();
-}
-
-void MemoryCheckpoints::end_save(int64_t step) {
-  const int i = next_;
-  Slot& s = slots_[i];
-  s.step = step;
-  if (pair_.partner >= 0) s.send = comm_.start_send(s.own.data(), floats_, pair_.partner, kTag);
-  if (pair_.source >= 0) {
-    s.held.resize(size_t(part_floats_[size_t(pair_.source)]));
-    s.recv = comm_.start_recv(s.held.data(), int64_t(s.held.size()), pair_.source, kTag);
-    s.held_pending = true;
-  }
+  const int k = next_;
+  next_ ^= 1;
   {
-    std::lock_guard<std::mutex> lk(mu_);
-    jobs_.push_back({&s.own, comm_.rank(), step, true, i});
-    ++busy_[i];
+    std::unique_lock<std::mutex> lk(mu_);
+    cv_.wait(lk, [&] { return busy_[k] == 0; });
+    ++busy_[k];
+    ++uncopied_;
+    copy_q_.push_back({step, k, std::move(fill)});
   }
   cv_.notify_all();
-  next_ ^= 1;
-}
-
-void MemoryCheckpoints::poll() {
-  complete_exchange(slots_[0], 0, false);
-  complete_exchange(slots_[1], 1, false);
-}
-
-void MemoryCheckpoints::complete_exchange(Slot& s, int index, bool block) {
-  auto done = [&](int& h) {
-    if (h < 0) return true;
-    if (block) comm_.wait(h);
-    else if (!comm_.test(h)) return false;
-    h = -1;
-    return true;
-  };
-  done(s.send);
-  if (done(s.recv) && s.held_pending) {
-    s.held_pending = false;
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      jobs_.push_back({&s.held, pair_.source, s.step, false, index});
-      ++busy_[index];
-    }
-    cv_.notify_all();
+  if (!background_exchange_) {  // the training thread moves the bytes itself, now
+    fence();
+    exchange({step, k, nullptr});
+    done(k);
   }
+  *wait_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-void MemoryCheckpoints::wait_slot_idle(int s) {
+double MemoryCheckpoints::fence() {
+  const auto t0 = std::chrono::steady_clock::now();
   std::unique_lock<std::mutex> lk(mu_);
-  cv_.wait(lk, [&] { return busy_[s] == 0; });
+  cv_.wait(lk, [&] { return uncopied_ == 0; });
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 void MemoryCheckpoints::drain() {
-  for (int i = 0; i < 2; ++i) complete_exchange(slots_[i], i, true);
-  wait_slot_idle(0);
-  wait_slot_idle(1);
+  std::unique_lock<std::mutex> lk(mu_);
+  cv_.wait(lk, [&] { return busy_[0] == 0 && busy_[1] == 0; });
 }
 
-void MemoryCheckpoints::writer_loop() {
+void MemoryCheckpoints::done(int slot) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    --busy_[slot];
+  }
+  cv_.notify_all();
+}
+
+void MemoryCheckpoints::copy_loop() {
   for (;;) {
-    Job j;
+    Save s;
     {
       std::unique_lock<std::mutex> lk(mu_);
-      cv_.wait(lk, [&] { return stop_ || !jobs_.empty(); });
-      if (jobs_.empty()) return;
-      j = jobs_.front();
-      jobs_.erase(jobs_.begin());
+      cv_.wait(lk, [&] { return stop_ || !copy_q_.empty(); });
+      if (copy_q_.empty()) return;
+      s = std::move(copy_q_.front());
+      copy_q_.pop_front();
     }
-    write_part(j);
+    copy_own(s);
+    const bool exchanging = background_exchange_ && (pair_.partner >= 0 || pair_.source >= 0);
     {
       std::lock_guard<std::mutex> lk(mu_);
-      --busy_[j.slot];
+      if (exchanging) exchange_q_.push_back({s.step, s.slot, nullptr});
+      else if (background_exchange_) --busy_[s.slot];
     }
     cv_.notify_all();
   }
 }
 
-// One copy; a failure is a warning (the first one of a run) and training goes on.
-void MemoryCheckpoints::write_part(const Job& j) {
+void MemoryCheckpoints::exchange_loop() {
+  for (;;) {
+    Save s;
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      cv_.wait(lk, [&] { return stop_ || !exchange_q_.empty(); });
+      if (stop_) return;
+      s = std::move(exchange_q_.front());
+      exchange_q_.pop_front();
+    }
+    exchange(s);
+    done(s.slot);
+  }
+}
+
+// Makes `f` ready for the copy of `part` at `step` under its temporary name: the slot's last
+// generation renamed (its pages kept), or on first use a new file of `bytes`, allocated now
+// (a full tmpfs says so here, not as SIGBUS on a write into the mapping) and mapped.
+bool MemoryCheckpoints::prepare(MappedFile& f, int part, int64_t step, bool own, size_t bytes) {
+  const std::string tmp = fmt::format("{}/{}.tmp.{}", dir_, part_name(part, step, own), ::getpid());
+  if (f.fd >= 0) {
+    if (::rename(f.path.c_str(), tmp.c_str()) != 0) return warn(f.path, errno), false;
+    f.path = tmp;
+    return true;
+  }
+  remove_older(dir_, part, own);
+  f.fd = ::open(tmp.c_str(), O_RDWR | O_CREAT | O_TRUNC, 0600);
+  if (f.fd < 0) return warn(tmp, errno), false;
+  f.path = tmp;
+  if (const int err = ::posix_fallocate(f.fd, 0, off_t(bytes)); err != 0) {
+    ::close(f.fd);
+    f.fd = -1;
+    ::unlink(tmp.c_str());
+    return warn(tmp, err), false;
+  }
+  void* m = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, f.fd, 0);
+  if (m == MAP_FAILED) {
+    const int err = errno;
+    ::close(f.fd);
+    f.fd = -1;
+    ::unlink(tmp.c_str());
+    return warn(tmp, err), false;
+  }
+  f.map = static_cast<char*>(m);
+  f.bytes = bytes;
+  return true;
+}
+
+bool MemoryCheckpoints::publish(MappedFile& f, int part, int64_t step, bool own) {
+  const std::string path = dir_ + "/" + part_name(part, step, own);
+  if (::rename(f.path.c_str(), path.c_str()) != 0) return warn(f.path, errno), false;
+  f.path = path;
+  return true;
+}
+
+// This rank's part: packed into the mapped file, then the CRCs and header, then its name.
+void MemoryCheckpoints::copy_own(const Save& s) {
+  MappedFile& f = own_[s.slot];
+  const bool ready = prepare(f, comm_.rank(), s.step, true, sizeof(Header) + size_t(floats_) * 4);
+  if (ready) s.fill(reinterpret_cast<float*>(f.map + sizeof(Header)));
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    --uncopied_;  // the state is the training thread's again
+  }
+  cv_.notify_all();
+  if (!ready) return;
   Header h{};
   std::memcpy(h.magic, kMagic, 8);
   h.version = kVersion;
-  h.part = j.part;
+  h.part = comm_.rank();
   h.ranks = comm_.size();
-  h.step = j.step;
+  h.step = s.step;
   h.attempt = id_.attempt;
   h.run = run_;
   h.job = job_;
-  const std::string path = dir_ + "/" + part_name(j.part, j.step, j.own);
-  const int err = write_copy(dir_, path, h, *j.data, j.own);
-  if (err == 0) return;
+  h.payload_bytes = uint64_t(floats_) * 4;
+  h.payload_crc = crc32c(f.map + sizeof(Header), h.payload_bytes);
+  h.header_crc = header_crc(h);
+  std::memcpy(f.map, &h, sizeof h);
+  publish(f, comm_.rank(), s.step, true);
+}
+
+// The own file's bytes, header and CRCs included, to the partner; the source's into the held
+// file, published once its header verifies (the payload's CRC is the sender's: a restart
+// checks it before taking the copy).
+void MemoryCheckpoints::exchange(const Save& s) {
+  static_assert(sizeof(Header) % 4 == 0);
+  int send = -1, recv = -1;
+  MappedFile& mine = own_[s.slot];
+  MappedFile& held = held_[s.slot];
+  if (pair_.partner >= 0 && mine.map)
+    send = xcomm_->start_send(reinterpret_cast<const float*>(mine.map), int64_t(mine.bytes / 4),
+                              pair_.partner, kTag);
+  const size_t held_bytes = sizeof(Header) + size_t(pair_.source >= 0 ? part_floats_[size_t(pair_.source)] : 0) * 4;
+  const bool receiving = pair_.source >= 0 && prepare(held, pair_.source, s.step, false, held_bytes);
+  // A part that could not be prepared is still received (into a scratch buffer): the partner's
+  // send must complete.
+  std::vector<float> scratch;
+  float* into = receiving ? reinterpret_cast<float*>(held.map) : nullptr;
+  if (pair_.source >= 0 && !receiving) {
+    scratch.resize(held_bytes / 4);
+    into = scratch.data();
+  }
+  if (pair_.source >= 0) recv = xcomm_->start_recv(into, int64_t(held_bytes / 4), pair_.source, kTag);
+  if (send >= 0) await(*xcomm_, send, stop_, mu_);
+  if (recv >= 0) await(*xcomm_, recv, stop_, mu_);
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (!receiving || stop_) return;
+  }
+  Header h;
+  std::memcpy(&h, held.map, sizeof h);
+  if (std::memcmp(h.magic, kMagic, 8) != 0 || header_crc(h) != h.header_crc ||
+      h.part != pair_.source || h.step != s.step) {
+    fmt::print(stderr, "strata: warning: checkpoint.memory_dir {}: the copy of rank {}'s part "
+               "for step {} arrived damaged: not kept\n", dir_, pair_.source, s.step);
+    return;  // stays under its temporary name: the next save of the slot reuses the file
+  }
+  publish(held, pair_.source, s.step, false);
+}
+
+// A failure is a warning (the first one of a run) and training goes on.
+void MemoryCheckpoints::warn(const std::string& path, int err) {
   std::lock_guard<std::mutex> lk(mu_);
   if (failures_.empty())
     fmt::print(stderr, "strata: warning: checkpoint.memory_dir {}: cannot write {} ({}); "
@@ -519,6 +602,12 @@ void MemoryCheckpoints::take(const Found& f, float* out) {
 void MemoryCheckpoints::remove_files() {
   drain();
   std::error_code ec;
+  for (MappedFile* f : {&own_[0], &own_[1], &held_[0], &held_[1]}) {
+    if (f->map) ::munmap(f->map, f->bytes);
+    if (f->fd >= 0) ::close(f->fd);
+    if (!f->path.empty()) fs::remove(f->path, ec);
+    *f = MappedFile{};
+  }
   for (const auto& e : fs::directory_iterator(dir_, ec)) {
     const auto p = parse_name(e.path().filename().string());
     if (p && ((p->own && p->part == comm_.rank()) || (!p->own && p->part == pair_.source)))

@@ -11,10 +11,13 @@
 //   part-<rank>-<step>.peer   the copy its partner received and wrote
 // each a header (job, attempt, run, ranks, step, CRC-32C) and the payload, written under
 // "<name>.tmp.<pid>" and renamed: a half-written copy never has a final name. At most two per
-// part and kind, the temporary one included.
+// part and kind, the temporary one included: a rank's saves alternate between two files,
+// each renamed to a temporary name, rewritten in place and renamed back under its new step.
 #pragma once
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -77,13 +80,17 @@ class MemoryCheckpoints {
   // from its own node, or sent by the rank whose node holds a copy.
   void take(const Found& f, float* out);
 
-  // A save: begin_save() returns the buffer to fill (waiting, first, for the save before the
-  // last one to leave it: *wait_s), end_save() sends it to the partner and hands it to the
-  // writer thread. poll() (after every step) moves the exchange on and writes the partner's
-  // copy once it has arrived.
-  float* begin_save(double* wait_s);
-  void end_save(int64_t step);
-  void poll();
+  // A save of `step`, in the background: on the copy thread, `fill(out)` packs this rank's
+  // part (part_floats) straight into its file in the memory directory (a mapped tmpfs file,
+  // reused every other save: no staging buffer, no page allocation), then the CRC, the header
+  // and the rename that publishes it; on the exchange thread the file's bytes go to the
+  // partner and the source's come into the held copy's file. `fill` reads state the training
+  // thread leaves alone until fence(). Waits first for the save before the last one to be
+  // done with its files (*wait_s).
+  void save(int64_t step, std::function<void(float*)> fill, double* wait_s);
+  // Before the training thread changes the saved state (the optimizer's update): waits for
+  // the copies of the saves in flight; returns the seconds waited.
+  double fence();
   // Waits for the exchange and the writes in flight.
   void drain();
   // Removes the copies this rank wrote (own and held) and the directory if left empty (a run
@@ -91,18 +98,18 @@ class MemoryCheckpoints {
   void remove_files();
 
  private:
-  struct Slot {
-    std::vector<float> own, held;
-    int send = -1, recv = -1;  // handles in flight
-    int64_t step = -1;
-    bool held_pending = false;  // received (or receiving), not yet handed to the writer
+  // A part file, mapped: the copy of one part at one step, under `path` (its final name once
+  // published, the temporary name while written).
+  struct MappedFile {
+    int fd = -1;
+    char* map = nullptr;
+    size_t bytes = 0;
+    std::string path;
   };
-  struct Job {
-    const std::vector<float>* data = nullptr;
-    int part = 0;
-    int64_t step = 0;
-    bool own = true;
-    int slot = 0;
+  struct Save {
+    int64_t step;
+    int slot;
+    std::function<void(float*)> fill;
   };
   struct Copy {  // a verified copy in this rank's share of its node's directory
     int part;
@@ -110,10 +117,14 @@ class MemoryCheckpoints {
     bool own;
     std::string path;
   };
-  void writer_loop();
-  void write_part(const Job& j);
-  void wait_slot_idle(int s);
-  void complete_exchange(Slot& s, int index, bool block);
+  void copy_loop();
+  void exchange_loop();
+  void copy_own(const Save& s);
+  void exchange(const Save& s);
+  bool prepare(MappedFile& f, int part, int64_t step, bool own, size_t bytes);
+  bool publish(MappedFile& f, int part, int64_t step, bool own);
+  void warn(const std::string& path, int err);
+  void done(int slot);
   std::vector<Copy> scan(int64_t* stale) const;
 
   std::string dir_;
@@ -125,15 +136,18 @@ class MemoryCheckpoints {
   std::vector<int64_t> part_floats_;  // by rank
   std::vector<int64_t> holder_;       // find(): who provides each part (-1: the part's rank)
   std::map<int, Copy> chosen_;        // find(): the copies this rank provides, by part
-  Slot slots_[2];
-  int next_ = 0;
+  MappedFile own_[2], held_[2];  // by slot: saves alternate between two generations
+  int next_ = 0;                  // the next save's slot
+  std::unique_ptr<Comm> xcomm_;   // the exchange thread's own communicator
+  bool background_exchange_;      // MPI_THREAD_MULTIPLE (or in-process ranks): else inline
   std::mutex mu_;
   std::condition_variable cv_;
-  std::vector<Job> jobs_;
-  int busy_[2] = {0, 0};  // jobs queued or running per slot
+  std::deque<Save> copy_q_, exchange_q_;
+  int busy_[2] = {0, 0};  // saves in flight per slot
+  int uncopied_ = 0;      // saves whose part is not yet copied
   bool stop_ = false;
   std::vector<std::string> failures_;
-  std::thread writer_;
+  std::thread copier_, exchanger_;
 };
 
 }  // namespace strata

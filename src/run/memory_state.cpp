@@ -1,6 +1,7 @@
 #include "run/memory_state.h"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -40,7 +41,6 @@ class MemoryHook final : public StepHook {
     const int64_t done = e.step + 1;
     if (done % m_.every() == 0)
       goodput_.checkpoint(done, m_.save(done, per_epoch_, be_), /*write_now=*/false);
-    else m_.poll();
     if (kill_.first == done && kill_.second == rank_) {
       m_.finish(/*remove=*/false);
       std::fflush(nullptr);
@@ -134,22 +134,31 @@ std::optional<TrainState> MemoryState::restore(int64_t file_step) {
 
 double MemoryState::save(int64_t steps_done, int64_t per_epoch, const Backend& be) {
   const auto t0 = std::chrono::steady_clock::now();
-  double wait_s = 0;
-  float* out = mem_.begin_save(&wait_s);
-  model_.pull(be);
+  model_.pull(be);  // a GPU's state into the host copies the part is packed from
   opt_.pull(be);
-  const int64_t s[4] = {steps_done, steps_done / per_epoch, steps_done % per_epoch,
-                        opt_.steps_taken()};
-  std::memcpy(out, s, sizeof s);
-  std::fill(out + 8, out + kStateFloats, 0.f);
-  float* p = out + kStateFloats;
-  const Tensor& values = model_.host_values();
-  p = std::copy(values.data(), values.data() + values.size(), p);
-  for (auto& [name, t] : opt_.state()) p = std::copy(t->data(), t->data() + t->size(), p);
-  mem_.end_save(steps_done);
+  const std::array<int64_t, 4> s = {steps_done, steps_done / per_epoch, steps_done % per_epoch,
+                                    opt_.steps_taken()};
+  // On the copy thread, while the next step's forward and backward leave the state alone
+  // (fence() before its update).
+  auto fill = [this, s](float* out) {
+    std::memcpy(out, s.data(), sizeof s);
+    std::fill(out + 8, out + kStateFloats, 0.f);
+    float* p = out + kStateFloats;
+    const Tensor& values = model_.host_values();
+    p = std::copy(values.data(), values.data() + values.size(), p);
+    for (auto& [name, t] : opt_.state()) p = std::copy(t->data(), t->data() + t->size(), p);
+  };
+  double wait_s = 0;
+  mem_.save(steps_done, fill, &wait_s);
   const double stall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   stalls_.push_back(stall);
   return stall;
+}
+
+double MemoryState::fence() {
+  const double waited = mem_.fence();
+  if (!stalls_.empty()) stalls_.back() += waited;  // the save's stall: at its step and the next
+  return waited;
 }
 
 void MemoryState::finish(bool remove) {

@@ -38,9 +38,12 @@ class MemoryState {
   // `file_step` (the newest checkpoint in checkpoint.dir or a node-local cache; -1: none) and
   // returns its state; nullopt to resume from the files. Rank 0 prints which copy and why.
   std::optional<TrainState> restore(int64_t file_step);
-  // A save after `steps_done` steps; returns the training thread's stall (seconds).
+  // A save after `steps_done` steps, packed and sent in the background; returns the training
+  // thread's stall (seconds).
   double save(int64_t steps_done, int64_t per_epoch, const Backend& be);
-  void poll() { mem_.poll(); }
+  // Before the optimizer's update changes the state: waits for the last save's copy to be
+  // taken (normally done during the step's forward and backward). Returns the wait.
+  double fence();
   // The run ends: the writes in flight finish, rank 0 prints the saves' stalls; `remove`:
   // this rank's copies are deleted (a finished run, or a stop whose checkpoint is in
   // checkpoint.dir).
@@ -59,7 +62,7 @@ class MemoryState {
   bool finished_ = false;
 };
 
-// Saves every MemoryState::every() steps, and moves the partner exchange on after each step.
+// Saves every MemoryState::every() steps (the session also calls fence() before each update).
 // The stall counts in the goodput ledger as a checkpoint's (its step is a resume point).
 std::unique_ptr<StepHook> memory_checkpoint_hook(MemoryState& m, int64_t per_epoch,
                                                  const Backend& be, GoodputLedger& goodput);

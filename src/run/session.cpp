@@ -103,7 +103,10 @@ TrainingSession::TrainingSession(const RunConfig& cfg, Comm& comm)
   stop_ = stop.get();
   hooks_.add(std::move(stop));
   hooks_.add(checkpoint_hook(ckpt_->policy(), comm, *publisher_));
-  if (mem_) hooks_.add(memory_checkpoint_hook(*mem_, per_epoch_, be_, *goodput_));
+  if (mem_) {
+    hooks_.add(memory_checkpoint_hook(*mem_, per_epoch_, be_, *goodput_));
+    step_->set_before_update([m = mem_.get()] { m->fence(); });
+  }
   auto metrics = std::make_unique<MetricsHook>(cfg, oc_, per_epoch_, metrics_.get(), *progress_, *reducer_);
   metrics_hook_ = metrics.get();
   hooks_.add(std::move(metrics));

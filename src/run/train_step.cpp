@@ -42,6 +42,7 @@ void TrainStep::update(const Backend& be, int64_t step) {
     // The layer's own backward is done with its weights and earlier layers do not read them:
     // the same arithmetic as one update at the end.
     int64_t updated = 0;
+    before_update();
     model_.backward(be, dlogits_, 0, [&](int64_t ready) {
       opt_.apply(be, model_.values(), model_.grads(), updated, ready, step);
       updated = ready;
@@ -58,6 +59,7 @@ void TrainStep::update(const Backend& be, int64_t step) {
   }
   {
     Tracer::Scope span(tracer_, "optimizer", "optimizer step");
+    before_update();
     opt_.step(be, model_.values(), model_.grads(), step, norm_comm_, &norm_ranges_,
               shards_ ? grid_.stage_comm.get() : nullptr);
   }

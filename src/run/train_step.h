@@ -9,6 +9,7 @@
 // on one rank without clipping the optimizer updates each layer's parameters as soon as
 // backward has produced their gradients, while those are still in cache.
 #pragma once
+#include <functional>
 #include <cstdint>
 #include <utility>
 #include <vector>
@@ -41,11 +42,17 @@ class TrainStep {
   double compute(const Backend& be, const Loader::Batch& batch, const StepInfo& si);
   // The rest of step `step` (0-based), after every rank agreed the loss is finite.
   void update(const Backend& be, int64_t step);
+  // Called before the update changes parameters or optimizer state (memory checkpoints copy
+  // them in the background until then).
+  void set_before_update(std::function<void()> f) { before_update_ = std::move(f); }
   // Seconds this rank has waited for pipeline neighbours so far (0 without a pipeline).
   double pipeline_wait_s() const { return pipe_ ? pipe_->stats().wait_s : 0.0; }
 
  private:
   void share_tied_gradient();
+  void before_update() const {
+    if (before_update_) before_update_();
+  }
   void allreduce_tied_gradient();
 
   Model& model_;
@@ -64,6 +71,7 @@ class TrainStep {
   BatchOnBackend on_be_;
   SoftmaxXentHead head_;
   Tensor dlogits_;
+  std::function<void()> before_update_;
 };
 
 }  // namespace strata

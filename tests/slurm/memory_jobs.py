@@ -149,8 +149,10 @@ def scenario_copies(ctx):
     resumed = re.findall(r"^resumed from memory at step (\d+): (.*)$", text, re.M)
     expect(len(resumed) == 2, f"expected 2 resumes from memory: {resumed}")
     step, how = resumed[0]
-    expect(KILL - 3 <= int(step) < KILL and how.startswith("1 part(s) from the partner's copy"),
-           f"after the flipped bytes: {resumed[0]} (expected just before {KILL}, 1 part from the partner)")
+    # The partner's copy of the killed rank's last save is published as soon as it arrives (the
+    # exchange runs on its own thread), unless the kill of the job's other rank cut it short.
+    expect(KILL - 3 <= int(step) <= KILL and how.startswith("1 part(s) from the partner's copy"),
+           f"after the flipped bytes: {resumed[0]} (expected {KILL} or just before, 1 part from the partner)")
     expect(resumed[1][0] == "300" and resumed[1][1].startswith("1 part(s) from the partner's copy"),
            f"after n1's directory was removed: {resumed[1]} (expected step 300, 1 part from the partner)")
     expect(re.search(r"^resuming from the checkpoint files, not from memory: step 350 lacks part 1", text, re.M),

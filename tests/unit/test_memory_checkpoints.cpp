@@ -34,10 +34,11 @@ void save_three(const fs::path& root) {
     m.preflight();
     for (int64_t step = 1; step <= 3; ++step) {
       double wait = 0;
-      float* p = m.begin_save(&wait);
-      for (int64_t i = 0; i < kFloats; ++i) p[i] = value(c.rank(), step, i);
-      m.end_save(step);
-      m.poll();
+      const int rank = c.rank();
+      m.save(step, [rank, step](float* p) {
+        for (int64_t i = 0; i < kFloats; ++i) p[i] = value(rank, step, i);
+      }, &wait);
+      m.fence();
     }
     m.drain();
   });
