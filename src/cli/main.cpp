@@ -78,6 +78,7 @@ int main(int argc, char** argv) {
   commands.push_back(add_generate(app));
   commands.push_back(add_inspect(app));
   commands.push_back(add_devices(app));
+  commands.push_back(add_plan(app));
 
   int code = kExitOk;
   try {

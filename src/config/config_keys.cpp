@@ -144,6 +144,15 @@ std::vector<ConfigKey> config_keys(RunConfig& c) {
       key("parallel.zero", &c.parallel.zero, in(0, 2),
           "ZeRO: 0 = every replica holds the whole optimizer state | 1 = each holds 1/D of it "
           "| 2 = and 1/D of the gradient sum (reduce-scatter)"),
+      key("parallel.auto", &c.parallel.auto_plan, {},
+          "choose the grid (P, T, ZeRO, schedule, micro-batches, recompute) for the ranks "
+          "launched: the best that fits (docs/planning.md)"),
+      key("parallel.memory_per_rank", &c.parallel.memory_per_rank, in(0, 1e18),
+          "parallel.auto: bytes a rank may take (0 = the node's memory / its ranks)"),
+      text("parallel.profile", &c.parallel.profile, {},
+           "parallel.auto: a machine profile (strata bench layers) to time grids ("" = none)"),
+      text("parallel.comm", &c.parallel.comm, {},
+           "parallel.auto: a comm profile (JSON) or cluster description (TOML) ("" = none)"),
 
       text("checkpoint.dir", &c.checkpoint.dir, {}, "checkpoint directory (\"\" = OUTPUT_DIR/checkpoints)"),
       key("checkpoint.every_steps", &c.checkpoint.every_steps, kCountOrZero64,

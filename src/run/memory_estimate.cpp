@@ -80,24 +80,40 @@ MemoryEstimate estimate_rank_memory(const std::vector<LayerInfo>& layers, const 
   const double loss = r.last_stage ? 2 * kFloat * double(r.micro_batch * r.rows_per_sample * r.classes) : 0;
   m.activations = most_slot * r.live_microbatches + loss;
   m.workspace = block_workspace_bytes(layers, r) + kRuntimeBytes;
+  m.communication = kFloat * double(r.received_input + r.received_gradient) * double(r.micro_batch) *
+                    r.live_microbatches;
   if (r.whole_model) m.whole_model = kFloat * whole * (2 + r.optimizer_states);
   return m;
 }
 
 PlannedMemory estimate_run_memory(const RunConfig& cfg, const RunPlan& plan) {
-  const ScheduleTheory theory =
-      plan.pipelined() ? schedule_theory(cfg.parallel.schedule, plan.P, plan.M, plan.v) : ScheduleTheory{};
+  return estimate_run_memory(
+      cfg, plan,
+      plan.pipelined() ? schedule_theory(cfg.parallel.schedule, plan.P, plan.M, plan.v) : ScheduleTheory{});
+}
+
+PlannedMemory estimate_run_memory(const RunConfig& cfg, const RunPlan& plan,
+                                  const ScheduleTheory& theory, bool device_only) {
   PlannedMemory best;
   for (int s = 0; s < plan.P; ++s) {
-    RankShape r{.chunks = stage_chunks(plan.ranges, plan.P, s), .tensor_parts = plan.T,
+    const std::vector<LayerRange> chunks = stage_chunks(plan.ranges, plan.P, s);
+    RankShape r{.chunks = chunks, .tensor_parts = plan.T,
                 .replicas = plan.D, .zero = cfg.parallel.zero,
                 .optimizer_states = cfg.train.optimizer == "adamw" ? 2 : 1,
                 .micro_batch = plan.micro_batch(cfg.train.batch_size),
                 .live_microbatches = theory.live.empty() ? 1 : theory.live[size_t(s)],
                 .recompute = cfg.train.recompute == "block", .last_stage = s == plan.P - 1,
                 .tied_copy = plan.P > 1 && s == plan.P - 1 && plan.info.tokens,
-                .whole_model = plan.gathered() && s == 0, .classes = plan.info.classes,
+                .whole_model = plan.gathered() && s == 0 && !device_only, .classes = plan.info.classes,
                 .rows_per_sample = plan.rows_per_sample};
+    // Each chunk's slot receives its input (but the model's first chunk) and its output's
+    // gradient (but the last's): interleaved chunks are 1/v of a stage, so the largest counts.
+    for (const LayerRange& c : chunks) {
+      const int last = c.last < 0 ? int(plan.layers.size()) : c.last;
+      if (c.first > 0) r.received_input = std::max(r.received_input, numel(plan.layers[size_t(c.first)].in_shape));
+      if (last < int(plan.layers.size()))
+        r.received_gradient = std::max(r.received_gradient, numel(plan.layers[size_t(last - 1)].out_shape));
+    }
     const MemoryEstimate e = estimate_rank_memory(plan.layers, r);
     if (s == 0 || e.total() > best.estimate.total()) best = {s, e};
   }
@@ -119,13 +135,14 @@ std::string describe_memory(const ParameterCount& n, const PlannedMemory& m, con
   std::string where = plan.P > 1 ? fmt::format(" (stage {}, the most)", m.stage) : "";
   std::string out = fmt::format(
       "{} parameters{}; memory per rank, estimated before allocating: {} GB{} = parameters {} + "
-      "gradients {} + optimizer state {} + activations {} + workspace {}",
+      "gradients {} + optimizer state {} + activations {} + workspace {}{}",
       thousands(n.used),
       n.allocated != n.used ? fmt::format(" ({} allocated: the token table's padding rows)",
                                           thousands(n.allocated))
                             : "",
       gb(e.total()), where, gb(e.parameters), gb(e.gradients), gb(e.optimizer),
-      gb(e.activations), gb(e.workspace));
+      gb(e.activations), gb(e.workspace),
+      e.communication > 0 ? " + pipeline receive buffers " + gb(e.communication) : "");
   if (e.whole_model > 0) out += fmt::format(" + the whole model gathered on rank 0 {}", gb(e.whole_model));
   return out;
 }
