@@ -459,6 +459,27 @@ def cases(fx: Fixtures):
              rf"^strata: error: unknown flag {re.escape(flag_)}{suggestion}; strata {re.escape(name)} --help lists its flags",
              base=cmd)
 
+    # `strata bench comm` (issue 32): sizes, ops, --out, and one rank (these run on one rank,
+    # so each flag's own error comes before the one about the rank count).
+    bench = [S, "bench", "comm", "--out", "{C}/p.json"]
+    for name, args, pattern in [
+            ("--max_bytes 1.5M", ["--max_bytes", "1.5M"], r"flag --max_bytes: expected a size in bytes .* got '1\.5M'"),
+            ("--max_bytes 8G", ["--max_bytes", "8G"], r"flag --max_bytes: expected a size in bytes from 1 to 4G"),
+            ("--min_bytes 0", ["--min_bytes", "0"], r"flag --min_bytes: expected a size in bytes"),
+            ("--min_bytes 24", ["--min_bytes", "24"], r"flag --min_bytes: 24 bytes is not a power of 2"),
+            ("--min_bytes 2", ["--min_bytes", "2"], r"flag --min_bytes: 2 bytes is not a power of 2 of at least 4"),
+            ("--min_bytes over --max_bytes", ["--min_bytes", "1M", "--max_bytes", "64K"],
+             r"flag --min_bytes: 1048576 is more than --max_bytes 65536"),
+            ("--ops alltoall", ["--ops", "allreduce,alltoall"], r"flag --ops: unknown op 'alltoall'; the ops: allreduce, "),
+            ("--iters 0", ["--iters", "0"], r"flag --iters: must be in \[1, 1000000\], got 0"),
+            ("--device tpu", ["--device", "tpu"], r"--device: tpu not in"),
+            ("one rank", [], r"bench comm: 1 rank: the collectives and send/receive need at least 2")]:
+        out["flags"].append(Case(f"flags: bench comm {name}", bench + args, 2, pattern))
+    out["flags"].append(Case("flags: bench comm --out under a file", [S, "bench", "comm", "--out", "{C}/f/p.json"], 2,
+                             r"--out .*/f/p\.json: cannot create directory", make=file_with("x", name="f")))
+    out["flags"].append(Case("flags: bench comm --out a directory", [S, "bench", "comm", "--out", "{C}"], 2,
+                             r"--out .*: is a directory; expected a file"))
+
     # ---- inputs the fuzzers found (tests/fuzz/regressions) ----
     reg = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fuzz", "regressions")
     for name in sorted(os.listdir(os.path.join(reg, "config"))):
