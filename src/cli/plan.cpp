@@ -50,7 +50,8 @@ int run_plan(PlanOpts& o) {
                                           o.cfg.model.type, model.source),
                      .comm = o.comm.empty() ? "none given: communication costs nothing (one node's "
                                               "defaults are not assumed)" : comm.source(),
-                     .profile = o.profile.empty() ? "none" : o.profile};
+                     .profile = o.profile.empty() ? "none" : o.profile,
+                     .parameters = n.used};
   fmt::print("{}", o.json ? plan_json(r, req, h) : plan_text(r, req, h, o.top));
   return kExitOk;
 }

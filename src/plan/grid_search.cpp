@@ -75,7 +75,10 @@ void rank(PlanResult& r) {
   });
 }
 
-std::string gb(double bytes) { return fmt::format("{:.1f} GB", bytes / 1e9); }
+// "2.6 GB"; below 1 GB in MB ("52 MB"): a small limit reads as what it is.
+std::string gb(double bytes) {
+  return bytes >= 1e9 ? fmt::format("{:.1f} GB", bytes / 1e9) : fmt::format("{:.0f} MB", bytes / 1e6);
+}
 
 }  // namespace
 
@@ -165,8 +168,9 @@ std::string no_fit_message(const PlanResult& r, const PlanRequest& req, const st
   const Candidate* least = &r.candidates.front();
   for (const Candidate& c : r.candidates)
     if (c.memory.peak < least->memory.peak) least = &c;
-  return fmt::format("{}: no grid of {} ranks fits {} per rank ({}): the smallest needs {} ({}); "
-                     "give more ranks or memory", where, req.ranks(), gb(req.memory.bytes),
+  return fmt::format("{}: no grid of {} rank{} fits {} per rank ({}): the smallest needs {} ({}); "
+                     "give more ranks or memory", where, req.ranks(), req.ranks() == 1 ? "" : "s",
+                     gb(req.memory.bytes),
                      req.memory.source, gb(least->memory.peak), describe_grid(least->grid));
 }
 

@@ -94,11 +94,12 @@ std::string plan_text(const PlanResult& r, const PlanRequest& req, const PlanHea
 std::string plan_json(const PlanResult& r, const PlanRequest& req, const PlanHeader& h) {
   std::string out = fmt::format(
       "{{\"config\": {}, \"nodes\": {}, \"ranks_per_node\": {}, \"ranks\": {}, "
-      "\"memory_per_rank\": {:.0f}, \"memory_source\": {}, \"model\": {}, \"comm\": {}, \"profile\": {}, "
-      "\"timed\": {}, \"unit\": {}, \"refused\": {},\n \"assumptions\": [",
+      "\"memory_per_rank\": {:.0f}, \"memory_source\": {}, \"model\": {}, \"parameters\": {}, "
+      "\"comm\": {}, \"profile\": {}, \"timed\": {}, \"unit\": {}, \"per_sample\": {}, \"refused\": {},\n "
+      "\"assumptions\": [",
       json_string(h.config), req.nodes, req.ranks_per_node, req.ranks(), req.memory.bytes,
-      json_string(req.memory.source), json_string(h.model), json_string(h.comm), json_string(h.profile),
-      r.timed ? "true" : "false", json_string(r.unit), r.refused);
+      json_string(req.memory.source), json_string(h.model), h.parameters, json_string(h.comm),
+      json_string(h.profile), r.timed ? "true" : "false", json_string(r.unit), r.per_sample, r.refused);
   for (size_t i = 0; i < r.assumptions.size(); ++i) out += (i ? ", " : "") + json_string(r.assumptions[i]);
   out += "],\n \"grids\": [";
   for (size_t i = 0; i < r.candidates.size(); ++i) out += (i ? ",\n  " : "\n  ") + candidate_json(r.candidates[i]);

@@ -1,6 +1,7 @@
 // What `strata plan` prints: the best grids as a table with their reasons, or every grid as
 // JSON for scripts.
 #pragma once
+#include <cstdint>
 #include <string>
 
 #include "plan/grid_search.h"
@@ -12,6 +13,7 @@ struct PlanHeader {
   std::string model;    // "124,439,808 parameters (shape from data/x.h5)"
   std::string comm;     // the comm model's source
   std::string profile;  // the machine profile's path, or "none"
+  int64_t parameters = 0;
 };
 
 // The best `top` grids (those that fit first), each with its peak memory per rank, step time,

@@ -480,6 +480,35 @@ def cases(fx: Fixtures):
     out["flags"].append(Case("flags: bench comm --out a directory", [S, "bench", "comm", "--out", "{C}"], 2,
                              r"--out .*: is a directory; expected a file"))
 
+    # `strata plan` (issue 32): the ranks, the memory, the config and the profile it reads; and
+    # `train --parallel.auto` with a memory no grid fits (one line naming the smallest grid).
+    plan = [S, "plan"] + fx.mlp_args()
+    for name, args, pattern in [
+            ("--nodes 0", ["--nodes", "0", "--ranks_per_node", "2"], r"flag --nodes: must be in \[1, "),
+            ("--nodes abc", ["--nodes", "abc", "--ranks_per_node", "2"], r"flag --nodes: expected an integer, got 'abc'"),
+            ("--nodes -4", ["--nodes", "-4", "--ranks_per_node", "2"], r"flag --nodes: must be in \[1, "),
+            ("--ranks_per_node 0", ["--nodes", "1", "--ranks_per_node", "0"], r"flag --ranks_per_node: must be in \[1, 4096\]"),
+            ("without --nodes", ["--ranks_per_node", "2"], r"--nodes is required"),
+            ("--memory_per_rank lots", ["--nodes", "1", "--ranks_per_node", "2", "--memory_per_rank", "lots"],
+             r"--memory_per_rank lots: must be a byte count \(e\.g\. 2e9\) or auto"),
+            ("--memory_per_rank 0", ["--nodes", "1", "--ranks_per_node", "2", "--memory_per_rank", "0"],
+             r"--memory_per_rank 0: must be a byte count"),
+            ("--top 0", ["--nodes", "1", "--ranks_per_node", "2", "--top", "0"], r"flag --top: must be in"),
+            ("a missing config", ["--nodes", "1", "--ranks_per_node", "2", "--config", "{C}/none.toml"], r"none\.toml"),
+            ("a malformed profile", ["--nodes", "1", "--ranks_per_node", "2", "--profile", "{C}/p.json"], r"p\.json"),
+            ("a missing comm profile", ["--nodes", "1", "--ranks_per_node", "2", "--comm", "{C}/none.json"], r"none\.json")]:
+        out["flags"].append(Case(f"flags: plan {name}", plan + args, 2, pattern,
+                                 make=file_with('{"strata_machine_profile": 1, "layers": [', name="p.json")))
+    out["flags"].append(Case("flags: plan of a GPT without data or vocabulary",
+                             [S, "plan", "--model.type", "gpt", "--data.path", "{C}/none.h5", "--nodes", "1",
+                              "--ranks_per_node", "1"], 2, r"data\.path .*none\.h5: not found; planning needs the data's shape"))
+    out["flags"].append(Case("flags: train --parallel.auto with memory no grid fits", train + [
+        "--parallel.auto", "true", "--parallel.memory_per_rank", "1e6"], 2,
+        r"^strata: error: the config: no grid of 1 rank fits 1 MB per rank \(parallel\.memory_per_rank = 1e\+06\): "
+        r"the smallest needs \d+ MB \(D 1 x P \d x T 1, ZeRO 0.*\); give more ranks or memory$"))
+    out["flags"].append(Case("flags: train --parallel.memory_per_rank -1", train + ["--parallel.memory_per_rank", "-1"], 2,
+                             r"flag --parallel\.memory_per_rank: must be in"))
+
     # ---- inputs the fuzzers found (tests/fuzz/regressions) ----
     reg = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fuzz", "regressions")
     for name in sorted(os.listdir(os.path.join(reg, "config"))):
