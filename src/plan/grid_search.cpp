@@ -114,6 +114,8 @@ PlanResult search_grids(const RunConfig& cfg, const PlanModel& model, const Plan
   if (!cfg.given.count("train.precision") && profile.empty() && comm.device().present)
     precisions = {"bf16", "fp32"};
   std::map<std::tuple<std::string, int, int, int>, ScheduleTheory> theories;
+  int untimed = 0;
+  std::string first_untimed;
   for (const GridChoice& g : enumerate(cfg, model, req, precisions)) {
     const RunConfig c = with_grid(cfg, g);
     RunPlan plan;
@@ -135,7 +137,12 @@ PlanResult search_grids(const RunConfig& cfg, const PlanModel& model, const Plan
     cand.fits = cand.memory.peak <= req.memory.bytes;
     cand.shortfall = cand.fits ? 0 : cand.memory.peak - req.memory.bytes;
     if (r.timed) {
-      cand.time = predict_step_time(c, model.model, g, profile, comm);
+      try {
+        cand.time = predict_step_time(c, model.model, g, profile, comm);
+      } catch (const UserError& e) {  // the model cannot time it: not offered, and said why
+        if (untimed++ == 0) first_untimed = e.what();
+        continue;
+      }
       cand.timed = true;
       cand.throughput = double(cfg.train.batch_size) * r.per_sample / cand.time.total_s;
       cand.reason = cand.time.reason;
@@ -146,6 +153,12 @@ PlanResult search_grids(const RunConfig& cfg, const PlanModel& model, const Plan
     }
     r.candidates.push_back(std::move(cand));
   }
+  // A profile that times no grid (another model's, say) is the user's error, not an empty plan.
+  if (untimed > 0 && r.candidates.empty()) throw UserError(kExitBadInput, first_untimed);
+  if (untimed > 0)
+    r.assumptions.push_back(fmt::format("{} grids left out: the step-time model cannot time them "
+                                        "(the first: {})", untimed, first_untimed));
+  r.refused += untimed;
   rank(r);
   if (!r.timed)
     r.assumptions.push_back("compute times missing (no --profile, and the comm model names no "
