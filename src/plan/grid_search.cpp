@@ -148,8 +148,7 @@ PlanResult search_grids(const RunConfig& cfg, const PlanModel& model, const Plan
       cand.reason = cand.time.reason;
       if (r.assumptions.empty()) r.assumptions = cand.time.assumptions;
     } else {
-      cand.reason = "untimed: fewest pipeline stages, tensor parts, recompute, ZeRO stage, "
-                    "micro-batches that fit";
+      cand.reason = "untimed (see the assumptions)";
     }
     r.candidates.push_back(std::move(cand));
   }

@@ -8,6 +8,10 @@ namespace strata {
 namespace {
 
 std::string gb(double bytes) { return fmt::format("{:.2f}", bytes / 1e9); }
+// "6.32 GB", or "52 MB" below 1 GB (a small limit reads as what it is).
+std::string size_text(double bytes) {
+  return bytes >= 1e9 ? fmt::format("{:.2f} GB", bytes / 1e9) : fmt::format("{:.0f} MB", bytes / 1e6);
+}
 
 std::string rate(double v) {
   return v >= 1e6 ? fmt::format("{:.2f}M", v / 1e6) : v >= 1e3 ? fmt::format("{:.1f}k", v / 1e3)
@@ -110,10 +114,9 @@ std::string auto_plan_line(const PlanResult& r, const PlanRequest& req) {
   const Candidate& b = *r.best();
   int fitting = 0;
   for (const Candidate& c : r.candidates) fitting += c.fits;
-  std::string s = fmt::format("plan: parallel.auto took {} on {} ranks: {} GB per rank of {:.2f} GB "
-                              "({}); {} of {} grids fit", describe_grid(b.grid), req.ranks(),
-                              gb(b.memory.peak), req.memory.bytes / 1e9, req.memory.source, fitting,
-                              r.candidates.size());
+  std::string s = fmt::format("plan: parallel.auto took {} on {} ranks: {} per rank of {} ({}); {} "
+                              "of {} grids fit", describe_grid(b.grid), req.ranks(), size_text(b.memory.peak),
+                              size_text(req.memory.bytes), req.memory.source, fitting, r.candidates.size());
   if (b.timed) s += fmt::format("; predicted step {:.4f} s, {} {}", b.time.total_s, rate(b.throughput), r.unit);
   return s + "; " + b.reason;
 }
