@@ -81,7 +81,7 @@ Subcommand add_bench_comm(CLI::App& bench) {
 std::vector<Subcommand> add_bench(CLI::App& app) {
   auto* bench = app.add_subcommand("bench", "measure this machine for strata plan");
   bench->require_subcommand(1);
-  return {add_bench_comm(*bench)};
+  return {add_bench_comm(*bench), add_bench_layers(*bench), add_bench_predict(*bench)};
 }
 
 }  // namespace strata::cli

@@ -67,7 +67,7 @@ Subcommand add_plan(CLI::App& app) {
   plan->add_option("--ranks_per_node,--ranks-per-node", o->ranks_per_node, "ranks per node")
       ->required()->check(int_in(1, 4096));
   plan->add_option("--profile", o->profile, "machine profile JSON (strata bench layers): times each grid");
-  plan->add_option("--comm", o->comm, "comm profile JSON (strata bench comm) or cluster description TOML");
+  plan->add_option("--comm,--cluster", o->comm, "comm profile JSON (strata bench comm) or cluster description TOML");
   plan->add_option("--top", o->top, "grids printed")->check(int_in(1, 1000000))->capture_default_str();
   plan->add_flag("--json", o->json, "every grid as JSON, for scripts");
   plan->add_option("--memory_per_rank", o->memory,

@@ -14,14 +14,13 @@
 #include <string>
 #include <vector>
 
+#include "plan/comm_profile.h"
+
 namespace strata {
 
-enum class CommOp { kAllreduce, kReduceScatter, kAllGather, kSendRecv };
+// The ops (CommOp, comm_op_name, busbw_factor) are comm_profile.h's, what bench comm writes.
 enum class CommLevel { kIntra, kInter };
-const char* comm_op_name(CommOp op);  // "allreduce", "reduce_scatter", "all_gather", "sendrecv"
 const char* comm_level_name(CommLevel level);  // "intra", "inter"
-// nccl-tests' bus-bandwidth factor of `op` over n ranks.
-double busbw_factor(CommOp op, int ranks);
 
 struct LinkFit {
   double latency_s = 0, busbw_Bps = 0;  // busbw 0: no figure

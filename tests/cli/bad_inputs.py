@@ -508,6 +508,34 @@ def cases(fx: Fixtures):
         r"the smallest needs \d+ MB \(D 1 x P \d x T 1, ZeRO 0.*\); give more ranks or memory$"))
     out["flags"].append(Case("flags: train --parallel.memory_per_rank -1", train + ["--parallel.memory_per_rank", "-1"], 2,
                              r"flag --parallel\.memory_per_rank: must be in"))
+    # `strata bench layers` and the step-time model's inputs (issue 32): a config whose data is
+    # missing, bad flags; a machine profile malformed or of another version, a comm profile of
+    # another version, a cluster description missing a key (bench predict reads them all).
+    layers = [S, "bench", "layers", "--quiet", "--checkpoint_dir", "{C}/ck", "--out", "{C}/m.json"] + fx.mlp_args()
+    out["config"].append(Case("config: bench layers on missing data", layers + ["--data.path", "{C}/none.h5"], 2,
+                              r"none\.h5"))
+    out["flags"].append(Case("flags: bench layers --micro_batches 0", layers + ["--micro_batches", "0"], 2,
+                             r"--micro_batches"))
+    out["flags"].append(Case("flags: bench layers --out a directory", layers[:-len(fx.mlp_args()) - 2] + ["--out", "{C}"]
+                             + fx.mlp_args(), 2, r"--out .*: is a directory; expected a file"))
+    predict = [S, "bench", "predict", "--profile", "{C}/m.json"] + fx.mlp_args()
+    for name, text, pattern in [
+            ("malformed", '{"strata_machine_profile": 1, "layers": [', r"m\.json: bad JSON at line 1"),
+            ("of another version", '{"strata_machine_profile": 7}', r"m\.json: key \"strata_machine_profile\": not version 1"),
+            ("without layers", '{"strata_machine_profile": 1, "device": "cpu", "precision": "fp32", "threads": 1, "cores": 2}',
+             r"m\.json: key \"layers\" missing")]:
+        out["config"].append(Case(f"config: machine profile {name}", predict, 2, pattern,
+                                  make=file_with(text, name="m.json")))
+    out["config"].append(Case("config: comm profile of another version", predict + ["--comm_profile", "{C}/c.json"], 2,
+                              r"c\.json: key \"strata_comm_profile\": version 2",
+                              make=file_with('{"strata_comm_profile": 2, "fit": {}}', name="c.json")))
+    out["config"].append(Case("config: cluster description missing a key", predict + ["--cluster", "{C}/c.toml"], 2,
+                              r"c\.toml: key \"inter\.latency_us\" missing",
+                              make=file_with('name = "x"\nranks_per_node = 8\ntopology = "fat-tree"\n[intra]\n'
+                                             'bandwidth_GBps = 450\nlatency_us = 3\n[inter]\nbandwidth_GBps = 50\n')))
+    out["config"].append(Case("config: cluster description with another topology", predict + ["--cluster", "{C}/c.toml"], 2,
+                              r"c\.toml:3:\d+: key \"topology\" must be \"fat-tree\" or \"rail-optimised\"",
+                              make=file_with('name = "x"\nranks_per_node = 8\ntopology = "torus"\n')))
 
     # ---- inputs the fuzzers found (tests/fuzz/regressions) ----
     reg = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fuzz", "regressions")
