@@ -49,7 +49,7 @@ def flops_per_token(params, layers, dim, context):
 def model_shape(strata, config):
     get = lambda k: subprocess.run([strata, "config", "--get", k, "--config", config], cwd=ROOT,
                                    capture_output=True, text=True, check=True).stdout.strip()
-    return int(get("model.layers")), int(get("model.dim")), int(get("model.context"))
+    return int(get("model.layers").strip("[]\"")), int(get("model.dim")), int(get("model.context"))
 
 
 def plan(strata, config, gpus):

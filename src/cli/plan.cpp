@@ -40,7 +40,7 @@ int run_plan(PlanOpts& o) {
   // A cluster description's device memory is what a rank has there, unless the flag says.
   if ((o.memory.empty() || o.memory == "auto") && comm.device().present && comm.device().memory_GB > 0)
     req.memory = {comm.device().memory_GB * 1e9,
-                  fmt::format("{} memory of {} ({})", comm.device().name, o.comm, "the cluster file")};
+                  fmt::format("the memory of one {} ({})", comm.device().name, o.comm)};
   else
     req.memory = rank_memory(o.memory, o.ranks_per_node, "--memory_per_rank");
   const PlanResult r = search_grids(o.cfg, model, req, profile, comm);

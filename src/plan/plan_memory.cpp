@@ -11,46 +11,22 @@
 #include "strata/error.h"
 
 namespace strata {
-namespace {
-
-// data.path names something to open: a file that exists, a list or a glob (token shards).
-bool data_present(const std::string& path) {
-  if (path.starts_with("[") || path.find_first_of("*?") != std::string::npos) return true;
-  std::error_code ec;
-  return std::filesystem::exists(path, ec);
-}
-
-}  // namespace
 
 PlanModel describe_plan_model(const RunConfig& cfg) {
   PlanModel m;
-  if (data_present(cfg.data.path)) {
-    m.info = open_dataset(cfg.data.path, {.format = cfg.data.format, .val_path = cfg.data.val_path,
-                                          .vocab = cfg.model.vocab});
-    if (m.info.tokens) set_context(m.info, cfg.model.context);
-    m.source = cfg.data.path;
-  } else if (cfg.model.type == "gpt" && cfg.model.vocab > 0) {
-    // Only the shape is needed: context tokens per sample, vocab classes.
-    m.info.tokens = true;
-    m.info.vocab = m.info.classes = cfg.model.vocab;
-    m.info.context = cfg.model.context;
-    m.info.train.sample_shape = {cfg.model.context};
-    m.source = fmt::format("the config (data.path {} not found: context {}, vocabulary {})",
-                           cfg.data.path, cfg.model.context, cfg.model.vocab);
-  } else {
-    fail_input("data.path {}: not found; planning needs the data's shape (a GPT whose "
-               "model.vocab or model.preset is set needs none)", cfg.data.path);
-  }
-  if (m.info.tokens && m.info.tokens != (cfg.model.type == "gpt"))
-    fail_input("{}: holds tokens, which model.type = \"{}\" does not take", cfg.data.path, cfg.model.type);
-  // The blocks' recompute flag changes no size or cost the plan uses: one description serves.
-  m.model.input = m.info.train.sample_shape;
-  m.model.classes = m.info.classes;
-  m.model.layers = describe_layers(cfg.model_spec(m.info.classes), m.model.input, m.info.classes);
-  m.model.tokens_per_sample = m.info.tokens ? m.info.context : 1;
+  m.model = plan_model(cfg);  // the step-time model's reading of the data's shape
+  std::error_code ec;
+  m.source = std::filesystem::exists(cfg.data.path, ec) || cfg.model.type != "gpt"
+                 ? cfg.data.path
+                 : fmt::format("the config (data.path {} not found: context {}, vocabulary {})",
+                               cfg.data.path, cfg.model.context, cfg.model.vocab);
+  // What the memory estimate reads of the dataset: the logits' width and whether it is text.
+  m.info.tokens = cfg.model.type == "gpt";
+  m.info.classes = m.model.classes;
+  m.info.train.sample_shape = m.model.input;
   m.has_blocks = std::any_of(m.model.layers.begin(), m.model.layers.end(),
                              [](const LayerInfo& l) { return l.internal_bytes > 0; });
-  m.rows_per_sample = numel(m.model.layers.back().out_shape) / std::max(1, m.info.classes);
+  m.rows_per_sample = numel(m.model.layers.back().out_shape) / std::max(1, m.model.classes);
   return m;
 }
 

@@ -15,17 +15,17 @@
 
 namespace strata {
 
-// The model's layers and the data's shape. From the dataset when data.path can be opened;
-// otherwise, for a GPT whose vocabulary the config sets (model.vocab, or a preset), from the
-// config alone (`source` says which): a plan for a machine the data is not on.
+// The model's layers and the data's shape (plan_model: from the dataset, or for a GPT whose
+// vocabulary the config sets and whose data.path does not exist, from the config alone, so a
+// plan can be made away from the data), with what the memory estimate needs besides.
 struct PlanModel {
-  DatasetInfo info;     // classes, tokens, sample shape (train.n is 0 when the data was not read)
+  DatasetInfo info;     // classes, tokens, sample shape: what RunPlan's estimate reads
   PlannedModel model;   // what the step-time model takes: the layers, the sample's shape
   int64_t rows_per_sample = 1;
   std::string source;
   bool has_blocks = false;  // transformer blocks: what train.recompute = "block" recomputes
 };
-// Throws UserError naming data.path (or model.vocab) when neither way works.
+// Throws UserError naming data.path when it cannot be read.
 PlanModel describe_plan_model(const RunConfig& cfg);
 
 // The bytes a rank may take, and what says so ("--memory_per_rank", "this node's 31.2 GiB

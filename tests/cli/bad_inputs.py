@@ -501,7 +501,7 @@ def cases(fx: Fixtures):
                                  make=file_with('{"strata_machine_profile": 1, "layers": [', name="p.json")))
     out["flags"].append(Case("flags: plan of a GPT without data or vocabulary",
                              [S, "plan", "--model.type", "gpt", "--data.path", "{C}/none.h5", "--nodes", "1",
-                              "--ranks_per_node", "1"], 2, r"data\.path .*none\.h5: not found; planning needs the data's shape"))
+                              "--ranks_per_node", "1"], 2, r"none\.h5: cannot open"))
     out["flags"].append(Case("flags: train --parallel.auto with memory no grid fits", train + [
         "--parallel.auto", "true", "--parallel.memory_per_rank", "1e6"], 2,
         r"^strata: error: the config: no grid of 1 rank fits 1 MB per rank \(parallel\.memory_per_rank = 1e\+06\): "
