@@ -74,12 +74,12 @@ std::string plan_text(const PlanResult& r, const PlanRequest& req, const PlanHea
       h.config.empty() ? "the config" : h.config, req.nodes, req.nodes == 1 ? "" : "s",
       req.ranks_per_node, req.ranks(), req.memory.bytes / 1e9, req.memory.source, h.model, h.comm,
       h.profile, r.candidates.size(), fitting, r.refused);
-  out += fmt::format("{:>3}  {:<58} {:>9} {:>10} {:>11}  {}\n", "#", "grid", "memory GB",
+  out += fmt::format("{:>3}  {:<66} {:>9} {:>10} {:>11}  {}\n", "#", "grid", "memory GB",
                      "step s", r.unit, "why");
   for (int i = 0; i < int(r.candidates.size()) && i < top; ++i) {
     const Candidate& c = r.candidates[size_t(i)];
     const std::string why = c.fits ? c.reason : fmt::format("does not fit: {} GB short", gb(c.shortfall));
-    out += fmt::format("{:>3}  {:<58} {:>9} {:>10} {:>11}  {}\n", i + 1, describe_grid(c.grid),
+    out += fmt::format("{:>3}  {:<66} {:>9} {:>10} {:>11}  {}\n", i + 1, describe_grid(c.grid),
                        gb(c.memory.peak), c.timed ? fmt::format("{:.4f}", c.time.total_s) : "-",
                        c.timed ? rate(c.throughput) : "-", why);
   }
