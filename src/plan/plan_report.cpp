@@ -22,7 +22,7 @@ std::string memory_parts(const MemoryEstimate& e) {
   std::string s = fmt::format("parameters {} + gradients {} + optimizer {} + activations {} + "
                               "workspace {}", gb(e.parameters), gb(e.gradients), gb(e.optimizer),
                               gb(e.activations), gb(e.workspace));
-  if (e.communication > 0) s += " + pipeline receive buffers " + gb(e.communication);
+  if (e.communication > 0) s += " + communication buffers " + gb(e.communication);
   if (e.whole_model > 0) s += " + whole model gathered " + gb(e.whole_model);
   return s + " GB";
 }

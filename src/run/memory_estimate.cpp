@@ -65,10 +65,13 @@ ParameterCount count_parameters(const std::vector<LayerInfo>& layers) {
 
 MemoryEstimate estimate_rank_memory(const std::vector<LayerInfo>& layers, const RankShape& r) {
   MemoryEstimate m;
-  double floats = 0, whole = 0, most_slot = 0;
+  double floats = 0, whole = 0, most_slot = 0, unsplit = 0;
   for (const LayerRange& c : r.chunks) {
     const int last = c.last < 0 ? int(layers.size()) : c.last;
-    for (int i = c.first; i < last; ++i) floats += layer_floats(layers[size_t(i)], r.tensor_parts);
+    for (int i = c.first; i < last; ++i) {
+      floats += layer_floats(layers[size_t(i)], r.tensor_parts);
+      unsplit += double(layers[size_t(i)].flat);
+    }
     most_slot = std::max(most_slot, slot_bytes(layers, c, r));
   }
   if (r.tied_copy && !layers.empty()) floats += double(layers.front().flat);
@@ -83,6 +86,11 @@ MemoryEstimate estimate_rank_memory(const std::vector<LayerInfo>& layers, const 
   m.communication = kFloat * double(r.received_input + r.received_gradient) * double(r.micro_batch) *
                     r.live_microbatches;
   if (r.whole_model) m.whole_model = kFloat * whole * (2 + r.optimizer_states);
+  // Tensor parts: to gather, part 0 also receives the other parts' blocks (a buffer each)
+  // and assembles its stage's block unsplit (whole_model.cpp): the parameter file's gather, at
+  // the end of every run. A checkpoint with optimizer state assembles its buffers too.
+  if (r.whole_model && r.tensor_parts > 1)
+    m.whole_model += kFloat * ((r.tensor_parts - 1) * floats + unsplit);
   return m;
 }
 
@@ -114,7 +122,14 @@ PlannedMemory estimate_run_memory(const RunConfig& cfg, const RunPlan& plan,
       if (last < int(plan.layers.size()))
         r.received_gradient = std::max(r.received_gradient, numel(plan.layers[size_t(last - 1)].out_shape));
     }
-    const MemoryEstimate e = estimate_rank_memory(plan.layers, r);
+    MemoryEstimate e = estimate_rank_memory(plan.layers, r);
+    // MPI's non-blocking allreduce (Open MPI's libnbc) holds a temporary buffer the size of
+    // each bucket in flight, and with overlap every bucket is in flight until backward ends:
+    // up to the gradient buffer (half of it for ZeRO-2's reduce-scatter), measured on 2 ranks
+    // as 0.8 and 0.47 of it (benchmarks/bench_plan_memory.py). NCCL sums in place.
+    if (plan.D > 1 && !device_only)
+      e.communication += cfg.dp.overlap ? e.gradients * (cfg.parallel.zero == 2 ? 0.5 : 1.0)
+                                        : cfg.dp.bucket_mb * 1048576;
     if (s == 0 || e.total() > best.estimate.total()) best = {s, e};
   }
   return best;
@@ -142,7 +157,7 @@ std::string describe_memory(const ParameterCount& n, const PlannedMemory& m, con
                             : "",
       gb(e.total()), where, gb(e.parameters), gb(e.gradients), gb(e.optimizer),
       gb(e.activations), gb(e.workspace),
-      e.communication > 0 ? " + pipeline receive buffers " + gb(e.communication) : "");
+      e.communication > 0 ? " + communication buffers " + gb(e.communication) : "");
   if (e.whole_model > 0) out += fmt::format(" + the whole model gathered on rank 0 {}", gb(e.whole_model));
   return out;
 }

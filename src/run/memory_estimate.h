@@ -46,7 +46,9 @@ struct MemoryEstimate {
   double parameters = 0, gradients = 0, optimizer = 0;
   double activations = 0;  // kept from forward for backward, and backward's gradients
   double workspace = 0;    // the blocks' shared scratch, the loss's buffers, the runtime itself
-  double communication = 0;  // a pipeline stage's receive buffers for its live micro-batches
+  // A pipeline stage's receive buffers for its live micro-batches; with data parallelism on
+  // MPI, the gradient buckets' temporary buffers while they are summed.
+  double communication = 0;
   double whole_model = 0;  // rank 0 of a gathered grid: the model and its state gathered there
   double total() const {
     return parameters + gradients + optimizer + activations + workspace + communication + whole_model;
