@@ -78,10 +78,17 @@ std::string plan_text(const PlanResult& r, const PlanRequest& req, const PlanHea
                      "step s", r.unit, "why");
   for (int i = 0; i < int(r.candidates.size()) && i < top; ++i) {
     const Candidate& c = r.candidates[size_t(i)];
-    const std::string why = c.fits ? c.reason : fmt::format("does not fit: {} GB short", gb(c.shortfall));
+    const std::string why = c.fits ? c.reason : fmt::format("does not fit: {} short", size_text(c.shortfall));
     out += fmt::format("{:>3}  {:<66} {:>9} {:>10} {:>11}  {}\n", i + 1, describe_grid(c.grid),
                        gb(c.memory.peak), c.timed ? fmt::format("{:.4f}", c.time.total_s) : "-",
                        c.timed ? rate(c.throughput) : "-", why);
+  }
+  // The grids that fit fill the table: say how many do not, and the nearest of them.
+  if (fitting > 0 && fitting < int(r.candidates.size())) {
+    const Candidate& near = r.candidates[size_t(fitting)];
+    out += fmt::format("({} grid{} do not fit; the nearest: {}, {} short)\n",
+                       r.candidates.size() - size_t(fitting), r.candidates.size() - size_t(fitting) == 1 ? "" : "s",
+                       describe_grid(near.grid), size_text(near.shortfall));
   }
   if (const Candidate* b = r.best()) {
     out += fmt::format("\nbest: {}\n  memory per rank {} GB (stage {}) = {}\n", describe_grid(b->grid),
