@@ -94,7 +94,10 @@ struct Reader {
 
 }  // namespace
 
-const LayerProfile* MachineProfile::find(int index, const std::string& kind) const {
+const LayerProfile* MachineProfile::find(int index, const std::string& kind_given) const {
+  // Profiles are measured without recomputation (a block's description then lacks it).
+  std::string kind = kind_given;
+  if (const size_t at = kind.find(", recompute"); at != std::string::npos) kind.erase(at, 11);
   if (index >= 0 && size_t(index) < layers.size() && layers[size_t(index)].kind == kind)
     return &layers[size_t(index)];
   for (const LayerProfile& l : layers)

@@ -71,7 +71,7 @@ TEST_CASE("comm model: a bad comm profile names the file and the key", "[plan]")
   v2.replace(v2.find("\"strata_comm_profile\": 1"), 24, "\"strata_comm_profile\": 2");
   CHECK_THROWS_WITH(CommModel::from_profile_text(v2, "p.json"),
                     Contains("p.json") && Contains("strata_comm_profile"));
-  CHECK_THROWS_WITH(CommModel::from_profile_text(without(kProfile, "\"busbw_Bps\": 1e9"), "p.json"),
+  CHECK_THROWS_WITH(CommModel::from_profile_text(without(kProfile, ", \"busbw_Bps\": 1e9"), "p.json"),
                     Contains("p.json") && Contains("fit.allreduce.intra"));
   CHECK_THROWS_WITH(CommModel::from_profile_text("{\"strata_comm_profile\": 1}", "p.json"),
                     Contains("key \"fit\" missing"));
