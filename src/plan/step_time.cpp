@@ -8,7 +8,7 @@
 
 #include "data/data.h"
 #include "parallel/pipeline.h"
-#include "plan/schedule_sim.h"
+#include "parallel/pipeline_schedule.h"
 #include "strata/error.h"
 
 namespace strata {
@@ -279,6 +279,8 @@ StepTime predict_step_time_impl(const RunConfig& cfg, const PlannedModel& m, con
   const bool plain = g.pipeline == 1 && g.micro_batches == 1;  // no pipeline engine: one whole backward
   const ScheduleSim sim = simulate_schedule(plain ? "1f1b" : g.schedule, g.pipeline, g.micro_batches,
                                             g.virtual_stages, costs, send_s);
+  STRATA_CHECK(!sim.idle.empty(), "schedule {} deadlocks at P = {}, M = {}", g.schedule, g.pipeline,
+               g.micro_batches);
   int crit = 0;
   double end = -1;
   std::vector<After> after;
