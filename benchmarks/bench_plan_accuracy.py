@@ -5,7 +5,8 @@ ranks it measures the layers once (strata bench layers, per model) and the colle
 `strata bench predict`, the same predict_step_time strata plan calls), trains each grid for
 --steps steps and prints predicted beside measured (the median of the per-step times in
 metrics.jsonl: each line's interval of --log_every steps, the first --skip steps and the last
-line left out) and the error.
+line left out; the MLP, whose step is under a millisecond, runs 10 times the steps, its lines
+10 times as far apart) and the error.
 
     benchmarks/bench_plan_accuracy.py STRATA MNIST.h5 TEXT.h5 [--steps 60] [--skip 5]
         [--repeats 1] [--grids mlp-d1,mlp-d2,gpt-d1,gpt-p2,gpt-t2] [--work DIR]
@@ -19,7 +20,11 @@ Grids (all --threads 1, --device cpu; mpirun places 2 ranks on this node):
 --grids all adds 4-rank grids, ZeRO-1/2, the CNN, recompute, gpipe, zb-h1, interleaved (GRIDS).
 Target: within 15 %. The machine's other load moves every figure: beside each grid the load
 average when it started and `cpu`, rank 0's training-thread CPU time over its wall time (1.0
-on a quiet machine for a rank that never waits; less when other processes take its core).
+on a quiet machine for a rank that never waits; less when other processes take its core), and
+`x cpu`, the measured step time times that share: rank 0's CPU time per step, what the step
+would take if its core were its own (MPI spins while it waits, so a wait counts); its error is
+against the prediction times the profile's own cpu_share (bench layers' CPU time over wall
+time): both sides as on a dedicated core.
 The benchmark reports, it does not judge. Exit status 0; 2 when a run fails (a grid's failure is
 reported in its row and the others go on)."""
 import argparse
@@ -149,8 +154,8 @@ def main():
         run([a.strata, "bench", "layers", "--quiet", "--threads", "1", "--device", "cpu",
              "--checkpoint_dir", os.path.join(a.work, "ckpt"), "--out", profiles[model]]
             + model_flags(a, model))
-    print(f"{'grid':12} {'predicted ms':>12} {'measured ms':>12} {'error':>7}  {'load':>5} {'cpu':>5}  "
-          "parts (compute / bubble / comm / optimizer ms) and reason", flush=True)
+    print(f"{'grid':12} {'predicted ms':>12} {'measured ms':>12} {'error':>7}  {'load':>5} {'cpu':>5} "
+          f"{'x cpu ms':>9} {'error':>7}  parts (compute / bubble / comm / optimizer ms) and reason", flush=True)
     errors, failed = [], []
     for g in grids:  # a grid that fails is reported and the others go on
         try:
@@ -175,11 +180,12 @@ def measure_grid(a, g, profiles, comm):
     for rep in range(a.repeats):
         out = os.path.join(a.work, f"run-{g}-{rep}")
         load = os.getloadavg()[0]
+        scale = 10 if model == "mlp" else 1  # the MLP's step is under a millisecond: more of them
         run([a.strata, "train", "--quiet", "--threads", "1", "--device", "cpu",
-             "--train.max_steps", str(a.steps), "--train.log_every", str(a.log_every),
+             "--train.max_steps", str(a.steps * scale), "--train.log_every", str(a.log_every * scale),
              "--checkpoint.final", "false", "--output.dir", out] + model_flags(a, model) + flags,
             ranks=ranks, fatal=False)
-        t = step_times(os.path.join(out, "metrics.jsonl"), a.skip, a.log_every)
+        t = step_times(os.path.join(out, "metrics.jsonl"), a.skip * scale, a.log_every * scale)
         done = [json.loads(l) for l in open(os.path.join(out, "metrics.jsonl")) if '"event"' in l][-1]
         share = done["train_thread_cpu_s"] / done["train_time_s"]  # rank 0's CPU share
         results.append((statistics.median(t), load, share))
@@ -187,7 +193,12 @@ def measure_grid(a, g, profiles, comm):
     err = (pr["total_s"] - meas) / meas
     load = statistics.median(r[1] for r in results)
     share = statistics.median(r[2] for r in results)
-    print(f"{g:12} {pr['total_s'] * 1e3:12.2f} {meas * 1e3:12.2f} {err * 100:+6.1f}%  {load:5.1f} {share:5.2f}  "
+    # Both sides on a core of their own: the prediction times the share the profile's figures
+    # were measured at, the measurement times the run's.
+    bench_share = json.load(open(profiles[model])).get("cpu_share", 1.0)
+    cpu_err = (pr["total_s"] * bench_share - meas * share) / (meas * share)
+    print(f"{g:12} {pr['total_s'] * 1e3:12.2f} {meas * 1e3:12.2f} {err * 100:+6.1f}%  {load:5.1f} {share:5.2f} "
+          f"{meas * share * 1e3:9.2f} {cpu_err * 100:+6.1f}%  "
           f"{pr['compute_s'] * 1e3:.2f} / {pr['bubble_s'] * 1e3:.2f} / "
           f"{pr['exposed_comm_s'] * 1e3:.2f} / {pr['optimizer_s'] * 1e3:.2f}; {pr['reason']}", flush=True)
     return err

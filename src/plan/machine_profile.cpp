@@ -138,8 +138,9 @@ std::string machine_profile_json(const MachineProfile& p) {
                      i + 1 < p.layers.size() ? "," : "");
   }
   s += fmt::format(" ],\n \"loss\": {{\"at\": {}}},\n", timings_json(p.loss, true));
-  s += fmt::format(" \"checkpoint_write_Bps\": {}, \"checkpoint_bytes\": {}, \"memory_Bps\": {}\n}}\n",
-                   json_number(p.checkpoint_write_Bps), p.checkpoint_bytes, json_number(p.memory_Bps));
+  s += fmt::format(" \"checkpoint_write_Bps\": {}, \"checkpoint_bytes\": {}, \"memory_Bps\": {}, "
+                   "\"cpu_share\": {}\n}}\n", json_number(p.checkpoint_write_Bps), p.checkpoint_bytes,
+                   json_number(p.memory_Bps), json_number(p.cpu_share));
   return s;
 }
 
@@ -191,6 +192,8 @@ MachineProfile read_machine_profile(const std::string& path) {
   p.checkpoint_bytes = int64_t(r.num(root, "checkpoint_bytes", "checkpoint_bytes"));
   if (const JsonValue* m = root.find("memory_Bps"); m && m->kind == JsonValue::Kind::kNumber)
     p.memory_Bps = m->number;
+  if (const JsonValue* c = root.find("cpu_share"); c && c->kind == JsonValue::Kind::kNumber && c->number > 0)
+    p.cpu_share = c->number;
   return p;
 }
 
