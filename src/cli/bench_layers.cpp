@@ -21,7 +21,7 @@ Subcommand add_bench_layers(CLI::App& bench) {
     TrainFlags flags;
     std::string precision, checkpoint_dir, out = "machine-profile.json";
     std::vector<int64_t> micro_batches;
-    int reps = 5;
+    int reps = 9;
   };
   auto o = std::make_shared<Opts>();
   auto* sub = bench.add_subcommand(

@@ -29,6 +29,12 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
+double process_cpu_s() {
+  timespec t{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return double(t.tv_sec) + 1e-9 * double(t.tv_nsec);
+}
+
 double median(std::vector<double> v) {
   if (v.empty()) return 0;
   std::nth_element(v.begin(), v.begin() + long(v.size() / 2), v.end());
@@ -230,6 +236,8 @@ MachineProfile bench_layers(const RunConfig& given, const LayerBenchOptions& o) 
   say(fmt::format("bench layers: {} layers of {} on {} ({}, {} thread{}), micro-batches {}",
                   layers.size(), cfg.model.type, be.name, p.precision, p.threads,
                   p.threads == 1 ? "" : "s", fmt::join(p.micro_batches, ", ")));
+  const auto wall0 = Clock::now();
+  const double cpu0 = process_cpu_s();
   for (int64_t b : p.micro_batches) {
     const auto t0 = Clock::now();
     measure_size(m, be, b, o.reps, pm, p.layers, p.loss);
@@ -239,6 +247,8 @@ MachineProfile bench_layers(const RunConfig& given, const LayerBenchOptions& o) 
                     b, step * 1e3, since(t0)));
   }
   measure_optimizer(cfg, m, be, o.reps, p.layers);
+  if (be.host_memory())
+    p.cpu_share = std::min(1.0, (process_cpu_s() - cpu0) / std::max(since(wall0), 1e-9) / p.threads);
   const int64_t state = m.num_params() * int64_t(sizeof(float)) *
                         (cfg.train.optimizer == "adamw" ? 3 : 2);
   p.checkpoint_bytes = std::max<int64_t>(state, 4 << 20);
@@ -246,8 +256,9 @@ MachineProfile bench_layers(const RunConfig& given, const LayerBenchOptions& o) 
   p.checkpoint_write_Bps = checkpoint_bandwidth(dir, p.checkpoint_bytes);
   p.memory_Bps = memory_bandwidth();
   say(fmt::format("bench layers: checkpoint write {:.0f} MB/s to {} ({:.1f} MB, with fsync); "
-                  "memory copy {:.1f} GB/s", p.checkpoint_write_Bps / 1e6, dir,
-                  double(p.checkpoint_bytes) / 1e6, p.memory_Bps / 1e9));
+                  "memory copy {:.1f} GB/s; CPU share while timing {:.2f}{}", p.checkpoint_write_Bps / 1e6,
+                  dir, double(p.checkpoint_bytes) / 1e6, p.memory_Bps / 1e9, p.cpu_share,
+                  p.cpu_share < 0.9 ? " (other work shared the cores: the figures include it)" : ""));
   return p;
 }
 

@@ -18,7 +18,7 @@ namespace strata {
 
 struct LayerBenchOptions {
   std::vector<int64_t> micro_batches;  // empty: G/16, G/4 and G (G = train.batch_size), >= 1
-  int reps = 5;
+  int reps = 9;
   std::string checkpoint_dir;          // "" = the config's checkpoint directory
   std::function<void(const std::string&)> progress;  // one line per step of the measurement
 };

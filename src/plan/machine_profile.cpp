@@ -94,7 +94,10 @@ struct Reader {
 
 }  // namespace
 
-const LayerProfile* MachineProfile::find(int index, const std::string& kind) const {
+const LayerProfile* MachineProfile::find(int index, const std::string& kind_given) const {
+  // Profiles are measured without recomputation (a block's description then lacks it).
+  std::string kind = kind_given;
+  if (const size_t at = kind.find(", recompute"); at != std::string::npos) kind.erase(at, 11);
   if (index >= 0 && size_t(index) < layers.size() && layers[size_t(index)].kind == kind)
     return &layers[size_t(index)];
   for (const LayerProfile& l : layers)
@@ -135,8 +138,9 @@ std::string machine_profile_json(const MachineProfile& p) {
                      i + 1 < p.layers.size() ? "," : "");
   }
   s += fmt::format(" ],\n \"loss\": {{\"at\": {}}},\n", timings_json(p.loss, true));
-  s += fmt::format(" \"checkpoint_write_Bps\": {}, \"checkpoint_bytes\": {}, \"memory_Bps\": {}\n}}\n",
-                   json_number(p.checkpoint_write_Bps), p.checkpoint_bytes, json_number(p.memory_Bps));
+  s += fmt::format(" \"checkpoint_write_Bps\": {}, \"checkpoint_bytes\": {}, \"memory_Bps\": {}, "
+                   "\"cpu_share\": {}\n}}\n", json_number(p.checkpoint_write_Bps), p.checkpoint_bytes,
+                   json_number(p.memory_Bps), json_number(p.cpu_share));
   return s;
 }
 
@@ -188,6 +192,8 @@ MachineProfile read_machine_profile(const std::string& path) {
   p.checkpoint_bytes = int64_t(r.num(root, "checkpoint_bytes", "checkpoint_bytes"));
   if (const JsonValue* m = root.find("memory_Bps"); m && m->kind == JsonValue::Kind::kNumber)
     p.memory_Bps = m->number;
+  if (const JsonValue* c = root.find("cpu_share"); c && c->kind == JsonValue::Kind::kNumber && c->number > 0)
+    p.cpu_share = c->number;
   return p;
 }
 

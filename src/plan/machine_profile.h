@@ -13,7 +13,8 @@
 //                "at": [{"micro_batch": b, "forward_s": s, "backward_s": s,
 //                        "backward_input_s": s, "backward_weight_s": s}, ...]}, ...],
 //    "loss": {"at": [{"micro_batch": b, "forward_s": s}...]},
-//    "checkpoint_write_Bps": bytes/s, "checkpoint_bytes": n, "memory_Bps": bytes/s}
+//    "checkpoint_write_Bps": bytes/s, "checkpoint_bytes": n, "memory_Bps": bytes/s,
+//    "cpu_share": CPU time / wall time while timing}
 // Every "_s" under "at" is seconds per SAMPLE at that micro-batch size; "backward_s" is the
 // whole backward (B and W in one pass, as gpipe and 1f1b run it), "backward_input_s" and
 // "backward_weight_s" the zero-bubble schedules' halves (B holds all of it for a layer that
@@ -62,6 +63,9 @@ struct MachineProfile {
   double checkpoint_write_Bps = 0;
   int64_t checkpoint_bytes = 0;
   double memory_Bps = 0;
+  // The process's CPU time over the wall time (per thread) while the layers were timed: 1 on a
+  // node of its own; less where other work took the cores, whose share the figures then include.
+  double cpu_share = 1;
 
   bool empty() const { return layers.empty(); }
   // Layer `index`'s profile, or, when the model differs (another depth), the first layer of

@@ -8,7 +8,7 @@
 
 #include "data/data.h"
 #include "parallel/pipeline.h"
-#include "plan/schedule_sim.h"
+#include "parallel/pipeline_schedule.h"
 #include "strata/error.h"
 
 namespace strata {
@@ -31,6 +31,10 @@ class CostSource {
                                   prof.path.empty() ? "profile" : prof.path, prof.device,
                                   prof.cpu_model.empty() ? "?" : prof.cpu_model, prof.threads,
                                   prof.threads == 1 ? "" : "s", prof.precision, prof.date));
+      if (prof.cpu_share < 0.9)
+        notes.push_back(fmt::format("layers: measured while other work took the cores (the process ran "
+                                    "{:.0f} % of the time): the figures include that contention",
+                                    prof.cpu_share * 100));
       if (prof.precision != g.precision)
         notes.push_back(fmt::format("layers: the profile was measured in {}; {} assumed to cost the same",
                                     prof.precision, g.precision));
@@ -46,11 +50,26 @@ class CostSource {
     if (prof_.empty()) return 0;  // projections: the loss is a small share of the head's cost
     return prof_.loss_s(b) * (prof_.device == "cpu" ? double(prof_.threads) / g_.threads_per_rank : 1.0);
   }
+  // Layers of the same kind (a GPT's blocks) cost the same: the median of their figures, so one
+  // noisy measurement does not make one stage look dearer than the others.
+  MicroBatchCost same_kind_median(const LayerProfile& p, double b) const {
+    std::vector<MicroBatchCost> v;
+    for (const LayerProfile& l : prof_.layers)
+      if (l.kind == p.kind) v.push_back(MachineProfile::cost(l, b));
+    auto med = [&](double MicroBatchCost::*f) {
+      std::vector<double> x;
+      for (const auto& c : v) x.push_back(c.*f);
+      std::nth_element(x.begin(), x.begin() + long(x.size() / 2), x.end());
+      return x[x.size() / 2];
+    };
+    return {med(&MicroBatchCost::forward_s), med(&MicroBatchCost::backward_s),
+            med(&MicroBatchCost::backward_input_s), med(&MicroBatchCost::backward_weight_s)};
+  }
   // Per micro-batch of b samples.
   LayerCost at(const LayerInfo& l, int index, double b) const {
     LayerCost c;
     if (const LayerProfile* p = prof_.empty() ? nullptr : prof_.find(index, l.describe)) {
-      const MicroBatchCost m = MachineProfile::cost(*p, b);
+      const MicroBatchCost m = same_kind_median(*p, b);
       const double scale = prof_.device == "cpu" ? double(prof_.threads) / g_.threads_per_rank : 1.0;
       c = {m.forward_s * scale, m.backward_s * scale, m.backward_input_s * scale,
            m.backward_weight_s * scale, p->optimizer_s * scale};
@@ -279,6 +298,8 @@ StepTime predict_step_time_impl(const RunConfig& cfg, const PlannedModel& m, con
   const bool plain = g.pipeline == 1 && g.micro_batches == 1;  // no pipeline engine: one whole backward
   const ScheduleSim sim = simulate_schedule(plain ? "1f1b" : g.schedule, g.pipeline, g.micro_batches,
                                             g.virtual_stages, costs, send_s);
+  STRATA_CHECK(!sim.idle.empty(), "schedule {} deadlocks at P = {}, M = {}", g.schedule, g.pipeline,
+               g.micro_batches);
   int crit = 0;
   double end = -1;
   std::vector<After> after;

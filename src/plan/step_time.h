@@ -8,7 +8,7 @@
 //              G / D / M, interpolated from the profile; tensor-parallel blocks' compute over T
 //              plus their 2 forward and 2 backward allreduces of (micro-batch x context x dim)
 //              floats; recompute = block adds a block forward to each block backward
-//   bubble     the schedule simulated with those costs (schedule_sim.h) and the activation
+//   bubble     the schedule simulated with those costs (parallel/pipeline_schedule.h: simulate_schedule) and the activation
 //              sends between stages from the comm model: the span less the busiest stage's work
 //   exposed communication  the data-parallel gradient sums as data_parallel.cpp runs them:
 //              buckets started as backward finishes them, waited for after it (overlap = true;

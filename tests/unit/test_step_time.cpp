@@ -10,7 +10,6 @@
 #include "parallel/pipeline_schedule.h"
 #include "plan/comm_model.h"
 #include "plan/machine_profile.h"
-#include "plan/schedule_sim.h"
 #include "plan/step_time.h"
 #include "strata/error.h"
 
@@ -71,7 +70,7 @@ TEST_CASE("comm model: a bad comm profile names the file and the key", "[plan]")
   v2.replace(v2.find("\"strata_comm_profile\": 1"), 24, "\"strata_comm_profile\": 2");
   CHECK_THROWS_WITH(CommModel::from_profile_text(v2, "p.json"),
                     Contains("p.json") && Contains("strata_comm_profile"));
-  CHECK_THROWS_WITH(CommModel::from_profile_text(without(kProfile, "\"busbw_Bps\": 1e9"), "p.json"),
+  CHECK_THROWS_WITH(CommModel::from_profile_text(without(kProfile, ", \"busbw_Bps\": 1e9"), "p.json"),
                     Contains("p.json") && Contains("fit.allreduce.intra"));
   CHECK_THROWS_WITH(CommModel::from_profile_text("{\"strata_comm_profile\": 1}", "p.json"),
                     Contains("key \"fit\" missing"));
@@ -122,19 +121,24 @@ TEST_CASE("comm model: a bad cluster file names the file and the key", "[plan]")
   CHECK_THROWS_WITH(CommModel::from_cluster_text("name = ", "c.toml"), Contains("c.toml:1") && Contains("TOML"));
 }
 
-TEST_CASE("schedule simulation: unit costs reproduce schedule_idle_shares", "[plan]") {
-  struct Case { std::string kind; int P, M, v; };
-  for (const Case& c : {Case{"gpipe", 2, 4, 1}, Case{"1f1b", 4, 8, 1}, Case{"1f1b", 3, 5, 1},
-                        Case{"zb-h1", 4, 8, 1}, Case{"zb-h2", 4, 8, 1}, Case{"interleaved", 2, 4, 2},
-                        Case{"interleaved", 4, 8, 3}}) {
+TEST_CASE("schedule simulation: equal costs give the closed-form bubbles; costs scale", "[plan]") {
+  struct Case { std::string kind; int P, M, v; double bubble; };
+  for (const Case& c : {Case{"gpipe", 2, 4, 1, 1.0 / 5}, Case{"1f1b", 4, 8, 1, 3.0 / 11},
+                        Case{"1f1b", 3, 5, 1, 2.0 / 7}, Case{"zb-h1", 4, 8, 1, 3.0 / 27},
+                        Case{"interleaved", 2, 4, 2, -1}, Case{"interleaved", 4, 8, 3, -1}}) {
     INFO(c.kind << " P " << c.P << " M " << c.M << " v " << c.v);
     const double u = 1.0 / c.v;
-    const std::vector<std::vector<OpCosts>> costs(
-        size_t(c.P), std::vector<OpCosts>(size_t(c.v), OpCosts{u, 2 * u, u, u}));
-    const ScheduleSim sim = simulate_schedule(c.kind, c.P, c.M, c.v, costs, 0);
-    const auto theory = schedule_idle_shares(c.kind, c.P, c.M, c.v);
-    REQUIRE(sim.idle.size() == theory.size());
-    for (size_t s = 0; s < theory.size(); ++s) CHECK(sim.idle[s] == Approx(theory[s]).margin(1e-12));
+    auto costs = [&](double k) {
+      return std::vector<std::vector<OpCosts>>(size_t(c.P), std::vector<OpCosts>(size_t(c.v), OpCosts{k * u, 2 * k * u, k * u, k * u}));
+    };
+    const ScheduleSim one = simulate_schedule(c.kind, c.P, c.M, c.v, costs(1));
+    if (c.bubble >= 0) CHECK(one.bubble() == Approx(c.bubble));
+    // Interleaved: less than 1f1b's at the same P and M (the fill and drain shrink v times).
+    else CHECK(one.bubble() < double(c.P - 1) / (c.M + c.P - 1));
+    const ScheduleSim scaled = simulate_schedule(c.kind, c.P, c.M, c.v, costs(3.7));
+    CHECK(scaled.span == Approx(3.7 * one.span));
+    for (size_t s = 0; s < one.idle.size(); ++s) CHECK(scaled.idle[s] == Approx(one.idle[s]));
+    CHECK(schedule_idle_shares(c.kind, c.P, c.M, c.v) == one.idle);
   }
 }
 
