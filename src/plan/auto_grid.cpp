@@ -52,6 +52,9 @@ void apply_auto_grid(RunConfig& cfg, Comm& comm) {
     if (!cfg.parallel.comm.empty())
       cm = cfg.parallel.comm.ends_with(".toml") ? CommModel::from_cluster(cfg.parallel.comm)
                                                 : CommModel::from_profile(cfg.parallel.comm);
+    // On GPUs: T = 1 and device memory (an --device auto run on a GPU node is planned as the
+    // CPU's unless the profile or the comm model says GPU: set parallel.memory_per_rank there).
+    req.gpu = cfg.device == "cuda" || profile.device == "cuda" || cm.device().present;
     const PlanResult r = search_grids(cfg, model, req, profile, cm);
     const Candidate* best = r.best();
     if (!best)
