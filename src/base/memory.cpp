@@ -112,6 +112,18 @@ MemoryBound memory_bound() {
 
 int64_t available_memory_bytes() { return memory_bound().bytes; }
 
+MemoryBound node_memory_limit() {
+  MemoryBound b{INT64_MAX, "this node has no memory limit"};
+  std::ifstream in("/proc/meminfo");
+  std::string key, unit;
+  int64_t kb = 0;
+  while (in >> key >> kb >> unit)
+    if (key == "MemTotal:") b = {kb * 1024, fmt::format("this node's {} (MemTotal)", format_bytes(kb * 1024.0))};
+  if (int64_t limit = 0, usage = 0; cgroup_limit(&limit, &usage) && limit < b.bytes)
+    b = {limit, fmt::format("the job's memory limit (its cgroup's, {})", format_bytes(double(limit)))};
+  return b;
+}
+
 std::string format_bytes(double b) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
   int u = 0;

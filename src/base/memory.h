@@ -23,6 +23,9 @@ struct MemoryBound {
 MemoryBound memory_bound();
 // memory_bound().bytes.
 int64_t available_memory_bytes();
+// What the node (or the job) holds in all, not what is left now: the node's MemTotal, or the
+// job's cgroup limit when smaller. What a planner divides among the ranks of a node.
+MemoryBound node_memory_limit();
 
 // "1.5 GiB", "12.0 MiB", "980 B".
 std::string format_bytes(double bytes);

@@ -29,6 +29,10 @@ Subcommand add_export(CLI::App& app);      // export --format hf|llmc: a GPT for
 Subcommand add_generate(CLI::App& app);
 Subcommand add_inspect(CLI::App& app);
 Subcommand add_devices(CLI::App& app);
+std::vector<Subcommand> add_bench(CLI::App& app);  // bench comm, ...: measuring for strata plan
+Subcommand add_plan(CLI::App& app);        // plan --nodes N --ranks_per_node R: grids predicted, ranked
+Subcommand add_bench_layers(CLI::App& bench);      // bench layers (bench_layers.cpp)
+Subcommand add_bench_predict(CLI::App& bench);     // bench predict (hidden; bench_layers.cpp)
 
 // `strata train`'s flags (the config file, every key as --section.key, and the run's own),
 // which `strata config` takes too (train.cpp); apply_train_flags reads the file and the flags

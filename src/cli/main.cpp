@@ -1,5 +1,5 @@
 // strata: the command line, parsed and dispatched. Each command is a file of cli/
-// (commands.h): train, prepare, eval, quantize, generate, inspect, devices.
+// (commands.h): train, prepare, eval, quantize, generate, inspect, devices, bench.
 #include <algorithm>
 #include <cstdio>
 #include <string>
@@ -78,6 +78,8 @@ int main(int argc, char** argv) {
   commands.push_back(add_generate(app));
   commands.push_back(add_inspect(app));
   commands.push_back(add_devices(app));
+  for (auto& c : add_bench(app)) commands.push_back(std::move(c));
+  commands.push_back(add_plan(app));
 
   int code = kExitOk;
   try {

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include "config/config.h"
+#include "plan/auto_grid.h"
 #include "run/memory_estimate.h"
 #include "run/run_plan.h"
 #include "run/session.h"
@@ -63,6 +64,8 @@ Subcommand add_train(CLI::App& app) {
             RunConfig& cfg = o->flags.cfg;
             // The file and the flags: every rank reads them; rank 0 alone reports what is wrong.
             collectively(comm, [&] { apply_train_flags(o->flags); });
+            // parallel.auto: the grid keys chosen for these ranks before the run is planned.
+            if (cfg.parallel.auto_plan && o->check_grid == 0) apply_auto_grid(cfg, comm);
             if (o->dry_run) {
               const RunPlan plan = plan_run(cfg, comm);
               if (comm.rank() == 0) fmt::print("{}\n", plan_line(cfg, plan));

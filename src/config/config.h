@@ -92,6 +92,12 @@ struct RunConfig {
     std::string balance = "estimated";  // estimated (FLOPs) | measured (timed on rank 0)
     std::string placement = "replicas_in_node";  // | pipeline_in_node (see grid.h)
     int zero = 0;  // optimizer state (1) and gradient sums (2) sharded over replicas (zero.h)
+    // parallel.auto: the grid keys above chosen by the planner (plan/auto_grid.h) for the
+    // ranks the run was launched on: the best grid that fits memory_per_rank (0 = the node's
+    // memory over its ranks), timed from a machine profile and comm model when given.
+    bool auto_plan = false;
+    double memory_per_rank = 0;
+    std::string profile = "", comm = "";
   } parallel;
   struct Checkpoint {
     std::string dir = "";       // default <output.dir>/checkpoints

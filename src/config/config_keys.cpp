@@ -1,4 +1,5 @@
 // The one list of config keys, and the checked stores every source of a value goes through.
+#include <algorithm>
 #include <cfloat>
 #include <climits>
 #include <cmath>
@@ -63,10 +64,25 @@ void check_text(const std::string& v, const std::string& where) {
       fail_input("{}: contains a control character (0x{:02x})", where, int(c));
 }
 
+// parallel.auto's keys (plan/auto_grid.h), kept apart so config_keys stays short.
+std::vector<ConfigKey> auto_plan_keys(RunConfig& c) {
+  return {
+      key("parallel.auto", &c.parallel.auto_plan, {},
+          "choose the grid (P, T, ZeRO, schedule, micro-batches, recompute) for the ranks "
+          "launched: the best that fits (docs/planning.md)"),
+      key("parallel.memory_per_rank", &c.parallel.memory_per_rank, in(0, 1e18),
+          "parallel.auto: bytes a rank may take (0 = the node's memory / its ranks)"),
+      text("parallel.profile", &c.parallel.profile, {},
+           "parallel.auto: a machine profile (strata bench layers) to time grids (\"\" = none)"),
+      text("parallel.comm", &c.parallel.comm, {},
+           "parallel.auto: a comm profile (JSON) or cluster description (TOML) (\"\" = none)"),
+  };
+}
+
 }  // namespace
 
 std::vector<ConfigKey> config_keys(RunConfig& c) {
-  return {
+  std::vector<ConfigKey> keys = {
       text_or_list("data.path", &c.data.path,
                    "HDF5 data file, or token shards: a file, a list of files or a glob "
                    "(docs/models-and-data.md, Data format)"),
@@ -177,6 +193,11 @@ std::vector<ConfigKey> config_keys(RunConfig& c) {
       text("output.prometheus", &c.output.prometheus, {},
            "Prometheus text file (*.prom) for node_exporter's textfile collector (\"\" = none)"),
   };
+  // After the other parallel keys.
+  const auto zero = std::find_if(keys.begin(), keys.end(), [](const ConfigKey& k) { return k.name == "parallel.zero"; });
+  std::vector<ConfigKey> plan = auto_plan_keys(c);
+  keys.insert(zero + 1, plan.begin(), plan.end());
+  return keys;
 }
 
 std::string ConfigKey::expects() const {

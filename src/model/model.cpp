@@ -186,9 +186,14 @@ void Model::backward_weight(const Backend& be, int k, const std::function<void(i
   const size_t lowest = lowest_[size_t(a.chunk)];
   for (size_t i = end; i-- > begin;) {
     if (i >= lowest && !layers_[i]->is_reshape()) {
+      const auto t0 = profile_ ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
       const Tensor& x = i > begin ? a.outs[i - 1] : *a.input;
       const Tensor& dy = i + 1 < end ? a.douts[i + 1] : *a.dout;
       layers_[i]->backward_weight(be, x, a.outs[i], dy, k, accumulate);
+      if (profile_) {
+        be.synchronize();
+        (*profile_)[i] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      }
     }
     if (on_ready) on_ready(layout_.ready_after(i));
   }

@@ -99,8 +99,8 @@ class Model {
   const Tensor* backward_input(const Backend& be, const Tensor& dout, int slot, bool accumulate);
   void backward_weight(const Backend& be, int slot, const std::function<void(int64_t)>& on_ready,
                        bool accumulate);
-  // While set, forward and backward add each layer's wall time to (*seconds)[layer] (for the
-  // measured pipeline partition); nullptr stops it.
+  // While set, forward and backward (B and W too) add each layer's wall time to
+  // (*seconds)[layer] (for the measured pipeline partition, strata bench layers); nullptr stops it.
   void set_profile(std::vector<double>* seconds) { profile_ = seconds; }
 
  private:

@@ -78,18 +78,26 @@ int schedule_peak_live(const std::vector<PipeOp>& ops) {
   return peak;
 }
 
-std::vector<double> schedule_idle_shares(const std::string& kind, int stages, int micros,
-                                         int chunks) {
+double ScheduleSim::bubble() const {
+  double s = 0;
+  for (double v : idle) s += v;
+  return idle.empty() ? 0 : s / double(idle.size());
+}
+
+ScheduleSim simulate_schedule(const std::string& kind, int stages, int micros, int chunks,
+                              const std::vector<std::vector<OpCosts>>& costs, double send_s) {
   const int P = stages, v = chunks;
   const bool split = splits_backward(kind);
   std::vector<std::vector<Op>> ops;
   for (int s = 0; s < P; ++s) ops.push_back(pipeline_schedule(kind, P, s, micros, v));
   // Finish times of F and B per (virtual stage c P + s, micro-batch); each stage runs its list
   // in order. F waits for the virtual stage before's F of the same micro-batch, B for the one
-  // after's B.
+  // after's B, plus the send when that one is on another stage.
   std::map<std::tuple<char, int, int>, double> done;
   std::vector<size_t> next(size_t(P), 0);
-  std::vector<double> clock(size_t(P), 0.0), busy(size_t(P), 0.0);
+  ScheduleSim r;
+  r.finish.assign(size_t(P), 0.0);
+  r.busy.assign(size_t(P), 0.0);
   for (bool moved = true; moved;) {
     moved = false;
     for (int s = 0; s < P; ++s)
@@ -101,21 +109,33 @@ std::vector<double> schedule_idle_shares(const std::string& kind, int stages, in
         if (from >= 0 && from < P * v && o.kind != Op::kWeight) {
           auto it = done.find({char(o.kind), from, o.micro});
           if (it == done.end()) break;
-          ready = it->second;
+          ready = it->second + (from % P != s ? send_s : 0.0);
         }
-        const double cost = (o.kind == Op::kBackward && !split ? 2.0 : 1.0) / v;
-        clock[size_t(s)] = std::max(clock[size_t(s)], ready) + cost;
-        busy[size_t(s)] += cost;
-        done[{char(o.kind), vs, o.micro}] = clock[size_t(s)];
+        const OpCosts& c = costs[size_t(s)][size_t(o.chunk)];
+        const double cost = o.kind == Op::kForward  ? c.forward
+                            : o.kind == Op::kWeight ? c.backward_weight
+                            : split                 ? c.backward_input
+                                                    : c.backward;
+        r.finish[size_t(s)] = std::max(r.finish[size_t(s)], ready) + cost;
+        r.busy[size_t(s)] += cost;
+        done[{char(o.kind), vs, o.micro}] = r.finish[size_t(s)];
         moved = true;
       }
   }
   for (int s = 0; s < P; ++s)
-    if (next[size_t(s)] < ops[size_t(s)].size()) return {};
-  const double span = *std::max_element(clock.begin(), clock.end());
-  std::vector<double> idle;
-  for (int s = 0; s < P; ++s) idle.push_back(span > 0 ? (span - busy[size_t(s)]) / span : 0.0);
-  return idle;
+    if (next[size_t(s)] < ops[size_t(s)].size()) return r;  // deadlock: no idle shares
+  r.span = *std::max_element(r.finish.begin(), r.finish.end());
+  for (int s = 0; s < P; ++s) r.idle.push_back(r.span > 0 ? (r.span - r.busy[size_t(s)]) / r.span : 0.0);
+  return r;
+}
+
+std::vector<double> schedule_idle_shares(const std::string& kind, int stages, int micros,
+                                         int chunks) {
+  // F, B and W one unit each, an unsplit B two; a chunk's ops 1/v of that.
+  const double u = 1.0 / chunks;
+  const std::vector<std::vector<OpCosts>> unit(size_t(stages),
+                                               std::vector<OpCosts>(size_t(chunks), OpCosts{u, 2 * u, u, u}));
+  return simulate_schedule(kind, stages, micros, chunks, unit).idle;
 }
 
 ScheduleTheory schedule_theory(const std::string& kind, int stages, int micros, int chunks) {

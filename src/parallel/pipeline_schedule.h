@@ -67,6 +67,26 @@ int schedule_peak_live(const std::vector<PipeOp>& ops);
 std::vector<double> schedule_idle_shares(const std::string& kind, int stages, int micros,
                                          int chunks = 1);
 
+// The same simulation with each op's own cost: per (stage, chunk) seconds for F, the whole
+// backward (gpipe, 1f1b, interleaved), and the zero-bubble schedules' B and W; each activation
+// or gradient crossing to another stage takes `send_s` (the step-time model, src/plan/).
+// schedule_idle_shares is this with unit costs.
+struct OpCosts {
+  double forward = 0;
+  double backward = 0;  // the whole backward
+  double backward_input = 0, backward_weight = 0;  // B and W (zb-h1, zb-h2)
+};
+struct ScheduleSim {
+  double span = 0;             // from the first forward to the last op anywhere
+  std::vector<double> busy;    // per stage: its own work
+  std::vector<double> finish;  // per stage: when its last op ends
+  std::vector<double> idle;    // per stage: (span - busy) / span; empty if the schedules deadlock
+  double bubble() const;       // the idle shares' mean
+};
+// costs[stage][chunk]; chunks = v (1 but for interleaved).
+ScheduleSim simulate_schedule(const std::string& kind, int stages, int micros, int chunks,
+                              const std::vector<std::vector<OpCosts>>& costs, double send_s = 0);
+
 // A schedule in theory, per stage: its idle share (schedule_idle_shares) and live bound
 // (schedule_peak_live); `bubble` the idle shares' mean over the stages.
 struct ScheduleTheory {

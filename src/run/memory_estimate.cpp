@@ -65,10 +65,13 @@ ParameterCount count_parameters(const std::vector<LayerInfo>& layers) {
 
 MemoryEstimate estimate_rank_memory(const std::vector<LayerInfo>& layers, const RankShape& r) {
   MemoryEstimate m;
-  double floats = 0, whole = 0, most_slot = 0;
+  double floats = 0, whole = 0, most_slot = 0, unsplit = 0;
   for (const LayerRange& c : r.chunks) {
     const int last = c.last < 0 ? int(layers.size()) : c.last;
-    for (int i = c.first; i < last; ++i) floats += layer_floats(layers[size_t(i)], r.tensor_parts);
+    for (int i = c.first; i < last; ++i) {
+      floats += layer_floats(layers[size_t(i)], r.tensor_parts);
+      unsplit += double(layers[size_t(i)].flat);
+    }
     most_slot = std::max(most_slot, slot_bytes(layers, c, r));
   }
   if (r.tied_copy && !layers.empty()) floats += double(layers.front().flat);
@@ -80,25 +83,53 @@ MemoryEstimate estimate_rank_memory(const std::vector<LayerInfo>& layers, const 
   const double loss = r.last_stage ? 2 * kFloat * double(r.micro_batch * r.rows_per_sample * r.classes) : 0;
   m.activations = most_slot * r.live_microbatches + loss;
   m.workspace = block_workspace_bytes(layers, r) + kRuntimeBytes;
+  m.communication = kFloat * double(r.received_input + r.received_gradient) * double(r.micro_batch) *
+                    r.live_microbatches;
   if (r.whole_model) m.whole_model = kFloat * whole * (2 + r.optimizer_states);
+  // Tensor parts: to gather, part 0 also receives the other parts' blocks (a buffer each)
+  // and assembles its stage's block unsplit (whole_model.cpp): the parameter file's gather, at
+  // the end of every run. A checkpoint with optimizer state assembles its buffers too.
+  if (r.whole_model && r.tensor_parts > 1)
+    m.whole_model += kFloat * ((r.tensor_parts - 1) * floats + unsplit);
   return m;
 }
 
 PlannedMemory estimate_run_memory(const RunConfig& cfg, const RunPlan& plan) {
-  const ScheduleTheory theory =
-      plan.pipelined() ? schedule_theory(cfg.parallel.schedule, plan.P, plan.M, plan.v) : ScheduleTheory{};
+  return estimate_run_memory(
+      cfg, plan,
+      plan.pipelined() ? schedule_theory(cfg.parallel.schedule, plan.P, plan.M, plan.v) : ScheduleTheory{});
+}
+
+PlannedMemory estimate_run_memory(const RunConfig& cfg, const RunPlan& plan,
+                                  const ScheduleTheory& theory, bool device_only) {
   PlannedMemory best;
   for (int s = 0; s < plan.P; ++s) {
-    RankShape r{.chunks = stage_chunks(plan.ranges, plan.P, s), .tensor_parts = plan.T,
+    const std::vector<LayerRange> chunks = stage_chunks(plan.ranges, plan.P, s);
+    RankShape r{.chunks = chunks, .tensor_parts = plan.T,
                 .replicas = plan.D, .zero = cfg.parallel.zero,
                 .optimizer_states = cfg.train.optimizer == "adamw" ? 2 : 1,
                 .micro_batch = plan.micro_batch(cfg.train.batch_size),
                 .live_microbatches = theory.live.empty() ? 1 : theory.live[size_t(s)],
                 .recompute = cfg.train.recompute == "block", .last_stage = s == plan.P - 1,
                 .tied_copy = plan.P > 1 && s == plan.P - 1 && plan.info.tokens,
-                .whole_model = plan.gathered() && s == 0, .classes = plan.info.classes,
+                .whole_model = plan.gathered() && s == 0 && !device_only, .classes = plan.info.classes,
                 .rows_per_sample = plan.rows_per_sample};
-    const MemoryEstimate e = estimate_rank_memory(plan.layers, r);
+    // Each chunk's slot receives its input (but the model's first chunk) and its output's
+    // gradient (but the last's): interleaved chunks are 1/v of a stage, so the largest counts.
+    for (const LayerRange& c : chunks) {
+      const int last = c.last < 0 ? int(plan.layers.size()) : c.last;
+      if (c.first > 0) r.received_input = std::max(r.received_input, numel(plan.layers[size_t(c.first)].in_shape));
+      if (last < int(plan.layers.size()))
+        r.received_gradient = std::max(r.received_gradient, numel(plan.layers[size_t(last - 1)].out_shape));
+    }
+    MemoryEstimate e = estimate_rank_memory(plan.layers, r);
+    // MPI's non-blocking allreduce (Open MPI's libnbc) holds a temporary buffer the size of
+    // each bucket in flight, and with overlap every bucket is in flight until backward ends:
+    // up to the gradient buffer (half of it for ZeRO-2's reduce-scatter), measured on 2 ranks
+    // as 0.8 and 0.47 of it (benchmarks/bench_plan_memory.py). NCCL sums in place.
+    if (plan.D > 1 && !device_only)
+      e.communication += cfg.dp.overlap ? e.gradients * (cfg.parallel.zero == 2 ? 0.5 : 1.0)
+                                        : cfg.dp.bucket_mb * 1048576;
     if (s == 0 || e.total() > best.estimate.total()) best = {s, e};
   }
   return best;
@@ -119,13 +150,14 @@ std::string describe_memory(const ParameterCount& n, const PlannedMemory& m, con
   std::string where = plan.P > 1 ? fmt::format(" (stage {}, the most)", m.stage) : "";
   std::string out = fmt::format(
       "{} parameters{}; memory per rank, estimated before allocating: {} GB{} = parameters {} + "
-      "gradients {} + optimizer state {} + activations {} + workspace {}",
+      "gradients {} + optimizer state {} + activations {} + workspace {}{}",
       thousands(n.used),
       n.allocated != n.used ? fmt::format(" ({} allocated: the token table's padding rows)",
                                           thousands(n.allocated))
                             : "",
       gb(e.total()), where, gb(e.parameters), gb(e.gradients), gb(e.optimizer),
-      gb(e.activations), gb(e.workspace));
+      gb(e.activations), gb(e.workspace),
+      e.communication > 0 ? " + communication buffers " + gb(e.communication) : "");
   if (e.whole_model > 0) out += fmt::format(" + the whole model gathered on rank 0 {}", gb(e.whole_model));
   return out;
 }

@@ -9,6 +9,7 @@
 
 #include "config/config.h"
 #include "model/layer_stack.h"
+#include "parallel/pipeline_schedule.h"
 #include "run/run_plan.h"
 
 namespace strata {
@@ -34,6 +35,10 @@ struct RankShape {
   bool tied_copy = false;          // holds a copy of the token table (the head's stage, P > 1)
   bool whole_model = false;        // rank 0 of a gathered grid: the whole model and its state
   int64_t classes = 0, rows_per_sample = 1;
+  // A pipeline stage's receive buffers per live micro-batch (pipeline.cpp's slots): the
+  // activation from the stage before (all but the first stage) and the gradient from the
+  // stage after (all but the last), floats per sample.
+  int64_t received_input = 0, received_gradient = 0;
 };
 
 // Bytes, by part.
@@ -41,8 +46,13 @@ struct MemoryEstimate {
   double parameters = 0, gradients = 0, optimizer = 0;
   double activations = 0;  // kept from forward for backward, and backward's gradients
   double workspace = 0;    // the blocks' shared scratch, the loss's buffers, the runtime itself
+  // A pipeline stage's receive buffers for its live micro-batches; with data parallelism on
+  // MPI, the gradient buckets' temporary buffers while they are summed.
+  double communication = 0;
   double whole_model = 0;  // rank 0 of a gathered grid: the model and its state gathered there
-  double total() const { return parameters + gradients + optimizer + activations + workspace + whole_model; }
+  double total() const {
+    return parameters + gradients + optimizer + activations + workspace + communication + whole_model;
+  }
 };
 
 // The process itself before any model: code, the MPI, HDF5 and oneDNN libraries, threads'
@@ -58,6 +68,11 @@ struct PlannedMemory {
   MemoryEstimate estimate;
 };
 PlannedMemory estimate_run_memory(const RunConfig& cfg, const RunPlan& plan);
+// The same with the schedule's theory already computed (a planner of many grids shares it);
+// device_only: the rank whose device memory needs the most (the gathered whole model is host
+// memory on a GPU, so left out).
+PlannedMemory estimate_run_memory(const RunConfig& cfg, const RunPlan& plan,
+                                  const ScheduleTheory& theory, bool device_only = false);
 
 // "124,439,808 parameters (124,475,904 allocated: the token table padded to 50,304 rows);
 // memory per rank ~3.10 GB (stage 0): parameters 0.50 + gradients 0.50 + ..." for the log.

@@ -459,6 +459,84 @@ def cases(fx: Fixtures):
              rf"^strata: error: unknown flag {re.escape(flag_)}{suggestion}; strata {re.escape(name)} --help lists its flags",
              base=cmd)
 
+    # `strata bench comm` (issue 32): sizes, ops, --out, and one rank (these run on one rank,
+    # so each flag's own error comes before the one about the rank count).
+    bench = [S, "bench", "comm", "--out", "{C}/p.json"]
+    for name, args, pattern in [
+            ("--max_bytes 1.5M", ["--max_bytes", "1.5M"], r"flag --max_bytes: expected a size in bytes .* got '1\.5M'"),
+            ("--max_bytes 8G", ["--max_bytes", "8G"], r"flag --max_bytes: expected a size in bytes from 1 to 4G"),
+            ("--min_bytes 0", ["--min_bytes", "0"], r"flag --min_bytes: expected a size in bytes"),
+            ("--min_bytes 24", ["--min_bytes", "24"], r"flag --min_bytes: 24 bytes is not a power of 2"),
+            ("--min_bytes 2", ["--min_bytes", "2"], r"flag --min_bytes: 2 bytes is not a power of 2 of at least 4"),
+            ("--min_bytes over --max_bytes", ["--min_bytes", "1M", "--max_bytes", "64K"],
+             r"flag --min_bytes: 1048576 is more than --max_bytes 65536"),
+            ("--ops alltoall", ["--ops", "allreduce,alltoall"], r"flag --ops: unknown op 'alltoall'; the ops: allreduce, "),
+            ("--iters 0", ["--iters", "0"], r"flag --iters: must be in \[1, 1000000\], got 0"),
+            ("--device tpu", ["--device", "tpu"], r"--device: tpu not in"),
+            ("one rank", [], r"bench comm: 1 rank: the collectives and send/receive need at least 2")]:
+        out["flags"].append(Case(f"flags: bench comm {name}", bench + args, 2, pattern))
+    out["flags"].append(Case("flags: bench comm --out under a file", [S, "bench", "comm", "--out", "{C}/f/p.json"], 2,
+                             r"--out .*/f/p\.json: cannot create directory", make=file_with("x", name="f")))
+    out["flags"].append(Case("flags: bench comm --out a directory", [S, "bench", "comm", "--out", "{C}"], 2,
+                             r"--out .*: is a directory; expected a file"))
+
+    # `strata plan` (issue 32): the ranks, the memory, the config and the profile it reads; and
+    # `train --parallel.auto` with a memory no grid fits (one line naming the smallest grid).
+    plan = [S, "plan"] + fx.mlp_args()
+    for name, args, pattern in [
+            ("--nodes 0", ["--nodes", "0", "--ranks_per_node", "2"], r"flag --nodes: must be in \[1, "),
+            ("--nodes abc", ["--nodes", "abc", "--ranks_per_node", "2"], r"flag --nodes: expected an integer, got 'abc'"),
+            ("--nodes -4", ["--nodes", "-4", "--ranks_per_node", "2"], r"flag --nodes: must be in \[1, "),
+            ("--ranks_per_node 0", ["--nodes", "1", "--ranks_per_node", "0"], r"flag --ranks_per_node: must be in \[1, 4096\]"),
+            ("without --nodes", ["--ranks_per_node", "2"], r"--nodes is required"),
+            ("--memory_per_rank lots", ["--nodes", "1", "--ranks_per_node", "2", "--memory_per_rank", "lots"],
+             r"--memory_per_rank lots: must be a byte count \(e\.g\. 2e9\) or auto"),
+            ("--memory_per_rank 0", ["--nodes", "1", "--ranks_per_node", "2", "--memory_per_rank", "0"],
+             r"--memory_per_rank 0: must be a byte count"),
+            ("--top 0", ["--nodes", "1", "--ranks_per_node", "2", "--top", "0"], r"flag --top: must be in"),
+            ("a missing config", ["--nodes", "1", "--ranks_per_node", "2", "--config", "{C}/none.toml"], r"none\.toml"),
+            ("a malformed profile", ["--nodes", "1", "--ranks_per_node", "2", "--profile", "{C}/p.json"], r"p\.json"),
+            ("a missing comm profile", ["--nodes", "1", "--ranks_per_node", "2", "--comm", "{C}/none.json"], r"none\.json")]:
+        out["flags"].append(Case(f"flags: plan {name}", plan + args, 2, pattern,
+                                 make=file_with('{"strata_machine_profile": 1, "layers": [', name="p.json")))
+    out["flags"].append(Case("flags: plan of a GPT without data or vocabulary",
+                             [S, "plan", "--model.type", "gpt", "--data.path", "{C}/none.h5", "--nodes", "1",
+                              "--ranks_per_node", "1"], 2, r"none\.h5: cannot open"))
+    out["flags"].append(Case("flags: train --parallel.auto with memory no grid fits", train + [
+        "--parallel.auto", "true", "--parallel.memory_per_rank", "1e6"], 2,
+        r"^strata: error: the config: no grid of 1 rank fits 1 MB per rank \(parallel\.memory_per_rank = 1e\+06\): "
+        r"the smallest needs \d+ MB \(D 1 x P \d x T 1, ZeRO 0.*\); give more ranks or memory$"))
+    out["flags"].append(Case("flags: train --parallel.memory_per_rank -1", train + ["--parallel.memory_per_rank", "-1"], 2,
+                             r"flag --parallel\.memory_per_rank: must be in"))
+    # `strata bench layers` and the step-time model's inputs (issue 32): a config whose data is
+    # missing, bad flags; a machine profile malformed or of another version, a comm profile of
+    # another version, a cluster description missing a key (bench predict reads them all).
+    layers = [S, "bench", "layers", "--quiet", "--checkpoint_dir", "{C}/ck", "--out", "{C}/m.json"] + fx.mlp_args()
+    out["config"].append(Case("config: bench layers on missing data", layers + ["--data.path", "{C}/none.h5"], 2,
+                              r"none\.h5"))
+    out["flags"].append(Case("flags: bench layers --micro_batches 0", layers + ["--micro_batches", "0"], 2,
+                             r"--micro_batches"))
+    out["flags"].append(Case("flags: bench layers --out a directory", layers[:-len(fx.mlp_args()) - 2] + ["--out", "{C}"]
+                             + fx.mlp_args(), 2, r"--out .*: is a directory; expected a file"))
+    predict = [S, "bench", "predict", "--profile", "{C}/m.json"] + fx.mlp_args()
+    for name, text, pattern in [
+            ("malformed", '{"strata_machine_profile": 1, "layers": [', r"m\.json: bad JSON at line 1"),
+            ("of another version", '{"strata_machine_profile": 7}', r"m\.json: key \"strata_machine_profile\": not version 1"),
+            ("without layers", '{"strata_machine_profile": 1, "device": "cpu", "precision": "fp32", "threads": 1, "cores": 2}',
+             r"m\.json: key \"layers\" missing")]:
+        out["config"].append(Case(f"config: machine profile {name}", predict, 2, pattern,
+                                  make=file_with(text, name="m.json")))
+    out["config"].append(Case("config: comm profile of another version", predict + ["--comm_profile", "{C}/c.json"], 2,
+                              r"c\.json: key \"strata_comm_profile\": version 2",
+                              make=file_with('{"strata_comm_profile": 2, "fit": {}}', name="c.json")))
+    out["config"].append(Case("config: cluster description missing a key", predict + ["--cluster", "{C}/c.toml"], 2,
+                              r"c\.toml: key \"inter\.latency_us\" missing",
+                              make=file_with('name = "x"\nranks_per_node = 8\ntopology = "fat-tree"\n[intra]\n'
+                                             'bandwidth_GBps = 450\nlatency_us = 3\n[inter]\nbandwidth_GBps = 50\n')))
+    out["config"].append(Case("config: cluster description with another topology", predict + ["--cluster", "{C}/c.toml"], 2,
+                              r"c\.toml:3:\d+: key \"topology\" must be \"fat-tree\" or \"rail-optimised\"",
+                              make=file_with('name = "x"\nranks_per_node = 8\ntopology = "torus"\n')))
+
     # ---- inputs the fuzzers found (tests/fuzz/regressions) ----
     reg = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fuzz", "regressions")
     for name in sorted(os.listdir(os.path.join(reg, "config"))):

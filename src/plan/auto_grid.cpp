@@ -1,0 +1,75 @@
+#include "plan/auto_grid.h"
+
+#include <algorithm>
+#include <array>
+#include <map>
+
+#include <fmt/format.h>
+
+#include "plan/grid_search.h"
+#include "plan/plan_report.h"
+#include "strata/error.h"
+
+namespace strata {
+namespace {
+
+// Nodes = distinct hosts; ranks per node = the most on one host (what shares its memory).
+PlanRequest job_request(Comm& comm) {
+  std::map<std::string, int> per_host;
+  for (const std::string& h : comm.all_hosts()) ++per_host[h];
+  PlanRequest req;
+  req.nodes = int(per_host.size());
+  for (const auto& [host, n] : per_host) req.ranks_per_node = std::max(req.ranks_per_node, n);
+  if (req.nodes * req.ranks_per_node != comm.size()) {  // uneven: plan the ranks as they are
+    req.nodes = comm.size();
+    req.ranks_per_node = 1;
+  }
+  return req;
+}
+
+int index_of(const std::vector<std::string>& v, const std::string& s) {
+  return int(std::find(v.begin(), v.end(), s) - v.begin());
+}
+
+}  // namespace
+
+void apply_auto_grid(RunConfig& cfg, Comm& comm) {
+  PlanRequest req = job_request(comm);
+  const std::vector<std::string> precisions = {"fp32", "bf16"};
+  // P, T, ZeRO, schedule, M, v, recompute, precision
+  std::array<int, 8> chosen{};
+  collectively(comm, [&] {
+    if (comm.rank() != 0) return;
+    validate(cfg);
+    const PlanModel model = describe_plan_model(cfg);
+    req.memory = cfg.parallel.memory_per_rank > 0
+                     ? RankMemory{cfg.parallel.memory_per_rank,
+                                  fmt::format("parallel.memory_per_rank = {:g}", cfg.parallel.memory_per_rank)}
+                     : rank_memory("auto", req.ranks_per_node, "parallel.memory_per_rank");
+    const MachineProfile profile =
+        cfg.parallel.profile.empty() ? MachineProfile{} : read_machine_profile(cfg.parallel.profile);
+    CommModel cm;
+    if (!cfg.parallel.comm.empty())
+      cm = cfg.parallel.comm.ends_with(".toml") ? CommModel::from_cluster(cfg.parallel.comm)
+                                                : CommModel::from_profile(cfg.parallel.comm);
+    // On GPUs: T = 1 and device memory (an --device auto run on a GPU node is planned as the
+    // CPU's unless the profile or the comm model says GPU: set parallel.memory_per_rank there).
+    req.gpu = cfg.device == "cuda" || profile.device == "cuda" || cm.device().present;
+    const PlanResult r = search_grids(cfg, model, req, profile, cm);
+    const Candidate* best = r.best();
+    if (!best)
+      throw UserError(kExitBadInput,
+                      no_fit_message(r, req, cfg.config_path.empty() ? "the config" : cfg.config_path));
+    const GridChoice& g = best->grid;
+    chosen = {g.pipeline, g.tensor, g.zero, index_of(pipeline_schedules(), g.schedule), g.micro_batches,
+              g.virtual_stages, g.recompute ? 1 : 0, index_of(precisions, g.precision)};
+    fmt::print("{}\n", auto_plan_line(r, req));
+  });
+  comm.broadcast(chosen.data(), int64_t(sizeof chosen), 0);
+  cfg = with_grid(cfg, {.pipeline = chosen[0], .tensor = chosen[1], .zero = chosen[2],
+                        .schedule = pipeline_schedules()[size_t(chosen[3])],
+                        .micro_batches = chosen[4], .virtual_stages = chosen[5],
+                        .recompute = chosen[6] == 1, .precision = precisions[size_t(chosen[7])]});
+}
+
+}  // namespace strata

@@ -1,0 +1,265 @@
+#include "plan/layer_bench.h"
+
+#include <fcntl.h>
+#include <mpi.h>
+#include <sched.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <ctime>
+#include <fstream>
+
+#include <H5public.h>
+#include <dnnl.h>
+#include <fmt/format.h>
+
+#include "base/files.h"
+#include "model/loss.h"
+#include "model/model.h"
+#include "model/optim.h"
+#include "plan/step_time.h"
+#include "strata/error.h"
+#include "strata/rng.h"
+
+namespace strata {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+double process_cpu_s() {
+  timespec t{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return double(t.tv_sec) + 1e-9 * double(t.tv_nsec);
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::nth_element(v.begin(), v.begin() + long(v.size() / 2), v.end());
+  return v[v.size() / 2];
+}
+
+std::string cpuinfo_field(const std::string& text, const std::string& key) {
+  for (size_t at = text.find(key); at != std::string::npos; at = text.find(key, at + 1)) {
+    if (at > 0 && text[at - 1] != '\n') continue;
+    const size_t colon = text.find(':', at), eol = text.find('\n', at);
+    if (colon == std::string::npos || colon > eol) continue;
+    if (text.substr(at, text.find_first_of("\t:", at) - at) != key) continue;
+    std::string v = text.substr(colon + 1, eol - colon - 1);
+    v.erase(0, v.find_first_not_of(' '));
+    return v;
+  }
+  return "";
+}
+
+// Per layer, the phases' seconds of one run at one micro-batch.
+struct Phases {
+  std::vector<double> f, b, bi, bw;
+};
+
+// One micro-batch size: every layer's phases over `reps` runs after a warm-up, and the loss.
+LayerTiming* measure_size(Model& m, const Backend& be, int64_t b, int reps, const PlannedModel& pm,
+                          std::vector<LayerProfile>& out, std::vector<LayerTiming>& loss) {
+  Rng rng(11);
+  Tensor hx(batched(b, pm.input)), hdy(batched(b, m.stage_output_shape()));
+  const bool tokens = pm.tokens_per_sample > 1 || pm.layers.front().name.rfind("emb", 0) == 0;
+  for (int64_t i = 0; i < hx.size(); ++i)
+    hx.data()[i] = tokens ? float(rng.next() % uint64_t(pm.classes)) : rng.uniform(0.f, 1.f);
+  for (int64_t i = 0; i < hdy.size(); ++i) hdy.data()[i] = rng.uniform(-1e-3f, 1e-3f);
+  const Tensor x = to_backend(be, hx), dy = to_backend(be, hdy);
+  const int64_t rows = b * m.rows_per_sample();
+  std::vector<int32_t> labels(static_cast<size_t>(rows));
+  for (auto& l : labels) l = int32_t(rng.next() % uint64_t(m.classes()));
+  SoftmaxXentHead head(m.classes(), m.rows_per_sample());
+  Tensor dlogits;
+  const size_t L = m.layers().size();
+  std::vector<Phases> runs;
+  std::vector<double> loss_runs;
+  const StepInfo si{.training = true};
+  for (int r = 0; r <= reps; ++r) {  // run 0 warms caches and allocations up
+    Phases p{std::vector<double>(L), std::vector<double>(L), std::vector<double>(L), std::vector<double>(L)};
+    m.set_profile(&p.f);
+    const Tensor& y = m.forward(be, x, si);
+    m.set_profile(nullptr);
+    const auto t0 = Clock::now();
+    head.loss_and_gradient(be, y, labels.data(), b, b, dlogits);
+    be.synchronize();
+    const double lt = since(t0);
+    m.set_profile(&p.b);
+    m.backward(be, dy, 0);
+    m.set_profile(nullptr);
+    m.forward(be, x, si);
+    m.set_profile(&p.bi);
+    m.backward_input(be, dy, 0, false);
+    m.set_profile(&p.bw);
+    m.backward_weight(be, 0, {}, false);
+    m.set_profile(nullptr);
+    if (r > 0) runs.push_back(std::move(p)), loss_runs.push_back(lt);
+  }
+  const double n = double(b);
+  for (size_t i = 0; i < L; ++i) {
+    auto med = [&](std::vector<double> Phases::*ph) {
+      std::vector<double> v;
+      for (const Phases& p : runs) v.push_back((p.*ph)[i]);
+      return median(v) / n;
+    };
+    out[i].at.push_back({.micro_batch = b, .forward_s = med(&Phases::f), .backward_s = med(&Phases::b),
+                         .backward_input_s = med(&Phases::bi), .backward_weight_s = med(&Phases::bw)});
+  }
+  loss.push_back({.micro_batch = b, .forward_s = median(loss_runs) / n});
+  return &loss.back();
+}
+
+// The optimizer's step over the whole model, the median of reps, shared out to the layers by
+// their parameters (its work is per float).
+void measure_optimizer(const RunConfig& cfg, Model& m, const Backend& be, int reps,
+                       std::vector<LayerProfile>& out) {
+  OptimConfig oc{.kind = cfg.train.optimizer, .lr = cfg.train.lr, .momentum = cfg.train.momentum,
+                 .weight_decay = cfg.train.weight_decay, .nesterov = cfg.train.nesterov,
+                 .beta1 = cfg.train.beta1, .beta2 = cfg.train.beta2, .eps = cfg.train.eps,
+                 .grad_clip = cfg.train.grad_clip};
+  Optimizer opt(oc, m.values().size());
+  std::vector<double> t;
+  for (int r = 0; r <= reps; ++r) {
+    const auto t0 = Clock::now();
+    opt.step(be, m.values(), m.grads(), r);
+    be.synchronize();
+    if (r > 0) t.push_back(since(t0));
+  }
+  int64_t total = 0;
+  for (const LayerProfile& l : out) total += l.params;
+  for (LayerProfile& l : out) l.optimizer_s = total ? median(t) * double(l.params) / double(total) : 0;
+}
+
+// write + fsync of `bytes` to a file in dir, 3 times; the median bandwidth.
+double checkpoint_bandwidth(const std::string& dir, int64_t bytes) {
+  make_directories(dir);
+  const std::string path = dir + "/.strata-bench-layers.tmp";
+  std::vector<char> buf(size_t(std::min<int64_t>(bytes, 8 << 20)), 1);
+  std::vector<double> bw;
+  for (int r = 0; r < 3; ++r) {
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    if (fd < 0) fail_input("--checkpoint_dir {}: cannot write a file there: {}", dir, std::strerror(errno));
+    const auto t0 = Clock::now();
+    for (int64_t done = 0; done < bytes;) {
+      const ssize_t w = ::write(fd, buf.data(), size_t(std::min<int64_t>(int64_t(buf.size()), bytes - done)));
+      if (w <= 0) {
+        ::close(fd);
+        ::unlink(path.c_str());
+        fail_input("--checkpoint_dir {}: writing failed: {}", dir, std::strerror(errno));
+      }
+      done += w;
+    }
+    ::fsync(fd);
+    ::close(fd);
+    bw.push_back(double(bytes) / std::max(since(t0), 1e-9));
+  }
+  ::unlink(path.c_str());
+  return median(bw);
+}
+
+double memory_bandwidth() {
+  std::vector<char> a(64 << 20, 1), b(64 << 20, 0);
+  std::vector<double> bw;
+  for (int r = 0; r < 5; ++r) {
+    const auto t0 = Clock::now();
+    std::memcpy(b.data(), a.data(), a.size());
+    bw.push_back(2.0 * double(a.size()) / std::max(since(t0), 1e-9));  // read + write
+    a[size_t(r)] = b[size_t(r) + 1];
+  }
+  return median(bw);
+}
+
+}  // namespace
+
+void describe_node(MachineProfile& p) {
+  std::ifstream f("/proc/cpuinfo");
+  const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  p.cpu_model = cpuinfo_field(text, "model name");
+  p.cpu_family = cpuinfo_field(text, "cpu family");
+  p.cpu_model_id = cpuinfo_field(text, "model");
+  cpu_set_t set;
+  p.cores = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : int(sysconf(_SC_NPROCESSORS_ONLN));
+  const dnnl_version_t* v = dnnl_version();
+  p.versions["onednn"] = fmt::format("{}.{}.{}", v->major, v->minor, v->patch);
+  char mpi[MPI_MAX_LIBRARY_VERSION_STRING];
+  int len = 0;
+  MPI_Get_library_version(mpi, &len);
+  std::string m(mpi, size_t(len));
+  p.versions["mpi"] = m.substr(0, m.find_first_of(",\n"));
+  unsigned maj = 0, min = 0, rel = 0;
+  H5get_libversion(&maj, &min, &rel);
+  p.versions["hdf5"] = fmt::format("{}.{}.{}", maj, min, rel);
+  const std::time_t now = std::time(nullptr);
+  char date[32];
+  std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  p.date = date;
+}
+
+MachineProfile bench_layers(const RunConfig& given, const LayerBenchOptions& o) {
+  // The layers without recomputation: the step-time model adds a block's forward to its
+  // backward for train.recompute = block.
+  RunConfig cfg = given;
+  cfg.train.recompute = "none";
+  auto say = [&](const std::string& s) { if (o.progress) o.progress(s); };
+  const PlannedModel pm = plan_model(cfg);
+  std::string note;
+  const Backend& be = select_backend({.device = cfg.device, .threads = cfg.threads,
+                                      .precision = cfg.train.precision}, &note);
+  MachineProfile p;
+  describe_node(p);
+  p.device = be.name;
+  p.gpu = be.host_memory() ? "" : note;
+  p.versions["backend"] = note;
+  p.precision = cfg.train.precision;
+  p.threads = cfg.threads;
+  p.config = cfg.config_path;
+  p.model_type = cfg.model.type;
+  p.micro_batches = o.micro_batches;
+  if (p.micro_batches.empty()) {
+    const int64_t G = cfg.train.batch_size;
+    p.micro_batches = {std::max<int64_t>(1, G / 16), std::max<int64_t>(1, G / 4), G};
+  }
+  std::sort(p.micro_batches.begin(), p.micro_batches.end());
+  p.micro_batches.erase(std::unique(p.micro_batches.begin(), p.micro_batches.end()), p.micro_batches.end());
+  Model m(cfg.model_spec(pm.classes), pm.input, pm.classes);
+  m.init(1);
+  m.place(be);
+  const auto& layers = m.layers();
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const LayerInfo& li = pm.layers[i];
+    p.layers.push_back({.index = int(i), .name = li.name, .kind = li.describe, .params = li.params,
+                        .flops = li.flops, .splits = layers[i]->splits_backward(), .optimizer_s = 0, .at = {}});
+  }
+  say(fmt::format("bench layers: {} layers of {} on {} ({}, {} thread{}), micro-batches {}",
+                  layers.size(), cfg.model.type, be.name, p.precision, p.threads,
+                  p.threads == 1 ? "" : "s", fmt::join(p.micro_batches, ", ")));
+  const auto wall0 = Clock::now();
+  const double cpu0 = process_cpu_s();
+  for (int64_t b : p.micro_batches) {
+    const auto t0 = Clock::now();
+    measure_size(m, be, b, o.reps, pm, p.layers, p.loss);
+    double step = 0;
+    for (const LayerProfile& l : p.layers) step += (l.at.back().forward_s + l.at.back().backward_s) * double(b);
+    say(fmt::format("bench layers: micro-batch {:>5}: forward + backward {:.3f} ms ({:.1f} s measuring)",
+                    b, step * 1e3, since(t0)));
+  }
+  measure_optimizer(cfg, m, be, o.reps, p.layers);
+  if (be.host_memory())
+    p.cpu_share = std::min(1.0, (process_cpu_s() - cpu0) / std::max(since(wall0), 1e-9) / p.threads);
+  const int64_t state = m.num_params() * int64_t(sizeof(float)) *
+                        (cfg.train.optimizer == "adamw" ? 3 : 2);
+  p.checkpoint_bytes = std::max<int64_t>(state, 4 << 20);
+  const std::string dir = o.checkpoint_dir.empty() ? cfg.checkpoint_dir() : o.checkpoint_dir;
+  p.checkpoint_write_Bps = checkpoint_bandwidth(dir, p.checkpoint_bytes);
+  p.memory_Bps = memory_bandwidth();
+  say(fmt::format("bench layers: checkpoint write {:.0f} MB/s to {} ({:.1f} MB, with fsync); "
+                  "memory copy {:.1f} GB/s; CPU share while timing {:.2f}{}", p.checkpoint_write_Bps / 1e6,
+                  dir, double(p.checkpoint_bytes) / 1e6, p.memory_Bps / 1e9, p.cpu_share,
+                  p.cpu_share < 0.9 ? " (other work shared the cores: the figures include it)" : ""));
+  return p;
+}
+
+}  // namespace strata

@@ -1,0 +1,72 @@
+#include "plan/plan_memory.h"
+
+#include <algorithm>
+#include <filesystem>
+
+#include <fmt/format.h>
+
+#include "base/memory.h"
+#include "base/parse.h"
+#include "parallel/pipeline.h"
+#include "strata/error.h"
+
+namespace strata {
+
+PlanModel describe_plan_model(const RunConfig& cfg) {
+  PlanModel m;
+  m.model = plan_model(cfg);  // the step-time model's reading of the data's shape
+  std::error_code ec;
+  m.source = std::filesystem::exists(cfg.data.path, ec) || cfg.model.type != "gpt"
+                 ? cfg.data.path
+                 : fmt::format("the config (data.path {} not found: context {}, vocabulary {})",
+                               cfg.data.path, cfg.model.context, cfg.model.vocab);
+  // What the memory estimate reads of the dataset: the logits' width and whether it is text.
+  m.info.tokens = cfg.model.type == "gpt";
+  m.info.classes = m.model.classes;
+  m.info.train.sample_shape = m.model.input;
+  m.has_blocks = std::any_of(m.model.layers.begin(), m.model.layers.end(),
+                             [](const LayerInfo& l) { return l.internal_bytes > 0; });
+  m.rows_per_sample = numel(m.model.layers.back().out_shape) / std::max(1, m.model.classes);
+  return m;
+}
+
+RankMemory rank_memory(const std::string& given, int ranks_per_node, const std::string& flag) {
+  if (given.empty() || given == "auto") {
+    const MemoryBound node = node_memory_limit();
+    return {double(node.bytes) / ranks_per_node,
+            ranks_per_node == 1 ? node.source
+                                : fmt::format("{} / {} ranks per node", node.source, ranks_per_node)};
+  }
+  std::string why;
+  const std::optional<double> bytes = parse_real(given, &why);
+  if (!bytes || *bytes < 1)
+    fail_input("{} {}: must be a byte count (e.g. 2e9) or auto{}", flag, given,
+               why.empty() ? "" : " (" + why + ")");
+  return {*bytes, fmt::format("{} {}", flag, given)};
+}
+
+RunPlan candidate_plan(const RunConfig& cfg, const PlanModel& m, int ranks) {
+  RunPlan p;
+  p.ranks = ranks;
+  p.P = cfg.parallel.pipeline_stages;
+  p.T = cfg.parallel.tensor;
+  const GridShape g = grid_shape(cfg, ranks);
+  p.D = g.D;
+  p.M = g.M;
+  p.info = m.info;
+  p.layers = m.model.layers;
+  p.costs = estimated_costs(p.layers);
+  p.v = cfg.parallel.virtual_stages;
+  p.ranges = partition_layers(p.layers, p.costs, p.P, cfg.parallel.stage_layers, p.v);
+  p.rows_per_sample = m.rows_per_sample;
+  return p;
+}
+
+PlanMemory plan_memory(const RunConfig& cfg, const RunPlan& plan, const ScheduleTheory& theory, bool gpu) {
+  PlanMemory out;
+  out.planned = estimate_run_memory(cfg, plan, theory, gpu);
+  out.peak = out.planned.estimate.total();
+  return out;
+}
+
+}  // namespace strata

@@ -1,0 +1,85 @@
+// The reference `strata bench comm` is compared with (tests/plan/bench_comm_reference.py):
+// the same measurements written directly on MPI's API, nothing of strata's. Debian packages
+// neither the OSU micro-benchmarks nor IMB, so this is the plain loop they run.
+//
+//   mpirun -n 2 comm_reference MIN_BYTES MAX_BYTES ITERS WARMUP
+//
+// For each power of 2 from MIN to MAX, prints "allreduce BYTES SECONDS" and "sendrecv BYTES
+// SECONDS" on rank 0: allreduce: MPI_Barrier, then one in-place MPI_Allreduce of BYTES/4 floats,
+// timed on every rank; an iteration's time is the slowest rank's, the figure the median over
+// ITERS (after WARMUP untimed). sendrecv: rank i sends BYTES to rank i + n/2 with MPI_Send and
+// receives them back (MPI_Recv); half the round trip, on rank i (osu_latency's definition);
+// median over ITERS of the slowest pair.
+#include <mpi.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+namespace {
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t h = v.size() / 2;
+  return v.size() % 2 ? v[h] : 0.5 * (v[h - 1] + v[h]);
+}
+
+double allreduce_time(std::vector<float>& x, int n, int iters, int warmup) {
+  std::vector<double> t(size_t(iters), 0.0);
+  for (int it = 0; it < warmup + iters; ++it) {
+    MPI_Barrier(MPI_COMM_WORLD);
+    const double t0 = MPI_Wtime();
+    MPI_Allreduce(MPI_IN_PLACE, x.data(), n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    if (it >= warmup) t[size_t(it - warmup)] = MPI_Wtime() - t0;
+  }
+  MPI_Allreduce(MPI_IN_PLACE, t.data(), iters, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  return median(t);
+}
+
+double pingpong_time(std::vector<float>& x, std::vector<float>& y, int n, int iters, int warmup,
+                     int rank, int size) {
+  const int half = size / 2;
+  const int peer = rank < half ? rank + half : rank < 2 * half ? rank - half : -1;
+  std::vector<double> t(size_t(iters), 0.0);
+  for (int it = 0; it < warmup + iters && peer >= 0; ++it) {
+    double dt = 0;
+    if (rank < peer) {
+      const double t0 = MPI_Wtime();
+      MPI_Send(x.data(), n, MPI_FLOAT, peer, 1, MPI_COMM_WORLD);
+      MPI_Recv(y.data(), n, MPI_FLOAT, peer, 1, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+      dt = (MPI_Wtime() - t0) / 2;
+    } else {
+      MPI_Recv(y.data(), n, MPI_FLOAT, peer, 1, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+      MPI_Send(x.data(), n, MPI_FLOAT, peer, 1, MPI_COMM_WORLD);
+    }
+    if (it >= warmup) t[size_t(it - warmup)] = dt;
+  }
+  MPI_Allreduce(MPI_IN_PLACE, t.data(), iters, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  return median(t);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  int rank = 0, size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  if (argc != 5 || size < 2) {
+    if (rank == 0) std::fprintf(stderr, "usage: mpirun -n 2 comm_reference MIN MAX ITERS WARMUP\n");
+    MPI_Finalize();
+    return 2;
+  }
+  const long long lo = std::atoll(argv[1]), hi = std::atoll(argv[2]);
+  const int iters = std::atoi(argv[3]), warmup = std::atoi(argv[4]);
+  std::vector<float> x(size_t(hi / 4), 1.0f), y(size_t(hi / 4), 0.0f);
+  for (long long bytes = lo; bytes <= hi; bytes *= 2) {
+    const int n = int(bytes / 4);
+    const double a = allreduce_time(x, n, iters, warmup);
+    const double p = pingpong_time(x, y, n, iters, warmup, rank, size);
+    if (rank == 0) std::printf("allreduce %lld %.9g\nsendrecv %lld %.9g\n", bytes, a, bytes, p);
+  }
+  MPI_Finalize();
+  return 0;
+}

@@ -1,0 +1,253 @@
+// The step-time model's parts (src/plan/): the communication model (measured points, fits,
+// cluster files and their errors, hierarchical collectives), the weighted pipeline simulation
+// against the unit-cost theory and a case worked by hand, the machine profile's file and
+// interpolation, and predictions composed from known parts.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <fstream>
+
+#include "parallel/pipeline_schedule.h"
+#include "plan/comm_model.h"
+#include "plan/machine_profile.h"
+#include "plan/step_time.h"
+#include "strata/error.h"
+
+using namespace strata;
+
+namespace {
+
+const char* kProfile = R"({"strata_comm_profile": 1, "source": "measured", "backend": "mpi",
+  "ranks": 2, "nodes": 1, "ranks_per_node": 2,
+  "fit": {"allreduce": {"intra": {"latency_s": 1e-5, "busbw_Bps": 1e9}},
+          "sendrecv": {"intra": {"latency_s": 2e-6, "busbw_Bps": 4e9}}},
+  "measurements": [
+    {"op": "allreduce", "level": "intra", "ranks": 2, "bytes": 1024, "time_s": 2e-5, "algbw_Bps": 0, "busbw_Bps": 0},
+    {"op": "allreduce", "level": "intra", "ranks": 2, "bytes": 2048, "time_s": 4e-5, "algbw_Bps": 0, "busbw_Bps": 0},
+    {"op": "allreduce", "level": "intra", "ranks": 2, "bytes": 4096, "time_s": 5e-5, "algbw_Bps": 0, "busbw_Bps": 0}]})";
+
+const char* kCluster = R"(name = "test"
+ranks_per_node = 8
+topology = "fat-tree"
+[intra]
+bandwidth_GBps = 400
+latency_us = 2
+[inter]
+bandwidth_GBps = 50
+latency_us = 5
+)";
+
+std::string without(std::string text, const std::string& line) {
+  const size_t at = text.find(line);
+  REQUIRE(at != std::string::npos);
+  return text.erase(at, line.size());
+}
+
+}  // namespace
+
+TEST_CASE("comm model: measured points are interpolated, the fit answers elsewhere", "[plan]") {
+  const CommModel m = CommModel::from_profile_text(kProfile, "p.json");
+  CHECK(m.seconds(CommOp::allreduce, 1024, 2, CommLevel::kIntra) == Approx(2e-5));
+  CHECK(m.seconds(CommOp::allreduce, 1536, 2, CommLevel::kIntra) == Approx(3e-5));
+  CHECK(m.seconds(CommOp::allreduce, 3072, 2, CommLevel::kIntra) == Approx(4.5e-5));
+  // Beyond the measured sizes, or at another rank count: latency + bytes x 2(n-1)/n / busbw.
+  CHECK(m.seconds(CommOp::allreduce, 1e6, 2, CommLevel::kIntra) == Approx(1e-5 + 1e6 * 1.0 / 1e9));
+  CHECK(m.seconds(CommOp::allreduce, 2048, 4, CommLevel::kIntra) == Approx(1e-5 + 2048 * 1.5 / 1e9));
+  CHECK(m.seconds(CommOp::sendrecv, 4e6, 2, CommLevel::kIntra) == Approx(2e-6 + 4e6 / 4e9));
+  // An op the profile lacks borrows allreduce's link; a level it lacks, the other level's.
+  CHECK(m.seconds(CommOp::all_gather, 1e6, 2, CommLevel::kIntra) == Approx(1e-5 + 0.5e6 / 1e9));
+  CHECK(m.seconds(CommOp::allreduce, 1e6, 2, CommLevel::kInter) == Approx(1e-5 + 1e6 / 1e9));
+  CHECK(m.seconds(CommOp::allreduce, 1e6, 1, CommLevel::kIntra) == 0);
+  CHECK(CommModel().seconds(CommOp::allreduce, 1e6, 8, CommLevel::kInter) == 0);
+  bool noted = false;
+  for (const auto& a : m.assumptions()) noted = noted || a.find("no inter-node") != std::string::npos;
+  CHECK(noted);
+}
+
+TEST_CASE("comm model: a bad comm profile names the file and the key", "[plan]") {
+  using Catch::Contains;
+  std::string v2 = kProfile;
+  v2.replace(v2.find("\"strata_comm_profile\": 1"), 24, "\"strata_comm_profile\": 2");
+  CHECK_THROWS_WITH(CommModel::from_profile_text(v2, "p.json"),
+                    Contains("p.json") && Contains("strata_comm_profile"));
+  CHECK_THROWS_WITH(CommModel::from_profile_text(without(kProfile, ", \"busbw_Bps\": 1e9"), "p.json"),
+                    Contains("p.json") && Contains("fit.allreduce.intra"));
+  CHECK_THROWS_WITH(CommModel::from_profile_text("{\"strata_comm_profile\": 1}", "p.json"),
+                    Contains("key \"fit\" missing"));
+  CHECK_THROWS_WITH(CommModel::from_profile_text("{\"strata_comm_profile\": 1,", "p.json"),
+                    Contains("p.json") && Contains("bad JSON"));
+  std::string op = kProfile;
+  op.replace(op.find("\"sendrecv\": {\"intra\""), 10, "\"alltoall\"");
+  CHECK_THROWS_WITH(CommModel::from_profile_text(op, "p.json"), Contains("fit.alltoall"));
+}
+
+TEST_CASE("comm model: cluster files, hierarchical collectives across nodes", "[plan]") {
+  const CommModel m = CommModel::from_cluster_text(kCluster, "c.toml");
+  CHECK(m.ranks_per_node() == 8);
+  CHECK(!m.device().present);
+  // A link's latency counts once per step of a log2(n)-step collective.
+  const double ar8 = m.seconds(CommOp::allreduce, 1e9, 8, CommLevel::kIntra);
+  CHECK(ar8 == Approx(3 * 2e-6 + 1e9 * 1.75 / 400e9));
+  // 16 ranks on 2 nodes: intra reduce-scatter, inter allreduce of 1/8 over 2 nodes, intra all-gather.
+  const double rs = 3 * 2e-6 + 1e9 * 0.875 / 400e9, ag = rs;
+  const double inter = 1 * 5e-6 + (1e9 / 8) * 1.0 / 50e9;
+  CHECK(m.collective_seconds(CommOp::allreduce, 1e9, 16, 8) == Approx(rs + inter + ag));
+  CHECK(m.collective_seconds(CommOp::allreduce, 1e9, 8, 8) == Approx(ar8));
+  CHECK(m.collective_seconds(CommOp::sendrecv, 1e6, 2, 1) == Approx(5e-6 + 1e6 / 50e9));
+  // The shipped H100 description reads, with its device.
+  const CommModel h = CommModel::from_cluster(STRATA_SOURCE_DIR "/configs/clusters/h100-nvlink4-ndr400.toml");
+  CHECK(h.ranks_per_node() == 8);
+  CHECK(h.device().present);
+  CHECK(h.fit(CommOp::allreduce, CommLevel::kInter).busbw_Bps == Approx(50e9));
+  CHECK(h.fit(CommOp::allreduce, CommLevel::kIntra).busbw_Bps == Approx(450e9));
+}
+
+TEST_CASE("comm model: a bad cluster file names the file and the key", "[plan]") {
+  using Catch::Contains;
+  CHECK_THROWS_WITH(CommModel::from_cluster_text(without(kCluster, "latency_us = 5\n"), "c.toml"),
+                    Contains("c.toml") && Contains("\"inter.latency_us\" missing"));
+  CHECK_THROWS_WITH(CommModel::from_cluster_text(without(kCluster, "ranks_per_node = 8\n"), "c.toml"),
+                    Contains("c.toml") && Contains("\"ranks_per_node\" missing"));
+  std::string topo = kCluster;
+  topo.replace(topo.find("fat-tree"), 8, "torus");
+  CHECK_THROWS_WITH(CommModel::from_cluster_text(topo, "c.toml"), Contains("c.toml:3") && Contains("topology"));
+  CHECK_THROWS_WITH(CommModel::from_cluster_text(std::string(kCluster) + "[device]\nname = \"x\"\n", "c.toml"),
+                    Contains("\"device.peak_tflops_bf16\" missing"));
+  CHECK_THROWS_WITH(CommModel::from_cluster_text(std::string(kCluster) + "bogus = 1\n", "c.toml"),
+                    Contains("unknown key \"inter.bogus\""));
+  std::string neg = kCluster;
+  neg.replace(neg.find("400"), 3, "-40");
+  CHECK_THROWS_WITH(CommModel::from_cluster_text(neg, "c.toml"), Contains("intra.bandwidth_GBps"));
+  CHECK_THROWS_WITH(CommModel::from_cluster_text("name = ", "c.toml"), Contains("c.toml:1") && Contains("TOML"));
+}
+
+TEST_CASE("schedule simulation: equal costs give the closed-form bubbles; costs scale", "[plan]") {
+  struct Case { std::string kind; int P, M, v; double bubble; };
+  for (const Case& c : {Case{"gpipe", 2, 4, 1, 1.0 / 5}, Case{"1f1b", 4, 8, 1, 3.0 / 11},
+                        Case{"1f1b", 3, 5, 1, 2.0 / 7}, Case{"zb-h1", 4, 8, 1, 3.0 / 27},
+                        Case{"interleaved", 2, 4, 2, -1}, Case{"interleaved", 4, 8, 3, -1}}) {
+    INFO(c.kind << " P " << c.P << " M " << c.M << " v " << c.v);
+    const double u = 1.0 / c.v;
+    auto costs = [&](double k) {
+      return std::vector<std::vector<OpCosts>>(size_t(c.P), std::vector<OpCosts>(size_t(c.v), OpCosts{k * u, 2 * k * u, k * u, k * u}));
+    };
+    const ScheduleSim one = simulate_schedule(c.kind, c.P, c.M, c.v, costs(1));
+    if (c.bubble >= 0) CHECK(one.bubble() == Approx(c.bubble));
+    // Interleaved: less than 1f1b's at the same P and M (the fill and drain shrink v times).
+    else CHECK(one.bubble() < double(c.P - 1) / (c.M + c.P - 1));
+    const ScheduleSim scaled = simulate_schedule(c.kind, c.P, c.M, c.v, costs(3.7));
+    CHECK(scaled.span == Approx(3.7 * one.span));
+    for (size_t s = 0; s < one.idle.size(); ++s) CHECK(scaled.idle[s] == Approx(one.idle[s]));
+    CHECK(schedule_idle_shares(c.kind, c.P, c.M, c.v) == one.idle);
+  }
+}
+
+TEST_CASE("schedule simulation: a 2-stage 1f1b case worked by hand", "[plan]") {
+  // Stage 0: F 1, B 2; stage 1: F 2, B 3; a send takes 0.5. Stage 0 runs F0 F1 B0 B1, stage 1
+  // F0 B0 F1 B1: s0 F0 [0,1] F1 [1,2]; s1 F0 [1.5,3.5] B0 [3.5,6.5] F1 [6.5,8.5] B1 [8.5,11.5];
+  // s0 B0 waits for 6.5 + 0.5: [7,9], B1 for 11.5 + 0.5: [12,14].
+  const std::vector<std::vector<OpCosts>> costs = {{OpCosts{1, 2, 0, 0}}, {OpCosts{2, 3, 0, 0}}};
+  const ScheduleSim sim = simulate_schedule("1f1b", 2, 2, 1, costs, 0.5);
+  CHECK(sim.span == Approx(14));
+  CHECK(sim.finish[0] == Approx(14));
+  CHECK(sim.finish[1] == Approx(11.5));
+  CHECK(sim.busy[0] == Approx(6));
+  CHECK(sim.busy[1] == Approx(10));
+  CHECK(sim.idle[0] == Approx(8.0 / 14));
+  CHECK(sim.idle[1] == Approx(4.0 / 14));
+  // zb-h1 on the same stages with B 1 and W 1 on stage 0: its W's fill the wait.
+  const std::vector<std::vector<OpCosts>> split = {{OpCosts{1, 2, 1, 1}}, {OpCosts{2, 3, 2, 1}}};
+  CHECK(simulate_schedule("zb-h1", 2, 2, 1, split, 0.5).span < sim.span);
+}
+
+namespace {
+
+MachineProfile mlp_profile(const PlannedModel& m) {
+  MachineProfile p;
+  p.device = "cpu";
+  p.cores = 2;
+  p.threads = 1;
+  p.checkpoint_write_Bps = 1e8;
+  p.memory_Bps = 1e10;
+  p.checkpoint_bytes = 4 << 20;
+  for (size_t i = 0; i < m.layers.size(); ++i) {
+    LayerProfile l{.index = int(i), .name = m.layers[i].name, .kind = m.layers[i].describe,
+                   .params = m.layers[i].params, .flops = m.layers[i].flops, .splits = true,
+                   .optimizer_s = 1e-4, .at = {}};
+    // 1 ms + 0.1 ms per sample forward, twice that backward: per sample at 8 and 32.
+    for (int64_t b : {8, 32}) {
+      const double f = (1e-3 + 1e-4 * double(b)) / double(b);
+      l.at.push_back({.micro_batch = b, .forward_s = f, .backward_s = 2 * f,
+                      .backward_input_s = f, .backward_weight_s = f});
+    }
+    p.layers.push_back(l);
+  }
+  p.loss = {{.micro_batch = 8, .forward_s = 0, .backward_s = 0, .backward_input_s = 0, .backward_weight_s = 0}};
+  return p;
+}
+
+PlannedModel mlp() {
+  PlannedModel m;
+  m.input = {784};
+  m.classes = 10;
+  m.layers = describe_layers({"linear 64", "relu", "linear 32", "relu", "linear 10"}, m.input, m.classes);
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("machine profile: written, read back, interpolated per micro-batch", "[plan]") {
+  const PlannedModel m = mlp();
+  MachineProfile p = mlp_profile(m);
+  p.versions["onednn"] = "3.0";
+  const std::string path = STRATA_BINARY_DIR "/test-runs/unit-machine-profile.json";
+  write_machine_profile(path, p);
+  const MachineProfile q = read_machine_profile(path);
+  REQUIRE(q.layers.size() == p.layers.size());
+  CHECK(q.versions.at("onednn") == "3.0");
+  const LayerProfile* l = q.find(0, m.layers[0].describe);
+  REQUIRE(l);
+  // Linear in the micro-batch between sizes, and beyond them along the last two.
+  CHECK(MachineProfile::cost(*l, 16).forward_s == Approx(1e-3 + 16e-4));
+  CHECK(MachineProfile::cost(*l, 64).backward_s == Approx(2 * (1e-3 + 64e-4)));
+  CHECK(q.find(7, "Linear(1 -> 1)") == nullptr);
+  std::ofstream(path) << "{\"strata_machine_profile\": 2, \"layers\": []}";
+  CHECK_THROWS_WITH(read_machine_profile(path), Catch::Contains("strata_machine_profile"));
+  std::ofstream(path) << machine_profile_json(p).substr(0, 200);
+  CHECK_THROWS_WITH(read_machine_profile(path), Catch::Contains(path));
+}
+
+TEST_CASE("step time: composed from the profile, the schedule and the comm model", "[plan]") {
+  const PlannedModel m = mlp();
+  const MachineProfile p = mlp_profile(m);
+  RunConfig cfg;
+  cfg.train.batch_size = 32;
+  const CommModel none;
+  double sum = 0;  // the model's layers at 32 samples: forward + backward + optimizer
+  for (const auto& l : p.layers) sum += 3 * (1e-3 + 32e-4) + l.optimizer_s;
+  GridChoice g;
+  const StepTime one = predict_step_time(cfg, m, g, p, none);
+  CHECK(one.total_s == Approx(sum));
+  CHECK(one.bubble_s == Approx(0).margin(1e-12));
+  // D = 2: half the batch each, plus the whole gradient sum exposed (MPI on the CPU).
+  const CommModel c = CommModel::from_profile_text(kProfile, "p.json");
+  g.data = 2, g.ranks_per_node = 2;
+  const StepTime two = predict_step_time(cfg, m, g, p, c);
+  double grads = 0;
+  for (const auto& l : m.layers) grads += double(l.params) * 4;
+  CHECK(two.exposed_comm_s == Approx(c.seconds(CommOp::allreduce, grads, 2, CommLevel::kIntra) +
+                                     c.seconds(CommOp::allreduce, 40, 2, CommLevel::kIntra)));
+  CHECK(two.compute_s < one.compute_s);
+  // Four ranks on the profile's 2 cores: every rank's compute twice as slow.
+  g.data = 4, g.ranks_per_node = 4;
+  const StepTime four = predict_step_time(cfg, m, g, p, c);
+  CHECK(four.oversubscription == Approx(2));
+  CHECK(four.compute_s == Approx(2 * double(p.layers.size()) * 3 * (1e-3 + 8e-4)));
+  // P = 2: the simulated span, more than the busier stage's work alone.
+  g = GridChoice{.data = 1, .pipeline = 2, .micro_batches = 4};
+  const StepTime pipe = predict_step_time(cfg, m, g, p, c);
+  CHECK(pipe.bubble_s > 0);
+  CHECK(pipe.reason.find("P = 2 pays") != std::string::npos);
+  g.micro_batches = 3;
+  CHECK_THROWS_WITH(predict_step_time(cfg, m, g, p, c), Catch::Contains("train.batch_size = 32"));
+}
