@@ -88,7 +88,8 @@ Subcommand add_bench_predict(CLI::App& bench) {
   auto* sub = bench.add_subcommand("predict", "one grid's predicted step time (JSON)");
   sub->group("");  // hidden: a tool for checking the model, strata plan is the command
   add_train_flags(*sub, o->flags);
-  sub->add_option("--profile", o->profile, "machine profile (strata bench layers)")->required();
+  sub->add_option("--profile", o->profile,
+                  "machine profile (strata bench layers); none: the cluster file's [device] projects");
   sub->add_option("--comm_profile", o->comm, "comm profile (strata bench comm)");
   sub->add_option("--cluster", o->cluster, "cluster description (TOML)");
   sub->add_option("--data", o->g.data)->check(int_in(1, 1 << 20));
@@ -110,7 +111,7 @@ Subcommand add_bench_predict(CLI::App& bench) {
     const CommModel c = !o->comm.empty()    ? CommModel::from_profile(o->comm)
                         : !o->cluster.empty() ? CommModel::from_cluster(o->cluster)
                                               : CommModel();
-    const MachineProfile p = read_machine_profile(o->profile);
+    const MachineProfile p = o->profile.empty() ? MachineProfile{} : read_machine_profile(o->profile);
     fmt::print("{}\n", step_time_json(predict_step_time(cfg, o->g, p, c)));
     return int(kExitOk);
   };

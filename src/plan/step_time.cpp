@@ -138,10 +138,10 @@ struct Context {
   const CostSource& src;
   double b;         // micro-batch
   double slow;      // oversubscription
-  int blocks = 0;   // blocks in the model
 };
 
 double tp_allreduce_s(const Context& c, const LayerInfo& l) {
+  // strata keeps activations in fp32 whatever train.precision (bf16 is the GEMMs' inputs).
   const double bytes = c.b * double(numel(l.out_shape)) * sizeof(float);
   return c.comm.collective_seconds(CommOp::allreduce, bytes, c.g.tensor, c.g.ranks_per_node);
 }
@@ -180,7 +180,6 @@ StageWork stage_work(const Context& c, const std::vector<LayerRange>& ranges, in
   for (const OpCosts& oc : w.chunks) w.last_backward_s += split ? oc.backward_weight : oc.backward;
   return w;
 }
-
 
 // Where the grid's groups sit (grid.h: tensor parts innermost, then replicas_in_node: a stage's
 // replicas, or pipeline_in_node: a pipeline's stages): how many of each group share a node.
@@ -283,7 +282,7 @@ StepTime predict_step_time_impl(const RunConfig& cfg, const PlannedModel& m, con
   }
   int blocks = 0;
   for (const LayerInfo& l : m.layers) blocks += is_block(l);
-  const Context c{cfg, m, g, comm, src, st.micro_batch, st.oversubscription, blocks};
+  const Context c{cfg, m, g, comm, src, st.micro_batch, st.oversubscription};
   const auto ranges = ranges_for(cfg, m, g, src, st.micro_batch);
   const Placement pl = place(cfg, g);
   std::vector<StageWork> works;

@@ -121,7 +121,7 @@ TEST_CASE("comm model: a bad cluster file names the file and the key", "[plan]")
   CHECK_THROWS_WITH(CommModel::from_cluster_text("name = ", "c.toml"), Contains("c.toml:1") && Contains("TOML"));
 }
 
-TEST_CASE("schedule simulation: equal costs give the closed-form bubbles; costs scale", "[plan]") {
+TEST_CASE("schedule simulation: equal costs give the closed-form bubbles, costs scale", "[plan]") {
   struct Case { std::string kind; int P, M, v; double bubble; };
   for (const Case& c : {Case{"gpipe", 2, 4, 1, 1.0 / 5}, Case{"1f1b", 4, 8, 1, 3.0 / 11},
                         Case{"1f1b", 3, 5, 1, 2.0 / 7}, Case{"zb-h1", 4, 8, 1, 3.0 / 27},
