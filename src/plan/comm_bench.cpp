@@ -141,6 +141,7 @@ class CommBench {
   void start_and_wait(Comm& c, CommOp op, int64_t n) {
     float* x = a_.get();
     int h = 0;
+    if (op == CommOp::allreduce_blocking) return c.allreduce_sum(x, n);
     if (op == CommOp::allreduce) h = c.start_allreduce_sum(x, n);
     if (op == CommOp::reduce_scatter) h = c.start_reduce_scatter_sum(x, shard_counts(n, c.size()));
     if (op == CommOp::all_gather) h = c.start_allgather(x, shard_counts(n, c.size()));
@@ -212,7 +213,7 @@ class CommBench {
       int64_t owner_end = counts[0];
       for (int64_t i = lo; i < hi; ++i) {
         float want = 0;
-        if (op == CommOp::allreduce || op == CommOp::reduce_scatter) {
+        if (op != CommOp::all_gather && op != CommOp::sendrecv) {  // the sums
           for (int q = 0; q < c.size(); ++q) want += pattern(q, i);
         } else if (op == CommOp::all_gather) {
           while (i >= owner_end) owner_end += counts[size_t(++owner)];
