@@ -9,7 +9,6 @@
 
 #include <fmt/format.h>
 
-#include "backends/cuda_api.h"
 #include "base/job.h"
 #include "strata/backend.h"
 #include "strata/error.h"
@@ -283,8 +282,6 @@ CommProfile run_comm_bench(Comm& world, const CommBenchOptions& o) {
   p.host = world.host();
   p.strata_version = fmt::format("strata {} ({})", STRATA_VERSION, STRATA_GIT_COMMIT);
   p.device = be->name;
-  std::string gpu_why;
-  p.backend = std::string(be->name) == "cuda" && cuda_devices(&gpu_why) >= on_node[0] ? "nccl" : "mpi";
   p.ranks = world.size();
   p.nodes = int(nodes.size());
   p.ranks_per_node = on_node[0];
@@ -305,6 +302,10 @@ CommProfile run_comm_bench(Comm& world, const CommBenchOptions& o) {
     l.ranks = int(size);
     levels.push_back(std::move(l));
   }
+  // "nccl" where every level's sums run on NCCL (ranks sharing a GPU stage theirs over MPI).
+  p.backend = levels.empty() ? "mpi" : levels[0].comm->sums_library();
+  for (const auto& l : levels)
+    if (l.comm->sums_library() != p.backend) p.backend = "mpi";
   CommBench(world, o, *be).run(p, levels);
   return p;
 }
