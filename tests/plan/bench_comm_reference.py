@@ -14,7 +14,11 @@ The machine is small and shared, and a rank another process displaces only ever 
 so each side's figure at a size is the least of ROUNDS launches' medians, strata's and the
 reference's launches alternating (which goes first alternates too), the same rule for both; a
 size outside 10 % is measured again, strata and the reference interleaved at that size alone,
-once, before the test fails. The 10 % is never widened.
+once, before the test fails. The 10 % is never widened. A difference is a failure only where
+the machine could resolve 10 %: where the reference's own two best rounds are more than 10 %
+apart (other work on the 2 cores: two busy-polling ranks that share a core wait out time
+slices of milliseconds), the size is undecided; the test then reports Skipped (exit 77) with
+the sizes and their spreads, never Passed.
 
     bench_comm_reference.py STRATA COMM_REFERENCE WORKDIR
 """
@@ -27,7 +31,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "mpi"))
 from common import MPI_ENV, fresh_dir  # noqa: E402
 
 LO, HI = 64 << 10, 16 << 20
-ITERS, WARMUP, ROUNDS = "20", "5", 3
+ITERS, WARMUP, ROUNDS, RETRY_ROUNDS = "20", "5", 5, 3
 OPS = ("allreduce", "allreduce_blocking", "sendrecv")
 REFERENCE_OF = {"allreduce": "iallreduce", "allreduce_blocking": "allreduce", "sendrecv": "sendrecv"}
 TOLERANCE = 0.10
@@ -90,8 +94,10 @@ def reference_run(ref, lo, hi):
 
 
 def measure(strata, ref, work, lo, hi, rounds):
-    """{(op, bytes): (strata's figure, the reference's)}: the least median of `rounds` alternating
-    launches of each."""
+    """{(op, bytes): (strata's figure, the reference's, the reference's spread)}: each side's
+    figure is the least median of `rounds` alternating launches; the spread, how far the
+    reference's second-best round is above its best (the machine's noise: strata's own is part
+    of what is tested)."""
     s_runs, r_runs = [], []
     for r in range(rounds):
         if r % 2 == 0:
@@ -100,29 +106,39 @@ def measure(strata, ref, work, lo, hi, rounds):
         else:
             r_runs.append(reference_run(ref, lo, hi))
             s_runs.append(strata_run(strata, work, lo, hi))
-    return {k: (min(s[k] for s in s_runs), min(x[k] for x in r_runs)) for k in r_runs[0]}
+    out = {}
+    for k in r_runs[0]:
+        t = sorted(x[k] for x in r_runs)
+        out[k] = (min(s[k] for s in s_runs), t[0], t[1] / t[0] - 1)
+    return out
 
 
 def main():
     strata, ref, parent = sys.argv[1:4]
     work = fresh_dir(parent, "bench-comm-reference")
     figures = measure(strata, ref, work, LO, HI, ROUNDS)
-    failed = []
-    for (op, b), (s, r) in sorted(figures.items()):
+    failed, undecided = [], []
+    for (op, b), (s, r, spread) in sorted(figures.items()):
         err = (s - r) / r
         verdict = "ok"
         if abs(err) > TOLERANCE:
-            s, r = measure(strata, ref, work, b, b, ROUNDS)[(op, b)]  # once more, this size alone
+            s, r, spread = measure(strata, ref, work, b, b, RETRY_ROUNDS)[(op, b)]  # this size alone
             err = (s - r) / r
-            verdict = "ok on retry" if abs(err) <= TOLERANCE else "FAIL"
+            verdict = ("ok on retry" if abs(err) <= TOLERANCE else
+                       "FAIL" if spread <= TOLERANCE else "undecided: the machine is too noisy")
         print(f"{op:18s} {b:>9d} B  strata {s * 1e6:10.1f} us  reference ({REFERENCE_OF[op]}) "
-              f"{r * 1e6:10.1f} us  "
-              f"{err * 100:+6.1f} %  {verdict}")
+              f"{r * 1e6:10.1f} us  {err * 100:+6.1f} %  (spread {spread * 100:.0f} %)  {verdict}")
         if verdict == "FAIL":
             failed.append(f"{op} {b} B: {err * 100:+.1f} %")
+        elif verdict.startswith("undecided"):
+            undecided.append(f"{op} {b} B ({err * 100:+.0f} %, rounds {spread * 100:.0f} % apart)")
     if failed:
         sys.exit("FAIL: strata bench comm differs from the MPI reference by more than 10 %: " +
                  "; ".join(failed))
+    if undecided:
+        print("SKIP: the machine's own noise exceeds 10 % at " + "; ".join(undecided) +
+              ": other work shares the cores")
+        sys.exit(77)
     print("PASS")
 
 
