@@ -6,10 +6,12 @@
 #include <cstdlib>
 #include <memory>
 #include <optional>
+#include <utility>
 
 #include <fmt/format.h>
 
 #include "base/job.h"
+#include "base/parse.h"
 #include "strata/backend.h"
 #include "strata/error.h"
 
@@ -70,10 +72,12 @@ Corruption corruption_hook() {
   if (!v || !*v) return c;
   const std::string s = v;
   const size_t colon = s.find(':');
-  if (colon == std::string::npos)
+  std::string why;
+  const auto rank = colon == std::string::npos ? std::nullopt : parse_int(s.substr(colon + 1), &why);
+  if (!rank || *rank < 0)
     throw UserError(kExitBadInput, fmt::format("STRATA_BENCH_COMM_CORRUPT={}: expected OP:RANK", s));
   c.op = s.substr(0, colon);
-  c.rank = std::atoi(s.c_str() + colon + 1);
+  c.rank = int(*rank);
   return c;
 }
 
@@ -85,8 +89,8 @@ struct Level {
 
 class CommBench {
  public:
-  CommBench(Comm& world, const CommBenchOptions& o, const Backend& be)
-      : world_(world), o_(o), corrupt_(corruption_hook()),
+  CommBench(Comm& world, const CommBenchOptions& o, const Backend& be, Corruption corrupt)
+      : world_(world), o_(o), corrupt_(std::move(corrupt)),
         a_(be, o.max_bytes / 4), b_(be, o.max_bytes / 4), host_(size_t(o.max_bytes / 4)) {}
 
   // Every op at every size on each level; rank 0 keeps the figures in p.measurements.
@@ -260,7 +264,11 @@ CommProfile run_comm_bench(Comm& world, const CommBenchOptions& o) {
   check_comm_bench_options(o, world.size());
   std::string why;
   const Backend* be = nullptr;
-  collectively(world, [&] { be = &select_backend({.device = o.device, .threads = 1}, &why); });
+  Corruption corrupt;
+  collectively(world, [&] {
+    corrupt = corruption_hook();
+    be = &select_backend({.device = o.device, .threads = 1}, &why);
+  });
   // The ranks' nodes, in order of first appearance, and each rank's index on its node.
   const auto names = world.all_gather_text(slurm_node_name());
   std::vector<std::string> nodes;
@@ -306,7 +314,7 @@ CommProfile run_comm_bench(Comm& world, const CommBenchOptions& o) {
   p.backend = levels.empty() ? "mpi" : levels[0].comm->sums_library();
   for (const auto& l : levels)
     if (l.comm->sums_library() != p.backend) p.backend = "mpi";
-  CommBench(world, o, *be).run(p, levels);
+  CommBench(world, o, *be, corrupt).run(p, levels);
   return p;
 }
 
