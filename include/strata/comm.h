@@ -68,6 +68,9 @@ class Comm {
   // run its collectives alone: STRATA_DEVICE_COMM_ONE_RANK, device_comm.h). Callers that skip
   // the sums of a lone rank ask this first.
   virtual bool sums_alone() const { return false; }
+  // What carries this communicator's float sums: "mpi", or a device transport's library
+  // ("nccl"), for reports (strata bench comm's profile).
+  virtual std::string sums_library() const { return "mpi"; }
   void set_yielding_waits(bool on) { yielding_waits_ = on; }
 
   // Collective: the sub-communicator of the ranks that pass the same color, ordered by key

@@ -24,6 +24,9 @@ class DeviceTransport {
   // communicator share one device (NCCL refuses to form such a communicator): then the
   // communicator stages its sums through host memory over the host comm instead.
   virtual bool collectives() const = 0;
+  // The library those collectives use, for reports: NCCL's says "nccl"; the staged stand-in's
+  // are MPI's.
+  virtual const char* library() const { return "mpi"; }
 
   // Events order the compute stream (the backend's ops) and the collectives' stream.
   virtual Event new_event() = 0;

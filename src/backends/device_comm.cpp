@@ -44,6 +44,9 @@ class DeviceComm final : public Comm {
   int rank() const override { return host_->rank(); }
   int size() const override { return host_->size(); }
   bool sums_alone() const override { return size() == 1 && transport_->collectives(); }
+  std::string sums_library() const override {
+    return transport_->collectives() ? transport_->library() : host_->sums_library();
+  }
 
   void allreduce_sum(float* x, int64_t n) override { wait(start_allreduce_sum(x, n)); }
   void allreduce_sum(double* x, int64_t n) override { host_->allreduce_sum(x, n); }

@@ -33,7 +33,9 @@ Subcommand add_bench_comm(CLI::App& bench) {
       ->capture_default_str();
   sub->add_option("--max_bytes", o->max_bytes, "largest message, a power of 2 (at most 4G)")
       ->capture_default_str();
-  sub->add_option("--ops", o->ops, "comma-separated: allreduce,reduce_scatter,all_gather,sendrecv")
+  sub->add_option("--ops", o->ops,
+                  "comma-separated: allreduce,reduce_scatter,all_gather,sendrecv; also "
+                  "allreduce_blocking (the blocking sum, MPI_Allreduce)")
       ->delimiter(',')->capture_default_str();
   sub->add_option("--iters", o->bench.iters, "timed calls per size (the median is reported)")
       ->check(int_in(1, 1000000))->capture_default_str();

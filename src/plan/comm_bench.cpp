@@ -6,11 +6,12 @@
 #include <cstdlib>
 #include <memory>
 #include <optional>
+#include <utility>
 
 #include <fmt/format.h>
 
-#include "backends/cuda_api.h"
 #include "base/job.h"
+#include "base/parse.h"
 #include "strata/backend.h"
 #include "strata/error.h"
 
@@ -71,10 +72,12 @@ Corruption corruption_hook() {
   if (!v || !*v) return c;
   const std::string s = v;
   const size_t colon = s.find(':');
-  if (colon == std::string::npos)
+  std::string why;
+  const auto rank = colon == std::string::npos ? std::nullopt : parse_int(s.substr(colon + 1), &why);
+  if (!rank || *rank < 0)
     throw UserError(kExitBadInput, fmt::format("STRATA_BENCH_COMM_CORRUPT={}: expected OP:RANK", s));
   c.op = s.substr(0, colon);
-  c.rank = std::atoi(s.c_str() + colon + 1);
+  c.rank = int(*rank);
   return c;
 }
 
@@ -86,8 +89,8 @@ struct Level {
 
 class CommBench {
  public:
-  CommBench(Comm& world, const CommBenchOptions& o, const Backend& be)
-      : world_(world), o_(o), corrupt_(corruption_hook()),
+  CommBench(Comm& world, const CommBenchOptions& o, const Backend& be, Corruption corrupt)
+      : world_(world), o_(o), corrupt_(std::move(corrupt)),
         a_(be, o.max_bytes / 4), b_(be, o.max_bytes / 4), host_(size_t(o.max_bytes / 4)) {}
 
   // Every op at every size on each level; rank 0 keeps the figures in p.measurements.
@@ -141,6 +144,7 @@ class CommBench {
   void start_and_wait(Comm& c, CommOp op, int64_t n) {
     float* x = a_.get();
     int h = 0;
+    if (op == CommOp::allreduce_blocking) return c.allreduce_sum(x, n);
     if (op == CommOp::allreduce) h = c.start_allreduce_sum(x, n);
     if (op == CommOp::reduce_scatter) h = c.start_reduce_scatter_sum(x, shard_counts(n, c.size()));
     if (op == CommOp::all_gather) h = c.start_allgather(x, shard_counts(n, c.size()));
@@ -212,7 +216,7 @@ class CommBench {
       int64_t owner_end = counts[0];
       for (int64_t i = lo; i < hi; ++i) {
         float want = 0;
-        if (op == CommOp::allreduce || op == CommOp::reduce_scatter) {
+        if (op != CommOp::all_gather && op != CommOp::sendrecv) {  // the sums
           for (int q = 0; q < c.size(); ++q) want += pattern(q, i);
         } else if (op == CommOp::all_gather) {
           while (i >= owner_end) owner_end += counts[size_t(++owner)];
@@ -260,7 +264,11 @@ CommProfile run_comm_bench(Comm& world, const CommBenchOptions& o) {
   check_comm_bench_options(o, world.size());
   std::string why;
   const Backend* be = nullptr;
-  collectively(world, [&] { be = &select_backend({.device = o.device, .threads = 1}, &why); });
+  Corruption corrupt;
+  collectively(world, [&] {
+    corrupt = corruption_hook();
+    be = &select_backend({.device = o.device, .threads = 1}, &why);
+  });
   // The ranks' nodes, in order of first appearance, and each rank's index on its node.
   const auto names = world.all_gather_text(slurm_node_name());
   std::vector<std::string> nodes;
@@ -282,8 +290,6 @@ CommProfile run_comm_bench(Comm& world, const CommBenchOptions& o) {
   p.host = world.host();
   p.strata_version = fmt::format("strata {} ({})", STRATA_VERSION, STRATA_GIT_COMMIT);
   p.device = be->name;
-  std::string gpu_why;
-  p.backend = std::string(be->name) == "cuda" && cuda_devices(&gpu_why) >= on_node[0] ? "nccl" : "mpi";
   p.ranks = world.size();
   p.nodes = int(nodes.size());
   p.ranks_per_node = on_node[0];
@@ -304,7 +310,11 @@ CommProfile run_comm_bench(Comm& world, const CommBenchOptions& o) {
     l.ranks = int(size);
     levels.push_back(std::move(l));
   }
-  CommBench(world, o, *be).run(p, levels);
+  // "nccl" where every level's sums run on NCCL (ranks sharing a GPU stage theirs over MPI).
+  p.backend = levels.empty() ? "mpi" : levels[0].comm->sums_library();
+  for (const auto& l : levels)
+    if (l.comm->sums_library() != p.backend) p.backend = "mpi";
+  CommBench(world, o, *be, corrupt).run(p, levels);
   return p;
 }
 

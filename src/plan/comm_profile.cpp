@@ -14,7 +14,7 @@ namespace strata {
 namespace {
 
 constexpr CommOp kOps[] = {CommOp::allreduce, CommOp::reduce_scatter, CommOp::all_gather,
-                           CommOp::sendrecv};
+                           CommOp::sendrecv, CommOp::allreduce_blocking};
 
 double median(std::vector<double> v) {
   if (v.empty()) return 0;
@@ -45,6 +45,7 @@ const char* comm_op_name(CommOp op) {
     case CommOp::reduce_scatter: return "reduce_scatter";
     case CommOp::all_gather: return "all_gather";
     case CommOp::sendrecv: return "sendrecv";
+    case CommOp::allreduce_blocking: return "allreduce_blocking";
   }
   return "?";
 }
@@ -54,13 +55,14 @@ CommOp parse_comm_op(const std::string& name, const std::string& flag) {
     if (name == comm_op_name(op)) return op;
   throw UserError(kExitBadInput,
                   fmt::format("flag {}: unknown op '{}'; the ops: allreduce, reduce_scatter, "
-                              "all_gather, sendrecv", flag, name));
+                              "all_gather, sendrecv, allreduce_blocking", flag, name));
 }
 
 double busbw_factor(CommOp op, int ranks) {
   const double n = ranks;
   switch (op) {
-    case CommOp::allreduce: return n > 1 ? 2 * (n - 1) / n : 0;
+    case CommOp::allreduce:
+    case CommOp::allreduce_blocking: return n > 1 ? 2 * (n - 1) / n : 0;
     case CommOp::reduce_scatter:
     case CommOp::all_gather: return n > 1 ? (n - 1) / n : 0;
     case CommOp::sendrecv: return 1;

@@ -10,15 +10,20 @@
 
 namespace strata {
 
-enum class CommOp { allreduce, reduce_scatter, all_gather, sendrecv };
-const char* comm_op_name(CommOp op);  // "allreduce", "reduce_scatter", "all_gather", "sendrecv"
+// allreduce: the non-blocking sum the gradients' buckets use (Comm::start_allreduce_sum, then
+// wait); allreduce_blocking: the blocking Comm::allreduce_sum (MPI_Allreduce on MPI), which
+// Open MPI runs by other algorithms than its non-blocking one (libnbc), measured on request.
+enum class CommOp { allreduce, reduce_scatter, all_gather, sendrecv, allreduce_blocking };
+// "allreduce", "reduce_scatter", "all_gather", "sendrecv", "allreduce_blocking"
+const char* comm_op_name(CommOp op);
 // The op named `name` (UserError, exit 2, naming `flag` and the ops, otherwise).
 CommOp parse_comm_op(const std::string& name, const std::string& flag);
 
 // nccl-tests' bus-bandwidth factor (doc/PERFORMANCE.md of NVIDIA/nccl-tests): busbw = algbw x
 // factor, algbw = bytes / time, with bytes the whole buffer (for reduce-scatter and
 // all-gather, all n shards): allreduce 2(n-1)/n (n-1 additions and n copies per element, over
-// n links), reduce-scatter and all-gather (n-1)/n (one of those halves), send/receive 1.
+// n links), reduce-scatter and all-gather (n-1)/n (one of those halves), send/receive 1;
+// allreduce_blocking as allreduce.
 double busbw_factor(CommOp op, int ranks);
 
 // "8", "64K", "1M", "1G" (binary: K = 1024): bytes. UserError (exit 2) naming `flag` for

@@ -1,19 +1,29 @@
 #!/usr/bin/python3
 """`strata bench comm` on 2 ranks agrees with a plain MPI reference (comm_reference.cpp: a
-ping-pong and an MPI_Allreduce loop, the same sizes, iterations and median-of-the-slowest rule)
-within 10 % at every size from 64 KiB to 16 MiB; its JSON profile keeps the contract
-(docs/planning.md); every result it checked was right (it exits 1 otherwise).
+ping-pong and MPI_Allreduce and MPI_Iallreduce loops, the same sizes, iterations and
+median-of-the-slowest rule) within 10 % at every size from 64 KiB to 16 MiB; its JSON profile
+keeps the contract (docs/planning.md); every result it checked was right (it exits 1 otherwise).
 
-The machine is small and shared, so each figure is the median of ROUNDS launches, strata's
-and the reference's alternating (which goes first alternates too); a size outside 10 % is
-measured again, strata and the reference interleaved at that size alone, once, before the test
-fails. The 10 % is never widened.
+Each of strata's ops is held against the MPI call its Comm makes: `allreduce` (the gradients'
+buckets: start_allreduce_sum, MPI_Iallreduce + MPI_Wait) against the reference's iallreduce,
+`allreduce_blocking` (Comm::allreduce_sum) against its MPI_Allreduce, `sendrecv` against its
+ping-pong. (Open MPI's non-blocking allreduce is slower than its blocking one on shared memory:
+the reference shows that gap too, and it is strata's, not the measurement's.)
+
+The machine is small and shared, and a rank another process displaces only ever adds time:
+so each side's figure at a size is the least of ROUNDS launches' medians, strata's and the
+reference's launches alternating (which goes first alternates too), the same rule for both; a
+size outside 10 % is measured again, strata and the reference interleaved at that size alone,
+once, its rounds joining the first ones, before the test fails. The 10 % is never widened. A difference that remains is a
+failure where both sides were steady (each one's two best rounds within 10 % of each other: a
+systematic difference); where either was not (other work on the 2 cores: two busy-polling
+ranks that share a core wait out time slices of milliseconds), the size is undecided, and the
+test reports Skipped (exit 77) naming the sizes and their spreads, never Passed.
 
     bench_comm_reference.py STRATA COMM_REFERENCE WORKDIR
 """
 import json
 import os
-import statistics
 import subprocess
 import sys
 
@@ -21,7 +31,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "mpi"))
 from common import MPI_ENV, fresh_dir  # noqa: E402
 
 LO, HI = 64 << 10, 16 << 20
-ITERS, WARMUP, ROUNDS = "20", "5", 3
+ITERS, WARMUP, ROUNDS, RETRY_ROUNDS = "20", "5", 5, 5
+OPS = ("allreduce", "allreduce_blocking", "sendrecv")
+REFERENCE_OF = {"allreduce": "iallreduce", "allreduce_blocking": "allreduce", "sendrecv": "sendrecv"}
 TOLERANCE = 0.10
 MPIRUN = ["mpirun", "-n", "2", "--oversubscribe", "--bind-to", "none"]
 
@@ -37,7 +49,7 @@ def strata_run(strata, work, lo, hi):
     """{(op, bytes): seconds} from strata's JSON profile, which must keep the contract."""
     out = os.path.join(work, "profile.json")
     run([strata, "bench", "comm", "--min_bytes", str(lo), "--max_bytes", str(hi), "--ops",
-         "allreduce,sendrecv", "--iters", ITERS, "--warmup", WARMUP, "--out", out, "--quiet"])
+         ",".join(OPS), "--iters", ITERS, "--warmup", WARMUP, "--out", out, "--quiet"])
     with open(out) as f:
         prof = json.load(f)
     check_contract(prof, lo, hi)
@@ -51,7 +63,7 @@ def check_contract(prof, lo, hi):
     assert prof["nodes"] == 1 and prof["ranks_per_node"] == 2, prof
     for key in ("date", "host", "strata"):
         assert isinstance(prof[key], str) and prof[key], key
-    assert set(prof["fit"]) == {"allreduce", "sendrecv"}, prof["fit"]
+    assert set(prof["fit"]) == set(OPS), prof["fit"]
     for op, levels in prof["fit"].items():
         assert set(levels) == {"intra"}, (op, levels)  # one node: no inter level
         assert levels["intra"]["latency_s"] > 0 and levels["intra"]["busbw_Bps"] > 0, levels
@@ -61,7 +73,7 @@ def check_contract(prof, lo, hi):
         sizes.append(b)
         b *= 2
     got = sorted((m["op"], m["bytes"]) for m in prof["measurements"])
-    assert got == sorted((op, s) for op in ("allreduce", "sendrecv") for s in sizes), got
+    assert got == sorted((op, s) for op in OPS for s in sizes), got
     for m in prof["measurements"]:
         assert m["level"] == "intra" and m["ranks"] == 2, m
         assert abs(m["algbw_Bps"] - m["bytes"] / m["time_s"]) <= 1e-5 * m["algbw_Bps"], m
@@ -74,13 +86,15 @@ def reference_run(ref, lo, hi):
     out = {}
     for line in p.stdout.split("\n"):
         if line.strip():
-            op, b, t = line.split()
-            out[(op, int(b))] = float(t)
+            ref_op, b, t = line.split()
+            for op, r in REFERENCE_OF.items():
+                if r == ref_op:
+                    out[(op, int(b))] = float(t)
     return out
 
 
 def measure(strata, ref, work, lo, hi, rounds):
-    """{(op, bytes): (strata's median, the reference's median)} over `rounds` alternating pairs."""
+    """{(op, bytes): (strata's medians, the reference's)} of `rounds` alternating launches."""
     s_runs, r_runs = [], []
     for r in range(rounds):
         if r % 2 == 0:
@@ -89,29 +103,44 @@ def measure(strata, ref, work, lo, hi, rounds):
         else:
             r_runs.append(reference_run(ref, lo, hi))
             s_runs.append(strata_run(strata, work, lo, hi))
-    return {k: (statistics.median(s[k] for s in s_runs), statistics.median(x[k] for x in r_runs))
-            for k in r_runs[0]}
+    return {k: ([s[k] for s in s_runs], [x[k] for x in r_runs]) for k in r_runs[0]}
+
+
+def figures_of(s_medians, r_medians):
+    """(strata's figure, the reference's, the larger spread): each side's figure is its least
+    median; its spread, how far its second-best median is above that."""
+    s, r = sorted(s_medians), sorted(r_medians)
+    return s[0], r[0], max(s[1] / s[0], r[1] / r[0]) - 1
 
 
 def main():
     strata, ref, parent = sys.argv[1:4]
     work = fresh_dir(parent, "bench-comm-reference")
     figures = measure(strata, ref, work, LO, HI, ROUNDS)
-    failed = []
-    for (op, b), (s, r) in sorted(figures.items()):
+    failed, undecided = [], []
+    for (op, b), (s_medians, r_medians) in sorted(figures.items()):
+        s, r, spread = figures_of(s_medians, r_medians)
         err = (s - r) / r
         verdict = "ok"
         if abs(err) > TOLERANCE:
-            s, r = measure(strata, ref, work, b, b, ROUNDS)[(op, b)]  # once more, this size alone
+            s_more, r_more = measure(strata, ref, work, b, b, RETRY_ROUNDS)[(op, b)]  # this size alone
+            s, r, spread = figures_of(s_medians + s_more, r_medians + r_more)
             err = (s - r) / r
-            verdict = "ok on retry" if abs(err) <= TOLERANCE else "FAIL"
-        print(f"{op:10s} {b:>9d} B  strata {s * 1e6:10.1f} us  reference {r * 1e6:10.1f} us  "
-              f"{err * 100:+6.1f} %  {verdict}")
+            verdict = ("ok on retry" if abs(err) <= TOLERANCE else
+                       "FAIL" if spread <= TOLERANCE else "undecided: the machine is too noisy")
+        print(f"{op:18s} {b:>9d} B  strata {s * 1e6:10.1f} us  reference ({REFERENCE_OF[op]}) "
+              f"{r * 1e6:10.1f} us  {err * 100:+6.1f} %  (spread {spread * 100:.0f} %)  {verdict}")
         if verdict == "FAIL":
             failed.append(f"{op} {b} B: {err * 100:+.1f} %")
+        elif verdict.startswith("undecided"):
+            undecided.append(f"{op} {b} B ({err * 100:+.0f} %, rounds {spread * 100:.0f} % apart)")
     if failed:
         sys.exit("FAIL: strata bench comm differs from the MPI reference by more than 10 %: " +
                  "; ".join(failed))
+    if undecided:
+        print("SKIP: the machine's own noise exceeds 10 % at " + "; ".join(undecided) +
+              ": other work shares the cores")
+        sys.exit(77)
     print("PASS")
 
 

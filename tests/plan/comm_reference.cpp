@@ -4,10 +4,11 @@
 //
 //   mpirun -n 2 comm_reference MIN_BYTES MAX_BYTES ITERS WARMUP
 //
-// For each power of 2 from MIN to MAX, prints "allreduce BYTES SECONDS" and "sendrecv BYTES
-// SECONDS" on rank 0: allreduce: MPI_Barrier, then one in-place MPI_Allreduce of BYTES/4 floats,
-// timed on every rank; an iteration's time is the slowest rank's, the figure the median over
-// ITERS (after WARMUP untimed). sendrecv: rank i sends BYTES to rank i + n/2 with MPI_Send and
+// For each power of 2 from MIN to MAX, prints "allreduce BYTES SECONDS", "iallreduce BYTES
+// SECONDS" and "sendrecv BYTES SECONDS" on rank 0: allreduce: MPI_Barrier, then one in-place
+// MPI_Allreduce of BYTES/4 floats, timed on every rank; an iteration's time is the slowest
+// rank's, the figure the median over ITERS (after WARMUP untimed). iallreduce: the same with
+// MPI_Iallreduce + MPI_Wait. sendrecv: rank i sends BYTES to rank i + n/2 with MPI_Send and
 // receives them back (MPI_Recv); half the round trip, on rank i (osu_latency's definition);
 // median over ITERS of the slowest pair.
 #include <mpi.h>
@@ -25,12 +26,20 @@ double median(std::vector<double> v) {
   return v.size() % 2 ? v[h] : 0.5 * (v[h - 1] + v[h]);
 }
 
-double allreduce_time(std::vector<float>& x, int n, int iters, int warmup) {
+// blocking: MPI_Allreduce; else MPI_Iallreduce and MPI_Wait (the call strata's Comm makes for
+// the gradients' buckets, start_allreduce_sum).
+double allreduce_time(std::vector<float>& x, int n, int iters, int warmup, bool blocking) {
   std::vector<double> t(size_t(iters), 0.0);
   for (int it = 0; it < warmup + iters; ++it) {
     MPI_Barrier(MPI_COMM_WORLD);
     const double t0 = MPI_Wtime();
-    MPI_Allreduce(MPI_IN_PLACE, x.data(), n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    if (blocking) {
+      MPI_Allreduce(MPI_IN_PLACE, x.data(), n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    } else {
+      MPI_Request req;
+      MPI_Iallreduce(MPI_IN_PLACE, x.data(), n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, &req);
+      MPI_Wait(&req, MPI_STATUS_IGNORE);
+    }
     if (it >= warmup) t[size_t(it - warmup)] = MPI_Wtime() - t0;
   }
   MPI_Allreduce(MPI_IN_PLACE, t.data(), iters, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
@@ -76,9 +85,12 @@ int main(int argc, char** argv) {
   std::vector<float> x(size_t(hi / 4), 1.0f), y(size_t(hi / 4), 0.0f);
   for (long long bytes = lo; bytes <= hi; bytes *= 2) {
     const int n = int(bytes / 4);
-    const double a = allreduce_time(x, n, iters, warmup);
+    const double a = allreduce_time(x, n, iters, warmup, true);
+    const double i = allreduce_time(x, n, iters, warmup, false);
     const double p = pingpong_time(x, y, n, iters, warmup, rank, size);
-    if (rank == 0) std::printf("allreduce %lld %.9g\nsendrecv %lld %.9g\n", bytes, a, bytes, p);
+    if (rank == 0)
+      std::printf("allreduce %lld %.9g\niallreduce %lld %.9g\nsendrecv %lld %.9g\n", bytes, a,
+                  bytes, i, bytes, p);
   }
   MPI_Finalize();
   return 0;

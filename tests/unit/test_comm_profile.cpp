@@ -27,7 +27,7 @@ TEST_CASE("comm profile: bus bandwidth factors are nccl-tests'", "[plan]") {
   CHECK(m.busbw_Bps() == Approx(1048576e3 * 1.5));
 }
 
-TEST_CASE("comm profile: sizes as users type them; bad ones name the flag", "[plan]") {
+TEST_CASE("comm profile: sizes as users type them, and bad ones name the flag", "[plan]") {
   CHECK(parse_byte_size("8", "--min_bytes") == 8);
   CHECK(parse_byte_size("64K", "--min_bytes") == 65536);
   CHECK(parse_byte_size("1M", "--max_bytes") == 1 << 20);

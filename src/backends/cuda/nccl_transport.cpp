@@ -61,6 +61,7 @@ class NcclTransport final : public DeviceTransport {
   }
 
   bool collectives() const override { return nccl_ != nullptr; }
+  const char* library() const override { return "nccl"; }
 
   Event new_event() override {
     cudaEvent_t e = nullptr;
