@@ -66,7 +66,7 @@ def main():
         f.attrs["vocab"] = np.int64(50257)
     model = ["--data.path", data, "--model.type", "gpt", "--model.layers", "6", "--model.heads", "6",
              "--model.dim", "384", "--model.context", "128", "--train.batch_size", "4",
-             "--train.optimizer", "adamw", "--threads", a.threads]
+             "--train.optimizer", "adamw", "--threads", a.threads, "--device", "cpu"]  # host memory, also on a GPU node
     p = subprocess.run([a.strata, "plan", *model, "--nodes", "1", "--ranks_per_node", "2", "--json",
                         "--memory_per_rank", "1e12"], capture_output=True, text=True, env=ENV)
     if p.returncode != 0:
