@@ -66,7 +66,7 @@ def main():
         f.attrs["vocab"] = np.int64(50257)
     model = ["--data.path", data, "--model.type", "gpt", "--model.layers", "6", "--model.heads", "6",
              "--model.dim", "384", "--model.context", "128", "--train.batch_size", "4",
-             "--train.optimizer", "adamw", "--threads", a.threads, "--device", "cpu"]  # host memory, also on a GPU node
+             "--train.optimizer", "adamw", "--threads", a.threads]
     p = subprocess.run([a.strata, "plan", *model, "--nodes", "1", "--ranks_per_node", "2", "--json",
                         "--memory_per_rank", "1e12"], capture_output=True, text=True, env=ENV)
     if p.returncode != 0:
@@ -84,7 +84,7 @@ def main():
         out = os.path.join(work, name.replace(" ", "_").replace(",", ""))
         flags = [x for k, v in keys.items() for x in (f"--{k}", str(v))]
         r = subprocess.run(["mpirun", "--oversubscribe", "--bind-to", "none", "-n", "2", a.strata, "train", *model,
-                            *flags, "--train.max_steps", "2", "--checkpoint.final", "false", "--quiet",
+                            *flags, "--device", "cpu",  # host memory, also on a GPU node "--train.max_steps", "2", "--checkpoint.final", "false", "--quiet",
                             "--output.dir", out], capture_output=True, text=True, env=ENV)
         if r.returncode != 0:
             sys.exit(f"{name}: train failed\n{r.stderr[-2000:]}")
