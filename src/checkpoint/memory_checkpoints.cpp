@@ -135,6 +135,24 @@ int64_t mem_available() {
   return -1;
 }
 
+// Completes `h` (magic, version, the payload's CRC-32C after it in `file`, its own CRC) and
+// writes it at the start of `file`.
+void seal(char* file, Header h) {
+  std::memcpy(h.magic, kMagic, 8);
+  h.version = kVersion;
+  h.payload_crc = crc32c(file + sizeof(Header), h.payload_bytes);
+  h.header_crc = header_crc(h);
+  std::memcpy(file, &h, sizeof h);
+}
+
+// Whether `file` starts with a verified header of `part` at `step`.
+bool header_names(const char* file, int part, int64_t step) {
+  Header h;
+  std::memcpy(&h, file, sizeof h);
+  return std::memcmp(h.magic, kMagic, 8) == 0 && header_crc(h) == h.header_crc && h.part == part &&
+         h.step == step;
+}
+
 // Removes the copies of `part` and kind in `dir` but the newest (an earlier launch's), so a
 // save's new file makes at most two.
 void remove_older(const std::string& dir, int part, bool own) {
@@ -162,6 +180,76 @@ int source_of(const MemoryPairing& p, int r) {
   std::vector<std::string> names;
   for (int n : p.node_of) names.push_back(p.node_names[size_t(n)]);
   return pair_ranks(names, r).source;
+}
+
+
+// Bytes per node: two generations of its ranks' parts and of the partners' copies it holds.
+std::vector<int64_t> bytes_per_node(const MemoryPairing& pair, const std::vector<int64_t>& part_floats) {
+  std::vector<int64_t> node_bytes(pair.node_names.size(), 0);
+  for (size_t r = 0; r < part_floats.size(); ++r) {
+    const int src = source_of(pair, int(r));
+    const int64_t held = src >= 0 ? part_floats[size_t(src)] : 0;
+    node_bytes[size_t(pair.node_of[r])] +=
+        2 * (4 * (part_floats[r] + held) + 2 * int64_t(sizeof(Header)));
+  }
+  return node_bytes;
+}
+
+// Whose copies a scan may take, and of what size.
+struct ScanFor {
+  std::string dir;
+  int local_rank, local_size, ranks;
+  uint64_t job, run;
+  int64_t attempt;
+  const std::vector<int64_t>& part_floats;
+};
+
+// This rank's share of its node's directory: the copies that verify. Damaged ones are named
+// and removed, an earlier attempt's removed (counted in *stale), others' left alone.
+std::vector<MemoryCopy> scan(const ScanFor& w, int64_t* stale) {
+  std::vector<MemoryCopy> copies;
+  std::vector<std::string> names;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(w.dir, ec)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  int64_t other = 0;
+  // The ranks of a node share its directory: each looks at every local_size-th name.
+  for (size_t i = size_t(w.local_rank); i < names.size(); i += size_t(w.local_size)) {
+    const std::string path = w.dir + "/" + names[i];
+    if (names[i].starts_with("part-") && names[i].find(".tmp.") != std::string::npos) {
+      fs::remove(path, ec);  // a write a killed rank left unfinished
+      continue;
+    }
+    const auto p = parse_name(names[i]);
+    if (!p) continue;
+    Header h{};
+    std::vector<float> payload;
+    std::string why = read_part(path, &h, nullptr);
+    if (why.empty() && h.job != w.job) continue;  // another job's: not ours to judge
+    if (why.empty() && h.attempt != w.attempt) {
+      fs::remove(path, ec);  // an earlier attempt's: a requeue starts from checkpoint.dir
+      ++*stale;
+      continue;
+    }
+    if (why.empty() && (h.run != w.run || h.ranks != w.ranks)) {
+      if (other++ == 0)  // once per rank: a launch on another grid sees every copy so
+        fmt::print(stderr, "strata: warning: checkpoint.memory_dir {}: {} and maybe more copies "
+                   "were written by a run with another config or grid; not taken\n", w.dir, path);
+      continue;
+    }
+    if (why.empty() && (h.part != p->part || h.step != p->step ||
+                        h.payload_bytes != uint64_t(w.part_floats[size_t(p->part)]) * 4))
+      why = "its header does not match its name or this run's part size";
+    if (why.empty()) why = read_part(path, &h, &payload);
+    if (!why.empty()) {
+      fmt::print(stderr, "strata: warning: memory checkpoint {} is damaged ({}): skipped and "
+                 "removed\n", path, why);
+      fs::remove(path, ec);
+      continue;
+    }
+    copies.push_back({p->part, p->step, p->own, path});
+  }
+  return copies;
 }
 
 }  // namespace
@@ -217,9 +305,9 @@ MemoryCheckpoints::MemoryCheckpoints(std::string dir, Comm& comm, int64_t part_f
   if (background_exchange_) exchanger_ = std::thread([this] { exchange_loop(); });
 }
 
+// The copies finish; an exchange in flight is abandoned (an error ends this run and its
+// partner may be gone; drain() is the orderly end).
 MemoryCheckpoints::~MemoryCheckpoints() {
-  // The copies finish; an exchange in flight is abandoned (an error ends this run and its
-  // partner may be gone; drain() is the orderly end).
   {
     std::lock_guard<std::mutex> lk(mu_);
     stop_ = true;
@@ -227,22 +315,11 @@ MemoryCheckpoints::~MemoryCheckpoints() {
   cv_.notify_all();
   copier_.join();
   if (exchanger_.joinable()) exchanger_.join();
-  for (MappedFile* f : {&own_[0], &own_[1], &held_[0], &held_[1]}) {
-    if (f->map) ::munmap(f->map, f->bytes);
-    if (f->fd >= 0) ::close(f->fd);
-  }
+  for (MappedFile* f : {&own_[0], &own_[1], &held_[0], &held_[1]}) f->close();
 }
 
 int64_t MemoryCheckpoints::preflight() {
-  // Every node keeps two generations of its ranks' parts and of the partners' copies.
-  std::vector<int64_t> node_bytes(pair_.node_names.size(), 0);
-  std::vector<std::string> hosts(part_floats_.size());
-  for (int r = 0; r < comm_.size(); ++r) {
-    const int src = source_of(pair_, r);
-    const int64_t held = src >= 0 ? part_floats_[size_t(src)] : 0;
-    node_bytes[size_t(pair_.node_of[size_t(r)])] +=
-        2 * (4 * (part_floats_[size_t(r)] + held) + 2 * int64_t(sizeof(Header)));
-  }
+  const std::vector<int64_t> node_bytes = bytes_per_node(pair_, part_floats_);
   const int64_t mine = node_bytes[size_t(pair_.node_of[size_t(comm_.rank())])];
   collectively(comm_, [&] {
     if (const std::string why = make_directories(dir_); !why.empty())
@@ -350,44 +427,52 @@ void MemoryCheckpoints::exchange_loop() {
   }
 }
 
-// Makes `f` ready for the copy of `part` at `step` under its temporary name: the slot's last
-// generation renamed (its pages kept), or on first use a new file of `bytes`, allocated now
-// (a full tmpfs says so here, not as SIGBUS on a write into the mapping) and mapped.
+int MemoryCheckpoints::MappedFile::prepare(const std::string& tmp, size_t n, std::string* at) {
+  *at = fd >= 0 ? path : tmp;
+  if (fd >= 0) return ::rename(path.c_str(), tmp.c_str()) == 0 ? (path = tmp, 0) : errno;
+  fd = ::open(tmp.c_str(), O_RDWR | O_CREAT | O_TRUNC, 0600);
+  if (fd < 0) return errno;
+  int err = ::posix_fallocate(fd, 0, off_t(n));
+  void* m = err == 0 ? ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
+  if (err == 0 && m == MAP_FAILED) err = errno;
+  if (err != 0) {
+    ::close(fd);
+    fd = -1;
+    ::unlink(tmp.c_str());
+    return err;
+  }
+  map = static_cast<char*>(m);
+  bytes = n;
+  path = tmp;
+  return 0;
+}
+
+int MemoryCheckpoints::MappedFile::rename_to(const std::string& to) {
+  if (::rename(path.c_str(), to.c_str()) != 0) return errno;
+  path = to;
+  return 0;
+}
+
+void MemoryCheckpoints::MappedFile::close() {
+  if (map) ::munmap(map, bytes);
+  if (fd >= 0) ::close(fd);
+  map = nullptr;
+  fd = -1;
+}
+
+// Makes `f` ready for the copy of `part` at `step` under its temporary name (on first use, an
+// earlier launch's older copies of the part removed first).
 bool MemoryCheckpoints::prepare(MappedFile& f, int part, int64_t step, bool own, size_t bytes) {
-  const std::string tmp = fmt::format("{}/{}.tmp.{}", dir_, part_name(part, step, own), ::getpid());
-  if (f.fd >= 0) {
-    if (::rename(f.path.c_str(), tmp.c_str()) != 0) return warn(f.path, errno), false;
-    f.path = tmp;
-    return true;
-  }
-  remove_older(dir_, part, own);
-  f.fd = ::open(tmp.c_str(), O_RDWR | O_CREAT | O_TRUNC, 0600);
-  if (f.fd < 0) return warn(tmp, errno), false;
-  f.path = tmp;
-  if (const int err = ::posix_fallocate(f.fd, 0, off_t(bytes)); err != 0) {
-    ::close(f.fd);
-    f.fd = -1;
-    ::unlink(tmp.c_str());
-    return warn(tmp, err), false;
-  }
-  void* m = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, f.fd, 0);
-  if (m == MAP_FAILED) {
-    const int err = errno;
-    ::close(f.fd);
-    f.fd = -1;
-    ::unlink(tmp.c_str());
-    return warn(tmp, err), false;
-  }
-  f.map = static_cast<char*>(m);
-  f.bytes = bytes;
-  return true;
+  if (f.fd < 0) remove_older(dir_, part, own);
+  std::string at;
+  const int err = f.prepare(fmt::format("{}/{}.tmp.{}", dir_, part_name(part, step, own), ::getpid()), bytes, &at);
+  return err == 0 || (warn(at, err), false);
 }
 
 bool MemoryCheckpoints::publish(MappedFile& f, int part, int64_t step, bool own) {
-  const std::string path = dir_ + "/" + part_name(part, step, own);
-  if (::rename(f.path.c_str(), path.c_str()) != 0) return warn(f.path, errno), false;
-  f.path = path;
-  return true;
+  const std::string from = f.path;
+  const int err = f.rename_to(dir_ + "/" + part_name(part, step, own));
+  return err == 0 || (warn(from, err), false);
 }
 
 // This rank's part: packed into the mapped file, then the CRCs and header, then its name.
@@ -402,8 +487,6 @@ void MemoryCheckpoints::copy_own(const Save& s) {
   cv_.notify_all();
   if (!ready) return;
   Header h{};
-  std::memcpy(h.magic, kMagic, 8);
-  h.version = kVersion;
   h.part = comm_.rank();
   h.ranks = comm_.size();
   h.step = s.step;
@@ -411,15 +494,14 @@ void MemoryCheckpoints::copy_own(const Save& s) {
   h.run = run_;
   h.job = job_;
   h.payload_bytes = uint64_t(floats_) * 4;
-  h.payload_crc = crc32c(f.map + sizeof(Header), h.payload_bytes);
-  h.header_crc = header_crc(h);
-  std::memcpy(f.map, &h, sizeof h);
+  seal(f.map, h);
   publish(f, comm_.rank(), s.step, true);
 }
 
 // The own file's bytes, header and CRCs included, to the partner; the source's into the held
 // file, published once its header verifies (the payload's CRC is the sender's: a restart
-// checks it before taking the copy).
+// checks it before taking the copy). A part whose file could not be prepared is still
+// received, into scratch: the partner's send must complete.
 void MemoryCheckpoints::exchange(const Save& s) {
   static_assert(sizeof(Header) % 4 == 0);
   int send = -1, recv = -1;
@@ -430,8 +512,6 @@ void MemoryCheckpoints::exchange(const Save& s) {
                               pair_.partner, kTag);
   const size_t held_bytes = sizeof(Header) + size_t(pair_.source >= 0 ? part_floats_[size_t(pair_.source)] : 0) * 4;
   const bool receiving = pair_.source >= 0 && prepare(held, pair_.source, s.step, false, held_bytes);
-  // A part that could not be prepared is still received (into a scratch buffer): the partner's
-  // send must complete.
   std::vector<float> scratch;
   float* into = receiving ? reinterpret_cast<float*>(held.map) : nullptr;
   if (pair_.source >= 0 && !receiving) {
@@ -445,10 +525,7 @@ void MemoryCheckpoints::exchange(const Save& s) {
     std::lock_guard<std::mutex> lk(mu_);
     if (!receiving || stop_) return;
   }
-  Header h;
-  std::memcpy(&h, held.map, sizeof h);
-  if (std::memcmp(h.magic, kMagic, 8) != 0 || header_crc(h) != h.header_crc ||
-      h.part != pair_.source || h.step != s.step) {
+  if (!header_names(held.map, pair_.source, s.step)) {
     fmt::print(stderr, "strata: warning: checkpoint.memory_dir {}: the copy of rank {}'s part "
                "for step {} arrived damaged: not kept\n", dir_, pair_.source, s.step);
     return;  // stays under its temporary name: the next save of the slot reuses the file
@@ -466,57 +543,11 @@ void MemoryCheckpoints::warn(const std::string& path, int err) {
   failures_.push_back(path);
 }
 
-// This rank's share of its node's directory: the copies that verify. Damaged ones are named
-// and removed, an earlier attempt's removed (counted in *stale), others' left alone.
-std::vector<MemoryCheckpoints::Copy> MemoryCheckpoints::scan(int64_t* stale) const {
-  std::vector<Copy> copies;
-  std::vector<std::string> names;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(dir_, ec)) names.push_back(e.path().filename().string());
-  std::sort(names.begin(), names.end());
-  int64_t other = 0;
-  // The ranks of a node share its directory: each looks at every local_size-th name.
-  for (size_t i = size_t(pair_.local_rank); i < names.size(); i += size_t(pair_.local_size)) {
-    const std::string path = dir_ + "/" + names[i];
-    if (names[i].starts_with("part-") && names[i].find(".tmp.") != std::string::npos) {
-      fs::remove(path, ec);  // a write a killed rank left unfinished
-      continue;
-    }
-    const auto p = parse_name(names[i]);
-    if (!p) continue;
-    Header h{};
-    std::vector<float> payload;
-    std::string why = read_part(path, &h, nullptr);
-    if (why.empty() && h.job != job_) continue;  // another job's: not ours to judge
-    if (why.empty() && h.attempt != id_.attempt) {
-      fs::remove(path, ec);  // an earlier attempt's: a requeue starts from checkpoint.dir
-      ++*stale;
-      continue;
-    }
-    if (why.empty() && (h.run != run_ || h.ranks != comm_.size())) {
-      if (other++ == 0)  // once per rank: a launch on another grid sees every copy so
-        fmt::print(stderr, "strata: warning: checkpoint.memory_dir {}: {} and maybe more copies "
-                   "were written by a run with another config or grid; not taken\n", dir_, path);
-      continue;
-    }
-    if (why.empty() && (h.part != p->part || h.step != p->step ||
-                        h.payload_bytes != uint64_t(part_floats_[size_t(p->part)]) * 4))
-      why = "its header does not match its name or this run's part size";
-    if (why.empty()) why = read_part(path, &h, &payload);
-    if (!why.empty()) {
-      fmt::print(stderr, "strata: warning: memory checkpoint {} is damaged ({}): skipped and "
-                 "removed\n", path, why);
-      fs::remove(path, ec);
-      continue;
-    }
-    copies.push_back({p->part, p->step, p->own, path});
-  }
-  return copies;
-}
-
 MemoryCheckpoints::Found MemoryCheckpoints::find() {
   int64_t stale = 0;
-  const std::vector<Copy> copies = scan(&stale);
+  const std::vector<Copy> copies =
+      scan({dir_, pair_.local_rank, pair_.local_size, comm_.size(), job_, run_, id_.attempt, part_floats_},
+           &stale);
   comm_.allreduce_sum(&stale, 1);
   Found f;
   if (stale > 0 && comm_.rank() == 0)
@@ -603,8 +634,7 @@ void MemoryCheckpoints::remove_files() {
   drain();
   std::error_code ec;
   for (MappedFile* f : {&own_[0], &own_[1], &held_[0], &held_[1]}) {
-    if (f->map) ::munmap(f->map, f->bytes);
-    if (f->fd >= 0) ::close(f->fd);
+    f->close();
     if (!f->path.empty()) fs::remove(f->path, ec);
     *f = MappedFile{};
   }

@@ -44,6 +44,14 @@ MemoryPairing pair_ranks(const std::vector<std::string>& node_by_rank, int rank)
 // outside Slurm); every "%n" becomes the node's name.
 std::string expand_memory_dir(const std::string& memory_dir);
 
+// A verified copy in this rank's share of its node's memory directory.
+struct MemoryCopy {
+  int part;
+  int64_t step;
+  bool own;
+  std::string path;
+};
+
 class MemoryCheckpoints {
  public:
   // Who wrote a copy: a copy of another job, attempt (a requeue) or run is never taken.
@@ -105,18 +113,19 @@ class MemoryCheckpoints {
     char* map = nullptr;
     size_t bytes = 0;
     std::string path;
+    // Under the temporary name `tmp`: the file renamed (its pages kept), or on first use
+    // created with `bytes` allocated now (a full tmpfs says so here, not as SIGBUS on a write
+    // into the mapping) and mapped. 0 or errno; *at: the path that failed.
+    int prepare(const std::string& tmp, size_t bytes, std::string* at);
+    int rename_to(const std::string& to);  // 0 or errno
+    void close();  // unmaps; the file stays
   };
   struct Save {
     int64_t step;
     int slot;
     std::function<void(float*)> fill;
   };
-  struct Copy {  // a verified copy in this rank's share of its node's directory
-    int part;
-    int64_t step;
-    bool own;
-    std::string path;
-  };
+  using Copy = MemoryCopy;
   void copy_loop();
   void exchange_loop();
   void copy_own(const Save& s);
@@ -125,7 +134,6 @@ class MemoryCheckpoints {
   bool publish(MappedFile& f, int part, int64_t step, bool own);
   void warn(const std::string& path, int err);
   void done(int slot);
-  std::vector<Copy> scan(int64_t* stale) const;
 
   std::string dir_;
   Comm& comm_;
