@@ -122,19 +122,6 @@ std::string read_part(const std::string& path, Header* h, std::vector<float>* pa
   return "";
 }
 
-// Available memory of the node (MemAvailable), in bytes; -1 when unknown.
-int64_t mem_available() {
-  std::ifstream in("/proc/meminfo");
-  std::string key;
-  int64_t kb;
-  std::string unit;
-  while (in >> key >> kb) {
-    std::getline(in, unit);
-    if (key == "MemAvailable:") return kb * 1024;
-  }
-  return -1;
-}
-
 // Completes `h` (magic, version, the payload's CRC-32C after it in `file`, its own CRC) and
 // writes it at the start of `file`.
 void seal(char* file, Header h) {
@@ -335,17 +322,16 @@ int64_t MemoryCheckpoints::preflight() {
       fail_input("checkpoint.memory_dir {}: cannot read its file system's size ({})", dir_,
                  std::strerror(errno));
     const int64_t free_fs = int64_t(v.f_bavail) * int64_t(v.f_frsize) + ours;
-    const int64_t avail = mem_available();
+    const MemoryBound avail = memory_bound();  // the node's MemAvailable or the job's cgroup limit
     const std::string node = pair_.node_names[size_t(pair_.node_of[size_t(comm_.rank())])];
     if (mine > free_fs)
       fail_input("checkpoint.memory_dir {} on node {}: memory checkpoints need {} there (two "
                  "generations of {} rank part(s) and their partner copies), its file system has "
                  "{} free", dir_, node, format_bytes(double(mine)), pair_.local_size,
                  format_bytes(double(free_fs)));
-    if (avail >= 0 && mine > avail + ours)
-      fail_input("checkpoint.memory_dir {} on node {}: memory checkpoints need {} of the node's "
-                 "memory, only {} is available", dir_, node, format_bytes(double(mine)),
-                 format_bytes(double(avail + ours)));
+    if (avail.bytes != INT64_MAX && mine > avail.bytes + ours)
+      fail_input("checkpoint.memory_dir {} on node {}: memory checkpoints need {} of memory, "
+                 "and {}", dir_, node, format_bytes(double(mine)), avail.source);
   });
   int64_t most = *std::max_element(node_bytes.begin(), node_bytes.end());
   return most;
@@ -391,16 +377,19 @@ void MemoryCheckpoints::done(int slot) {
   cv_.notify_all();
 }
 
+// The next save of `q`, waiting for one; false when the thread is to end: at a stop, once the
+// queue is empty (`finish`) or at once.
+bool MemoryCheckpoints::pop(std::deque<Save>& q, bool finish, Save* s) {
+  std::unique_lock<std::mutex> lk(mu_);
+  cv_.wait(lk, [&] { return stop_ || !q.empty(); });
+  if (stop_ && (!finish || q.empty())) return false;
+  *s = std::move(q.front());
+  q.pop_front();
+  return true;
+}
+
 void MemoryCheckpoints::copy_loop() {
-  for (;;) {
-    Save s;
-    {
-      std::unique_lock<std::mutex> lk(mu_);
-      cv_.wait(lk, [&] { return stop_ || !copy_q_.empty(); });
-      if (copy_q_.empty()) return;
-      s = std::move(copy_q_.front());
-      copy_q_.pop_front();
-    }
+  for (Save s; pop(copy_q_, /*finish=*/true, &s);) {
     copy_own(s);
     const bool exchanging = background_exchange_ && (pair_.partner >= 0 || pair_.source >= 0);
     {
@@ -413,15 +402,7 @@ void MemoryCheckpoints::copy_loop() {
 }
 
 void MemoryCheckpoints::exchange_loop() {
-  for (;;) {
-    Save s;
-    {
-      std::unique_lock<std::mutex> lk(mu_);
-      cv_.wait(lk, [&] { return stop_ || !exchange_q_.empty(); });
-      if (stop_) return;
-      s = std::move(exchange_q_.front());
-      exchange_q_.pop_front();
-    }
+  for (Save s; pop(exchange_q_, /*finish=*/false, &s);) {
     exchange(s);
     done(s.slot);
   }

@@ -126,6 +126,7 @@ class MemoryCheckpoints {
     std::function<void(float*)> fill;
   };
   using Copy = MemoryCopy;
+  bool pop(std::deque<Save>& q, bool finish, Save* s);
   void copy_loop();
   void exchange_loop();
   void copy_own(const Save& s);

@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "base/metrics.h"
 #include "base/parse.h"
 #include "strata/error.h"
 
@@ -21,20 +22,6 @@ double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const size_t h = v.size() / 2;
   return v.size() % 2 ? v[h] : 0.5 * (v[h - 1] + v[h]);
-}
-
-// JSON has no NaN or infinity.
-std::string num(double x) { return std::isfinite(x) ? fmt::format("{:.6g}", x) : "null"; }
-
-// Strings strata writes itself (host names, dates, its version): quotes and backslashes
-// escaped, control characters dropped.
-std::string quoted(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') out += '\\';
-    if (static_cast<unsigned char>(c) >= 0x20) out += c;
-  }
-  return out + "\"";
 }
 
 }  // namespace
@@ -119,16 +106,16 @@ std::string comm_profile_json(const CommProfile& p) {
       "  \"host\": {},\n  \"strata\": {},\n  \"backend\": {},\n  \"device\": {},\n"
       "  \"ranks\": {},\n  \"nodes\": {},\n  \"ranks_per_node\": {},\n  \"iters\": {},\n"
       "  \"warmup\": {},\n  \"fit\": {{",
-      quoted(p.date), quoted(p.host), quoted(p.strata_version), quoted(p.backend),
-      quoted(p.device), p.ranks, p.nodes, p.ranks_per_node, p.iters, p.warmup);
+      json_string(p.date), json_string(p.host), json_string(p.strata_version), json_string(p.backend),
+      json_string(p.device), p.ranks, p.nodes, p.ranks_per_node, p.iters, p.warmup);
   const char* sep = "";
   for (CommOp op : kOps) {
     std::string levels;
     for (const char* level : {"intra", "inter"})
       if (auto f = fit_comm(p.measurements, op, level))
         levels += fmt::format("{}\"{}\": {{\"latency_s\": {}, \"busbw_Bps\": {}}}",
-                              levels.empty() ? "" : ", ", level, num(f->latency_s),
-                              num(f->busbw_Bps));
+                              levels.empty() ? "" : ", ", level, json_number(f->latency_s),
+                              json_number(f->busbw_Bps));
     if (levels.empty()) continue;
     out += fmt::format("{}\n    \"{}\": {{{}}}", sep, comm_op_name(op), levels);
     sep = ",";
@@ -138,8 +125,8 @@ std::string comm_profile_json(const CommProfile& p) {
   for (const auto& m : p.measurements) {
     out += fmt::format("{}\n    {{\"op\": \"{}\", \"level\": \"{}\", \"ranks\": {}, \"bytes\": {}, "
                        "\"time_s\": {}, \"algbw_Bps\": {}, \"busbw_Bps\": {}}}",
-                       sep, comm_op_name(m.op), m.level, m.ranks, m.bytes, num(m.time_s),
-                       num(m.algbw_Bps()), num(m.busbw_Bps()));
+                       sep, comm_op_name(m.op), m.level, m.ranks, m.bytes, json_number(m.time_s),
+                       json_number(m.algbw_Bps()), json_number(m.busbw_Bps()));
     sep = ",";
   }
   return out + "\n  ]\n}\n";
