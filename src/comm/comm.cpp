@@ -12,6 +12,7 @@
 #include <memory>
 #include <utility>
 #include <list>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -352,12 +353,37 @@ std::unique_ptr<Comm> make_world_comm() {
 }
 std::unique_ptr<Comm> make_single_comm() { return std::make_unique<SingleComm>(); }
 
+namespace {
+
+// A rank started by mpirun (OMPI_*), srun --mpi=pmix (PMIX_*) or a PMI-1/2 launcher (PMI_*)
+// has its launcher's variables; a singleton has none of them.
+bool launched() {
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_FD"})
+    if (std::getenv(v)) return true;
+  return false;
+}
+
+}  // namespace
+
 void mpi_init(int* argc, char*** argv) {
   // A process started without mpirun or srun is an MPI singleton: Open MPI would fork a daemon
   // for it (0.3-0.6 s of every `strata prepare`, `inspect` or error message, and on a node
   // without ssh a failed start). strata never spawns processes, so the singleton stands
   // alone. A launched rank does not read this; a value the user set is kept.
   ::setenv("OMPI_MCA_ess_singleton_isolated", "1", /*overwrite=*/0);
+  // A singleton talks to itself alone: Open MPI's default choice of transport probes UCX and
+  // the PCI devices first (0.2 s of every start here); ob1 over `self` is all it needs. Only
+  // where no launcher is seen, so a rank of a job keeps the site's transports.
+  if (!launched()) {
+    ::setenv("OMPI_MCA_pml", "ob1", 0);
+    ::setenv("OMPI_MCA_btl", "self", 0);
+    // Every isolated singleton is job 0 to Open MPI: side by side (two `strata prepare` on a
+    // node) they raced for one session folder, and one failed its start. A folder of its own,
+    // removed by MPI_Finalize.
+    const char* tmp = std::getenv("TMPDIR");
+    const std::string top = std::string(tmp && *tmp ? tmp : "/tmp") + "/strata-mpi." + std::to_string(::getpid());
+    ::setenv("OMPI_MCA_orte_top_session_dir", top.c_str(), 0);
+  }
   int provided = 0;
   MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided));
   g_mpi_inited = true;

@@ -1247,16 +1247,21 @@ def memory_cases(fx, out, train):
 
 # ----------------------------------------------------------------------------- the runner
 
-def snapshot(*dirs):
+def snapshot(case_dir, fixtures):
+    """Each file's state: the case's own files hashed; the shared fixtures (150 MB, hashing them
+    was most of a case's time) by stat, whose ctime any write or metadata change moves."""
     state = {}
-    for d in dirs:
+    for d, hashed in ((case_dir, True), (fixtures, False)):
         for root, _, files in os.walk(d):
             for n in files:
                 p = os.path.join(root, n)
                 try:
                     st = os.stat(p)
-                    with open(p, "rb") as f:
-                        state[p] = (st.st_size, st.st_mtime_ns, hashlib.sha256(f.read()).hexdigest())
+                    if hashed:
+                        with open(p, "rb") as f:
+                            state[p] = (st.st_size, st.st_mtime_ns, hashlib.sha256(f.read()).hexdigest())
+                    else:
+                        state[p] = (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
                 except OSError:
                     pass
     return state

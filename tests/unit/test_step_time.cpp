@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 
 #include "parallel/pipeline_schedule.h"
@@ -200,7 +201,10 @@ TEST_CASE("machine profile: written, read back, interpolated per micro-batch", "
   const PlannedModel m = mlp();
   MachineProfile p = mlp_profile(m);
   p.versions["onednn"] = "3.0";
-  const std::string path = STRATA_BINARY_DIR "/test-runs/unit-machine-profile.json";
+  // Its own folder: in a fresh build no other test has made test-runs/ yet.
+  const std::string dir = STRATA_BINARY_DIR "/test-runs/unit-machine-profile";
+  std::filesystem::create_directories(dir);
+  const std::string path = dir + "/profile.json";
   write_machine_profile(path, p);
   const MachineProfile q = read_machine_profile(path);
   REQUIRE(q.layers.size() == p.layers.size());
