@@ -23,6 +23,11 @@ ranks that share a core wait out time slices of milliseconds), the size is undec
 test reports Skipped (exit 77) naming the sizes and their spreads, never Passed.
 
     bench_comm_reference.py STRATA COMM_REFERENCE WORKDIR [MAX_BYTES, e.g. 2M or 16M]
+
+A timing comparison, so the suite skips it unless STRATA_TIMING_TESTS=1 (`ctest -L timing` on a
+quiet machine): on a CI machine running other tests beside it, a 2 MiB allreduce measured 10.5 %
+from the reference with both sides' rounds within 8 %, a difference no rule on 2 shared cores
+can tell from a real one.
 """
 import json
 import os
@@ -116,6 +121,10 @@ def figures_of(s_medians, r_medians):
 
 
 def main():
+    if os.environ.get("STRATA_TIMING_TESTS") != "1":
+        print("skipped: a timing comparison; run it on a quiet machine with STRATA_TIMING_TESTS=1 "
+              "(ctest -L timing)")
+        sys.exit(77)
     strata, ref, parent = sys.argv[1:4]
     global HI
     if len(sys.argv) > 4:
