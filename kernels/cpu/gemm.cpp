@@ -17,6 +17,7 @@
 #include <stdexcept>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -68,8 +69,8 @@ namespace {
 struct Matmul {
   dnnl::matmul prim;
   dnnl::memory a, b, c, bias;  // descriptors bound to the caller's pointers at each call
-  dnnl::memory packed;         // with pack_b: B in the primitive's blocked layout, and
-  dnnl::reorder pack;          // the reorder that writes it from b at each call
+  dnnl::memory packed;         // with pack_b: B in the primitive's blocked layout (in the
+  dnnl::reorder pack;          // cache's scratch), and the reorder that writes it at each call
 };
 
 // What A, B and C hold: fp32 throughout, bf16 inputs with fp32 C, or u8 (s8) A, s8 B, s32 C.
@@ -82,6 +83,14 @@ struct MatmulCache {
   dnnl::engine eng{dnnl::engine::kind::cpu, 0};
   dnnl::stream stream{eng};
   std::map<MatmulKey, Matmul> prims;
+  // The packed B of every pack_b primitive, one at a time: as large as the largest B so far.
+  std::vector<float> packed_scratch;
+  void* scratch(size_t bytes) {
+    const size_t floats = bytes / sizeof(float) + 16;  // + room to align to 64 bytes
+    if (packed_scratch.size() < floats) packed_scratch.resize(floats);
+    const auto at = reinterpret_cast<uintptr_t>(packed_scratch.data());
+    return reinterpret_cast<void*>((at + 63) & ~uintptr_t(63));
+  }
 };
 
 // Per thread (a stream belongs to one thread); a training run uses a handful of shapes.
@@ -126,7 +135,7 @@ Matmul& get_matmul(MatmulCache& mc, const MatmulKey& key) {
   m.c = dnnl::memory(c_md, mc.eng, DNNL_MEMORY_NONE);
   if (has_bias) m.bias = dnnl::memory(bias_md, mc.eng, DNNL_MEMORY_NONE);
   if (pack_b) {
-    m.packed = dnnl::memory(pd.weights_desc(), mc.eng);
+    m.packed = dnnl::memory(pd.weights_desc(), mc.eng, DNNL_MEMORY_NONE);
     m.pack = dnnl::reorder(m.b, m.packed);
   }
   return mc.prims.emplace(key, std::move(m)).first->second;
@@ -158,7 +167,10 @@ void run_matmul(bool trans_a, bool trans_b, int M, int N, int K, const void* A, 
     m.a.set_data_handle(const_cast<void*>(A));
     m.b.set_data_handle(const_cast<void*>(B));
     m.c.set_data_handle(Cv);
-    if (pack_b) m.pack.execute(mc.stream, m.b, m.packed);  // B as it is now: nothing kept
+    if (pack_b) {  // B as it is now: nothing kept from the call before
+      m.packed.set_data_handle(mc.scratch(m.packed.get_desc().get_size()));
+      m.pack.execute(mc.stream, m.b, m.packed);
+    }
     dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, m.a.get()},
                                {DNNL_ARG_WEIGHTS, pack_b ? m.packed.get() : m.b.get()},
                                {DNNL_ARG_DST, m.c.get()},

@@ -1,5 +1,6 @@
 // The linear op's forward on packed weights (kernels/cpu/linear.cpp, from 2048 rows): bitwise
-// the plain matmul primitive's product, and the weight read afresh at each call.
+// the plain matmul primitive's product, the weight read afresh at each call, and weights of
+// different shapes in turn (one scratch holds their packed copies) each giving its own product.
 #include <catch2/catch.hpp>
 
 #include <cstring>
@@ -50,5 +51,22 @@ TEST_CASE("linear forward on packed weights: bitwise the plain product, the weig
     plain();
     CHECK(same_bits(got, want));
     CHECK_FALSE(same_bits(got, before));
+  }
+  // Two weights of other shapes in turn (their packed copies share one scratch), then the
+  // first again: each product its own.
+  const int I2 = 96, O2 = 64;
+  std::vector<float> x2(size_t(B) * I2), w2(size_t(O2) * I2), got2(size_t(B) * O2),
+      want2(got2.size());
+  for (auto* v : {&x2, &w2})
+    for (float& e : *v) e = u(gen);
+  for (int round = 0; round < 2; ++round) {
+    cpu::linear_forward(got2.data(), x2.data(), w2.data(), nullptr, B, I2, O2);
+    cpu::matmul(false, true, B, O2, I2, x2.data(), I2, w2.data(), I2, want2.data(), O2, nullptr,
+                false);
+    CHECK(same_bits(got2, want2));
+    cpu::linear_forward(got.data(), x.data(), w.data(), bias.data(), B, I, O);
+    cpu::matmul(false, true, B, O, I, x.data(), I, w.data(), I, want.data(), O, bias.data(),
+                false);
+    CHECK(same_bits(got, want));
   }
 }
