@@ -5,12 +5,15 @@
 // share of this core's FMA peak, measured first.
 //   usage: bench_gemm [calls (default 60)]        needs libopenblas0 installed for the baseline
 #include <dlfcn.h>
+#include <oneapi/dnnl/dnnl.hpp>
 #include <time.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -163,6 +166,88 @@ void bench_bf16(const Shape* shapes, int n, int calls) {
   }
 }
 
+// The fp32 forward products as the linear op runs them (strata::cpu::linear[_relu]_forward: the
+// matmul primitive with bias and ReLU in its epilogue from 2^20 multiply-adds, else sgemm and
+// a bias pass; from 2048 rows the weight reordered first, at each call) beside the candidate of
+// issue 34: the same matmul primitive with its weights in the blocked layout it asks for
+// (format_tag::any), reordered from the row-major weights once per weight version; and the
+// primitive on the row-major weights ("row-major": the op's path below 2048 rows, and at 2048
+// before issue 34). A training step changes every weight once and runs one forward with
+// each per micro-batch, so "per step" charges the whole reorder to one call (the plain
+// one-micro-batch step; k micro-batches would charge 1/k of it); "speedup" is the op's time
+// over that. "same" says whether the packed
+// product is bitwise the op's.
+struct Forward {
+  int B, O, I;  // out (B,O) = inp (B,I) @ weight (O,I)^T + bias
+  bool relu;
+  const char* what;
+};
+
+void bench_forward(double peak, int calls) {
+  using namespace dnnl;
+  using dt = memory::data_type;
+  using dims = memory::dims;
+  const Forward fwd[] = {
+      {64, 256, 784, true, "MLP fc1 forward"},     {64, 128, 256, true, "MLP fc2 forward"},
+      {64, 10, 128, false, "MLP fc3 forward"},     {2048, 1152, 384, false, "GPT c_attn forward"},
+      {2048, 1536, 384, false, "GPT c_fc forward"}, {2048, 384, 1536, false, "GPT c_proj forward"}};
+  std::printf("\nfp32 forward products as the linear op runs them (bias; ReLU for fc1, fc2), "
+              "against packed weights\n%-20s %9s %6s %10s %6s %10s %6s %10s %10s %6s %7s %5s\n",
+              "shape (B,O,I)", "op us", "peak", "row-major", "peak", "packed us", "peak",
+              "reorder us", "per step", "peak", "speedup", "same");
+  const engine eng(engine::kind::cpu, 0);
+  stream st(eng);
+  for (const Forward& f : fwd) {
+    std::mt19937 gen(1);
+    std::uniform_real_distribution<float> u(-1.f, 1.f);
+    std::vector<float> x(size_t(f.B) * f.I), w(size_t(f.O) * f.I), bias(f.O),
+        y1(size_t(f.B) * f.O), y2(y1.size());
+    for (auto* v : {&x, &w, &bias})
+      for (float& e : *v) e = u(gen);
+    const double op = median_s(calls, [&] {
+      if (f.relu)
+        strata::cpu::linear_relu_forward(y1.data(), x.data(), w.data(), bias.data(), f.B, f.I,
+                                         f.O);
+      else
+        strata::cpu::linear_forward(y1.data(), x.data(), w.data(), bias.data(), f.B, f.I, f.O);
+    });
+    const double rm = median_s(calls, [&] {
+      strata::cpu::matmul(false, true, f.B, f.O, f.I, x.data(), f.I, w.data(), f.I, y2.data(), f.O,
+                          bias.data(), f.relu);
+    });
+    // The weight (O,I) row-major is op(B) = weight^T (I,O) with strides {1, I}.
+    const memory::desc x_md(dims{f.B, f.I}, dt::f32, dims{f.I, 1});
+    const memory::desc w_md(dims{f.I, f.O}, dt::f32, dims{1, f.I});
+    const memory::desc w_any(dims{f.I, f.O}, dt::f32, memory::format_tag::any);
+    const memory::desc y_md(dims{f.B, f.O}, dt::f32, dims{f.O, 1});
+    const memory::desc b_md(dims{1, f.O}, dt::f32, dims{f.O, 1});
+    primitive_attr attr;
+    if (f.relu) {
+      post_ops ops;
+      ops.append_eltwise(1.f, algorithm::eltwise_relu, 0.f, 0.f);
+      attr.set_post_ops(ops);
+    }
+    const matmul::primitive_desc pd(matmul::desc(x_md, w_any, b_md, y_md), attr, eng);
+    const matmul prim(pd);
+    memory xm(x_md, eng, x.data()), wm(w_md, eng, w.data()), ym(y_md, eng, y2.data()),
+        bm(b_md, eng, bias.data()), packed(pd.weights_desc(), eng);
+    const reorder pack(wm, packed);
+    const double re = median_s(calls, [&] { pack.execute(st, wm, packed); });
+    const double pk = median_s(calls, [&] {
+      prim.execute(st, {{DNNL_ARG_SRC, xm}, {DNNL_ARG_WEIGHTS, packed}, {DNNL_ARG_BIAS, bm},
+                        {DNNL_ARG_DST, ym}});
+    });
+    st.wait();
+    const bool same = std::memcmp(y1.data(), y2.data(), sizeof(float) * y1.size()) == 0;
+    const double gf = 2.0 * f.B * f.O * f.I * 1e-9;
+    auto share = [&](double t) { return peak > 0 ? 100 * gf / t / peak : 0.0; };
+    std::printf("%-20s %9.1f %5.0f%% %10.1f %5.0f%% %10.1f %5.0f%% %10.1f %10.1f %5.0f%% %6.2fx "
+                "%5s\n",
+                f.what, op * 1e6, share(op), rm * 1e6, share(rm), pk * 1e6, share(pk), re * 1e6,
+                (pk + re) * 1e6, share(pk + re), op / (pk + re), same ? "yes" : "no");
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -219,5 +304,6 @@ int main(int argc, char** argv) {
     std::printf("%-24s %10.1f %9.0f %5.0f%% %10.1f %9.0f %5.0f%% %6.2fx\n", s.what, a * 1e6, gf / a,
                 share(a), b * 1e6, gf / b, share(b), b / a);
   }
+  bench_forward(peak, calls);
   bench_bf16(shapes, int(sizeof shapes / sizeof shapes[0]), calls);
 }

@@ -30,6 +30,13 @@ void sgemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const f
 // larger linear-layer shapes, and bias and ReLU cost no extra pass. bias may be null.
 void matmul(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda,
             const float* B, int ldb, float* C, int ldc, const float* bias, bool relu);
+// matmul, with B first reordered into the blocked layout the primitive's kernels read (one
+// reorder of B per call into a per-thread scratch as large as the largest such B, nothing
+// cached: B may change between calls). The same sums in the same order as matmul, bitwise;
+// faster where many rows of A share B (the primitive otherwise copies B's blocks again for each
+// block of rows: kernels/cpu/linear.cpp says where).
+void matmul_packed_b(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda,
+                     const float* B, int ldb, float* C, int ldc, const float* bias, bool relu);
 // C(M,N) += op(A) * op(B), row-major, through a matmul primitive with a sum post-op (the
 // accumulating weight gradients of micro-batches).
 void matmul_accumulate(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda,

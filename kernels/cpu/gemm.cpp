@@ -17,6 +17,7 @@
 #include <stdexcept>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -68,17 +69,28 @@ namespace {
 struct Matmul {
   dnnl::matmul prim;
   dnnl::memory a, b, c, bias;  // descriptors bound to the caller's pointers at each call
+  dnnl::memory packed;         // with pack_b: B in the primitive's blocked layout (in the
+  dnnl::reorder pack;          // cache's scratch), and the reorder that writes it at each call
 };
 
 // What A, B and C hold: fp32 throughout, bf16 inputs with fp32 C, or u8 (s8) A, s8 B, s32 C.
 enum class Types { f32, bf16, u8s8, s8s8 };
-// (trans_a, trans_b, M, N, K, lda, ldb, ldc, bias, relu, accumulate, types)
-using MatmulKey = std::tuple<bool, bool, int, int, int, int, int, int, bool, bool, bool, Types>;
+// (trans_a, trans_b, M, N, K, lda, ldb, ldc, bias, relu, accumulate, types, pack_b)
+using MatmulKey =
+    std::tuple<bool, bool, int, int, int, int, int, int, bool, bool, bool, Types, bool>;
 
 struct MatmulCache {
   dnnl::engine eng{dnnl::engine::kind::cpu, 0};
   dnnl::stream stream{eng};
   std::map<MatmulKey, Matmul> prims;
+  // The packed B of every pack_b primitive, one at a time: as large as the largest B so far.
+  std::vector<float> packed_scratch;
+  void* scratch(size_t bytes) {
+    const size_t floats = bytes / sizeof(float) + 16;  // + room to align to 64 bytes
+    if (packed_scratch.size() < floats) packed_scratch.resize(floats);
+    const auto at = reinterpret_cast<uintptr_t>(packed_scratch.data());
+    return reinterpret_cast<void*>((at + 63) & ~uintptr_t(63));
+  }
 };
 
 // Per thread (a stream belongs to one thread); a training run uses a handful of shapes.
@@ -91,7 +103,7 @@ Matmul& get_matmul(MatmulCache& mc, const MatmulKey& key) {
   auto it = mc.prims.find(key);
   if (it != mc.prims.end()) return it->second;
   if (mc.prims.size() >= 128) mc.prims.clear();  // shapes that keep changing: bound the memory
-  const auto [ta, tb, M, N, K, lda, ldb, ldc, has_bias, relu, accumulate, types] = key;
+  const auto [ta, tb, M, N, K, lda, ldb, ldc, has_bias, relu, accumulate, types, pack_b] = key;
   using dt = dnnl::memory::data_type;
   using dims = dnnl::memory::dims;
   const bool int8 = types == Types::u8s8 || types == Types::s8s8;
@@ -110,8 +122,11 @@ Matmul& get_matmul(MatmulCache& mc, const MatmulKey& key) {
   if (accumulate) ops.append_sum(1.f);  // C = C + product (before any eltwise)
   if (relu) ops.append_eltwise(1.f, dnnl::algorithm::eltwise_relu, 0.f, 0.f);
   if (accumulate || relu) attr.set_post_ops(ops);
-  auto desc = has_bias ? dnnl::matmul::desc(a_md, b_md, bias_md, c_md)
-                       : dnnl::matmul::desc(a_md, b_md, c_md);
+  // pack_b: the primitive says which layout its kernels read B in (format_tag::any).
+  const dnnl::memory::desc b_use =
+      pack_b ? dnnl::memory::desc(dims{K, N}, b_t, dnnl::memory::format_tag::any) : b_md;
+  auto desc = has_bias ? dnnl::matmul::desc(a_md, b_use, bias_md, c_md)
+                       : dnnl::matmul::desc(a_md, b_use, c_md);
   dnnl::matmul::primitive_desc pd(desc, attr, mc.eng);
   Matmul m;
   m.prim = dnnl::matmul(pd);
@@ -119,13 +134,17 @@ Matmul& get_matmul(MatmulCache& mc, const MatmulKey& key) {
   m.b = dnnl::memory(b_md, mc.eng, DNNL_MEMORY_NONE);
   m.c = dnnl::memory(c_md, mc.eng, DNNL_MEMORY_NONE);
   if (has_bias) m.bias = dnnl::memory(bias_md, mc.eng, DNNL_MEMORY_NONE);
+  if (pack_b) {
+    m.packed = dnnl::memory(pd.weights_desc(), mc.eng, DNNL_MEMORY_NONE);
+    m.pack = dnnl::reorder(m.b, m.packed);
+  }
   return mc.prims.emplace(key, std::move(m)).first->second;
 }
 
 // A, B and C hold what `types` says (C float unless u8s8, then int32).
 void run_matmul(bool trans_a, bool trans_b, int M, int N, int K, const void* A, int lda,
                 const void* B, int ldb, void* Cv, int ldc, const float* bias, bool relu,
-                bool accumulate, Types types = Types::f32) {
+                bool accumulate, Types types = Types::f32, bool pack_b = false) {
   if (M <= 0 || N <= 0) return;
   if ((types == Types::u8s8 || types == Types::s8s8) && K <= 0) {
     for (int i = 0; i < M; ++i) std::fill_n(static_cast<int32_t*>(Cv) + int64_t(i) * ldc, N, 0);
@@ -144,12 +163,16 @@ void run_matmul(bool trans_a, bool trans_b, int M, int N, int K, const void* A, 
   try {
     MatmulCache& mc = matmul_cache();
     Matmul& m = get_matmul(mc, {trans_a, trans_b, M, N, K, lda, ldb, ldc, bias != nullptr, relu,
-                                accumulate, types});
+                                accumulate, types, pack_b});
     m.a.set_data_handle(const_cast<void*>(A));
     m.b.set_data_handle(const_cast<void*>(B));
     m.c.set_data_handle(Cv);
+    if (pack_b) {  // B as it is now: nothing kept from the call before
+      m.packed.set_data_handle(mc.scratch(m.packed.get_desc().get_size()));
+      m.pack.execute(mc.stream, m.b, m.packed);
+    }
     dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, m.a.get()},
-                               {DNNL_ARG_WEIGHTS, m.b.get()},
+                               {DNNL_ARG_WEIGHTS, pack_b ? m.packed.get() : m.b.get()},
                                {DNNL_ARG_DST, m.c.get()},
                                {DNNL_ARG_BIAS, nullptr}};
     int nargs = 3;
@@ -175,6 +198,12 @@ void run_matmul(bool trans_a, bool trans_b, int M, int N, int K, const void* A, 
 void matmul(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda,
             const float* B, int ldb, float* C, int ldc, const float* bias, bool relu) {
   run_matmul(trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc, bias, relu, false);
+}
+
+void matmul_packed_b(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda,
+                     const float* B, int ldb, float* C, int ldc, const float* bias, bool relu) {
+  run_matmul(trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc, bias, relu, false, Types::f32,
+             true);
 }
 
 void matmul_accumulate(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda,

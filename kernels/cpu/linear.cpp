@@ -1,8 +1,9 @@
 // Fully connected layer: each product is a single GEMM on the row-major buffers as they are,
-// with the transposes folded into the GEMM's strides (no copies). Forward products of at least
-// kMatmulMinWork multiply-adds go through a oneDNN matmul primitive made for their exact shape,
-// with bias and ReLU in its epilogue (no passes of their own), and so do the weight gradients
-// of large weights (see use_matmul_weight_grad); the rest through sgemm.
+// with the transposes folded into the GEMM's strides (no copies of our own, but for the weight's
+// reorder in forward products of kPackedWeightMinRows rows and more). Forward products of at
+// least kMatmulMinWork multiply-adds go through a oneDNN matmul primitive made for their exact
+// shape, with bias and ReLU in its epilogue (no passes of their own), and so do the weight
+// gradients of large weights (see use_matmul_weight_grad); the rest through sgemm.
 #include <algorithm>
 #include <cstring>
 
@@ -32,11 +33,29 @@ bool use_matmul_weight_grad(int B, int I, int O) {
   return int64_t(O) * I >= kMatmulMinWeightGrad && use_matmul(O, I, B);
 }
 
+// Forward products of at least this many rows reorder the weight into the primitive's blocked
+// layout first (matmul_packed_b), once per call; the same sums, bitwise. On the primitive's own
+// path its copy of the transposed weight took 8.8 % of the GPT's c_attn forward (2048 rows:
+// copied again per block of rows), the reorder 2.1 % (perf). The GPT's fp32 step (2048 rows,
+// dim 384, AMD EPYC family 25, one thread): 1.04x tokens/s, the median of 7 alternating pairs
+// (0.99-1.08). At 64-1024 rows the reorder cost more than it saved (0.79-1.01x; the MLP's
+// forward 0.89-0.94x): oneDNN's reorder is slower than the primitive's one copy there. Keeping
+// the reorder once per optimizer step would not help the MLP either, as one step runs one
+// forward per weight version (benchmarks/README.md, bench_gemm).
+// The packed copy lives in one scratch per thread, as large as the largest such weight: at most
+// kPackedWeightMaxElems floats (16 MiB); larger weights (a GPT-2 token table, 38.6M) stay as
+// they are.
+constexpr int kPackedWeightMinRows = 2048;
+constexpr int64_t kPackedWeightMaxElems = int64_t(1) << 22;
+
 // out (B,O) = inp @ weight^T [+ bias] [ReLU]
 void forward(float* out, const float* inp, const float* weight, const float* bias, int B, int I,
              int O, bool relu) {
   if (use_matmul(B, O, I)) {
-    matmul(false, true, B, O, I, inp, I, weight, I, out, O, bias, relu);
+    if (B >= kPackedWeightMinRows && int64_t(O) * I <= kPackedWeightMaxElems)
+      matmul_packed_b(false, true, B, O, I, inp, I, weight, I, out, O, bias, relu);
+    else
+      matmul(false, true, B, O, I, inp, I, weight, I, out, O, bias, relu);
     return;
   }
   float beta = 0.f;
