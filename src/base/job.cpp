@@ -167,6 +167,12 @@ std::optional<double> job_end_time(std::string* why_not) {
   return t;
 }
 
+bool started_by_mpi_launcher() {
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_FD"})
+    if (std::getenv(v)) return true;
+  return false;
+}
+
 // The launcher that started this process set its own variable: Open MPI's mpirun
 // (OMPI_COMM_WORLD_LOCAL_RANK) or MPICH's Hydra (MPI_LOCALRANKID) first, since a job step's
 // SLURM_LOCALID is inherited unchanged by every rank that mpirun starts inside an

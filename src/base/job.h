@@ -32,6 +32,9 @@ struct NodeLocalRank {
   const char* source = "";
 };
 NodeLocalRank node_local_rank();
+// Whether an MPI launcher started this process: mpirun (OMPI_*), srun --mpi=pmix (PMIX_*) or a
+// PMI-1/2 launcher (PMI_*) leave their variables; an MPI singleton has none of them.
+bool started_by_mpi_launcher();
 std::string slurm_job_id();  // "" outside Slurm; digits ("123", or "123_4" for an array task)
 int64_t slurm_restart_count();
 // The Slurm node this rank runs on ($SLURMD_NODENAME: letters, digits, '.', '_', '-'), else the

@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include "base/job.h"
 #include "strata/error.h"
 
 namespace strata {
@@ -49,8 +50,8 @@ std::string json_string(const std::string& s) {
 }
 
 ProgressLine::ProgressLine(const std::string& mode) : enabled_(mode != "off") {
-  const bool launched = std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMIX_RANK") ||
-                        std::getenv("SLURM_STEP_ID");
+  // A launched rank's output goes to a launcher or a Slurm step's file, not a terminal.
+  const bool launched = started_by_mpi_launcher() || std::getenv("SLURM_STEP_ID");
   tty_ = mode == "inplace" || (mode == "auto" && isatty(STDOUT_FILENO) && !launched);
 }
 

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "base/activity.h"
+#include "base/job.h"
 #include "strata/error.h"
 
 namespace strata {
@@ -353,18 +354,6 @@ std::unique_ptr<Comm> make_world_comm() {
 }
 std::unique_ptr<Comm> make_single_comm() { return std::make_unique<SingleComm>(); }
 
-namespace {
-
-// A rank started by mpirun (OMPI_*), srun --mpi=pmix (PMIX_*) or a PMI-1/2 launcher (PMI_*)
-// has its launcher's variables; a singleton has none of them.
-bool launched() {
-  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_FD"})
-    if (std::getenv(v)) return true;
-  return false;
-}
-
-}  // namespace
-
 void mpi_init(int* argc, char*** argv) {
   // A process started without mpirun or srun is an MPI singleton: Open MPI would fork a daemon
   // for it (0.3-0.6 s of every `strata prepare`, `inspect` or error message, and on a node
@@ -374,7 +363,7 @@ void mpi_init(int* argc, char*** argv) {
   // A singleton talks to itself alone: Open MPI's default choice of transport probes UCX and
   // the PCI devices first (0.2 s of every start here); ob1 over `self` is all it needs. Only
   // where no launcher is seen, so a rank of a job keeps the site's transports.
-  if (!launched()) {
+  if (!started_by_mpi_launcher()) {
     ::setenv("OMPI_MCA_pml", "ob1", 0);
     ::setenv("OMPI_MCA_btl", "self", 0);
     // Every isolated singleton is job 0 to Open MPI: side by side (two `strata prepare` on a
