@@ -6,13 +6,15 @@ off, the MLP, CNN and GPT configs on 2 ranks, in the same run.
       [--fortunes data/fortunes.h5] [--repeats 3] [--models mlp,cnn,gpt] [--memory_root /dev/shm]
       [--out FILE]
 
-The two ranks are started as two simulated nodes (SLURMD_NODENAME n1 and n2, as on the local
-Slurm cluster), so each rank's part is also sent to its partner and written there: the whole
-cost. Each repeat runs both arms back to back, in alternating order (off-on, then on-off);
-the figure per arm is the median over repeats of the training time per step (strata's `done`
-event: train_time_s / steps, start-up excluded). strata's own line gives the training
-thread's stall per memory checkpoint (median and max of the run's saves). The machine's CPU
-and load average are printed with the table.
+The "on" arm starts the two ranks as two simulated nodes (SLURMD_NODENAME n1 and n2, as on
+the local Slurm cluster), so each rank's part is also sent to its partner and written there:
+the whole cost. The "local" arm (--arms off,local,on) starts both on one node: no partner, the
+copy alone, which separates the copy's cost from the exchange's. Each repeat runs the arms back
+to back, the order rotated each repeat; the figure per arm is the median over repeats of the
+training time per step (strata's `done` event: train_time_s / steps, start-up excluded).
+strata's own line gives the training thread's stall per memory checkpoint (median and max of
+the run's saves) and the time per save off the training thread (copy, exchange). The machine's
+CPU and load average are printed with the table.
 """
 import argparse
 import json
@@ -34,6 +36,7 @@ ap.add_argument("--fortunes", default=os.path.join(ROOT, "data", "fortunes.h5"))
 ap.add_argument("--repeats", type=int, default=3)
 ap.add_argument("--every", type=int, default=1, help="checkpoint.memory_every of the 'on' arm")
 ap.add_argument("--models", default="mlp,cnn,gpt")
+ap.add_argument("--arms", default="off,on", help="off, local (one node: no partner), on (two nodes)")
 ap.add_argument("--work", default="/var/tmp/strata-bench-memory")
 ap.add_argument("--memory_root", default="/dev/shm",
                 help="where the simulated nodes' memory directories go (a tmpfs; a small /dev/shm: another)")
@@ -48,9 +51,10 @@ MODELS = {  # config, data flag value, steps
 ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
 
 
-def run(model, memory):
+def run(model, arm):
     cfg, data, steps = MODELS[model]
-    out = os.path.join(a.work, f"{model}-{'on' if memory else 'off'}")
+    memory = arm != "off"
+    out = os.path.join(a.work, f"{model}-{arm}")
     shutil.rmtree(out, ignore_errors=True)
     args = [a.strata, "train", "--config", os.path.join(ROOT, "configs", cfg), "--data.path", data,
             "--train.max_steps", str(steps), "--output.dir", out, "--progress", "off",
@@ -60,7 +64,7 @@ def run(model, memory):
                  os.path.join(a.memory_root, "strata-bench-memory", "%n")]
     cmd = ["mpirun", "--oversubscribe", "--bind-to", "none",
            "-n", "1", "-x", "SLURMD_NODENAME=n1", *args, ":",
-           "-n", "1", "-x", "SLURMD_NODENAME=n2", *args]
+           "-n", "1", "-x", f"SLURMD_NODENAME={'n1' if arm == 'local' else 'n2'}", *args]
     p = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=1800)
     if p.returncode != 0:
         sys.exit(f"{' '.join(cmd)} exited {p.returncode}\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}")
@@ -69,7 +73,10 @@ def run(model, memory):
     stall = re.search(r"stall per save: median ([0-9.]+) ms, max ([0-9.]+) ms", p.stdout)
     if memory and not stall:
         sys.exit(f"no stall line in the output of {' '.join(cmd)}:\n{p.stdout[-2000:]}")
+    side = re.search(r"per save: copy ([0-9.]+) ms, (?:exchange ([0-9.]+) ms|no partner)", p.stdout)
     return {"step_s": done["train_time_s"] / done["step"],
+            "copy_ms": float(side.group(1)) if side else None,
+            "exchange_ms": float(side.group(2)) if side and side.group(2) else None,
             "stall_ms": float(stall.group(1)) if stall else None,
             "stall_max_ms": float(stall.group(2)) if stall else None,
             "per_node": (re.search(r"memory checkpoints: every \d+ steps? into \S+: ([0-9.]+ \S+) per node", p.stdout)
@@ -83,29 +90,41 @@ def main():
     lines = [f"# bench_memory_checkpoints.py, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
              f"# CPU: {name.group(1) if name else '?'}, {os.cpu_count()} cores; "
              f"load average before: {os.getloadavg()[0]:.2f}; strata {a.strata}",
-             f"# 2 ranks as two simulated nodes, 1 thread each; memory_every = {a.every} against off; "
-             f"median of {a.repeats} repeats, arms alternating"]
+             f"# 2 ranks, 1 thread each; memory_every = {a.every}; arms {a.arms} (local: one node, "
+             f"no partner; on: two simulated nodes); median of {a.repeats} repeats, order rotated"]
     print("\n".join(lines), flush=True)
+    arms = a.arms.split(",")
+    if "off" not in arms:
+        sys.exit("--arms must include off (the baseline)")
+    med = lambda xs: statistics.median(xs) if xs else None
     rows = []
     for model in a.models.split(","):
-        res = {False: [], True: []}
+        res = {arm: [] for arm in arms}
         for i in range(a.repeats):
-            for memory in ((False, True) if i % 2 == 0 else (True, False)):
-                r = run(model, memory)
-                res[memory].append(r)
-                print(f"{model} memory_every={a.every if memory else 'off'} repeat {i}: "
-                      f"{1e3 * r['step_s']:.2f} ms/step"
-                      + (f", stall per save median {r['stall_ms']:.2f} ms (max {r['stall_max_ms']:.2f})"
-                         if memory else ""), flush=True)
-        off = statistics.median(x["step_s"] for x in res[False])
-        on = statistics.median(x["step_s"] for x in res[True])
-        stall = statistics.median(x["stall_ms"] for x in res[True])
-        rows.append((model, MODELS[model][2], off, on, stall, res[True][0]["per_node"]))
-    lines.append(f"{'model':<5} {'steps':>6} {'off ms/step':>12} {'on ms/step':>11} {'cost':>7} "
-                 f"{'stall/save ms':>14} {'memory per node':>16}")
-    for model, steps, off, on, stall, per_node in rows:
-        lines.append(f"{model:<5} {steps:>6} {1e3 * off:>12.2f} {1e3 * on:>11.2f} "
-                     f"{100 * (on / off - 1):>+6.1f}% {stall:>14.2f} {per_node or '?':>16}")
+            for arm in arms[i % len(arms):] + arms[:i % len(arms)]:
+                r = run(model, arm)
+                res[arm].append(r)
+                print(f"{model} {arm} repeat {i}: {1e3 * r['step_s']:.2f} ms/step"
+                      + (f", stall per save median {r['stall_ms']:.2f} ms (max {r['stall_max_ms']:.2f}),"
+                         f" copy {r['copy_ms']} ms, exchange {r['exchange_ms']} ms"
+                         if arm != "off" else ""), flush=True)
+        off = med([x["step_s"] for x in res["off"]])
+        for arm in arms:
+            if arm == "off":
+                continue
+            rs = res[arm]
+            rows.append((model, arm, MODELS[model][2], off, med([x["step_s"] for x in rs]),
+                         med([x["stall_ms"] for x in rs]),
+                         med([x["copy_ms"] for x in rs if x["copy_ms"] is not None]),
+                         med([x["exchange_ms"] for x in rs if x["exchange_ms"] is not None]),
+                         rs[0]["per_node"]))
+    lines.append(f"{'model':<5} {'arm':<6} {'steps':>6} {'off ms/step':>12} {'on ms/step':>11} {'cost':>7} "
+                 f"{'stall/save ms':>14} {'copy ms':>8} {'exchange ms':>12} {'memory per node':>16}")
+    fmt_ms = lambda v: f"{v:.2f}" if v is not None else "-"
+    for model, arm, steps, off, on, stall, copy, exch, per_node in rows:
+        lines.append(f"{model:<5} {arm:<6} {steps:>6} {1e3 * off:>12.2f} {1e3 * on:>11.2f} "
+                     f"{100 * (on / off - 1):>+6.1f}% {stall:>14.2f} {fmt_ms(copy):>8} "
+                     f"{fmt_ms(exch):>12} {per_node or '?':>16}")
     lines.append(f"# load average after: {os.getloadavg()[0]:.2f}")
     print("\n".join(lines[-len(rows) - 2:]))
     if a.out:

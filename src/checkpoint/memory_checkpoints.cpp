@@ -45,6 +45,10 @@ struct Header {
 static_assert(sizeof(Header) == 72);
 constexpr char kMagic[8] = {'S', 'T', 'R', 'A', 'T', 'A', 'M', 'C'};
 
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
 uint64_t fnv1a(const std::string& s) {
   uint64_t h = 1469598103934665603ull;
   for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
@@ -351,17 +355,23 @@ void MemoryCheckpoints::save(int64_t step, std::function<void(float*)> fill, dou
   cv_.notify_all();
   if (!background_exchange_) {  // the training thread moves the bytes itself, now
     fence();
+    const auto t1 = std::chrono::steady_clock::now();
     exchange({step, k, nullptr});
+    const double took = seconds_since(t1);
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      timings_.exchange_s.push_back(took);
+    }
     done(k);
   }
-  *wait_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  *wait_s = seconds_since(t0);
 }
 
 double MemoryCheckpoints::fence() {
   const auto t0 = std::chrono::steady_clock::now();
   std::unique_lock<std::mutex> lk(mu_);
   cv_.wait(lk, [&] { return uncopied_ == 0; });
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return seconds_since(t0);
 }
 
 void MemoryCheckpoints::drain() {
@@ -390,10 +400,13 @@ bool MemoryCheckpoints::pop(std::deque<Save>& q, bool finish, Save* s) {
 
 void MemoryCheckpoints::copy_loop() {
   for (Save s; pop(copy_q_, /*finish=*/true, &s);) {
+    const auto t0 = std::chrono::steady_clock::now();
     copy_own(s);
+    const double took = seconds_since(t0);
     const bool exchanging = background_exchange_ && (pair_.partner >= 0 || pair_.source >= 0);
     {
       std::lock_guard<std::mutex> lk(mu_);
+      timings_.copy_s.push_back(took);
       if (exchanging) exchange_q_.push_back({s.step, s.slot, nullptr});
       else if (background_exchange_) --busy_[s.slot];
     }
@@ -403,9 +416,20 @@ void MemoryCheckpoints::copy_loop() {
 
 void MemoryCheckpoints::exchange_loop() {
   for (Save s; pop(exchange_q_, /*finish=*/false, &s);) {
+    const auto t0 = std::chrono::steady_clock::now();
     exchange(s);
+    const double took = seconds_since(t0);
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      timings_.exchange_s.push_back(took);
+    }
     done(s.slot);
   }
+}
+
+MemoryCheckpoints::Timings MemoryCheckpoints::timings() {
+  std::lock_guard<std::mutex> lk(mu_);
+  return timings_;
 }
 
 int MemoryCheckpoints::MappedFile::prepare(const std::string& tmp, size_t n, std::string* at) {

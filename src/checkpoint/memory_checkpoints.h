@@ -104,6 +104,12 @@ class MemoryCheckpoints {
   // Removes the copies this rank wrote (own and held) and the directory if left empty (a run
   // that finished or stopped with a checkpoint in checkpoint.dir no longer needs them).
   void remove_files();
+  // Seconds each save spent so far on the copy thread (pack, CRC, publish) and on the exchange
+  // (partner's send and source's receive; empty without a partner), in save order.
+  struct Timings {
+    std::vector<double> copy_s, exchange_s;
+  };
+  Timings timings();
 
  private:
   // A part file, mapped: the copy of one part at one step, under `path` (its final name once
@@ -156,6 +162,7 @@ class MemoryCheckpoints {
   int uncopied_ = 0;      // saves whose part is not yet copied
   bool stop_ = false;
   std::vector<std::string> failures_;
+  Timings timings_;  // under mu_
   std::thread copier_, exchanger_;
 };
 

@@ -161,18 +161,30 @@ double MemoryState::fence() {
   return waited;
 }
 
+namespace {
+double median_of(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::nth_element(v.begin(), v.begin() + ptrdiff_t(v.size() / 2), v.end());
+  return v[v.size() / 2];
+}
+}  // namespace
+
 void MemoryState::finish(bool remove) {
   if (finished_) return;
   finished_ = true;
   if (remove) mem_.remove_files();
   else mem_.drain();
   if (comm_.rank() != 0 || stalls_.empty()) return;
-  std::vector<double> v = stalls_;
-  std::nth_element(v.begin(), v.begin() + ptrdiff_t(v.size() / 2), v.end());
+  // Where a save's time goes off the training thread: with a spare core the copy and the
+  // exchange cost the step only through what they share with it (memory bandwidth, MPI).
+  const MemoryCheckpoints::Timings t = mem_.timings();
+  const std::string exchange =
+      t.exchange_s.empty() ? "no partner" : fmt::format("exchange {:.2f} ms", 1e3 * median_of(t.exchange_s));
   fmt::print("memory checkpoints: {} saves in this launch, stall per save: median {:.2f} ms, "
-             "max {:.2f} ms{}\n", stalls_.size(), 1e3 * v[v.size() / 2],
-             1e3 * *std::max_element(v.begin(), v.end()),
-             remove ? "; this run's copies removed" : "");
+             "max {:.2f} ms; off the training thread per save: copy {:.2f} ms, {}{}\n",
+             stalls_.size(), 1e3 * median_of(stalls_),
+             1e3 * *std::max_element(stalls_.begin(), stalls_.end()), 1e3 * median_of(t.copy_s),
+             exchange, remove ? "; this run's copies removed" : "");
 }
 
 std::unique_ptr<StepHook> memory_checkpoint_hook(MemoryState& m, int64_t per_epoch,
