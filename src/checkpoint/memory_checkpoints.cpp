@@ -18,10 +18,14 @@
 #include <thread>
 
 #include <fmt/format.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 #include "base/files.h"
 #include "base/job.h"
 #include "base/memory.h"
+#include "base/threads.h"
 #include "checkpoint/checkpoint_cache.h"
 #include "strata/error.h"
 
@@ -81,7 +85,29 @@ __attribute__((target("sse4.2"))) uint32_t crc32c_sse42(uint32_t crc, const unsi
   }
   return crc32c_table(uint32_t(c), p, n);
 }
+// The CRC of n bytes at src, copied to dst on the way: 64 bytes at a time, the CRC over the
+// registers the loads filled and the stores non-temporal (dst 16-byte aligned first).
+__attribute__((target("sse4.2"))) uint32_t crc32c_copy_sse42(uint32_t crc, char* dst,
+                                                             const unsigned char* src, size_t n) {
+  for (; n > 0 && reinterpret_cast<uintptr_t>(dst) % 16 != 0; --n) {
+    crc = __builtin_ia32_crc32qi(crc, *src);
+    *dst++ = char(*src++);
+  }
+  uint64_t c = crc;
+  for (; n >= 64; n -= 64, src += 64, dst += 64) {
+    __m128i v[4];
+    for (int i = 0; i < 4; ++i) v[i] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src) + i);
+    for (int i = 0; i < 4; ++i) {
+      c = __builtin_ia32_crc32di(c, uint64_t(_mm_cvtsi128_si64(v[i])));
+      c = __builtin_ia32_crc32di(c, uint64_t(_mm_extract_epi64(v[i], 1)));
+    }
+    for (int i = 0; i < 4; ++i) _mm_stream_si128(reinterpret_cast<__m128i*>(dst) + i, v[i]);
+  }
+  std::memcpy(dst, src, n);
+  return crc32c_table(uint32_t(c), src, n);
+}
 #endif
+
 uint32_t crc32c(const void* data, size_t n) {
   const auto* p = static_cast<const unsigned char*>(data);
 #if defined(__x86_64__)
@@ -126,12 +152,11 @@ std::string read_part(const std::string& path, Header* h, std::vector<float>* pa
   return "";
 }
 
-// Completes `h` (magic, version, the payload's CRC-32C after it in `file`, its own CRC) and
-// writes it at the start of `file`.
+// Completes `h` (magic, version, its own CRC; the payload's is set) and writes it at the start
+// of `file`.
 void seal(char* file, Header h) {
   std::memcpy(h.magic, kMagic, 8);
   h.version = kVersion;
-  h.payload_crc = crc32c(file + sizeof(Header), h.payload_bytes);
   h.header_crc = header_crc(h);
   std::memcpy(file, &h, sizeof h);
 }
@@ -245,6 +270,31 @@ std::vector<MemoryCopy> scan(const ScanFor& w, int64_t* stale) {
 
 }  // namespace
 
+void PartWriter::put(const void* src, size_t bytes) {
+  STRATA_CHECK(bytes <= left_, "a memory checkpoint's part is larger than its file");
+  const auto* p = static_cast<const unsigned char*>(src);
+#if defined(__x86_64__)
+  static const bool sse42 = __builtin_cpu_supports("sse4.2");
+  if (sse42) {
+    crc_ = crc32c_copy_sse42(crc_, dst_, p, bytes);
+    dst_ += bytes;
+    left_ -= bytes;
+    return;
+  }
+#endif
+  std::memcpy(dst_, p, bytes);
+  crc_ = crc32c_table(crc_, p, bytes);
+  dst_ += bytes;
+  left_ -= bytes;
+}
+
+uint32_t PartWriter::finish() {
+#if defined(__x86_64__)
+  _mm_sfence();
+#endif
+  return ~crc_;
+}
+
 MemoryPairing pair_ranks(const std::vector<std::string>& node_by_rank, int rank) {
   MemoryPairing p;
   std::vector<std::vector<int>> ranks_of;  // by node index
@@ -341,7 +391,7 @@ int64_t MemoryCheckpoints::preflight() {
   return most;
 }
 
-void MemoryCheckpoints::save(int64_t step, std::function<void(float*)> fill, double* wait_s) {
+void MemoryCheckpoints::save(int64_t step, std::function<void(PartWriter&)> fill, double* wait_s) {
   const auto t0 = std::chrono::steady_clock::now();
   const int k = next_;
   next_ ^= 1;
@@ -350,7 +400,7 @@ void MemoryCheckpoints::save(int64_t step, std::function<void(float*)> fill, dou
     cv_.wait(lk, [&] { return busy_[k] == 0; });
     ++busy_[k];
     ++uncopied_;
-    copy_q_.push_back({step, k, std::move(fill)});
+    copy_q_.push_back({step, k, std::move(fill), std::chrono::steady_clock::now()});
   }
   cv_.notify_all();
   if (!background_exchange_) {  // the training thread moves the bytes itself, now
@@ -399,13 +449,15 @@ bool MemoryCheckpoints::pop(std::deque<Save>& q, bool finish, Save* s) {
 }
 
 void MemoryCheckpoints::copy_loop() {
+  run_at_idle_priority();  // never preempts the training thread (base/threads.h)
   for (Save s; pop(copy_q_, /*finish=*/true, &s);) {
     const auto t0 = std::chrono::steady_clock::now();
-    copy_own(s);
+    copy_own(s, t0);
     const double took = seconds_since(t0);
     const bool exchanging = background_exchange_ && (pair_.partner >= 0 || pair_.source >= 0);
     {
       std::lock_guard<std::mutex> lk(mu_);
+      timings_.start_s.push_back(std::chrono::duration<double>(t0 - s.queued).count());
       timings_.copy_s.push_back(took);
       if (exchanging) exchange_q_.push_back({s.step, s.slot, nullptr});
       else if (background_exchange_) --busy_[s.slot];
@@ -415,6 +467,7 @@ void MemoryCheckpoints::copy_loop() {
 }
 
 void MemoryCheckpoints::exchange_loop() {
+  run_at_idle_priority();  // its polls never preempt the training thread
   for (Save s; pop(exchange_q_, /*finish=*/false, &s);) {
     const auto t0 = std::chrono::steady_clock::now();
     exchange(s);
@@ -481,12 +534,16 @@ bool MemoryCheckpoints::publish(MappedFile& f, int part, int64_t step, bool own)
 }
 
 // This rank's part: packed into the mapped file, then the CRCs and header, then its name.
-void MemoryCheckpoints::copy_own(const Save& s) {
+void MemoryCheckpoints::copy_own(const Save& s, std::chrono::steady_clock::time_point t0) {
   MappedFile& f = own_[s.slot];
   const bool ready = prepare(f, comm_.rank(), s.step, true, sizeof(Header) + size_t(floats_) * 4);
-  if (ready) s.fill(reinterpret_cast<float*>(f.map + sizeof(Header)));
+  const size_t payload = size_t(floats_) * 4;
+  PartWriter w(ready ? f.map + sizeof(Header) : nullptr, ready ? payload : 0);
+  if (ready) s.fill(w);
+  const uint32_t crc = ready ? w.finish() : 0;
   {
     std::lock_guard<std::mutex> lk(mu_);
+    timings_.fill_s.push_back(seconds_since(t0));
     --uncopied_;  // the state is the training thread's again
   }
   cv_.notify_all();
@@ -498,7 +555,9 @@ void MemoryCheckpoints::copy_own(const Save& s) {
   h.attempt = id_.attempt;
   h.run = run_;
   h.job = job_;
-  h.payload_bytes = uint64_t(floats_) * 4;
+  h.payload_bytes = payload;
+  h.payload_crc = crc;
+  STRATA_CHECK(w.left() == 0, "a memory checkpoint's part is smaller than its file");
   seal(f.map, h);
   publish(f, comm_.rank(), s.step, true);
 }

@@ -14,6 +14,7 @@
 // part and kind, the temporary one included: a rank's saves alternate between two files,
 // each renamed to a temporary name, rewritten in place and renamed back under its new step.
 #pragma once
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -52,6 +53,24 @@ struct MemoryCopy {
   std::string path;
 };
 
+// Where a save's `fill` puts the part's bytes, in order: each put() is copied into the mapped
+// file with streaming stores (the copy does not evict the training thread's data from the
+// caches) and added to the payload's CRC-32C as it passes (the source is read once, while it
+// is still in cache; the file is never read back).
+class PartWriter {
+ public:
+  explicit PartWriter(char* dst, size_t capacity) : dst_(dst), left_(capacity) {}
+  void put(const void* src, size_t bytes);
+  // Ends the streaming stores (a fence: the bytes are in the file before anyone reads it).
+  uint32_t finish();
+  size_t left() const { return left_; }
+
+ private:
+  char* dst_;
+  size_t left_;
+  uint32_t crc_ = ~0u;
+};
+
 class MemoryCheckpoints {
  public:
   // Who wrote a copy: a copy of another job, attempt (a requeue) or run is never taken.
@@ -88,14 +107,14 @@ class MemoryCheckpoints {
   // from its own node, or sent by the rank whose node holds a copy.
   void take(const Found& f, float* out);
 
-  // A save of `step`, in the background: on the copy thread, `fill(out)` packs this rank's
+  // A save of `step`, in the background: on the copy thread, `fill(w)` packs this rank's
   // part (part_floats) straight into its file in the memory directory (a mapped tmpfs file,
-  // reused every other save: no staging buffer, no page allocation), then the CRC, the header
-  // and the rename that publishes it; on the exchange thread the file's bytes go to the
+  // reused every other save: no staging buffer, no page allocation; its CRC as it goes), then
+  // the header and the rename that publishes it; on the exchange thread the file's bytes go to the
   // partner and the source's come into the held copy's file. `fill` reads state the training
   // thread leaves alone until fence(). Waits first for the save before the last one to be
   // done with its files (*wait_s).
-  void save(int64_t step, std::function<void(float*)> fill, double* wait_s);
+  void save(int64_t step, std::function<void(PartWriter&)> fill, double* wait_s);
   // Before the training thread changes the saved state (the optimizer's update): waits for
   // the copies of the saves in flight; returns the seconds waited.
   double fence();
@@ -104,10 +123,12 @@ class MemoryCheckpoints {
   // Removes the copies this rank wrote (own and held) and the directory if left empty (a run
   // that finished or stopped with a checkpoint in checkpoint.dir no longer needs them).
   void remove_files();
-  // Seconds each save spent so far on the copy thread (pack, CRC, publish) and on the exchange
-  // (partner's send and source's receive; empty without a partner), in save order.
+  // Seconds each save spent so far, in save order: queued before the copy thread took it
+  // (start_s), packing until the state was the training thread's again (fill_s), on the copy
+  // thread in all (copy_s: pack, CRC, publish) and on the exchange (partner's send and
+  // source's receive; empty without a partner).
   struct Timings {
-    std::vector<double> copy_s, exchange_s;
+    std::vector<double> start_s, fill_s, copy_s, exchange_s;
   };
   Timings timings();
 
@@ -129,13 +150,14 @@ class MemoryCheckpoints {
   struct Save {
     int64_t step;
     int slot;
-    std::function<void(float*)> fill;
+    std::function<void(PartWriter&)> fill;
+    std::chrono::steady_clock::time_point queued{};
   };
   using Copy = MemoryCopy;
   bool pop(std::deque<Save>& q, bool finish, Save* s);
   void copy_loop();
   void exchange_loop();
-  void copy_own(const Save& s);
+  void copy_own(const Save& s, std::chrono::steady_clock::time_point t0);
   void exchange(const Save& s);
   bool prepare(MappedFile& f, int part, int64_t step, bool own, size_t bytes);
   bool publish(MappedFile& f, int part, int64_t step, bool own);

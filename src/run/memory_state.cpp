@@ -140,22 +140,25 @@ double MemoryState::save(int64_t steps_done, int64_t per_epoch, const Backend& b
                                     opt_.steps_taken()};
   // On the copy thread, while the next step's forward and backward leave the state alone
   // (fence() before its update).
-  auto fill = [this, s](float* out) {
-    std::memcpy(out, s.data(), sizeof s);
-    std::fill(out + 8, out + kStateFloats, 0.f);
-    float* p = out + kStateFloats;
+  auto fill = [this, s](PartWriter& w) {
+    std::array<float, kStateFloats> head{};
+    std::memcpy(head.data(), s.data(), sizeof s);
+    w.put(head.data(), sizeof head);
     const Tensor& values = model_.host_values();
-    p = std::copy(values.data(), values.data() + values.size(), p);
-    for (auto& [name, t] : opt_.state()) p = std::copy(t->data(), t->data() + t->size(), p);
+    w.put(values.data(), sizeof(float) * size_t(values.size()));
+    for (auto& [name, t] : opt_.state()) w.put(t->data(), sizeof(float) * size_t(t->size()));
   };
   double wait_s = 0;
   mem_.save(steps_done, fill, &wait_s);
   const double stall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   stalls_.push_back(stall);
+  saved_ = std::chrono::steady_clock::now();
   return stall;
 }
 
 double MemoryState::fence() {
+  if (!stalls_.empty() && windows_.size() < stalls_.size())
+    windows_.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - saved_).count());
   const double waited = mem_.fence();
   if (!stalls_.empty()) stalls_.back() += waited;  // the save's stall: at its step and the next
   return waited;
@@ -181,10 +184,13 @@ void MemoryState::finish(bool remove) {
   const std::string exchange =
       t.exchange_s.empty() ? "no partner" : fmt::format("exchange {:.2f} ms", 1e3 * median_of(t.exchange_s));
   fmt::print("memory checkpoints: {} saves in this launch, stall per save: median {:.2f} ms, "
-             "max {:.2f} ms; off the training thread per save: copy {:.2f} ms, {}{}\n",
+             "max {:.2f} ms; off the training thread per save: copy {:.2f} ms, {} (medians: "
+             "{:.2f} ms from the save to the copy's start, {:.2f} ms packing, {:.2f} ms from the "
+             "save to the update that waits for it){}\n",
              stalls_.size(), 1e3 * median_of(stalls_),
              1e3 * *std::max_element(stalls_.begin(), stalls_.end()), 1e3 * median_of(t.copy_s),
-             exchange, remove ? "; this run's copies removed" : "");
+             exchange, 1e3 * median_of(t.start_s), 1e3 * median_of(t.fill_s),
+             1e3 * median_of(windows_), remove ? "; this run's copies removed" : "");
 }
 
 std::unique_ptr<StepHook> memory_checkpoint_hook(MemoryState& m, int64_t per_epoch,

