@@ -34,6 +34,7 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr int kTag = 0x6d63;  // the parts' messages on the world communicator
+constexpr int64_t kExchangeFloats = int64_t(1) << 17;  // 512 KiB pieces
 constexpr uint32_t kVersion = 1;
 
 // A part file's header; header_crc covers the bytes before it, payload_crc the payload.
@@ -565,15 +566,14 @@ void MemoryCheckpoints::copy_own(const Save& s, std::chrono::steady_clock::time_
 // The own file's bytes, header and CRCs included, to the partner; the source's into the held
 // file, published once its header verifies (the payload's CRC is the sender's: a restart
 // checks it before taking the copy). A part whose file could not be prepared is still
-// received, into scratch: the partner's send must complete.
+// received, into scratch: the partner's send must complete. The bytes go in pieces of
+// kExchangeFloats, one send and one receive in flight: a gradient allreduce between the same
+// ranks (one node's two, on a test cluster) then waits behind one piece, not a whole part.
 void MemoryCheckpoints::exchange(const Save& s) {
   static_assert(sizeof(Header) % 4 == 0);
-  int send = -1, recv = -1;
   MappedFile& mine = own_[s.slot];
   MappedFile& held = held_[s.slot];
-  if (pair_.partner >= 0 && mine.map)
-    send = xcomm_->start_send(reinterpret_cast<const float*>(mine.map), int64_t(mine.bytes / 4),
-                              pair_.partner, kTag);
+  const int64_t send_floats = pair_.partner >= 0 && mine.map ? int64_t(mine.bytes / 4) : 0;
   const size_t held_bytes = sizeof(Header) + size_t(pair_.source >= 0 ? part_floats_[size_t(pair_.source)] : 0) * 4;
   const bool receiving = pair_.source >= 0 && prepare(held, pair_.source, s.step, false, held_bytes);
   std::vector<float> scratch;
@@ -582,9 +582,18 @@ void MemoryCheckpoints::exchange(const Save& s) {
     scratch.resize(held_bytes / 4);
     into = scratch.data();
   }
-  if (pair_.source >= 0) recv = xcomm_->start_recv(into, int64_t(held_bytes / 4), pair_.source, kTag);
-  if (send >= 0) await(*xcomm_, send, stop_, mu_);
-  if (recv >= 0) await(*xcomm_, recv, stop_, mu_);
+  const int64_t recv_floats = pair_.source >= 0 ? int64_t(held_bytes / 4) : 0;
+  const auto* from = reinterpret_cast<const float*>(mine.map);
+  for (int64_t at = 0; at < std::max(send_floats, recv_floats); at += kExchangeFloats) {
+    const int64_t ns = std::clamp<int64_t>(send_floats - at, 0, kExchangeFloats);
+    const int64_t nr = std::clamp<int64_t>(recv_floats - at, 0, kExchangeFloats);
+    const int send = ns > 0 ? xcomm_->start_send(from + at, ns, pair_.partner, kTag) : -1;
+    const int recv = nr > 0 ? xcomm_->start_recv(into + at, nr, pair_.source, kTag) : -1;
+    if (send >= 0) await(*xcomm_, send, stop_, mu_);
+    if (recv >= 0) await(*xcomm_, recv, stop_, mu_);
+    std::lock_guard<std::mutex> lk(mu_);
+    if (stop_) return;
+  }
   {
     std::lock_guard<std::mutex> lk(mu_);
     if (!receiving || stop_) return;

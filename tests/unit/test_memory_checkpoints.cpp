@@ -17,7 +17,7 @@ using strata::test::on_ranks;
 
 namespace {
 
-constexpr int64_t kFloats = 1000;
+constexpr int64_t kFloats = 300001;  // over 1 MiB: the exchange sends it in 3 pieces
 
 float value(int rank, int64_t step, int64_t i) { return float(rank * 100000 + step * 1000 + i); }
 
