@@ -51,6 +51,13 @@ void upload(void* dst, const void* src, size_t bytes);     // host -> device, st
                                                            // src may be reused on return
 void download(void* dst, const void* src, size_t bytes);   // device -> host, waits for it
 void copy(void* dst, const void* src, size_t bytes);       // device -> device, stream-ordered
+// Device -> pinned host copies on a stream of their own (Backend's snapshot_*: memory
+// checkpoints), after the compute stream's work so far and beside what follows it.
+void* alloc_pinned(size_t bytes);
+void free_pinned(void* p);
+void snapshot_copy(void* dst, const void* src, size_t bytes, int slot);
+void snapshot_host_wait(int slot);    // from any thread
+void snapshot_device_wait(int slot);  // the compute stream waits; the host does not
 void zero(void* p, size_t bytes);                           // stream-ordered memset
 
 // cuDNN's algorithms chosen for a convolution at the current precision, for benchmarks.

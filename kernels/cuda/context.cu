@@ -222,6 +222,59 @@ void copy(void* dst, const void* src, size_t bytes) {
   STRATA_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, ctx().stream));
 }
 
+// ---- Snapshots: device -> pinned host copies beside the compute stream ----------------------
+// A memory checkpoint's copy of the parameters and optimizer state leaves the GPU on a stream
+// of its own: the DMA overlaps the next step's kernels, the host never waits for it (the
+// update waits on the device), and the destination is pinned (an asynchronous copy to
+// pageable memory would be staged and synchronous).
+namespace {
+struct Snapshots {
+  cudaStream_t stream = nullptr;
+  cudaEvent_t after_compute = nullptr;
+  cudaEvent_t done[2] = {nullptr, nullptr};
+};
+Snapshots& snapshots() {
+  static Snapshots s = [] {
+    ctx();  // the device current on this thread
+    Snapshots t;
+    STRATA_CUDA_CHECK(cudaStreamCreateWithFlags(&t.stream, cudaStreamNonBlocking));
+    STRATA_CUDA_CHECK(cudaEventCreateWithFlags(&t.after_compute, cudaEventDisableTiming));
+    for (cudaEvent_t& e : t.done) STRATA_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    return t;
+  }();
+  return s;
+}
+}  // namespace
+
+void* alloc_pinned(size_t bytes) {
+  ctx();
+  void* p = nullptr;
+  STRATA_CUDA_CHECK(cudaMallocHost(&p, bytes ? bytes : 64));
+  return p;
+}
+
+void free_pinned(void* p) {
+  if (p) cudaFreeHost(p);  // at exit the context may be gone: nothing to report
+}
+
+void snapshot_copy(void* dst, const void* src, size_t bytes, int slot) {
+  cudaStream_t compute = ctx().stream;
+  Snapshots& s = snapshots();
+  STRATA_CUDA_CHECK(cudaEventRecord(s.after_compute, compute));
+  STRATA_CUDA_CHECK(cudaStreamWaitEvent(s.stream, s.after_compute, 0));
+  if (bytes) STRATA_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s.stream));
+  STRATA_CUDA_CHECK(cudaEventRecord(s.done[slot & 1], s.stream));
+}
+
+void snapshot_host_wait(int slot) {
+  ctx();  // this thread's current device: the events' (a copy thread calls this)
+  STRATA_CUDA_CHECK(cudaEventSynchronize(snapshots().done[slot & 1]));
+}
+
+void snapshot_device_wait(int slot) {
+  STRATA_CUDA_CHECK(cudaStreamWaitEvent(ctx().stream, snapshots().done[slot & 1], 0));
+}
+
 void zero(void* p, size_t bytes) {
   if (bytes == 0) return;
   STRATA_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, ctx().stream));

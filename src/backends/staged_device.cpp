@@ -176,6 +176,16 @@ void staged_synchronize() {
   compute().drain();
 }
 
+// Snapshots as a download (the stream's ops run first): the copy is done when it returns, so
+// the waits have nothing to wait for. What this checks is the callers' use of the slots and
+// of separate memory.
+void* staged_alloc_pinned(size_t bytes) { return ::operator new(bytes ? bytes : 64); }
+void staged_free_pinned(void* p) { ::operator delete(p); }
+void staged_snapshot_copy(void* dst, const void* src, size_t bytes, int) {
+  staged_download(dst, src, bytes);
+}
+void staged_snapshot_wait(int) {}
+
 // ---- The ops ------------------------------------------------------------------------------
 // Every pointer argument must be device memory (or null); the op runs on the host addresses,
 // deferred when it returns nothing, else after everything queued before it (it returns a host
@@ -351,6 +361,11 @@ const Backend& staged_backend(Precision precision) {
     Backend t{.name = "cpu-staged", .precision = p, .processor = Processor::cpu, .memory = &m,
               .upload = staged_upload, .download = staged_download, .copy = staged_copy,
               .synchronize = staged_synchronize};
+    t.alloc_pinned = staged_alloc_pinned;
+    t.free_pinned = staged_free_pinned;
+    t.snapshot_copy = staged_snapshot_copy;
+    t.snapshot_host_wait = staged_snapshot_wait;
+    t.snapshot_device_wait = staged_snapshot_wait;
     // The CPU's ops, deferred (not its int8 ones: like a GPU's table, staged has none) ...
 #define STRATA_OP(name, ret, params) t.name = &Staged<Op::name, &cpu::name>::call;
 #define STRATA_CPU_OP(name, ret, params)

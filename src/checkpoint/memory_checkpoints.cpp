@@ -25,7 +25,6 @@
 #include "base/files.h"
 #include "base/job.h"
 #include "base/memory.h"
-#include "base/threads.h"
 #include "checkpoint/checkpoint_cache.h"
 #include "strata/error.h"
 
@@ -392,18 +391,27 @@ int64_t MemoryCheckpoints::preflight() {
   return most;
 }
 
-void MemoryCheckpoints::save(int64_t step, std::function<void(PartWriter&)> fill, double* wait_s) {
+void MemoryCheckpoints::save(int64_t step, const std::function<void(int slot)>& start, Fill fill,
+                             double* wait_s) {
   const auto t0 = std::chrono::steady_clock::now();
   const int k = next_;
   next_ ^= 1;
+  std::chrono::steady_clock::time_point queued;
   {
     std::unique_lock<std::mutex> lk(mu_);
     cv_.wait(lk, [&] { return busy_[k] == 0; });
+    if (start) start(k);
     ++busy_[k];
     ++uncopied_;
-    copy_q_.push_back({step, k, std::move(fill), std::chrono::steady_clock::now()});
+    queued = std::chrono::steady_clock::now();
+    timings_.queue_s.push_back(std::chrono::duration<double>(queued - t0).count());
+    copy_q_.push_back({step, k, std::move(fill), queued});
   }
   cv_.notify_all();
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    timings_.wake_s.push_back(seconds_since(queued));
+  }
   if (!background_exchange_) {  // the training thread moves the bytes itself, now
     fence();
     const auto t1 = std::chrono::steady_clock::now();
@@ -450,7 +458,6 @@ bool MemoryCheckpoints::pop(std::deque<Save>& q, bool finish, Save* s) {
 }
 
 void MemoryCheckpoints::copy_loop() {
-  run_at_idle_priority();  // never preempts the training thread (base/threads.h)
   for (Save s; pop(copy_q_, /*finish=*/true, &s);) {
     const auto t0 = std::chrono::steady_clock::now();
     copy_own(s, t0);
@@ -468,7 +475,6 @@ void MemoryCheckpoints::copy_loop() {
 }
 
 void MemoryCheckpoints::exchange_loop() {
-  run_at_idle_priority();  // its polls never preempt the training thread
   for (Save s; pop(exchange_q_, /*finish=*/false, &s);) {
     const auto t0 = std::chrono::steady_clock::now();
     exchange(s);
@@ -540,7 +546,7 @@ void MemoryCheckpoints::copy_own(const Save& s, std::chrono::steady_clock::time_
   const bool ready = prepare(f, comm_.rank(), s.step, true, sizeof(Header) + size_t(floats_) * 4);
   const size_t payload = size_t(floats_) * 4;
   PartWriter w(ready ? f.map + sizeof(Header) : nullptr, ready ? payload : 0);
-  if (ready) s.fill(w);
+  if (ready) s.fill(w, s.slot);
   const uint32_t crc = ready ? w.finish() : 0;
   {
     std::lock_guard<std::mutex> lk(mu_);

@@ -113,8 +113,11 @@ class MemoryCheckpoints {
   // the header and the rename that publishes it; on the exchange thread the file's bytes go to the
   // partner and the source's come into the held copy's file. `fill` reads state the training
   // thread leaves alone until fence(). Waits first for the save before the last one to be
-  // done with its files (*wait_s).
-  void save(int64_t step, std::function<void(PartWriter&)> fill, double* wait_s);
+  // done with its files (*wait_s), then calls `start(slot)` on this thread (may be empty:
+  // a GPU's copies of the state into the slot's host buffer begin there). The saves' slots
+  // alternate, 0 and 1; `fill` gets its save's.
+  using Fill = std::function<void(PartWriter&, int slot)>;
+  void save(int64_t step, const std::function<void(int slot)>& start, Fill fill, double* wait_s);
   // Before the training thread changes the saved state (the optimizer's update): waits for
   // the copies of the saves in flight; returns the seconds waited.
   double fence();
@@ -123,12 +126,13 @@ class MemoryCheckpoints {
   // Removes the copies this rank wrote (own and held) and the directory if left empty (a run
   // that finished or stopped with a checkpoint in checkpoint.dir no longer needs them).
   void remove_files();
-  // Seconds each save spent so far, in save order: queued before the copy thread took it
-  // (start_s), packing until the state was the training thread's again (fill_s), on the copy
-  // thread in all (copy_s: pack, CRC, publish) and on the exchange (partner's send and
-  // source's receive; empty without a partner).
+  // Seconds each save spent so far, in save order. On the training thread: waiting for the
+  // slot and queueing (queue_s), waking the copy thread (wake_s). Then queued before the copy
+  // thread took it (start_s), packing until the state was the training thread's again
+  // (fill_s), on the copy thread in all (copy_s: pack, CRC, publish) and on the exchange
+  // (partner's send and source's receive; empty without a partner).
   struct Timings {
-    std::vector<double> start_s, fill_s, copy_s, exchange_s;
+    std::vector<double> queue_s, wake_s, start_s, fill_s, copy_s, exchange_s;
   };
   Timings timings();
 
@@ -150,7 +154,7 @@ class MemoryCheckpoints {
   struct Save {
     int64_t step;
     int slot;
-    std::function<void(PartWriter&)> fill;
+    Fill fill;
     std::chrono::steady_clock::time_point queued{};
   };
   using Copy = MemoryCopy;

@@ -81,6 +81,11 @@ class Optimizer {
   // As Model's: the state the updates use moves to the backend's memory (place), and is
   // copied to (pull) and from (push) the host buffers of state().
   void place(const Backend& be);
+  // The buffers the updates use (the backend's memory), in state()'s order.
+  std::vector<const Tensor*> used_state() const {
+    if (h1_.storage) return {&s0_, &s1_};
+    return {&s0_};
+  }
   void pull(const Backend& be);
   void push(const Backend& be);
   int64_t steps_taken() const { return t_; }

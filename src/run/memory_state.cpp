@@ -12,6 +12,7 @@
 
 #include "base/job.h"
 #include "base/memory.h"
+#include "strata/error.h"
 
 namespace strata {
 namespace {
@@ -132,24 +133,50 @@ std::optional<TrainState> MemoryState::restore(int64_t file_step) {
                     .optimizer = opt_.config().kind, .optimizer_steps = s[3]};
 }
 
+// A GPU's state leaves the device on a copy stream into the slot's pinned buffer (values,
+// then the optimizer's state: the part's order), beside the next step's kernels.
+void MemoryState::start_device_copy(const Backend& be, int slot) {
+  std::vector<const Tensor*> parts = {&model_.values()};
+  for (const Tensor* t : opt_.used_state()) parts.push_back(t);
+  size_t bytes = 0;
+  for (const Tensor* t : parts) bytes += sizeof(float) * size_t(t->size());
+  Staging& st = staging_[slot];
+  if (!st.data) st = {static_cast<float*>(be.alloc_pinned(bytes)), bytes, be.free_pinned};
+  STRATA_CHECK(st.bytes == bytes, "memory checkpoint: the device state changed size");
+  char* at = reinterpret_cast<char*>(st.data);
+  for (const Tensor* t : parts) {
+    be.snapshot_copy(at, t->data(), sizeof(float) * size_t(t->size()), slot);
+    at += sizeof(float) * size_t(t->size());
+  }
+}
+
 double MemoryState::save(int64_t steps_done, int64_t per_epoch, const Backend& be) {
   const auto t0 = std::chrono::steady_clock::now();
-  model_.pull(be);  // a GPU's state into the host copies the part is packed from
-  opt_.pull(be);
+  const bool device = be.snapshot_copy != nullptr;
+  device_ = device ? &be : nullptr;
   const std::array<int64_t, 4> s = {steps_done, steps_done / per_epoch, steps_done % per_epoch,
                                     opt_.steps_taken()};
   // On the copy thread, while the next step's forward and backward leave the state alone
-  // (fence() before its update).
-  auto fill = [this, s](PartWriter& w) {
+  // (fence() before its update); a GPU's from the slot's buffer, once its copy is done.
+  auto fill = [this, s, device, &be](PartWriter& w, int slot) {
     std::array<float, kStateFloats> head{};
     std::memcpy(head.data(), s.data(), sizeof s);
     w.put(head.data(), sizeof head);
+    if (device) {
+      be.snapshot_host_wait(slot);
+      w.put(staging_[slot].data, staging_[slot].bytes);
+      return;
+    }
     const Tensor& values = model_.host_values();
     w.put(values.data(), sizeof(float) * size_t(values.size()));
     for (auto& [name, t] : opt_.state()) w.put(t->data(), sizeof(float) * size_t(t->size()));
   };
+  auto start = [&](int slot) {
+    last_slot_ = slot;
+    if (device) start_device_copy(be, slot);
+  };
   double wait_s = 0;
-  mem_.save(steps_done, fill, &wait_s);
+  mem_.save(steps_done, start, fill, &wait_s);
   const double stall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   stalls_.push_back(stall);
   saved_ = std::chrono::steady_clock::now();
@@ -159,8 +186,12 @@ double MemoryState::save(int64_t steps_done, int64_t per_epoch, const Backend& b
 double MemoryState::fence() {
   if (!stalls_.empty() && windows_.size() < stalls_.size())
     windows_.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - saved_).count());
-  const double waited = mem_.fence();
-  if (!stalls_.empty()) stalls_.back() += waited;  // the save's stall: at its step and the next
+  // A GPU's update waits on the device for the copy stream; the copy thread reads the pinned
+  // buffer, not the state, so the host goes on.
+  if (device_) device_->snapshot_device_wait(last_slot_);
+  const double waited = device_ ? 0.0 : mem_.fence();
+  if (!stalls_.empty()) stalls_.back() += waited;
+  fences_.push_back(waited);  // the save's stall: at its step and the next
   return waited;
 }
 
@@ -184,11 +215,13 @@ void MemoryState::finish(bool remove) {
   const std::string exchange =
       t.exchange_s.empty() ? "no partner" : fmt::format("exchange {:.2f} ms", 1e3 * median_of(t.exchange_s));
   fmt::print("memory checkpoints: {} saves in this launch, stall per save: median {:.2f} ms, "
-             "max {:.2f} ms; off the training thread per save: copy {:.2f} ms, {} (medians: "
+             "max {:.2f} ms (medians: {:.2f} ms queueing, {:.2f} ms waking the copy, {:.2f} ms "
+             "at the update); off the training thread per save: copy {:.2f} ms, {} (medians: "
              "{:.2f} ms from the save to the copy's start, {:.2f} ms packing, {:.2f} ms from the "
              "save to the update that waits for it){}\n",
              stalls_.size(), 1e3 * median_of(stalls_),
-             1e3 * *std::max_element(stalls_.begin(), stalls_.end()), 1e3 * median_of(t.copy_s),
+             1e3 * *std::max_element(stalls_.begin(), stalls_.end()), 1e3 * median_of(t.queue_s),
+             1e3 * median_of(t.wake_s), 1e3 * median_of(fences_), 1e3 * median_of(t.copy_s),
              exchange, 1e3 * median_of(t.start_s), 1e3 * median_of(t.fill_s),
              1e3 * median_of(windows_), remove ? "; this run's copies removed" : "");
 }

@@ -10,6 +10,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "checkpoint/checkpoint.h"
@@ -54,6 +55,26 @@ class MemoryState {
 
  private:
   static constexpr int64_t kStateFloats = 8;  // 4 int64: step, epoch, batch, optimizer steps
+  // A slot's pinned host buffer for a GPU's state (Backend::alloc_pinned).
+  struct Staging {
+    float* data = nullptr;
+    size_t bytes = 0;
+    void (*release)(void*) = nullptr;
+    Staging() = default;
+    Staging(float* d, size_t b, void (*r)(void*)) : data(d), bytes(b), release(r) {}
+    Staging(const Staging&) = delete;
+    Staging& operator=(Staging&& o) noexcept {
+      std::swap(data, o.data);
+      std::swap(bytes, o.bytes);
+      std::swap(release, o.release);
+      return *this;
+    }
+    ~Staging() {
+      if (data) release(data);
+    }
+  };
+  void start_device_copy(const Backend& be, int slot);
+  Staging staging_[2];  // before mem_: its copy thread reads them until it is joined
   MemoryCheckpoints mem_;
   Comm& comm_;
   Model& model_;
@@ -61,6 +82,9 @@ class MemoryState {
   int64_t every_;
   std::vector<double> stalls_;
   std::vector<double> windows_;  // from each save to the update that waits for its copy
+  std::vector<double> fences_;   // that update's wait
+  const Backend* device_ = nullptr;  // saves copy a GPU's state on its copy stream
+  int last_slot_ = 0;
   std::chrono::steady_clock::time_point saved_;
   bool finished_ = false;
 };

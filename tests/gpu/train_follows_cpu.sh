@@ -15,6 +15,8 @@
 #      gradient clipping) on the bytes of the documentation, README.md and docs/*.md
 #      (CONFIGS_DIR/.., else STRATA's share/doc/strata), 30 steps on the CPU and on the GPU,
 #      the same tolerances.
+# CASE memory-resume: the GPT killed after step 10's memory checkpoint (checkpoint.memory_every
+#      1: the state leaves the GPU on a copy stream) resumes from memory, steps 11-20 equal.
 # CASE gpt-resume: the GPT, 20 steps straight on the GPU against 10 + a resume for 10: equal
 #      losses exactly (the transformer's kernels are deterministic: no float atomics).
 # CASE gpt-pipeline: the GPT on 2 pipeline stages (the tied token table and LM head on
@@ -212,6 +214,24 @@ case $CASE in
     gpt_common "$gpu" 30 cuda "$prec"
     run 1 "${args[@]}" "${noclip[@]}"
     compare "$cpu" "$gpu" "$(tolerance "$prec")" "GPT $prec, GPU against CPU"
+    ;;
+  memory-resume)
+    # Memory checkpoints take the GPU's state on a copy stream into pinned buffers: a rank
+    # killed after step 10's memory checkpoint resumes from memory, steps 11-20 as the
+    # straight run's (the GPT: AdamW's two state buffers; its update after the backward).
+    straight=$(fresh straight) parts=$(fresh parts)
+    memory=(--checkpoint.memory_every 1 --checkpoint.memory_dir "$parts/memory")
+    gpt_common "$straight" 20 cuda
+    run 1 "${args[@]}"
+    gpt_common "$parts" 20 cuda
+    rc=0
+    STRATA_TEST_KILL_AT_STEP=10:0 "$STRATA" train "${args[@]}" "${memory[@]}" >"$parts.log" 2>&1 || rc=$?
+    ((rc == 137)) || { tail -c 3000 "$parts.log"; fail "the run to kill after step 10 exited $rc, not 137 (SIGKILL)"; }
+    "$STRATA" train "${args[@]}" "${memory[@]}" --resume auto >"$parts.log" 2>&1 ||
+      { tail -c 3000 "$parts.log"; fail "the resumed run failed"; }
+    grep -q "^resumed from memory at step 10:" "$parts.log" ||
+      { tail -c 3000 "$parts.log"; fail "the relaunch did not resume from memory at step 10"; }
+    identical "$straight" "$parts" "GPT resumed from a memory checkpoint on the GPU"
     ;;
   gpt-resume)
     straight=$(fresh straight) parts=$(fresh parts)

@@ -36,7 +36,7 @@ void save_three(const fs::path& root) {
     for (int64_t step = 1; step <= 3; ++step) {
       double wait = 0;
       const int rank = c.rank();
-      m.save(step, [rank, step](strata::PartWriter& w) {
+      m.save(step, nullptr, [rank, step](strata::PartWriter& w, int) {
         std::vector<float> p(kFloats);
         for (int64_t i = 0; i < kFloats; ++i) p[size_t(i)] = value(rank, step, i);
         w.put(p.data(), p.size() * 4);

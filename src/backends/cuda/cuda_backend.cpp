@@ -66,6 +66,11 @@ const Backend& fp32_table() {
               .memory = &device_memory(), .upload = device_upload,
               .download = device_download, .copy = device_copy,
               .synchronize = cuda::synchronize};
+    t.alloc_pinned = cuda::alloc_pinned;
+    t.free_pinned = cuda::free_pinned;
+    t.snapshot_copy = cuda::snapshot_copy;
+    t.snapshot_host_wait = cuda::snapshot_host_wait;
+    t.snapshot_device_wait = cuda::snapshot_device_wait;
 #define STRATA_OP(name, ret, params) t.name = cuda::name;
 #define STRATA_CPU_OP(name, ret, params)
 #include "strata/ops.def"
