@@ -59,9 +59,11 @@ struct Phases {
   std::vector<double> f, b, bi, bw;
 };
 
-// One micro-batch size: every layer's phases over `reps` runs after a warm-up, and the loss.
-LayerTiming* measure_size(Model& m, const Backend& be, int64_t b, int reps, const PlannedModel& pm,
-                          std::vector<LayerProfile>& out, std::vector<LayerTiming>& loss) {
+// One micro-batch size: every layer's phases over `reps` runs after a warm-up, the loss, and
+// the whole forward, loss and backward without per-layer timing (MachineProfile::whole).
+void measure_size(Model& m, const Backend& be, int64_t b, int reps, const PlannedModel& pm,
+                  MachineProfile& prof) {
+  std::vector<LayerProfile>& out = prof.layers;
   Rng rng(11);
   Tensor hx(batched(b, pm.input)), hdy(batched(b, m.stage_output_shape()));
   const bool tokens = pm.tokens_per_sample > 1 || pm.layers.front().name.rfind("emb", 0) == 0;
@@ -76,9 +78,14 @@ LayerTiming* measure_size(Model& m, const Backend& be, int64_t b, int reps, cons
   Tensor dlogits;
   const size_t L = m.layers().size();
   std::vector<Phases> runs;
-  std::vector<double> loss_runs;
+  std::vector<double> loss_runs, whole_runs;
   const StepInfo si{.training = true};
   for (int r = 0; r <= reps; ++r) {  // run 0 warms caches and allocations up
+    const auto w0 = Clock::now();
+    head.loss_and_gradient(be, m.forward(be, x, si), labels.data(), b, b, dlogits);
+    m.backward(be, dy, 0);
+    be.synchronize();
+    const double wt = since(w0);
     Phases p{std::vector<double>(L), std::vector<double>(L), std::vector<double>(L), std::vector<double>(L)};
     m.set_profile(&p.f);
     const Tensor& y = m.forward(be, x, si);
@@ -96,7 +103,7 @@ LayerTiming* measure_size(Model& m, const Backend& be, int64_t b, int reps, cons
     m.set_profile(&p.bw);
     m.backward_weight(be, 0, {}, false);
     m.set_profile(nullptr);
-    if (r > 0) runs.push_back(std::move(p)), loss_runs.push_back(lt);
+    if (r > 0) runs.push_back(std::move(p)), loss_runs.push_back(lt), whole_runs.push_back(wt);
   }
   const double n = double(b);
   for (size_t i = 0; i < L; ++i) {
@@ -108,8 +115,8 @@ LayerTiming* measure_size(Model& m, const Backend& be, int64_t b, int reps, cons
     out[i].at.push_back({.micro_batch = b, .forward_s = med(&Phases::f), .backward_s = med(&Phases::b),
                          .backward_input_s = med(&Phases::bi), .backward_weight_s = med(&Phases::bw)});
   }
-  loss.push_back({.micro_batch = b, .forward_s = median(loss_runs) / n});
-  return &loss.back();
+  prof.loss.push_back({.micro_batch = b, .forward_s = median(loss_runs) / n});
+  prof.whole.push_back({.micro_batch = b, .forward_s = median(whole_runs) / n});
 }
 
 // The optimizer's step over the whole model, the median of reps, shared out to the layers by
@@ -240,11 +247,12 @@ MachineProfile bench_layers(const RunConfig& given, const LayerBenchOptions& o) 
   const double cpu0 = process_cpu_s();
   for (int64_t b : p.micro_batches) {
     const auto t0 = Clock::now();
-    measure_size(m, be, b, o.reps, pm, p.layers, p.loss);
+    measure_size(m, be, b, o.reps, pm, p);
     double step = 0;
     for (const LayerProfile& l : p.layers) step += (l.at.back().forward_s + l.at.back().backward_s) * double(b);
-    say(fmt::format("bench layers: micro-batch {:>5}: forward + backward {:.3f} ms ({:.1f} s measuring)",
-                    b, step * 1e3, since(t0)));
+    say(fmt::format("bench layers: micro-batch {:>5}: forward + backward {:.3f} ms layer by layer, {:.3f} ms "
+                    "whole with the loss ({:.1f} s measuring)", b, step * 1e3,
+                    p.whole.back().forward_s * double(b) * 1e3, since(t0)));
   }
   measure_optimizer(cfg, m, be, o.reps, p.layers);
   if (be.host_memory())

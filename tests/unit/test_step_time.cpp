@@ -255,3 +255,36 @@ TEST_CASE("step time: composed from the profile, the schedule and the comm model
   g.micro_batches = 3;
   CHECK_THROWS_WITH(predict_step_time(cfg, m, g, p, c), Catch::Contains("train.batch_size = 32"));
 }
+
+TEST_CASE("step time: the layers as the whole pass runs them (bench layers' unprofiled pass)", "[plan]") {
+  const PlannedModel m = mlp();
+  MachineProfile p = mlp_profile(m);
+  RunConfig cfg;
+  cfg.train.batch_size = 32;
+  const CommModel c = CommModel::from_profile_text(kProfile, "p.json");
+  // Layer by layer: every layer 3 (1 ms + 0.1 ms per sample) a micro-batch, the loss 0.
+  const double L = double(p.layers.size());
+  auto layers_at = [&](double b) { return L * 3 * (1e-3 + 1e-4 * b); };
+  GridChoice g;
+  const double before_one = predict_step_time(cfg, m, g, p, c).compute_s;
+  CHECK(before_one == Approx(layers_at(32)));
+  // The whole pass measured 0.7x the sum at 32 samples and 1.2x at 8 (what runs between the
+  // layers, or their outputs still in cache for the next): the layers follow it per size.
+  p.whole = {{.micro_batch = 8, .forward_s = 1.2 * layers_at(8) / 8},
+             {.micro_batch = 32, .forward_s = 0.7 * layers_at(32) / 32}};
+  CHECK(p.whole_ratio(32) == Approx(0.7));
+  CHECK(p.whole_ratio(8) == Approx(1.2));
+  const StepTime one = predict_step_time(cfg, m, g, p, c);
+  CHECK(one.compute_s == Approx(0.7 * layers_at(32)));
+  CHECK(one.total_s == Approx(0.7 * layers_at(32) + L * 1e-4 + c.seconds(CommOp::allreduce, 40, 1, CommLevel::kIntra)).epsilon(1e-6));
+  g.data = 4;
+  CHECK(predict_step_time(cfg, m, g, p, c).compute_s == Approx(1.2 * layers_at(8)));
+  // Written and read back; a profile without it reads as before (ratio 1).
+  const std::string dir = STRATA_BINARY_DIR "/test-runs/unit-machine-profile-whole";
+  std::filesystem::create_directories(dir);
+  write_machine_profile(dir + "/p.json", p);
+  const MachineProfile q = read_machine_profile(dir + "/p.json");
+  REQUIRE(q.whole.size() == 2);
+  CHECK(q.whole_ratio(32) == Approx(0.7));
+  CHECK(mlp_profile(m).whole_ratio(32) == 1);
+}
