@@ -181,6 +181,14 @@ double memory_bandwidth() {
 
 }  // namespace
 
+std::vector<int64_t> default_micro_batches(int64_t G) {
+  std::vector<int64_t> v;
+  for (int64_t b = 1; b < G; b *= 2)
+    if (b >= G / 16) v.push_back(b);
+  v.push_back(std::max<int64_t>(1, G));
+  return v;
+}
+
 void describe_node(MachineProfile& p) {
   std::ifstream f("/proc/cpuinfo");
   const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
@@ -225,10 +233,7 @@ MachineProfile bench_layers(const RunConfig& given, const LayerBenchOptions& o) 
   p.config = cfg.config_path;
   p.model_type = cfg.model.type;
   p.micro_batches = o.micro_batches;
-  if (p.micro_batches.empty()) {
-    const int64_t G = cfg.train.batch_size;
-    p.micro_batches = {std::max<int64_t>(1, G / 16), std::max<int64_t>(1, G / 4), G};
-  }
+  if (p.micro_batches.empty()) p.micro_batches = default_micro_batches(cfg.train.batch_size);
   std::sort(p.micro_batches.begin(), p.micro_batches.end());
   p.micro_batches.erase(std::unique(p.micro_batches.begin(), p.micro_batches.end()), p.micro_batches.end());
   Model m(cfg.model_spec(pm.classes), pm.input, pm.classes);
