@@ -103,7 +103,14 @@ void measure_size(Model& m, const Backend& be, int64_t b, int reps, const Planne
     m.set_profile(&p.bw);
     m.backward_weight(be, 0, {}, false);
     m.set_profile(nullptr);
-    if (r > 0) runs.push_back(std::move(p)), loss_runs.push_back(lt), whole_runs.push_back(wt);
+    if (r > 0) {
+      // The whole pass over the layers of the same run: other work that takes the core for a
+      // while slows both sides of one run, and the median of the ratios leaves such runs out.
+      double sum = lt;
+      for (size_t i = 0; i < L; ++i) sum += p.f[i] + p.b[i];
+      whole_runs.push_back(wt / std::max(sum, 1e-12));
+      runs.push_back(std::move(p)), loss_runs.push_back(lt);
+    }
   }
   const double n = double(b);
   for (size_t i = 0; i < L; ++i) {
@@ -116,7 +123,10 @@ void measure_size(Model& m, const Backend& be, int64_t b, int reps, const Planne
                          .backward_input_s = med(&Phases::bi), .backward_weight_s = med(&Phases::bw)});
   }
   prof.loss.push_back({.micro_batch = b, .forward_s = median(loss_runs) / n});
-  prof.whole.push_back({.micro_batch = b, .forward_s = median(whole_runs) / n});
+  // Stored as seconds per sample: the median ratio times the layers' and the loss's medians.
+  double layers = prof.loss.back().forward_s;
+  for (const LayerProfile& l : out) layers += l.at.back().forward_s + l.at.back().backward_s;
+  prof.whole.push_back({.micro_batch = b, .forward_s = median(whole_runs) * layers});
 }
 
 // The optimizer's step over the whole model, the median of reps, shared out to the layers by
