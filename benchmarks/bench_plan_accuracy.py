@@ -17,7 +17,8 @@ Grids (all --threads 1, --device cpu; mpirun places 2 ranks on this node):
   gpt-d1  configs/gpt_fortunes.toml on 1 rank            (batch 32 x 64 tokens)
   gpt-p2  the same, P = 2, 1f1b, M = 8                   (micro-batch 4)
   gpt-t2  the same, T = 2                                (each block split over 2 ranks)
---grids all adds 4-rank grids, ZeRO-1/2, the CNN, recompute, gpipe, zb-h1, interleaved (GRIDS).
+--grids all adds 4-rank grids, ZeRO-1/2, the CNN, recompute, gpipe, zb-h1, interleaved, and
+one rank in micro-batches (gpt-d1-m8, cnn-d1-m4: the micro-batch's effect alone) (GRIDS).
 Target: within 15 %. The machine's other load moves every figure: beside each grid the load
 average when it started and `cpu`, rank 0's training-thread CPU time over its wall time (1.0
 on a quiet machine for a rank that never waits; less when other processes take its core), and
@@ -70,6 +71,11 @@ GRIDS = {
     "gpt-p4": ("gpt", 4) + _pipe("1f1b", P=4),
     "gpt-d2p2": ("gpt", 4) + _pipe("1f1b", D=2, M=4),
     "gpt-t2z": ("gpt", 4, ["--parallel.tensor", "2", "--parallel.zero", "1"], dict(data=2, tensor=2, zero=1)),
+    # One rank in micro-batches (the pipeline engine, P = 1): the same samples as gpt-d1 / cnn-d1
+    # at the micro-batch a pipeline grid runs, so a per-sample cost that depends on the
+    # micro-batch shows here without any communication or bubble.
+    "gpt-d1-m8": ("gpt", 1, ["--parallel.microbatches", "8"], dict(data=1, micro_batches=8)),
+    "cnn-d1-m4": ("cnn", 1, ["--parallel.microbatches", "4"], dict(data=1, micro_batches=4)),
 }
 DEFAULT = "mlp-d1,mlp-d2,gpt-d1,gpt-p2,gpt-t2"
 
@@ -156,6 +162,7 @@ def main():
         run([a.strata, "bench", "layers", "--quiet", "--threads", "1", "--device", "cpu",
              "--checkpoint_dir", os.path.join(a.work, "ckpt"), "--out", profiles[model]]
             + model_flags(a, model))
+        print_whole_ratio(model, profiles[model])
     print(f"{'grid':12} {'predicted ms':>12} {'measured ms':>12} {'error':>7}  {'load':>5} {'cpu':>5} "
           f"{'x cpu ms':>9} {'error':>7}  parts (compute / bubble / comm / optimizer ms) and reason", flush=True)
     errors, failed, rows = [], [], []
@@ -171,6 +178,20 @@ def main():
           + (f"; failed: {', '.join(failed)}" if failed else ""))
     print_ranking(rows)
     sys.exit(2 if failed else 0)
+
+
+def print_whole_ratio(model, path):
+    """The profile's whole pass (forward, loss, backward without per-layer timers) over the sum
+    of its layers timed one by one and the loss, per micro-batch: what the model scales the
+    layers by (1.00: timing layer by layer changes nothing)."""
+    p = json.load(open(path))
+    if "whole" not in p:
+        return
+    parts = []
+    for i, w in enumerate(p["whole"]["at"]):
+        layers = sum(l["at"][i]["forward_s"] + l["at"][i]["backward_s"] for l in p["layers"])
+        parts.append(f"{w['micro_batch']}: {w['forward_s'] / (layers + p['loss']['at'][i]['forward_s']):.2f}")
+    print(f"# {model} profile: whole pass / layers one by one, per micro-batch: {', '.join(parts)}", flush=True)
 
 
 def print_ranking(rows):

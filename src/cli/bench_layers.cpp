@@ -36,7 +36,8 @@ Subcommand add_bench_layers(CLI::App& bench) {
                   "checkpoint.dir)");
   sub->add_option("--out", o->out, "the machine profile (JSON)")->capture_default_str();
   sub->add_option("--micro_batches", o->micro_batches,
-                  "comma-separated micro-batch sizes (default G/16, G/4 and G of train.batch_size)")
+                  "comma-separated micro-batch sizes (default every power of two from G/16 to G, and G, of "
+                  "train.batch_size)")
       ->delimiter(',')->check(CLI::Range(int64_t(1), int64_t(1) << 20));
   sub->add_option("--reps", o->reps, "timed runs per size after a warm-up (the median is kept)")
       ->check(int_in(1, 1000))->capture_default_str();

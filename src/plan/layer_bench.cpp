@@ -59,9 +59,11 @@ struct Phases {
   std::vector<double> f, b, bi, bw;
 };
 
-// One micro-batch size: every layer's phases over `reps` runs after a warm-up, and the loss.
-LayerTiming* measure_size(Model& m, const Backend& be, int64_t b, int reps, const PlannedModel& pm,
-                          std::vector<LayerProfile>& out, std::vector<LayerTiming>& loss) {
+// One micro-batch size: every layer's phases over `reps` runs after a warm-up, the loss, and
+// the whole forward, loss and backward without per-layer timing (MachineProfile::whole).
+void measure_size(Model& m, const Backend& be, int64_t b, int reps, const PlannedModel& pm,
+                  MachineProfile& prof) {
+  std::vector<LayerProfile>& out = prof.layers;
   Rng rng(11);
   Tensor hx(batched(b, pm.input)), hdy(batched(b, m.stage_output_shape()));
   const bool tokens = pm.tokens_per_sample > 1 || pm.layers.front().name.rfind("emb", 0) == 0;
@@ -76,9 +78,14 @@ LayerTiming* measure_size(Model& m, const Backend& be, int64_t b, int reps, cons
   Tensor dlogits;
   const size_t L = m.layers().size();
   std::vector<Phases> runs;
-  std::vector<double> loss_runs;
+  std::vector<double> loss_runs, whole_runs;
   const StepInfo si{.training = true};
   for (int r = 0; r <= reps; ++r) {  // run 0 warms caches and allocations up
+    const auto w0 = Clock::now();
+    head.loss_and_gradient(be, m.forward(be, x, si), labels.data(), b, b, dlogits);
+    m.backward(be, dy, 0);
+    be.synchronize();
+    const double wt = since(w0);
     Phases p{std::vector<double>(L), std::vector<double>(L), std::vector<double>(L), std::vector<double>(L)};
     m.set_profile(&p.f);
     const Tensor& y = m.forward(be, x, si);
@@ -96,7 +103,14 @@ LayerTiming* measure_size(Model& m, const Backend& be, int64_t b, int reps, cons
     m.set_profile(&p.bw);
     m.backward_weight(be, 0, {}, false);
     m.set_profile(nullptr);
-    if (r > 0) runs.push_back(std::move(p)), loss_runs.push_back(lt);
+    if (r > 0) {
+      // The whole pass over the layers of the same run: other work that takes the core for a
+      // while slows both sides of one run, and the median of the ratios leaves such runs out.
+      double sum = lt;
+      for (size_t i = 0; i < L; ++i) sum += p.f[i] + p.b[i];
+      whole_runs.push_back(wt / std::max(sum, 1e-12));
+      runs.push_back(std::move(p)), loss_runs.push_back(lt);
+    }
   }
   const double n = double(b);
   for (size_t i = 0; i < L; ++i) {
@@ -108,8 +122,11 @@ LayerTiming* measure_size(Model& m, const Backend& be, int64_t b, int reps, cons
     out[i].at.push_back({.micro_batch = b, .forward_s = med(&Phases::f), .backward_s = med(&Phases::b),
                          .backward_input_s = med(&Phases::bi), .backward_weight_s = med(&Phases::bw)});
   }
-  loss.push_back({.micro_batch = b, .forward_s = median(loss_runs) / n});
-  return &loss.back();
+  prof.loss.push_back({.micro_batch = b, .forward_s = median(loss_runs) / n});
+  // Stored as seconds per sample: the median ratio times the layers' and the loss's medians.
+  double layers = prof.loss.back().forward_s;
+  for (const LayerProfile& l : out) layers += l.at.back().forward_s + l.at.back().backward_s;
+  prof.whole.push_back({.micro_batch = b, .forward_s = median(whole_runs) * layers});
 }
 
 // The optimizer's step over the whole model, the median of reps, shared out to the layers by
@@ -174,6 +191,14 @@ double memory_bandwidth() {
 
 }  // namespace
 
+std::vector<int64_t> default_micro_batches(int64_t G) {
+  std::vector<int64_t> v;
+  for (int64_t b = 1; b < G; b *= 2)
+    if (b >= G / 16) v.push_back(b);
+  v.push_back(std::max<int64_t>(1, G));
+  return v;
+}
+
 void describe_node(MachineProfile& p) {
   std::ifstream f("/proc/cpuinfo");
   const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
@@ -218,10 +243,7 @@ MachineProfile bench_layers(const RunConfig& given, const LayerBenchOptions& o) 
   p.config = cfg.config_path;
   p.model_type = cfg.model.type;
   p.micro_batches = o.micro_batches;
-  if (p.micro_batches.empty()) {
-    const int64_t G = cfg.train.batch_size;
-    p.micro_batches = {std::max<int64_t>(1, G / 16), std::max<int64_t>(1, G / 4), G};
-  }
+  if (p.micro_batches.empty()) p.micro_batches = default_micro_batches(cfg.train.batch_size);
   std::sort(p.micro_batches.begin(), p.micro_batches.end());
   p.micro_batches.erase(std::unique(p.micro_batches.begin(), p.micro_batches.end()), p.micro_batches.end());
   Model m(cfg.model_spec(pm.classes), pm.input, pm.classes);
@@ -240,11 +262,12 @@ MachineProfile bench_layers(const RunConfig& given, const LayerBenchOptions& o) 
   const double cpu0 = process_cpu_s();
   for (int64_t b : p.micro_batches) {
     const auto t0 = Clock::now();
-    measure_size(m, be, b, o.reps, pm, p.layers, p.loss);
+    measure_size(m, be, b, o.reps, pm, p);
     double step = 0;
     for (const LayerProfile& l : p.layers) step += (l.at.back().forward_s + l.at.back().backward_s) * double(b);
-    say(fmt::format("bench layers: micro-batch {:>5}: forward + backward {:.3f} ms ({:.1f} s measuring)",
-                    b, step * 1e3, since(t0)));
+    say(fmt::format("bench layers: micro-batch {:>5}: forward + backward {:.3f} ms layer by layer, {:.3f} ms "
+                    "whole with the loss ({:.1f} s measuring)", b, step * 1e3,
+                    p.whole.back().forward_s * double(b) * 1e3, since(t0)));
   }
   measure_optimizer(cfg, m, be, o.reps, p.layers);
   if (be.host_memory())

@@ -17,11 +17,17 @@
 namespace strata {
 
 struct LayerBenchOptions {
-  std::vector<int64_t> micro_batches;  // empty: G/16, G/4 and G (G = train.batch_size), >= 1
+  std::vector<int64_t> micro_batches;  // empty: default_micro_batches(train.batch_size), >= 1
   int reps = 9;
   std::string checkpoint_dir;          // "" = the config's checkpoint directory
   std::function<void(const std::string&)> progress;  // one line per step of the measurement
 };
+
+// The sizes measured by default for a global batch G: every power of two from G/16 up to G,
+// and G. A layer's time per sample is not linear in the micro-batch where its working set
+// crosses a cache level (a GPT block keeps about half a megabyte per sample of 64 tokens), so
+// the sizes grids run at (G/D/M, powers of two for the usual G) are measured, not interpolated.
+std::vector<int64_t> default_micro_batches(int64_t G);
 
 // Throws UserError naming the file or key at fault (the config's data, the directory).
 MachineProfile bench_layers(const RunConfig& cfg, const LayerBenchOptions& options);

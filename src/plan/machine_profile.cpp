@@ -113,6 +113,17 @@ MicroBatchCost MachineProfile::cost(const LayerProfile& l, double b) {
 
 double MachineProfile::loss_s(double b) const { return interpolate(loss, b, &LayerTiming::forward_s); }
 
+double MachineProfile::whole_ratio(double b) const {
+  if (whole.empty() || !(b > 0)) return 1;
+  double sum = loss_s(b);
+  for (const LayerProfile& l : layers) {
+    const MicroBatchCost c = cost(l, b);
+    sum += c.forward_s + c.backward_s;
+  }
+  const double w = interpolate(whole, b, &LayerTiming::forward_s);
+  return sum > 0 && w > 0 ? w / sum : 1;
+}
+
 std::string machine_profile_json(const MachineProfile& p) {
   std::string s = "{\"strata_machine_profile\": 1,\n";
   s += fmt::format(" \"device\": {}, \"precision\": {}, \"threads\": {}, \"cores\": {},\n",
@@ -138,6 +149,7 @@ std::string machine_profile_json(const MachineProfile& p) {
                      i + 1 < p.layers.size() ? "," : "");
   }
   s += fmt::format(" ],\n \"loss\": {{\"at\": {}}},\n", timings_json(p.loss, true));
+  if (!p.whole.empty()) s += fmt::format(" \"whole\": {{\"at\": {}}},\n", timings_json(p.whole, true));
   s += fmt::format(" \"checkpoint_write_Bps\": {}, \"checkpoint_bytes\": {}, \"memory_Bps\": {}, "
                    "\"cpu_share\": {}\n}}\n", json_number(p.checkpoint_write_Bps), p.checkpoint_bytes,
                    json_number(p.memory_Bps), json_number(p.cpu_share));
@@ -188,6 +200,8 @@ MachineProfile read_machine_profile(const std::string& path) {
   }
   if (p.layers.empty()) fail_input("{}: key \"layers\" holds no layer", path);
   p.loss = r.timings(r.array(r.need(root, "loss", "loss"), "at", "loss.at"), "loss.at", true);
+  if (root.find("whole"))  // optional: profiles before it lack it
+    p.whole = r.timings(r.array(r.need(root, "whole", "whole"), "at", "whole.at"), "whole.at", true);
   p.checkpoint_write_Bps = r.num(root, "checkpoint_write_Bps", "checkpoint_write_Bps");
   p.checkpoint_bytes = int64_t(r.num(root, "checkpoint_bytes", "checkpoint_bytes"));
   if (const JsonValue* m = root.find("memory_Bps"); m && m->kind == JsonValue::Kind::kNumber)

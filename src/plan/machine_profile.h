@@ -13,6 +13,7 @@
 //                "at": [{"micro_batch": b, "forward_s": s, "backward_s": s,
 //                        "backward_input_s": s, "backward_weight_s": s}, ...]}, ...],
 //    "loss": {"at": [{"micro_batch": b, "forward_s": s}...]},
+//    "whole": {"at": [{"micro_batch": b, "forward_s": s}...]},
 //    "checkpoint_write_Bps": bytes/s, "checkpoint_bytes": n, "memory_Bps": bytes/s,
 //    "cpu_share": CPU time / wall time while timing}
 // Every "_s" under "at" is seconds per SAMPLE at that micro-batch size; "backward_s" is the
@@ -60,6 +61,12 @@ struct MachineProfile {
   std::vector<int64_t> micro_batches;
   std::vector<LayerProfile> layers;
   std::vector<LayerTiming> loss;  // the loss and its gradient (forward_s only)
+  // The whole model's forward, loss and backward run at once, without a timer or a device
+  // synchronisation between layers, as training runs them (forward_s only; absent in
+  // profiles written before it was measured). Per-layer timing sees each layer on its own:
+  // what runs between layers (layout conversions, a layer's output still in cache for the
+  // next, the timer itself) is in the step but not in the sum of the layers, or the other way.
+  std::vector<LayerTiming> whole;
   double checkpoint_write_Bps = 0;
   int64_t checkpoint_bytes = 0;
   double memory_Bps = 0;
@@ -74,6 +81,10 @@ struct MachineProfile {
   // A profiled layer's cost at `micro_batch` samples (interpolated).
   static MicroBatchCost cost(const LayerProfile& l, double micro_batch);
   double loss_s(double micro_batch) const;
+  // The whole pass at `micro_batch` over the sum of the layers' forward and backward and the
+  // loss there (interpolated alike): what the step-time model scales the layers' figures by.
+  // 1 without a whole-pass measurement.
+  double whole_ratio(double micro_batch) const;
 };
 
 // Throws UserError(kExitBadInput) naming the file and the key at fault.

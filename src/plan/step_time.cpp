@@ -48,7 +48,8 @@ class CostSource {
   }
   double loss_s(double b) const {
     if (prof_.empty()) return 0;  // projections: the loss is a small share of the head's cost
-    return prof_.loss_s(b) * (prof_.device == "cpu" ? double(prof_.threads) / g_.threads_per_rank : 1.0);
+    return prof_.loss_s(b) * prof_.whole_ratio(b) *
+           (prof_.device == "cpu" ? double(prof_.threads) / g_.threads_per_rank : 1.0);
   }
   // Layers of the same kind (a GPT's blocks) cost the same: the median of their figures, so one
   // noisy measurement does not make one stage look dearer than the others.
@@ -71,8 +72,10 @@ class CostSource {
     if (const LayerProfile* p = prof_.empty() ? nullptr : prof_.find(index, l.describe)) {
       const MicroBatchCost m = same_kind_median(*p, b);
       const double scale = prof_.device == "cpu" ? double(prof_.threads) / g_.threads_per_rank : 1.0;
-      c = {m.forward_s * scale, m.backward_s * scale, m.backward_input_s * scale,
-           m.backward_weight_s * scale, p->optimizer_s * scale};
+      // The layers as the whole pass runs them at this micro-batch (MachineProfile::whole).
+      const double pass = scale * prof_.whole_ratio(b);
+      c = {m.forward_s * pass, m.backward_s * pass, m.backward_input_s * pass,
+           m.backward_weight_s * pass, p->optimizer_s * scale};
       // A layer measured without splitting (no parameters, or one that keeps state) does all
       // of backward in B.
       if (!p->splits) c.bi = c.b, c.bw = 0;
@@ -272,6 +275,10 @@ StepTime predict_step_time_impl(const RunConfig& cfg, const PlannedModel& m, con
   st.assumptions = comm.assumptions();
   const CostSource src(prof, comm, g, st.assumptions);
   st.micro_batch = double(cfg.train.batch_size) / g.data / g.micro_batches;
+  if (!prof.whole.empty())
+    st.assumptions.push_back(fmt::format("layers: scaled by {:.2f}, the whole pass over the sum of the layers "
+                                         "timed one by one, at micro-batch {:g}",
+                                         prof.whole_ratio(st.micro_batch), st.micro_batch));
   const bool host = prof.empty() ? false : prof.device == "cpu";
   if (host && prof.cores > 0) {
     st.oversubscription = std::max(1.0, double(g.ranks_per_node) * g.threads_per_rank / prof.cores);

@@ -523,7 +523,13 @@ def cases(fx: Fixtures):
             ("malformed", '{"strata_machine_profile": 1, "layers": [', r"m\.json: bad JSON at line 1"),
             ("of another version", '{"strata_machine_profile": 7}', r"m\.json: key \"strata_machine_profile\": not version 1"),
             ("without layers", '{"strata_machine_profile": 1, "device": "cpu", "precision": "fp32", "threads": 1, "cores": 2}',
-             r"m\.json: key \"layers\" missing")]:
+             r"m\.json: key \"layers\" missing"),
+            ("with a negative whole pass", '{"strata_machine_profile": 1, "device": "cpu", "precision": "fp32", '
+             '"threads": 1, "cores": 2, "layers": [{"index": 0, "name": "fc1", "kind": "Linear(784 -> 64)", '
+             '"params": 1, "flops": 1, "optimizer_s": 0, "at": [{"micro_batch": 8, "forward_s": 1, "backward_s": 1, '
+             '"backward_input_s": 1, "backward_weight_s": 1}]}], "loss": {"at": [{"micro_batch": 8, "forward_s": 0}]}, '
+             '"whole": {"at": [{"micro_batch": 8, "forward_s": -1}]}}',
+             r"m\.json: key \"whole\.at\[0\]\.forward_s\" must be a number >= 0")]:
         out["config"].append(Case(f"config: machine profile {name}", predict, 2, pattern,
                                   make=file_with(text, name="m.json")))
     out["config"].append(Case("config: comm profile of another version", predict + ["--comm_profile", "{C}/c.json"], 2,

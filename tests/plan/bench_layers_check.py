@@ -40,6 +40,9 @@ need(all(p["versions"].get(k) for k in ("onednn", "mpi", "hdf5")), f"versions {p
 need(p["micro_batches"] == [2, 8, 16], f"micro_batches {p['micro_batches']}")
 names = [l["name"] for l in p["layers"]]
 need(names == ["flatten1", "fc1", "fc2", "fc3"], f"layers {names}")
+# The whole pass without per-layer timers, per size (the step-time model scales the layers by it).
+need([t["micro_batch"] for t in p["whole"]["at"]] == [2, 8, 16] and all(t["forward_s"] > 0 for t in p["whole"]["at"]),
+     f"whole {p.get('whole')}")
 for l in p["layers"]:
     need([t["micro_batch"] for t in l["at"]] == [2, 8, 16], f"{l['name']}: sizes")
     if l["params"] > 0:

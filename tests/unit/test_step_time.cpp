@@ -10,6 +10,7 @@
 
 #include "parallel/pipeline_schedule.h"
 #include "plan/comm_model.h"
+#include "plan/layer_bench.h"
 #include "plan/machine_profile.h"
 #include "plan/step_time.h"
 #include "strata/error.h"
@@ -254,4 +255,65 @@ TEST_CASE("step time: composed from the profile, the schedule and the comm model
   CHECK(pipe.reason.find("P = 2 pays") != std::string::npos);
   g.micro_batches = 3;
   CHECK_THROWS_WITH(predict_step_time(cfg, m, g, p, c), Catch::Contains("train.batch_size = 32"));
+}
+
+TEST_CASE("step time: the layers as the whole pass runs them (bench layers' unprofiled pass)", "[plan]") {
+  const PlannedModel m = mlp();
+  MachineProfile p = mlp_profile(m);
+  RunConfig cfg;
+  cfg.train.batch_size = 32;
+  const CommModel c = CommModel::from_profile_text(kProfile, "p.json");
+  // Layer by layer: every layer 3 (1 ms + 0.1 ms per sample) a micro-batch, the loss 0.
+  const double L = double(p.layers.size());
+  auto layers_at = [&](double b) { return L * 3 * (1e-3 + 1e-4 * b); };
+  GridChoice g;
+  const double before_one = predict_step_time(cfg, m, g, p, c).compute_s;
+  CHECK(before_one == Approx(layers_at(32)));
+  // The whole pass measured 0.7x the sum at 32 samples and 1.2x at 8 (what runs between the
+  // layers, or their outputs still in cache for the next): the layers follow it per size.
+  p.whole = {{.micro_batch = 8, .forward_s = 1.2 * layers_at(8) / 8},
+             {.micro_batch = 32, .forward_s = 0.7 * layers_at(32) / 32}};
+  CHECK(p.whole_ratio(32) == Approx(0.7));
+  CHECK(p.whole_ratio(8) == Approx(1.2));
+  const StepTime one = predict_step_time(cfg, m, g, p, c);
+  CHECK(one.compute_s == Approx(0.7 * layers_at(32)));
+  CHECK(one.total_s == Approx(0.7 * layers_at(32) + L * 1e-4 + c.seconds(CommOp::allreduce, 40, 1, CommLevel::kIntra)).epsilon(1e-6));
+  g.data = 4;
+  CHECK(predict_step_time(cfg, m, g, p, c).compute_s == Approx(1.2 * layers_at(8)));
+  // Written and read back; a profile without it reads as before (ratio 1).
+  const std::string dir = STRATA_BINARY_DIR "/test-runs/unit-machine-profile-whole";
+  std::filesystem::create_directories(dir);
+  write_machine_profile(dir + "/p.json", p);
+  const MachineProfile q = read_machine_profile(dir + "/p.json");
+  REQUIRE(q.whole.size() == 2);
+  CHECK(q.whole_ratio(32) == Approx(0.7));
+  CHECK(mlp_profile(m).whole_ratio(32) == 1);
+}
+
+TEST_CASE("bench layers: the default sizes are those grids run at, measured not interpolated", "[plan]") {
+  // G = 32: micro-batches 32 (D = 1), 16 (D = 2), 8 (D = 4), 4 (P = 2, M = 8), 2: all measured.
+  CHECK(default_micro_batches(32) == std::vector<int64_t>{2, 4, 8, 16, 32});
+  CHECK(default_micro_batches(64) == std::vector<int64_t>{4, 8, 16, 32, 64});
+  CHECK(default_micro_batches(48) == std::vector<int64_t>{4, 8, 16, 32, 48});
+  CHECK(default_micro_batches(1) == std::vector<int64_t>{1});
+  // Why: a cost that is not linear in the micro-batch (a working set past a cache at 16) is
+  // what the model then uses at 16, where three sizes would have drawn a line through it.
+  const PlannedModel m = mlp();
+  MachineProfile p = mlp_profile(m);
+  for (LayerProfile& l : p.layers) {
+    const LayerTiming at8 = l.at[0], at32 = l.at[1];
+    LayerTiming at16 = at8;
+    at16.micro_batch = 16;
+    at16.forward_s = 1.5 * (1e-3 + 16e-4) / 16;  // 1.5x the line through 8 and 32
+    at16.backward_s = 2 * at16.forward_s;
+    at16.backward_input_s = at16.backward_weight_s = at16.forward_s;
+    l.at = {at8, at16, at32};
+  }
+  RunConfig cfg;
+  cfg.train.batch_size = 32;
+  GridChoice g;
+  g.data = 2;
+  const CommModel c = CommModel::from_profile_text(kProfile, "p.json");
+  const double line = double(p.layers.size()) * 3 * (1e-3 + 16e-4);
+  CHECK(predict_step_time(cfg, m, g, p, c).compute_s == Approx(1.5 * line));
 }
