@@ -36,6 +36,7 @@ ap.add_argument("--fortunes", default=os.path.join(ROOT, "data", "fortunes.h5"))
 ap.add_argument("--repeats", type=int, default=3)
 ap.add_argument("--every", type=int, default=1, help="checkpoint.memory_every of the 'on' arm")
 ap.add_argument("--models", default="mlp,cnn,gpt")
+ap.add_argument("--device", default="cpu", help="strata's --device for every run (cpu, cuda)")
 ap.add_argument("--arms", default="off,on", help="off, local (one node: no partner), on (two nodes)")
 ap.add_argument("--work", default="/var/tmp/strata-bench-memory")
 ap.add_argument("--memory_root", default="/dev/shm",
@@ -58,7 +59,7 @@ def run(model, arm):
     shutil.rmtree(out, ignore_errors=True)
     args = [a.strata, "train", "--config", os.path.join(ROOT, "configs", cfg), "--data.path", data,
             "--train.max_steps", str(steps), "--output.dir", out, "--progress", "off",
-            "--checkpoint.final", "false", "--threads", "1"]
+            "--checkpoint.final", "false", "--threads", "1", "--device", a.device]
     if memory:
         args += ["--checkpoint.memory_every", str(a.every), "--checkpoint.memory_dir",
                  os.path.join(a.memory_root, "strata-bench-memory", "%n")]
@@ -73,6 +74,8 @@ def run(model, arm):
     stall = re.search(r"stall per save: median ([0-9.]+) ms, max ([0-9.]+) ms", p.stdout)
     if memory and not stall:
         sys.exit(f"no stall line in the output of {' '.join(cmd)}:\n{p.stdout[-2000:]}")
+    if memory:
+        print("  " + next(l for l in p.stdout.splitlines() if "stall per save" in l), flush=True)
     side = re.search(r"per save: copy ([0-9.]+) ms, (?:exchange ([0-9.]+) ms|no partner)", p.stdout)
     return {"step_s": done["train_time_s"] / done["step"],
             "copy_ms": float(side.group(1)) if side else None,
@@ -90,7 +93,7 @@ def main():
     lines = [f"# bench_memory_checkpoints.py, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
              f"# CPU: {name.group(1) if name else '?'}, {os.cpu_count()} cores; "
              f"load average before: {os.getloadavg()[0]:.2f}; strata {a.strata}",
-             f"# 2 ranks, 1 thread each; memory_every = {a.every}; arms {a.arms} (local: one node, "
+             f"# --device {a.device}; 2 ranks, 1 thread each; memory_every = {a.every}; arms {a.arms} (local: one node, "
              f"no partner; on: two simulated nodes); median of {a.repeats} repeats, order rotated"]
     print("\n".join(lines), flush=True)
     arms = a.arms.split(",")

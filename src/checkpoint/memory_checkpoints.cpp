@@ -268,6 +268,58 @@ std::vector<MemoryCopy> scan(const ScanFor& w, int64_t* stale) {
   return copies;
 }
 
+// Whether `bytes` of copies fit node `node`'s directory `dir` (its file system's free space and
+// the node's available memory, copies an earlier launch left counted as free: they are
+// replaced); else a UserError. `ranks`: the node's ranks, for the message.
+void check_room(const std::string& dir, const std::string& node, int64_t bytes, int ranks) {
+  int64_t ours = 0;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec))
+    if (parse_name(e.path().filename().string())) ours += int64_t(e.file_size(ec));
+  struct statvfs v{};
+  if (::statvfs(dir.c_str(), &v) != 0)
+    fail_input("checkpoint.memory_dir {}: cannot read its file system's size ({})", dir,
+               std::strerror(errno));
+  const int64_t free_fs = int64_t(v.f_bavail) * int64_t(v.f_frsize) + ours;
+  const MemoryBound avail = memory_bound();  // the node's MemAvailable or the job's cgroup limit
+  if (bytes > free_fs)
+    fail_input("checkpoint.memory_dir {} on node {}: memory checkpoints need {} there (two "
+               "generations of {} rank part(s) and their partner copies), its file system has "
+               "{} free", dir, node, format_bytes(double(bytes)), ranks, format_bytes(double(free_fs)));
+  if (avail.bytes != INT64_MAX && bytes > avail.bytes + ours)
+    fail_input("checkpoint.memory_dir {} on node {}: memory checkpoints need {} of memory, "
+               "and {}", dir, node, format_bytes(double(bytes)), avail.source);
+}
+
+// Collective: the newest step for which some rank holds a copy of every part (each rank passes
+// its own copies), else -1; *why says what the newest step lacked (or that there is none).
+int64_t newest_complete_step(Comm& comm, const std::vector<MemoryCopy>& copies, std::string* why) {
+  const int R = comm.size();
+  int64_t bound = INT64_MAX;
+  for (int round = 0;; ++round) {
+    int64_t newest = -1;
+    for (const MemoryCopy& c : copies)
+      if (c.step < bound) newest = std::max(newest, c.step);
+    int64_t neg = -newest;
+    comm.allreduce_min(&neg, 1);
+    const int64_t step = -neg;
+    if (step < 0) {
+      if (why->empty()) *why = "no memory copies";
+      return -1;
+    }
+    std::vector<int64_t> have(size_t(R), 0);
+    for (const MemoryCopy& c : copies)
+      if (c.step == step) have[size_t(c.part)] = 1;
+    comm.allreduce_sum(have.data(), R);
+    const auto missing = std::find(have.begin(), have.end(), 0);
+    if (missing == have.end()) return step;
+    if (round == 0)
+      *why = fmt::format("step {} lacks part {} (neither its own nor its partner's copy is on "
+                         "a node of this launch)", step, missing - have.begin());
+    bound = step;
+  }
+}
+
 }  // namespace
 
 void PartWriter::put(const void* src, size_t bytes) {
@@ -365,30 +417,10 @@ int64_t MemoryCheckpoints::preflight() {
   collectively(comm_, [&] {
     if (const std::string why = make_directories(dir_); !why.empty())
       fail_input("checkpoint.memory_dir {}: cannot create it ({})", dir_, why);
-    if (pair_.local_rank != 0) return;
-    // Copies an earlier launch left count as free: they are replaced.
-    int64_t ours = 0;
-    std::error_code ec;
-    for (const auto& e : fs::directory_iterator(dir_, ec))
-      if (parse_name(e.path().filename().string())) ours += int64_t(e.file_size(ec));
-    struct statvfs v{};
-    if (::statvfs(dir_.c_str(), &v) != 0)
-      fail_input("checkpoint.memory_dir {}: cannot read its file system's size ({})", dir_,
-                 std::strerror(errno));
-    const int64_t free_fs = int64_t(v.f_bavail) * int64_t(v.f_frsize) + ours;
-    const MemoryBound avail = memory_bound();  // the node's MemAvailable or the job's cgroup limit
-    const std::string node = pair_.node_names[size_t(pair_.node_of[size_t(comm_.rank())])];
-    if (mine > free_fs)
-      fail_input("checkpoint.memory_dir {} on node {}: memory checkpoints need {} there (two "
-                 "generations of {} rank part(s) and their partner copies), its file system has "
-                 "{} free", dir_, node, format_bytes(double(mine)), pair_.local_size,
-                 format_bytes(double(free_fs)));
-    if (avail.bytes != INT64_MAX && mine > avail.bytes + ours)
-      fail_input("checkpoint.memory_dir {} on node {}: memory checkpoints need {} of memory, "
-                 "and {}", dir_, node, format_bytes(double(mine)), avail.source);
+    if (pair_.local_rank == 0) check_room(dir_, pair_.node_names[size_t(pair_.node_of[size_t(comm_.rank())])],
+                                          mine, pair_.local_size);
   });
-  int64_t most = *std::max_element(node_bytes.begin(), node_bytes.end());
-  return most;
+  return *std::max_element(node_bytes.begin(), node_bytes.end());
 }
 
 void MemoryCheckpoints::save(int64_t step, const std::function<void(int slot)>& start, Fill fill,
@@ -632,34 +664,9 @@ MemoryCheckpoints::Found MemoryCheckpoints::find() {
   if (stale > 0 && comm_.rank() == 0)
     fmt::print("memory checkpoints: removed {} cop{} left by an earlier attempt of this job (a "
                "requeue starts from checkpoint.dir)\n", stale, stale == 1 ? "y" : "ies");
-  // The newest step held by any rank, then whether every part is there; else the next older.
   const int R = comm_.size();
-  int64_t bound = INT64_MAX;
-  for (int round = 0;; ++round) {
-    int64_t newest = -1;
-    for (const Copy& c : copies)
-      if (c.step < bound) newest = std::max(newest, c.step);
-    int64_t neg = -newest;
-    comm_.allreduce_min(&neg, 1);
-    const int64_t step = -neg;
-    if (step < 0) {
-      if (f.why.empty()) f.why = "no memory copies";
-      return f;
-    }
-    std::vector<int64_t> have(size_t(R), 0);
-    for (const Copy& c : copies)
-      if (c.step == step) have[size_t(c.part)] = 1;
-    comm_.allreduce_sum(have.data(), R);
-    const auto missing = std::find(have.begin(), have.end(), 0);
-    if (missing == have.end()) {
-      f.step = step;
-      break;
-    }
-    if (round == 0)
-      f.why = fmt::format("step {} lacks part {} (neither its own nor its partner's copy is on "
-                          "a node of this launch)", step, missing - have.begin());
-    bound = step;
-  }
+  f.step = newest_complete_step(comm_, copies, &f.why);
+  if (f.step < 0) return f;
   // Who provides each part: the rank itself when its node holds a copy (-1), else the lowest
   // rank whose node does.
   holder_.assign(size_t(R), INT64_MAX);

@@ -30,7 +30,7 @@ shm=$(df -Pk /dev/shm 2>/dev/null | awk 'NR==2 {print $4}'); root=/dev/shm
 if part memckpt; then
   timeout ${MEMBENCH_S:-150} "$PY" -u benchmarks/bench_memory_checkpoints.py --strata "$B/bin/strata" \
     --fmnist $D/fm.h5 --fortunes build/test-data/fortunes.h5 --repeats ${REPEATS:-3} \
-    --models ${MODELS:-mlp,cnn,gpt} --arms ${ARMS:-off,local,on} --memory_root $root \
+    --models ${MODELS:-mlp,cnn,gpt} --arms ${ARMS:-off,local,on} --memory_root $root --device ${DEVICE:-cpu} \
     --out "$OUT/memckpt.txt" >"$OUT/memckpt.log" 2>&1
   echo "rc=$? memory_root=$root" >>"$OUT/memckpt.log"
 fi
