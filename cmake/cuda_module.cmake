@@ -10,11 +10,13 @@ add_library(strata_cuda MODULE ${STRATA_CUDA_MODULE_SOURCES})
 # src: the seam's private header it implements (backends/cuda_api.h).
 target_include_directories(strata_cuda PRIVATE ${CMAKE_SOURCE_DIR}/include ${CMAKE_SOURCE_DIR}/src)
 target_compile_definitions(strata_cuda PRIVATE
-  STRATA_VERSION="${PROJECT_VERSION}" STRATA_GIT_COMMIT="${STRATA_GIT_COMMIT}")
+  STRATA_VERSION="${PROJECT_VERSION}")
 target_compile_options(strata_cuda PRIVATE ${STRATA_WARNINGS})
 set(STRATA_CUDA_MODULE_MAP ${CMAKE_SOURCE_DIR}/src/backends/cuda/cuda_module.map)
 target_link_options(strata_cuda PRIVATE -Wl,--version-script=${STRATA_CUDA_MODULE_MAP})
-target_link_libraries(strata_cuda PRIVATE strata_kernels_cuda strata_nccl fmt::fmt)
+# Its own copy of git_commit() (local, as everything it defines): its build string says which
+# build it is from, not the executable's.
+target_link_libraries(strata_cuda PRIVATE strata_version strata_kernels_cuda strata_nccl fmt::fmt)
 # In the build tree the module sits beside the executable; installed, in LIBDIR/strata. Its
 # own RPATH names no CUDA directory: the loader has loaded those libraries before it.
 set_target_properties(strata_cuda PROPERTIES

@@ -28,6 +28,7 @@
 #include "model/layers.h"
 #include "model/optim.h"
 #include "strata/error.h"
+#include "strata/version.h"
 
 namespace strata {
 namespace {
@@ -202,7 +203,7 @@ void write_model_attrs(hid_t f, const Model& model, const char* format) {
   write_str_attr(f, "format", format);
   write_int_attr(f, "format_version", int64_t(1));
   write_str_attr(f, "strata_version", STRATA_VERSION);
-  write_str_attr(f, "git_commit", STRATA_GIT_COMMIT);
+  write_str_attr(f, "git_commit", git_commit());
   std::string layers;
   for (auto& l : model.spec()) layers += l.text() + "\n";
   write_str_attr(f, "model_layers", layers);

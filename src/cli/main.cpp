@@ -14,6 +14,7 @@
 #include "cli/commands.h"
 #include "strata/comm.h"
 #include "strata/error.h"
+#include "strata/version.h"
 
 using namespace strata;
 using namespace strata::cli;
@@ -68,7 +69,7 @@ int main(int argc, char** argv) {
   const bool lead = comm->rank() == 0;
 
   CLI::App app{"strata: a Slurm-native MPI training runtime"};
-  app.set_version_flag("--version", fmt::format("strata {} ({})", STRATA_VERSION, STRATA_GIT_COMMIT));
+  app.set_version_flag("--version", fmt::format("strata {} ({})", STRATA_VERSION, git_commit()));
   app.require_subcommand(1);
   std::vector<Subcommand> commands = {add_train(app), add_config(app), add_checkpoint(app)};
   for (auto& c : add_prepare(app)) commands.push_back(std::move(c));

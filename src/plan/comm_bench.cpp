@@ -14,6 +14,7 @@
 #include "base/parse.h"
 #include "strata/backend.h"
 #include "strata/error.h"
+#include "strata/version.h"
 
 namespace strata {
 
@@ -288,7 +289,7 @@ CommProfile run_comm_bench(Comm& world, const CommBenchOptions& o) {
   CommProfile p;
   p.date = utc_now_iso();
   p.host = world.host();
-  p.strata_version = fmt::format("strata {} ({})", STRATA_VERSION, STRATA_GIT_COMMIT);
+  p.strata_version = fmt::format("strata {} ({})", STRATA_VERSION, git_commit());
   p.device = be->name;
   p.ranks = world.size();
   p.nodes = int(nodes.size());

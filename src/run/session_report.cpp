@@ -10,6 +10,7 @@
 #include "parallel/pipeline_schedule.h"
 #include "run/session.h"
 #include "run/session_report.h"
+#include "strata/version.h"
 
 namespace strata {
 namespace {
@@ -73,7 +74,7 @@ void print_startup(const StartupReport& r) {
   if (const auto& end = r.end_time)
     fmt::print("job ends at {}; strata stops with a checkpoint before then (margin measured from "
                "its checkpoint writes)\n", local_clock_time(*end));
-  fmt::print("strata {} ({}): {} rank{}, device {}\n", STRATA_VERSION, STRATA_GIT_COMMIT,
+  fmt::print("strata {} ({}): {} rank{}, device {}\n", STRATA_VERSION, git_commit(),
              p.ranks, p.ranks == 1 ? "" : "s", p.device_note);
   if (!p.shared_gpus.empty())
     fmt::print(stderr, "strata: warning: {}: their gradient sums go through host memory (NCCL "

@@ -6,10 +6,14 @@
 #include "strata/comm.h"
 #include "strata/cuda_module.h"
 #include "strata/device_comm.h"
+#include "strata/version.h"
+
+#include <string>
 
 extern "C" const strata::CudaModule* strata_cuda_module() {
+  static const std::string build = std::string(STRATA_VERSION " ") + strata::git_commit();
   static const strata::CudaModule m{
-      .build = STRATA_VERSION " " STRATA_GIT_COMMIT,
+      .build = build.c_str(),
       .backend_size = sizeof(strata::Backend),
       .devices = strata::cuda_devices,
       .backend = strata::cuda_backend,

@@ -22,6 +22,7 @@
 #include "strata/cuda_module.h"
 #include "strata/device_comm.h"
 #include "strata/error.h"
+#include "strata/version.h"
 
 namespace fs = std::filesystem;
 
@@ -144,8 +145,8 @@ Loaded load() {
     return l;
   }
   const CudaModule* m = entry();
-  const char* build = STRATA_VERSION " " STRATA_GIT_COMMIT;
-  if (std::strcmp(m->build, build) != 0 || m->backend_size != sizeof(Backend)) {
+  const std::string build = std::string(STRATA_VERSION " ") + git_commit();
+  if (build != m->build || m->backend_size != sizeof(Backend)) {
     l.why = fmt::format("{} is from another build of strata ({}, this is {})", module_path,
                         m->build, build);
     return l;
