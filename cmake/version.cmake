@@ -2,12 +2,21 @@
 # digits; "-dirty" when tracked files differ from it; "unknown" outside git). Run at every
 # build (the strata_version_source target), it rewrites OUT only when that changes: a new
 # commit recompiles one file, and a binary never names a commit it was not built from.
+# (Only SRC's own repository: a source tree unpacked inside another one is "unknown". No
+# optional locks: a build must not make a user's concurrent git command fail.)
+execute_process(COMMAND git rev-parse --show-toplevel WORKING_DIRECTORY ${SRC}
+                OUTPUT_VARIABLE top OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
 execute_process(COMMAND git rev-parse --short=12 HEAD WORKING_DIRECTORY ${SRC}
                 OUTPUT_VARIABLE commit OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET RESULT_VARIABLE rc)
-if(NOT rc EQUAL 0 OR NOT commit)
+get_filename_component(src_real ${SRC} REALPATH)
+if(top)
+  get_filename_component(top ${top} REALPATH)
+endif()
+if(NOT rc EQUAL 0 OR NOT commit OR NOT top STREQUAL src_real)
   set(commit "unknown")
 else()
-  execute_process(COMMAND git status --porcelain --untracked-files=no WORKING_DIRECTORY ${SRC}
+  execute_process(COMMAND git --no-optional-locks status --porcelain --untracked-files=no
+                  WORKING_DIRECTORY ${SRC}
                   OUTPUT_VARIABLE changed ERROR_QUIET)
   if(changed)
     string(APPEND commit "-dirty")

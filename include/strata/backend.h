@@ -40,13 +40,13 @@ struct Backend {
   void (*synchronize)();  // waits for every op issued so far
   // Optional (a GPU; null on the CPU): copies of backend memory into pinned host memory on a
   // stream of their own, after the ops issued so far and beside the ones issued after, in
-  // two slots (double-buffered snapshots: memory checkpoints). snapshot_host_wait(slot):
-  // returns once the slot's copies are done (from any thread); snapshot_device_wait(slot):
-  // the ops issued after it wait for them, the host does not.
+  // two slots (double-buffered snapshots: memory checkpoints). snapshot_ready(slot): whether
+  // the slot's copies are done (from any thread, without waiting; throws on a device error);
+  // snapshot_device_wait(slot): the ops issued after it wait for them, the host does not.
   void* (*alloc_pinned)(size_t bytes) = nullptr;
   void (*free_pinned)(void* p) = nullptr;
   void (*snapshot_copy)(void* dst, const void* src, size_t bytes, int slot) = nullptr;
-  void (*snapshot_host_wait)(int slot) = nullptr;
+  bool (*snapshot_ready)(int slot) = nullptr;
   void (*snapshot_device_wait)(int slot) = nullptr;
   // The ops of strata/ops.def, one field each. A backend may leave some null: supports()
   // says which it has, and a model refuses to run where a layer's op is missing.

@@ -16,7 +16,7 @@ class Comm;
 class DeviceTransport;
 
 struct CudaModule {
-  const char* build;    // STRATA_VERSION " " STRATA_GIT_COMMIT of the module's build
+  const char* build;    // STRATA_VERSION and git_commit() of the module's build
   size_t backend_size;  // sizeof(Backend) there: a stale module from another layout is refused
   int (*devices)(std::string* why);
   const Backend& (*backend)(int device, Precision precision);

@@ -56,7 +56,7 @@ void copy(void* dst, const void* src, size_t bytes);       // device -> device, 
 void* alloc_pinned(size_t bytes);
 void free_pinned(void* p);
 void snapshot_copy(void* dst, const void* src, size_t bytes, int slot);
-void snapshot_host_wait(int slot);    // from any thread
+bool snapshot_ready(int slot);        // from any thread; never waits
 void snapshot_device_wait(int slot);  // the compute stream waits; the host does not
 void zero(void* p, size_t bytes);                           // stream-ordered memset
 

@@ -266,9 +266,15 @@ void snapshot_copy(void* dst, const void* src, size_t bytes, int slot) {
   STRATA_CUDA_CHECK(cudaEventRecord(s.done[slot & 1], s.stream));
 }
 
-void snapshot_host_wait(int slot) {
+bool snapshot_ready(int slot) {
   ctx();  // this thread's current device: the events' (a copy thread calls this)
-  STRATA_CUDA_CHECK(cudaEventSynchronize(snapshots().done[slot & 1]));
+  const cudaError_t e = cudaEventQuery(snapshots().done[slot & 1]);
+  if (e == cudaErrorNotReady) {
+    (void)cudaGetLastError();  // not an error: nothing for a later check to report
+    return false;
+  }
+  STRATA_CUDA_CHECK(e);
+  return true;
 }
 
 void snapshot_device_wait(int slot) {

@@ -184,6 +184,7 @@ void staged_free_pinned(void* p) { ::operator delete(p); }
 void staged_snapshot_copy(void* dst, const void* src, size_t bytes, int) {
   staged_download(dst, src, bytes);
 }
+bool staged_snapshot_ready(int) { return true; }
 void staged_snapshot_wait(int) {}
 
 // ---- The ops ------------------------------------------------------------------------------
@@ -364,7 +365,7 @@ const Backend& staged_backend(Precision precision) {
     t.alloc_pinned = staged_alloc_pinned;
     t.free_pinned = staged_free_pinned;
     t.snapshot_copy = staged_snapshot_copy;
-    t.snapshot_host_wait = staged_snapshot_wait;
+    t.snapshot_ready = staged_snapshot_ready;
     t.snapshot_device_wait = staged_snapshot_wait;
     // The CPU's ops, deferred (not its int8 ones: like a GPU's table, staged has none) ...
 #define STRATA_OP(name, ret, params) t.name = &Staged<Op::name, &cpu::name>::call;

@@ -38,13 +38,13 @@ constexpr uint32_t kVersion = 1;
 
 // A part file's header; header_crc covers the bytes before it, payload_crc the payload.
 struct Header {
-  char magic[8];
-  uint32_t version;
-  int32_t part, ranks;
-  uint32_t reserved;
-  int64_t step, attempt;
-  uint64_t run, job, payload_bytes;
-  uint32_t payload_crc, header_crc;
+  char magic[8] = {};
+  uint32_t version = 0;
+  int32_t part = 0, ranks = 0;
+  uint32_t reserved = 0;
+  int64_t step = 0, attempt = 0;
+  uint64_t run = 0, job = 0, payload_bytes = 0;
+  uint32_t payload_crc = 0, header_crc = 0;
 };
 static_assert(sizeof(Header) == 72);
 constexpr char kMagic[8] = {'S', 'T', 'R', 'A', 'T', 'A', 'M', 'C'};
@@ -161,12 +161,12 @@ void seal(char* file, Header h) {
   std::memcpy(file, &h, sizeof h);
 }
 
-// Whether `file` starts with a verified header of `part` at `step`.
-bool header_names(const char* file, int part, int64_t step) {
+// Whether `file` starts with a verified header of `part` at `step` with `payload` bytes.
+bool header_names(const char* file, int part, int64_t step, uint64_t payload) {
   Header h;
   std::memcpy(&h, file, sizeof h);
   return std::memcmp(h.magic, kMagic, 8) == 0 && header_crc(h) == h.header_crc && h.part == part &&
-         h.step == step;
+         h.step == step && h.payload_bytes == payload;
 }
 
 // Removes the copies of `part` and kind in `dir` but the newest (an earlier launch's), so a
@@ -269,9 +269,11 @@ std::vector<MemoryCopy> scan(const ScanFor& w, int64_t* stale) {
 }
 
 // Whether `bytes` of copies fit node `node`'s directory `dir` (its file system's free space and
-// the node's available memory, copies an earlier launch left counted as free: they are
-// replaced); else a UserError. `ranks`: the node's ranks, for the message.
-void check_room(const std::string& dir, const std::string& node, int64_t bytes, int ranks) {
+// the node's available memory, with `pinned` bytes of the ranks' pinned buffers; copies an
+// earlier launch left counted as free: they are replaced); else a UserError. `ranks`: the
+// node's ranks, for the message.
+void check_room(const std::string& dir, const std::string& node, int64_t bytes, int64_t pinned,
+                int ranks) {
   int64_t ours = 0;
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(dir, ec))
@@ -286,9 +288,12 @@ void check_room(const std::string& dir, const std::string& node, int64_t bytes, 
     fail_input("checkpoint.memory_dir {} on node {}: memory checkpoints need {} there (two "
                "generations of {} rank part(s) and their partner copies), its file system has "
                "{} free", dir, node, format_bytes(double(bytes)), ranks, format_bytes(double(free_fs)));
-  if (avail.bytes != INT64_MAX && bytes > avail.bytes + ours)
-    fail_input("checkpoint.memory_dir {} on node {}: memory checkpoints need {} of memory, "
-               "and {}", dir, node, format_bytes(double(bytes)), avail.source);
+  if (avail.bytes != INT64_MAX && bytes + pinned > avail.bytes + ours)
+    fail_input("checkpoint.memory_dir {} on node {}: memory checkpoints need {} of memory{}, "
+               "and {}", dir, node, format_bytes(double(bytes + pinned)),
+               pinned ? fmt::format(" ({} of them pinned buffers for the GPUs' copies)",
+                                    format_bytes(double(pinned)))
+                      : "", avail.source);
 }
 
 // Collective: the newest step for which some rank holds a copy of every part (each rank passes
@@ -411,14 +416,14 @@ MemoryCheckpoints::~MemoryCheckpoints() {
   for (MappedFile* f : {&own_[0], &own_[1], &held_[0], &held_[1]}) f->close();
 }
 
-int64_t MemoryCheckpoints::preflight() {
+int64_t MemoryCheckpoints::preflight(int64_t pinned_per_rank) {
   const std::vector<int64_t> node_bytes = bytes_per_node(pair_, part_floats_);
   const int64_t mine = node_bytes[size_t(pair_.node_of[size_t(comm_.rank())])];
   collectively(comm_, [&] {
     if (const std::string why = make_directories(dir_); !why.empty())
       fail_input("checkpoint.memory_dir {}: cannot create it ({})", dir_, why);
     if (pair_.local_rank == 0) check_room(dir_, pair_.node_names[size_t(pair_.node_of[size_t(comm_.rank())])],
-                                          mine, pair_.local_size);
+                                          mine, pinned_per_rank * pair_.local_size, pair_.local_size);
   });
   return *std::max_element(node_bytes.begin(), node_bytes.end());
 }
@@ -446,14 +451,7 @@ void MemoryCheckpoints::save(int64_t step, const std::function<void(int slot)>& 
   }
   if (!background_exchange_) {  // the training thread moves the bytes itself, now
     fence();
-    const auto t1 = std::chrono::steady_clock::now();
-    exchange({step, k, nullptr});
-    const double took = seconds_since(t1);
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      timings_.exchange_s.push_back(took);
-    }
-    done(k);
+    timed_exchange({step, k, nullptr, {}});
   }
   *wait_s = seconds_since(t0);
 }
@@ -507,16 +505,18 @@ void MemoryCheckpoints::copy_loop() {
 }
 
 void MemoryCheckpoints::exchange_loop() {
-  for (Save s; pop(exchange_q_, /*finish=*/false, &s);) {
-    const auto t0 = std::chrono::steady_clock::now();
-    exchange(s);
-    const double took = seconds_since(t0);
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      timings_.exchange_s.push_back(took);
-    }
-    done(s.slot);
+  for (Save s; pop(exchange_q_, /*finish=*/false, &s);) timed_exchange(s);
+}
+
+void MemoryCheckpoints::timed_exchange(const Save& s) {
+  const auto t0 = std::chrono::steady_clock::now();
+  exchange(s);
+  const double took = seconds_since(t0);
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    timings_.exchange_s.push_back(took);
   }
+  done(s.slot);
 }
 
 MemoryCheckpoints::Timings MemoryCheckpoints::timings() {
@@ -578,26 +578,28 @@ void MemoryCheckpoints::copy_own(const Save& s, std::chrono::steady_clock::time_
   const bool ready = prepare(f, comm_.rank(), s.step, true, sizeof(Header) + size_t(floats_) * 4);
   const size_t payload = size_t(floats_) * 4;
   PartWriter w(ready ? f.map + sizeof(Header) : nullptr, ready ? payload : 0);
-  if (ready) s.fill(w, s.slot);
-  const uint32_t crc = ready ? w.finish() : 0;
+  bool filled = false;
+  uint32_t crc = 0;
+  // A fill that fails (a device error while waiting for a GPU's copy, the run stopping) loses
+  // this save, not the run: the file stays under its temporary name, and its old header names
+  // another step, so the partner does not keep what the exchange sends of it.
+  try {
+    if (ready) s.fill(w, s.slot);
+    crc = ready ? w.finish() : 0;
+    filled = ready && w.left() == 0;
+    if (ready && !filled) note_failure(f.path, "the part is smaller than its file");
+  } catch (const std::exception& e) {
+    note_failure(f.path, e.what());
+  }
   {
     std::lock_guard<std::mutex> lk(mu_);
     timings_.fill_s.push_back(seconds_since(t0));
     --uncopied_;  // the state is the training thread's again
   }
   cv_.notify_all();
-  if (!ready) return;
-  Header h{};
-  h.part = comm_.rank();
-  h.ranks = comm_.size();
-  h.step = s.step;
-  h.attempt = id_.attempt;
-  h.run = run_;
-  h.job = job_;
-  h.payload_bytes = payload;
-  h.payload_crc = crc;
-  STRATA_CHECK(w.left() == 0, "a memory checkpoint's part is smaller than its file");
-  seal(f.map, h);
+  if (!filled) return;
+  seal(f.map, {.part = comm_.rank(), .ranks = comm_.size(), .step = s.step, .attempt = id_.attempt,
+                .run = run_, .job = job_, .payload_bytes = payload, .payload_crc = crc});
   publish(f, comm_.rank(), s.step, true);
 }
 
@@ -611,7 +613,10 @@ void MemoryCheckpoints::exchange(const Save& s) {
   static_assert(sizeof(Header) % 4 == 0);
   MappedFile& mine = own_[s.slot];
   MappedFile& held = held_[s.slot];
-  const int64_t send_floats = pair_.partner >= 0 && mine.map ? int64_t(mine.bytes / 4) : 0;
+  // Without an own file (its first prepare failed) zeros go: the partner expects the bytes,
+  // and a header of zeros names no step, so it keeps none of them.
+  const int64_t send_floats = pair_.partner >= 0 ? int64_t(sizeof(Header) / 4) + floats_ : 0;
+  std::vector<float> zeros(pair_.partner >= 0 && !mine.map ? size_t(send_floats) : 0);
   const size_t held_bytes = sizeof(Header) + size_t(pair_.source >= 0 ? part_floats_[size_t(pair_.source)] : 0) * 4;
   const bool receiving = pair_.source >= 0 && prepare(held, pair_.source, s.step, false, held_bytes);
   std::vector<float> scratch;
@@ -621,7 +626,7 @@ void MemoryCheckpoints::exchange(const Save& s) {
     into = scratch.data();
   }
   const int64_t recv_floats = pair_.source >= 0 ? int64_t(held_bytes / 4) : 0;
-  const auto* from = reinterpret_cast<const float*>(mine.map);
+  const auto* from = mine.map ? reinterpret_cast<const float*>(mine.map) : zeros.data();
   for (int64_t at = 0; at < std::max(send_floats, recv_floats); at += kExchangeFloats) {
     const int64_t ns = std::clamp<int64_t>(send_floats - at, 0, kExchangeFloats);
     const int64_t nr = std::clamp<int64_t>(recv_floats - at, 0, kExchangeFloats);
@@ -636,7 +641,7 @@ void MemoryCheckpoints::exchange(const Save& s) {
     std::lock_guard<std::mutex> lk(mu_);
     if (!receiving || stop_) return;
   }
-  if (!header_names(held.map, pair_.source, s.step)) {
+  if (!header_names(held.map, pair_.source, s.step, held_bytes - sizeof(Header))) {
     fmt::print(stderr, "strata: warning: checkpoint.memory_dir {}: the copy of rank {}'s part "
                "for step {} arrived damaged: not kept\n", dir_, pair_.source, s.step);
     return;  // stays under its temporary name: the next save of the slot reuses the file
@@ -645,13 +650,19 @@ void MemoryCheckpoints::exchange(const Save& s) {
 }
 
 // A failure is a warning (the first one of a run) and training goes on.
-void MemoryCheckpoints::warn(const std::string& path, int err) {
+void MemoryCheckpoints::warn(const std::string& path, int err) { note_failure(path, std::strerror(err)); }
+
+void MemoryCheckpoints::note_failure(const std::string& path, const std::string& why) {
   std::lock_guard<std::mutex> lk(mu_);
   if (failures_.empty())
     fmt::print(stderr, "strata: warning: checkpoint.memory_dir {}: cannot write {} ({}); "
-               "training goes on, later failures are not reported\n", dir_, path,
-               std::strerror(err));
+               "training goes on, later failures are not reported\n", dir_, path, why);
   failures_.push_back(path);
+}
+
+bool MemoryCheckpoints::stopping() {
+  std::lock_guard<std::mutex> lk(mu_);
+  return stop_;
 }
 
 MemoryCheckpoints::Found MemoryCheckpoints::find() {

@@ -90,9 +90,10 @@ class MemoryCheckpoints {
   const std::string& dir() const { return dir_; }
   const MemoryPairing& pairing() const { return pair_; }
   // Collective. Creates the directory and checks that two generations of the parts each node
-  // keeps fit both the file system's free space and the node's available memory; throws
+  // keeps fit both the file system's free space and the node's available memory, with
+  // `pinned_per_rank` bytes of each rank's pinned host buffers (a GPU's copies); throws
   // UserError naming the directory and node. Returns the largest node's bytes.
-  int64_t preflight();
+  int64_t preflight(int64_t pinned_per_rank = 0);
 
   // Collective. The newest step whose every part has a verified copy in the memory directory
   // of some rank's node (damaged copies are named on stderr and removed; copies of an earlier
@@ -123,6 +124,8 @@ class MemoryCheckpoints {
   double fence();
   // Waits for the exchange and the writes in flight.
   void drain();
+  // Whether the run is ending (on an error): a fill waiting for a device gives up.
+  bool stopping();
   // Removes the copies this rank wrote (own and held) and the directory if left empty (a run
   // that finished or stopped with a checkpoint in checkpoint.dir no longer needs them).
   void remove_files();
@@ -163,9 +166,11 @@ class MemoryCheckpoints {
   void exchange_loop();
   void copy_own(const Save& s, std::chrono::steady_clock::time_point t0);
   void exchange(const Save& s);
+  void timed_exchange(const Save& s);  // exchange(), its time noted, the slot released
   bool prepare(MappedFile& f, int part, int64_t step, bool own, size_t bytes);
   bool publish(MappedFile& f, int part, int64_t step, bool own);
   void warn(const std::string& path, int err);
+  void note_failure(const std::string& path, const std::string& why);
   void done(int slot);
 
   std::string dir_;

@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <stdexcept>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -66,7 +68,9 @@ std::unique_ptr<MemoryState> MemoryState::make(const RunConfig& cfg, Comm& comm,
                                                Optimizer& opt) {
   if (cfg.checkpoint.memory_every <= 0) return nullptr;
   auto m = std::make_unique<MemoryState>(cfg, comm, grid, model, opt);
-  const int64_t per_node = m->mem_.preflight();
+  // Two pinned host buffers per rank whose state lives on a device (the GPU's copies).
+  const bool on_device = model.values().data() != model.host_values().data();
+  const int64_t per_node = m->mem_.preflight(on_device ? 2 * int64_t(m->pinned_bytes()) : 0);
   const MemoryPairing& p = m->mem_.pairing();
   if (comm.rank() == 0) {
     fmt::print("memory checkpoints: every {} step{} into {}: {} per node (two generations of "
@@ -135,14 +139,16 @@ std::optional<TrainState> MemoryState::restore(int64_t file_step) {
 
 // A GPU's state leaves the device on a copy stream into the slot's pinned buffer (values,
 // then the optimizer's state: the part's order), beside the next step's kernels.
-void MemoryState::start_device_copy(const Backend& be, int slot) {
+std::vector<const Tensor*> MemoryState::device_state() {
   std::vector<const Tensor*> parts = {&model_.values()};
   for (const Tensor* t : opt_.used_state()) parts.push_back(t);
-  size_t bytes = 0;
-  for (const Tensor* t : parts) bytes += sizeof(float) * size_t(t->size());
+  return parts;
+}
+
+void MemoryState::start_device_copy(const Backend& be, int slot) {
+  const std::vector<const Tensor*> parts = device_state();
   Staging& st = staging_[slot];
-  if (!st.data) st = {static_cast<float*>(be.alloc_pinned(bytes)), bytes, be.free_pinned};
-  STRATA_CHECK(st.bytes == bytes, "memory checkpoint: the device state changed size");
+  STRATA_CHECK(st.data && st.bytes == pinned_bytes(), "memory checkpoint: the device state changed size");
   char* at = reinterpret_cast<char*>(st.data);
   for (const Tensor* t : parts) {
     be.snapshot_copy(at, t->data(), sizeof(float) * size_t(t->size()), slot);
@@ -154,16 +160,28 @@ double MemoryState::save(int64_t steps_done, int64_t per_epoch, const Backend& b
   const auto t0 = std::chrono::steady_clock::now();
   const bool device = be.snapshot_copy != nullptr;
   device_ = device ? &be : nullptr;
+  if (device && !staging_[0].data)  // (the preflight counted them)
+    for (Staging& st : staging_)
+      st = {static_cast<float*>(be.alloc_pinned(pinned_bytes())), pinned_bytes(), be.free_pinned};
   const std::array<int64_t, 4> s = {steps_done, steps_done / per_epoch, steps_done % per_epoch,
                                     opt_.steps_taken()};
   // On the copy thread, while the next step's forward and backward leave the state alone
   // (fence() before its update); a GPU's from the slot's buffer, once its copy is done.
-  auto fill = [this, s, device, &be](PartWriter& w, int slot) {
+  const Backend* bp = &be;
+  auto fill = [this, s, device, bp](PartWriter& w, int slot) {
     std::array<float, kStateFloats> head{};
     std::memcpy(head.data(), s.data(), sizeof s);
     w.put(head.data(), sizeof head);
     if (device) {
-      be.snapshot_host_wait(slot);
+      // A poll, not an event wait: it gives up when the run ends on an error (a device that
+      // never gets to the copy), and spins no core while the step's kernels run first.
+      while (!bp->snapshot_ready(slot)) {
+        if (mem_.stopping()) {
+          staging_[slot].leak();  // the copy may still land there: never freed
+          throw std::runtime_error("the run ended before the GPU's copy was done");
+        }
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+      }
       w.put(staging_[slot].data, staging_[slot].bytes);
       return;
     }
@@ -184,14 +202,15 @@ double MemoryState::save(int64_t steps_done, int64_t per_epoch, const Backend& b
 }
 
 double MemoryState::fence() {
-  if (!stalls_.empty() && windows_.size() < stalls_.size())
+  const bool first = !stalls_.empty() && windows_.size() < stalls_.size();  // since the save
+  if (first)
     windows_.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - saved_).count());
   // A GPU's update waits on the device for the copy stream; the copy thread reads the pinned
   // buffer, not the state, so the host goes on.
   if (device_) device_->snapshot_device_wait(last_slot_);
   const double waited = device_ ? 0.0 : mem_.fence();
   if (!stalls_.empty()) stalls_.back() += waited;
-  fences_.push_back(waited);  // the save's stall: at its step and the next
+  if (first) fences_.push_back(waited);  // the save's stall: at its step and the next
   return waited;
 }
 

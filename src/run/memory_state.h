@@ -72,7 +72,14 @@ class MemoryState {
     ~Staging() {
       if (data) release(data);
     }
+    void leak() { data = nullptr; }
   };
+  std::vector<const Tensor*> device_state();
+  size_t pinned_bytes() {
+    size_t n = 0;
+    for (const Tensor* t : device_state()) n += sizeof(float) * size_t(t->size());
+    return n;
+  }
   void start_device_copy(const Backend& be, int slot);
   Staging staging_[2];  // before mem_: its copy thread reads them until it is joined
   MemoryCheckpoints mem_;

@@ -18,6 +18,8 @@ using strata::test::on_ranks;
 namespace {
 
 constexpr int64_t kFloats = 300001;  // over 1 MiB: the exchange sends it in 3 pieces
+// The parts differ in size (a pipeline's stages do): rank 1's goes in 2 pieces, rank 0's in 3.
+int64_t floats_of(int rank) { return rank == 0 ? kFloats : kFloats / 2 + 7; }
 
 float value(int rank, int64_t step, int64_t i) { return float(rank * 100000 + step * 1000 + i); }
 
@@ -30,15 +32,15 @@ std::string node_of(int rank) { return rank == 0 ? "n1" : "n2"; }
 // Saves steps 1..3 on both ranks.
 void save_three(const fs::path& root) {
   strata::run_ranks(2, [&](strata::Comm& c) {
-    MemoryCheckpoints m((root / node_of(c.rank())).string(), c, kFloats, identity(),
+    MemoryCheckpoints m((root / node_of(c.rank())).string(), c, floats_of(c.rank()), identity(),
                         node_of(c.rank()));
     m.preflight();
     for (int64_t step = 1; step <= 3; ++step) {
       double wait = 0;
       const int rank = c.rank();
       m.save(step, nullptr, [rank, step](strata::PartWriter& w, int) {
-        std::vector<float> p(kFloats);
-        for (int64_t i = 0; i < kFloats; ++i) p[size_t(i)] = value(rank, step, i);
+        std::vector<float> p(size_t(floats_of(rank)));
+        for (size_t i = 0; i < p.size(); ++i) p[i] = value(rank, step, int64_t(i));
         w.put(p.data(), p.size() * 4);
       }, &wait);
       m.fence();
@@ -53,17 +55,18 @@ struct Restored {
 };
 std::vector<Restored> restore(const fs::path& root, int64_t attempt = 0) {
   return on_ranks(2, [&](strata::Comm& c) {
-    MemoryCheckpoints m((root / node_of(c.rank())).string(), c, kFloats, identity(attempt),
-                        node_of(c.rank()));
+    MemoryCheckpoints m((root / node_of(c.rank())).string(), c, floats_of(c.rank()),
+                        identity(attempt), node_of(c.rank()));
     Restored r;
     const auto f = m.find();
     r.step = f.step;
     r.from_partner = f.from_partner;
     if (f.step < 0) return r;
-    std::vector<float> out(kFloats);
+    std::vector<float> out(size_t(floats_of(c.rank())));
     m.take(f, out.data());
     r.exact = true;
-    for (int64_t i = 0; i < kFloats; ++i) r.exact = r.exact && out[size_t(i)] == value(c.rank(), f.step, i);
+    for (size_t i = 0; i < out.size(); ++i)
+      r.exact = r.exact && out[i] == value(c.rank(), f.step, int64_t(i));
     return r;
   });
 }
@@ -186,4 +189,30 @@ TEST_CASE("memory checkpoints: the part writer copies every byte and CRCs what i
   }
   strata::PartWriter full(nullptr, 0);
   CHECK_THROWS(full.put(nine, 1));  // more than the file holds
+}
+
+TEST_CASE("memory checkpoints: a fill that fails loses its save, not the run", "[memory]") {
+  strata::test::TempDir tmp;
+  const fs::path root = tmp.path;
+  strata::run_ranks(2, [&](strata::Comm& c) {
+    MemoryCheckpoints m((root / node_of(c.rank())).string(), c, floats_of(c.rank()), identity(),
+                        node_of(c.rank()));
+    m.preflight();
+    const int rank = c.rank();
+    for (int64_t step = 1; step <= 2; ++step) {
+      double wait = 0;
+      m.save(step, nullptr, [rank, step](strata::PartWriter& w, int) {
+        if (step == 2) throw std::runtime_error("a device error");  // (a GPU's copy failed)
+        std::vector<float> p(size_t(floats_of(rank)));
+        for (size_t i = 0; i < p.size(); ++i) p[i] = value(rank, step, int64_t(i));
+        w.put(p.data(), p.size() * 4);
+      }, &wait);
+      m.fence();
+    }
+    m.drain();
+  });
+  for (const auto& x : restore(root)) {
+    CHECK(x.step == 1);  // step 2's copies were never published, on either node
+    CHECK(x.exact);
+  }
 }

@@ -69,7 +69,7 @@ const Backend& fp32_table() {
     t.alloc_pinned = cuda::alloc_pinned;
     t.free_pinned = cuda::free_pinned;
     t.snapshot_copy = cuda::snapshot_copy;
-    t.snapshot_host_wait = cuda::snapshot_host_wait;
+    t.snapshot_ready = cuda::snapshot_ready;
     t.snapshot_device_wait = cuda::snapshot_device_wait;
 #define STRATA_OP(name, ret, params) t.name = cuda::name;
 #define STRATA_CPU_OP(name, ret, params)
