@@ -962,9 +962,13 @@ def cases(fx: Fixtures):
     # ---- strata export and train.init_from (Hugging Face safetensors, llm.c; issue 31) ----
     def exported(fmt, fn=None, name="hf"):
         """make(): the GPT fixture exported (--format fmt; once, then copied) to CASE/NAME, then
-        fn(path) on it."""
+        fn(path) on it. The export is kept beside the fixtures, not among them: cases running
+        meanwhile check the fixtures for changes and temporary files."""
         def make(case_dir):
-            path, done = os.path.join(case_dir, name), fx.path(f"export-{fmt}-{os.stat(fx.gpt_params).st_mtime_ns}")
+            exports = os.path.join(fx.work, "exports")
+            os.makedirs(exports, exist_ok=True)
+            path = os.path.join(case_dir, name)
+            done = os.path.join(exports, f"export-{fmt}-{os.stat(fx.gpt_params).st_mtime_ns}")
             with EXPORT_LOCK:
                 if not os.path.exists(done):
                     subprocess.run([S, "export", "--checkpoint", fx.gpt_params, "--format", fmt, "--out",

@@ -132,7 +132,7 @@ case $mode in
     summary=$(sed -n '/^parts:/,/^$/p' results.txt)
     gpu_parts=$(grep -cE "^skipped +(cuda|training|GEMM).*\(no GPU: " <<<"$summary" || true)
     [ "$(grep -c '^passed' <<<"$summary")" = 2 ] || fail "expected the 2 CPU parts passed"$'\n'"$summary"
-    [ "$gpu_parts" = 17 ] || fail "expected the 17 GPU parts skipped with the reason"$'\n'"$summary"
+    [ "$gpu_parts" = 18 ] || fail "expected the 18 GPU parts skipped with the reason"$'\n'"$summary"
     ! grep -q '^failed' <<<"$summary" || fail "a part failed"$'\n'"$summary"
     echo "ok: CPU parts passed, $gpu_parts GPU parts skipped with the reason, exit 0"
     # A node whose driver shows a GPU that strata cannot use (faked): every GPU part fails with
@@ -143,7 +143,7 @@ case $mode in
     ((rc != 0)) || fail "a GPU the driver shows but strata cannot use: exit 0"$'\n'"$(cat faked.log)"
     summary=$(sed -n '/^parts:/,/^$/p' faked.txt)
     gpu_parts=$(grep -cE "^failed +(cuda|training|GEMM).*\(no GPU: " <<<"$summary" || true)
-    [ "$gpu_parts" = 17 ] || fail "faked GPU: expected the 17 GPU parts failed with the reason"$'\n'"$summary"
+    [ "$gpu_parts" = 18 ] || fail "faked GPU: expected the 18 GPU parts failed with the reason"$'\n'"$summary"
     echo "ok: with a GPU the driver shows, the $gpu_parts GPU parts fail with the reason, exit $rc"
     ;;
 
