@@ -29,16 +29,17 @@ MemoryCheckpoints::Identity identity(int64_t attempt = 0) {
 }
 std::string node_of(int rank) { return rank == 0 ? "n1" : "n2"; }
 
-// Saves steps 1..3 on both ranks.
-void save_three(const fs::path& root) {
+// Saves steps 1..last on both ranks; the fill of step `failing` throws (a GPU's copy failed).
+void save_steps(const fs::path& root, int64_t last = 3, int64_t failing = 0) {
   strata::run_ranks(2, [&](strata::Comm& c) {
     MemoryCheckpoints m((root / node_of(c.rank())).string(), c, floats_of(c.rank()), identity(),
                         node_of(c.rank()));
     m.preflight();
-    for (int64_t step = 1; step <= 3; ++step) {
+    for (int64_t step = 1; step <= last; ++step) {
       double wait = 0;
       const int rank = c.rank();
-      m.save(step, nullptr, [rank, step](strata::PartWriter& w, int) {
+      m.save(step, nullptr, [rank, step, failing](strata::PartWriter& w, int) {
+        if (step == failing) throw std::runtime_error("a device error");
         std::vector<float> p(size_t(floats_of(rank)));
         for (size_t i = 0; i < p.size(); ++i) p[i] = value(rank, step, int64_t(i));
         w.put(p.data(), p.size() * 4);
@@ -96,7 +97,7 @@ TEST_CASE("memory checkpoints: ranks pair with the same local rank on the next n
 TEST_CASE("memory checkpoints: own and partner copies, two generations, restored exactly", "[memory]") {
   strata::test::TempDir tmp;
   const fs::path root = tmp.path;
-  save_three(root);
+  save_steps(root);
   for (const char* node : {"n1", "n2"}) {
     CHECK(count(root / node, ".own") == 2);  // steps 2 and 3
     CHECK(count(root / node, ".peer") == 2);
@@ -193,25 +194,8 @@ TEST_CASE("memory checkpoints: the part writer copies every byte and CRCs what i
 
 TEST_CASE("memory checkpoints: a fill that fails loses its save, not the run", "[memory]") {
   strata::test::TempDir tmp;
-  const fs::path root = tmp.path;
-  strata::run_ranks(2, [&](strata::Comm& c) {
-    MemoryCheckpoints m((root / node_of(c.rank())).string(), c, floats_of(c.rank()), identity(),
-                        node_of(c.rank()));
-    m.preflight();
-    const int rank = c.rank();
-    for (int64_t step = 1; step <= 2; ++step) {
-      double wait = 0;
-      m.save(step, nullptr, [rank, step](strata::PartWriter& w, int) {
-        if (step == 2) throw std::runtime_error("a device error");  // (a GPU's copy failed)
-        std::vector<float> p(size_t(floats_of(rank)));
-        for (size_t i = 0; i < p.size(); ++i) p[i] = value(rank, step, int64_t(i));
-        w.put(p.data(), p.size() * 4);
-      }, &wait);
-      m.fence();
-    }
-    m.drain();
-  });
-  for (const auto& x : restore(root)) {
+  save_steps(tmp.path, 2, /*failing=*/2);
+  for (const auto& x : restore(tmp.path)) {
     CHECK(x.step == 1);  // step 2's copies were never published, on either node
     CHECK(x.exact);
   }
