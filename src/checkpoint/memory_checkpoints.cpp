@@ -25,6 +25,7 @@
 #include "base/files.h"
 #include "base/job.h"
 #include "base/memory.h"
+#include "base/stats.h"
 #include "checkpoint/checkpoint_cache.h"
 #include "strata/error.h"
 
@@ -48,10 +49,6 @@ struct Header {
 };
 static_assert(sizeof(Header) == 72);
 constexpr char kMagic[8] = {'S', 'T', 'R', 'A', 'T', 'A', 'M', 'C'};
-
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
 
 uint64_t fnv1a(const std::string& s) {
   uint64_t h = 1469598103934665603ull;

@@ -12,6 +12,7 @@
 
 #include "base/job.h"
 #include "base/parse.h"
+#include "base/stats.h"
 #include "strata/backend.h"
 #include "strata/error.h"
 #include "strata/version.h"
@@ -21,16 +22,6 @@ namespace strata {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t h = v.size() / 2;
-  return v.size() % 2 ? v[h] : 0.5 * (v[h - 1] + v[h]);
-}
 
 bool power_of_two(int64_t x) { return x > 0 && (x & (x - 1)) == 0; }
 

@@ -8,6 +8,7 @@
 
 #include "base/metrics.h"
 #include "base/parse.h"
+#include "base/stats.h"
 #include "strata/error.h"
 
 namespace strata {
@@ -16,13 +17,6 @@ namespace {
 
 constexpr CommOp kOps[] = {CommOp::allreduce, CommOp::reduce_scatter, CommOp::all_gather,
                            CommOp::sendrecv, CommOp::allreduce_blocking};
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t h = v.size() / 2;
-  return v.size() % 2 ? v[h] : 0.5 * (v[h - 1] + v[h]);
-}
 
 }  // namespace
 

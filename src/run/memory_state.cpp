@@ -14,6 +14,7 @@
 
 #include "base/job.h"
 #include "base/memory.h"
+#include "base/stats.h"
 #include "strata/error.h"
 
 namespace strata {
@@ -70,7 +71,7 @@ std::unique_ptr<MemoryState> MemoryState::make(const RunConfig& cfg, Comm& comm,
   auto m = std::make_unique<MemoryState>(cfg, comm, grid, model, opt);
   // Two pinned host buffers per rank whose state lives on a device (the GPU's copies).
   const bool on_device = model.values().data() != model.host_values().data();
-  const int64_t per_node = m->mem_.preflight(on_device ? 2 * int64_t(m->pinned_bytes()) : 0);
+  const int64_t per_node = m->mem_.preflight(on_device ? 2 * int64_t(m->state_bytes_) : 0);
   const MemoryPairing& p = m->mem_.pairing();
   if (comm.rank() == 0) {
     fmt::print("memory checkpoints: every {} step{} into {}: {} per node (two generations of "
@@ -91,7 +92,8 @@ std::unique_ptr<MemoryState> MemoryState::make(const RunConfig& cfg, Comm& comm,
 
 MemoryState::MemoryState(const RunConfig& cfg, Comm& comm, const std::string& grid, Model& model,
                          Optimizer& opt)
-    : mem_(expand_memory_dir(cfg.checkpoint.memory_dir), comm,
+    : state_bytes_(sizeof(float) * size_t(part_floats(model, opt, 0))),
+      mem_(expand_memory_dir(cfg.checkpoint.memory_dir), comm,
            part_floats(model, opt, kStateFloats),
            {.job = slurm_job_id(), .attempt = slurm_restart_count(), .run = cfg.to_toml() + grid},
            slurm_node_name()),
@@ -139,30 +141,23 @@ std::optional<TrainState> MemoryState::restore(int64_t file_step) {
 
 // A GPU's state leaves the device on a copy stream into the slot's pinned buffer (values,
 // then the optimizer's state: the part's order), beside the next step's kernels.
-std::vector<const Tensor*> MemoryState::device_state() {
-  std::vector<const Tensor*> parts = {&model_.values()};
-  for (const Tensor* t : opt_.used_state()) parts.push_back(t);
-  return parts;
-}
-
 void MemoryState::start_device_copy(const Backend& be, int slot) {
-  const std::vector<const Tensor*> parts = device_state();
-  Staging& st = staging_[slot];
-  STRATA_CHECK(st.data && st.bytes == pinned_bytes(), "memory checkpoint: the device state changed size");
-  char* at = reinterpret_cast<char*>(st.data);
-  for (const Tensor* t : parts) {
-    be.snapshot_copy(at, t->data(), sizeof(float) * size_t(t->size()), slot);
-    at += sizeof(float) * size_t(t->size());
-  }
+  char* at = staging_[slot].get();
+  auto copy = [&](const Tensor& t) {
+    be.snapshot_copy(at, t.data(), sizeof(float) * size_t(t.size()), slot);
+    at += sizeof(float) * size_t(t.size());
+  };
+  copy(model_.values());
+  for (const Tensor* t : opt_.used_state()) copy(*t);
+  STRATA_CHECK(at == staging_[slot].get() + state_bytes_, "memory checkpoint: the device state changed size");
 }
 
 double MemoryState::save(int64_t steps_done, int64_t per_epoch, const Backend& be) {
   const auto t0 = std::chrono::steady_clock::now();
   const bool device = be.snapshot_copy != nullptr;
   device_ = device ? &be : nullptr;
-  if (device && !staging_[0].data)  // (the preflight counted them)
-    for (Staging& st : staging_)
-      st = {static_cast<float*>(be.alloc_pinned(pinned_bytes())), pinned_bytes(), be.free_pinned};
+  if (device && !staging_[0])  // (the preflight counted them)
+    for (Pinned& st : staging_) st = Pinned(static_cast<char*>(be.alloc_pinned(state_bytes_)), be.free_pinned);
   const std::array<int64_t, 4> s = {steps_done, steps_done / per_epoch, steps_done % per_epoch,
                                     opt_.steps_taken()};
   // On the copy thread, while the next step's forward and backward leave the state alone
@@ -177,12 +172,12 @@ double MemoryState::save(int64_t steps_done, int64_t per_epoch, const Backend& b
       // never gets to the copy), and spins no core while the step's kernels run first.
       while (!bp->snapshot_ready(slot)) {
         if (mem_.stopping()) {
-          staging_[slot].leak();  // the copy may still land there: never freed
+          staging_[slot].release();  // the copy may still land there: never freed
           throw std::runtime_error("the run ended before the GPU's copy was done");
         }
         std::this_thread::sleep_for(std::chrono::microseconds(50));
       }
-      w.put(staging_[slot].data, staging_[slot].bytes);
+      w.put(staging_[slot].get(), state_bytes_);
       return;
     }
     const Tensor& values = model_.host_values();
@@ -214,14 +209,6 @@ double MemoryState::fence() {
   return waited;
 }
 
-namespace {
-double median_of(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::nth_element(v.begin(), v.begin() + ptrdiff_t(v.size() / 2), v.end());
-  return v[v.size() / 2];
-}
-}  // namespace
-
 void MemoryState::finish(bool remove) {
   if (finished_) return;
   finished_ = true;
@@ -232,17 +219,17 @@ void MemoryState::finish(bool remove) {
   // exchange cost the step only through what they share with it (memory bandwidth, MPI).
   const MemoryCheckpoints::Timings t = mem_.timings();
   const std::string exchange =
-      t.exchange_s.empty() ? "no partner" : fmt::format("exchange {:.2f} ms", 1e3 * median_of(t.exchange_s));
+      t.exchange_s.empty() ? "no partner" : fmt::format("exchange {:.2f} ms", 1e3 * median(t.exchange_s));
   fmt::print("memory checkpoints: {} saves in this launch, stall per save: median {:.2f} ms, "
              "max {:.2f} ms (medians: {:.2f} ms queueing, {:.2f} ms waking the copy, {:.2f} ms "
              "at the update); off the training thread per save: copy {:.2f} ms, {} (medians: "
              "{:.2f} ms from the save to the copy's start, {:.2f} ms packing, {:.2f} ms from the "
              "save to the update that waits for it){}\n",
-             stalls_.size(), 1e3 * median_of(stalls_),
-             1e3 * *std::max_element(stalls_.begin(), stalls_.end()), 1e3 * median_of(t.queue_s),
-             1e3 * median_of(t.wake_s), 1e3 * median_of(fences_), 1e3 * median_of(t.copy_s),
-             exchange, 1e3 * median_of(t.start_s), 1e3 * median_of(t.fill_s),
-             1e3 * median_of(windows_), remove ? "; this run's copies removed" : "");
+             stalls_.size(), 1e3 * median(stalls_),
+             1e3 * *std::max_element(stalls_.begin(), stalls_.end()), 1e3 * median(t.queue_s),
+             1e3 * median(t.wake_s), 1e3 * median(fences_), 1e3 * median(t.copy_s),
+             exchange, 1e3 * median(t.start_s), 1e3 * median(t.fill_s),
+             1e3 * median(windows_), remove ? "; this run's copies removed" : "");
 }
 
 std::unique_ptr<StepHook> memory_checkpoint_hook(MemoryState& m, int64_t per_epoch,

@@ -55,33 +55,12 @@ class MemoryState {
 
  private:
   static constexpr int64_t kStateFloats = 8;  // 4 int64: step, epoch, batch, optimizer steps
-  // A slot's pinned host buffer for a GPU's state (Backend::alloc_pinned).
-  struct Staging {
-    float* data = nullptr;
-    size_t bytes = 0;
-    void (*release)(void*) = nullptr;
-    Staging() = default;
-    Staging(float* d, size_t b, void (*r)(void*)) : data(d), bytes(b), release(r) {}
-    Staging(const Staging&) = delete;
-    Staging& operator=(Staging&& o) noexcept {
-      std::swap(data, o.data);
-      std::swap(bytes, o.bytes);
-      std::swap(release, o.release);
-      return *this;
-    }
-    ~Staging() {
-      if (data) release(data);
-    }
-    void leak() { data = nullptr; }
-  };
-  std::vector<const Tensor*> device_state();
-  size_t pinned_bytes() {
-    size_t n = 0;
-    for (const Tensor* t : device_state()) n += sizeof(float) * size_t(t->size());
-    return n;
-  }
+  // A slot's pinned host buffer for a GPU's state (Backend::alloc_pinned/free_pinned).
+  using Pinned = std::unique_ptr<char, void (*)(void*)>;
   void start_device_copy(const Backend& be, int slot);
-  Staging staging_[2];  // before mem_: its copy thread reads them until it is joined
+  // Before mem_: its copy thread reads them until it is joined.
+  Pinned staging_[2] = {Pinned(nullptr, nullptr), Pinned(nullptr, nullptr)};
+  size_t state_bytes_;  // the model's values and the optimizer's state, as a GPU holds them
   MemoryCheckpoints mem_;
   Comm& comm_;
   Model& model_;
