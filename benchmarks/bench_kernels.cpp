@@ -1,5 +1,5 @@
 // GFLOP/s of the CPU kernels on the benchmark models' layers (batch 64, one thread):
-// the MLP 784-256-128-10 and the CNN's two 3x3 convolutions. Each figure is the best of N runs
+// the MLP 784-256-128-10, the CNN's two 3x3 convolutions and its 2x2 max pooling. Each figure is the best of N runs
 // of thread CPU time, which is robust to other processes on a shared machine.
 //   usage: bench_kernels [runs (default 20)]
 #include <time.h>
@@ -102,6 +102,27 @@ void bench_conv(const Conv2dShape& s, bool need_dinp) {
   report("forward + backward", flop + bwd_flop, fwd + bwd);
 }
 
+// 2x2 max pooling, stride 2, on a conv output of the CNN (B, C, H, W): GB/s of the bytes each
+// pass moves (forward: input read, output and argmax written; backward: gradient and argmax
+// read, input gradient written).
+void bench_maxpool(int B, int C, int H, int W) {
+  Rng rng(4);
+  const int64_t n_in = int64_t(B) * C * H * W, n_out = n_in / 4;
+  const auto x = random_vec(rng, n_in), dy = random_vec(rng, n_out);
+  std::vector<float> y(n_out), dx(n_in);
+  std::vector<int32_t> am(n_out);
+  std::printf("maxpool 2x2/2 on %d x %d x %d x %d\n", B, C, H, W);
+  const double fwd = best_ms([&] {
+    maxpool2d_forward(y.data(), am.data(), x.data(), B, C, H, W, 2, 2);
+  });
+  const double bwd = best_ms([&] {
+    maxpool2d_backward(dx.data(), dy.data(), am.data(), B, C, H, W, 2, 2);
+  });
+  const double bytes = 4.0 * (n_in + 2 * n_out);
+  std::printf("  %-34s %8.3f ms %7.1f GB/s\n", "forward", fwd, bytes / fwd * 1e-6);
+  std::printf("  %-34s %8.3f ms %7.1f GB/s\n", "backward", bwd, bytes / bwd * 1e-6);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -116,5 +137,7 @@ int main(int argc, char** argv) {
   bench_linear(B, 128, 10);
   bench_conv({B, 1, 28, 28, 32, 3, 3, 1, 1}, false);  // first layer: no dinp
   bench_conv({B, 32, 14, 14, 64, 3, 3, 1, 1}, true);
+  bench_maxpool(2, 32, 28, 28);  // the CNN's ConvPool chunks: conv1's output, two samples
+  bench_maxpool(B, 64, 14, 14);  // conv2's, the whole batch in one chunk
   return 0;
 }

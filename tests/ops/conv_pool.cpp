@@ -173,6 +173,8 @@ struct PoolShape {
 const PoolShape kPoolShapes[] = {
     {2, 3, 8, 8, 2, 2},  // the common 2x2/2 (the CPU's SIMD path)
     {2, 3, 7, 9, 2, 2},  // odd sizes: a last row and column outside every window
+    {1, 2, 4, 70, 2, 2},  // 35 windows a row: AVX-512's rounds of 16 and a masked end
+    {1, 1, 3, 33, 2, 2},  // exactly 16 windows a row, an uncovered column and row
     {2, 2, 9, 9, 3, 2},  // overlapping windows: backward adds up
     {1, 2, 6, 7, 3, 3},  // k = st = 3
     {0, 2, 4, 4, 2, 2},  // an empty batch
@@ -181,7 +183,7 @@ const PoolShape kPoolShapes[] = {
 // differences. 2x2/2 (the specialised path, with an uncovered row and column on 5x7),
 // overlapping 3x3/2, and tiled 3x3/3 with uncovered rows and columns.
 const PoolShape kCpuPoolShapes[] = {
-    {2, 3, 6, 6, 2, 2}, {2, 2, 5, 7, 2, 2}, {2, 2, 8, 21, 2, 2},
+    {2, 3, 6, 6, 2, 2}, {2, 2, 5, 7, 2, 2}, {2, 2, 8, 21, 2, 2}, {1, 2, 5, 69, 2, 2},
     {1, 2, 7, 6, 3, 2}, {2, 2, 7, 8, 3, 3}};
 
 // Five levels only: many ties inside windows, so "first max wins" is exercised; with `nan`
@@ -407,17 +409,20 @@ TEST_CASE("maxpool2d forward: values and argmax", "[cpu_kernel][pool]") {
 
 // The 2x2/2 path compares four windows at a time in SIMD lanes, pairwise; it must give the
 // value and argmax of the sequential window scan, including its tie rule (first max wins) and
-// NaN rule (a NaN wins), on rows long enough for the vector loop and its scalar tail.
+// NaN rule (a NaN wins), on rows long enough for the vector loops and their ends (SSE2: 4
+// windows a round and a scalar tail; AVX-512: 16 a round, the end masked), an odd last column
+// outside every window on the widest.
 TEST_CASE("maxpool2d 2x2 matches a sequential scan with ties and NaN", "[cpu_kernel][pool]") {
   Rng rng(11);
-  const int H = 6, W = 22, OH = 3, OW = 11;
-  for (int trial = 0; trial < 20; ++trial) {
+  const int H = 6, OH = 3;
+  for (int trial = 0; trial < 30; ++trial) {
+    const int W = trial % 3 == 0 ? 22 : trial % 3 == 1 ? 40 : 69, OW = W / 2;
     Vec x(H * W);
     for (auto& v : x) {  // few distinct values: many ties; some NaN
       const uint64_t r = rng.below(10);
       v = r == 9 && trial % 2 ? NAN : float(r % 3);
     }
-    Vec out(OH * OW);
+    Vec out(OH * OW), dy(OH * OW), dx(H * W, NAN), want_dx(H * W, 0.f);
     std::vector<int32_t> am(OH * OW);
     cpu::maxpool2d_forward(out.data(), am.data(), x.data(), 1, 1, H, W, 2, 2);
     for (int oh = 0; oh < OH; ++oh)
@@ -431,7 +436,13 @@ TEST_CASE("maxpool2d 2x2 matches a sequential scan with ties and NaN", "[cpu_ker
         CHECK(am[size_t(oh * OW + ow)] == best_i);
         const float got = out[size_t(oh * OW + ow)], want = x[size_t(best_i)];
         CHECK((got == want || (got != got && want != want)));
+        dy[size_t(oh * OW + ow)] = float(oh * OW + ow + 1);
+        want_dx[size_t(best_i)] = float(oh * OW + ow + 1);
       }
+    // Backward writes every input element (the gradient at its window's max, else 0).
+    cpu::maxpool2d_backward(dx.data(), dy.data(), am.data(), 1, 1, H, W, 2, 2);
+    INFO("trial " << trial << " backward, W " << W);
+    CHECK(dx == want_dx);
   }
 }
 
