@@ -9,7 +9,10 @@ off, the MLP, CNN and GPT configs on 2 ranks, in the same run.
 The "on" arm starts the two ranks as two simulated nodes (SLURMD_NODENAME n1 and n2, as on
 the local Slurm cluster), so each rank's part is also sent to its partner and written there:
 the whole cost. The "local" arm (--arms off,local,on) starts both on one node: no partner, the
-copy alone, which separates the copy's cost from the exchange's. Each repeat runs the arms back
+copy alone, which separates the copy's cost from the exchange's. The "budget" arm is "on" with
+checkpoint.memory_budget (--budget, default 0.03): the interval grows from memory_every after
+the first 16 saves until a save's measured time fits the budget; the interval it chose is
+printed beside the cost. Each repeat runs the arms back
 to back, the order rotated each repeat; the figure per arm is the median over repeats of the
 training time per step (strata's `done` event: train_time_s / steps, start-up excluded).
 strata's own line gives the training thread's stall per memory checkpoint (median and max of
@@ -37,7 +40,9 @@ ap.add_argument("--repeats", type=int, default=3)
 ap.add_argument("--every", type=int, default=1, help="checkpoint.memory_every of the 'on' arm")
 ap.add_argument("--models", default="mlp,cnn,gpt")
 ap.add_argument("--device", default="cpu", help="strata's --device for every run (cpu, cuda)")
-ap.add_argument("--arms", default="off,on", help="off, local (one node: no partner), on (two nodes)")
+ap.add_argument("--arms", default="off,on",
+                help="off, local (one node: no partner), on (two nodes), budget (on with --budget)")
+ap.add_argument("--budget", type=float, default=0.03, help="checkpoint.memory_budget of the budget arm")
 ap.add_argument("--work", default="/var/tmp/strata-bench-memory")
 ap.add_argument("--memory_root", default="/dev/shm",
                 help="where the simulated nodes' memory directories go (a tmpfs; a small /dev/shm: another)")
@@ -63,6 +68,8 @@ def run(model, arm):
     if memory:
         args += ["--checkpoint.memory_every", str(a.every), "--checkpoint.memory_dir",
                  os.path.join(a.memory_root, "strata-bench-memory", "%n")]
+    if arm == "budget":
+        args += ["--checkpoint.memory_budget", str(a.budget)]
     cmd = ["mpirun", "--oversubscribe", "--bind-to", "none",
            "-n", "1", "-x", "SLURMD_NODENAME=n1", *args, ":",
            "-n", "1", "-x", f"SLURMD_NODENAME={'n1' if arm == 'local' else 'n2'}", *args]
@@ -77,7 +84,11 @@ def run(model, arm):
     if memory:
         print("  " + next(l for l in p.stdout.splitlines() if "stall per save" in l), flush=True)
     side = re.search(r"per save: copy ([0-9.]+) ms, (?:exchange ([0-9.]+) ms|no partner)", p.stdout)
+    interval = re.search(r"memory checkpoints: every (\d+) steps? from step", p.stdout)
+    if arm == "budget":
+        print("  " + (interval.group(0) if interval else "(the interval was not set: too few steps)"), flush=True)
     return {"step_s": done["train_time_s"] / done["step"],
+            "every": int(interval.group(1)) if interval else (a.every if memory else None),
             "copy_ms": float(side.group(1)) if side else None,
             "exchange_ms": float(side.group(2)) if side and side.group(2) else None,
             "stall_ms": float(stall.group(1)) if stall else None,
@@ -93,7 +104,7 @@ def main():
     lines = [f"# bench_memory_checkpoints.py, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
              f"# CPU: {name.group(1) if name else '?'}, {os.cpu_count()} cores; "
              f"load average before: {os.getloadavg()[0]:.2f}; strata {a.strata}",
-             f"# --device {a.device}; 2 ranks, 1 thread each; memory_every = {a.every}; arms {a.arms} (local: one node, "
+             f"# --device {a.device}; 2 ranks, 1 thread each; memory_every = {a.every}; arms {a.arms}; budget {a.budget} (local: one node, "
              f"no partner; on: two simulated nodes); median of {a.repeats} repeats, order rotated"]
     print("\n".join(lines), flush=True)
     arms = a.arms.split(",")
@@ -109,7 +120,7 @@ def main():
                 res[arm].append(r)
                 print(f"{model} {arm} repeat {i}: {1e3 * r['step_s']:.2f} ms/step"
                       + (f", stall per save median {r['stall_ms']:.2f} ms (max {r['stall_max_ms']:.2f}),"
-                         f" copy {r['copy_ms']} ms, exchange {r['exchange_ms']} ms"
+                         f" copy {r['copy_ms']} ms, exchange {r['exchange_ms']} ms, every {r['every']}"
                          if arm != "off" else ""), flush=True)
         off = med([x["step_s"] for x in res["off"]])
         for arm in arms:
@@ -120,13 +131,14 @@ def main():
                          med([x["stall_ms"] for x in rs]),
                          med([x["copy_ms"] for x in rs if x["copy_ms"] is not None]),
                          med([x["exchange_ms"] for x in rs if x["exchange_ms"] is not None]),
-                         rs[0]["per_node"]))
+                         rs[0]["per_node"], med([x["every"] for x in rs])))
     lines.append(f"{'model':<5} {'arm':<6} {'steps':>6} {'off ms/step':>12} {'on ms/step':>11} {'cost':>7} "
-                 f"{'stall/save ms':>14} {'copy ms':>8} {'exchange ms':>12} {'memory per node':>16}")
+                 f"{'every':>6} {'stall/save ms':>14} {'copy ms':>8} {'exchange ms':>12} {'memory per node':>16}")
     fmt_ms = lambda v: f"{v:.2f}" if v is not None else "-"
-    for model, arm, steps, off, on, stall, copy, exch, per_node in rows:
+    for model, arm, steps, off, on, stall, copy, exch, per_node, every in rows:
         lines.append(f"{model:<5} {arm:<6} {steps:>6} {1e3 * off:>12.2f} {1e3 * on:>11.2f} "
-                     f"{100 * (on / off - 1):>+6.1f}% {stall:>14.2f} {fmt_ms(copy):>8} "
+                     f"{100 * (on / off - 1):>+6.1f}% {every if every is not None else '-':>6} "
+                     f"{stall:>14.2f} {fmt_ms(copy):>8} "
                      f"{fmt_ms(exch):>12} {per_node or '?':>16}")
     lines.append(f"# load average after: {os.getloadavg()[0]:.2f}")
     print("\n".join(lines[-len(rows) - 2:]))

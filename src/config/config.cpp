@@ -54,6 +54,9 @@ void validate(const RunConfig& c) {
   if (c.train.min_lr > c.train.lr)
     fail_input("train.min_lr: {} is larger than train.lr = {}", c.train.min_lr, c.train.lr);
   if (c.threads < 1) fail_input("--threads: {} must be at least 1", c.threads);
+  if (c.checkpoint.memory_budget > 0 && c.checkpoint.memory_every <= 0)
+    fail_input("checkpoint.memory_budget = {} needs checkpoint.memory_every, the interval it "
+               "starts from (memory checkpoints are off)", c.checkpoint.memory_budget);
   if (!c.output.prometheus.empty() && !c.output.prometheus.ends_with(".prom"))
     fail_input("output.prometheus {}: must end in .prom (node_exporter's textfile collector "
                "reads only *.prom files)", c.output.prometheus);

@@ -115,6 +115,9 @@ struct RunConfig {
     // memory_checkpoints.h); memory_dir "" = /dev/shm/strata-<job>, "%n" = the node's name.
     int64_t memory_every = 0;
     std::string memory_dir = "";
+    // With memory_every: the largest share of the step time the saves may take; after the
+    // first saves the interval grows from memory_every until it fits (0 = a fixed interval).
+    double memory_budget = 0;
   } checkpoint;
   struct Watchdog {
     double timeout_s = 300;     // a rank without progress this long is named and the job

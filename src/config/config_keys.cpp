@@ -180,6 +180,8 @@ std::vector<ConfigKey> config_keys(RunConfig& c) {
            "(\"\" = off; %n = the node's name)"),
       key("checkpoint.memory_every", &c.checkpoint.memory_every, kCountOrZero64,
           "steps between checkpoints in node memory, copied to a partner node (0 = off)"),
+      key("checkpoint.memory_budget", &c.checkpoint.memory_budget, in(0, 1),
+          "largest share of step time for memory checkpoints: sets their interval (0 = fixed)"),
       text("checkpoint.memory_dir", &c.checkpoint.memory_dir, {},
            "node memory (tmpfs) directory of memory checkpoints (\"\" = /dev/shm/strata-<job>; "
            "%n = the node's name)"),

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -45,6 +46,7 @@ class MemoryHook final : public StepHook {
     const int64_t done = e.step + 1;
     if (done % m_.every() == 0)
       goodput_.checkpoint(done, m_.save(done, per_epoch_, be_), /*write_now=*/false);
+    m_.after_step(done, e.seconds);
     if (kill_.first == done && kill_.second == rank_) {
       m_.finish(/*remove=*/false);
       std::fflush(nullptr);
@@ -63,6 +65,16 @@ class MemoryHook final : public StepHook {
 };
 
 }  // namespace
+
+MemoryInterval memory_interval(double per_save_s, double step_s, double budget, int64_t first,
+                               double max_recompute_s) {
+  first = std::max<int64_t>(first, 1);
+  const double step = std::max(step_s, 1e-9);
+  const int64_t cap = std::max(first, int64_t(max_recompute_s / step));
+  const double need = std::ceil(per_save_s / (budget * step));
+  if (need > double(cap)) return {cap, true};
+  return {std::max(first, int64_t(need)), false};
+}
 
 std::unique_ptr<MemoryState> MemoryState::make(const RunConfig& cfg, Comm& comm,
                                                const std::string& grid, Model& model,
@@ -97,7 +109,8 @@ MemoryState::MemoryState(const RunConfig& cfg, Comm& comm, const std::string& gr
            part_floats(model, opt, kStateFloats),
            {.job = slurm_job_id(), .attempt = slurm_restart_count(), .run = cfg.to_toml() + grid},
            slurm_node_name()),
-      comm_(comm), model_(model), opt_(opt), every_(cfg.checkpoint.memory_every) {}
+      comm_(comm), model_(model), opt_(opt), every_(cfg.checkpoint.memory_every),
+      budget_(cfg.checkpoint.memory_budget), first_every_(every_) {}
 
 std::optional<TrainState> MemoryState::restore(int64_t file_step) {
   const MemoryCheckpoints::Found f = mem_.find();
@@ -194,6 +207,52 @@ double MemoryState::save(int64_t steps_done, int64_t per_epoch, const Backend& b
   stalls_.push_back(stall);
   saved_ = std::chrono::steady_clock::now();
   return stall;
+}
+
+void MemoryState::after_step(int64_t steps_done, double step_s) {
+  if (budget_ <= 0 || stalls_.empty()) return;
+  steps_.push_back(step_s);
+  if (stalls_.size() - window_ >= kAdaptSaves && steps_done % every_ == 0) adapt(steps_done);
+}
+
+namespace {
+// The median of the last n values (all when fewer); 0 when there are none.
+double median_of_last(const std::vector<double>& v, size_t n) {
+  if (v.empty()) return 0.0;
+  return median(std::vector<double>(v.end() - std::min(n, v.size()), v.end()));
+}
+}  // namespace
+
+// Every kAdaptSaves saves: the interval their times ask for, agreed by every rank. The first
+// window's saves start with the run (page faults, ranks out of step), so the interval is
+// measured again over each later window; a change is printed.
+void MemoryState::adapt(int64_t steps_done) {
+  // The copy and exchange threads note a save when they finish it: the newest may be missing.
+  const MemoryCheckpoints::Timings t = mem_.timings();
+  const double stall = median_of_last(stalls_, stalls_.size() - window_);
+  const double copy = median_of_last(t.copy_s, kAdaptSaves);
+  const double exchange = median_of_last(t.exchange_s, kAdaptSaves);
+  const double step = std::max(median(steps_) - stall * double(stalls_.size() - window_) /
+                                                    double(steps_.size()), 1e-9);
+  const MemoryInterval mine = memory_interval(stall + copy + exchange, step, budget_, first_every_,
+                                              kMaxRecomputeS);
+  double agreed[2] = {double(mine.every), mine.capped ? 1.0 : 0.0};
+  comm_.allreduce_max(agreed, 2);  // the rank that needs the longest interval sets it
+  const int64_t before = every_, wanted = int64_t(agreed[0]);
+  window_ = stalls_.size();
+  steps_.clear();
+  // Within a quarter of the interval kept: no change (nor a line) for the windows' noise.
+  if (4 * wanted >= 3 * before && 4 * wanted <= 5 * before) return;
+  every_ = wanted;
+  if (comm_.rank() != 0) return;
+  fmt::print("memory checkpoints: every {} step{} from step {} (checkpoint.memory_budget {:g} %: a "
+             "save takes {:.2f} ms, medians on rank 0: stall {:.2f}, copy {:.2f}, exchange {:.2f}, "
+             "against steps of {:.2f} ms){}\n",
+             every_, every_ == 1 ? "" : "s", steps_done, 100 * budget_,
+             1e3 * (stall + copy + exchange), 1e3 * stall, 1e3 * copy, 1e3 * exchange, 1e3 * step,
+             agreed[1] > 0 ? fmt::format("; capped so that a fault redoes at most {:g} s of steps",
+                                         kMaxRecomputeS)
+                           : "");
 }
 
 double MemoryState::fence() {

@@ -25,6 +25,18 @@
 
 namespace strata {
 
+// checkpoint.memory_budget: the save interval that keeps memory checkpoints within `budget` of
+// the step time. A save's time (the training thread's stall, and the copy and exchange off
+// it, counted as if they took the step's core: a spare core makes them cheaper) over the
+// budget's share of a step (without the stall), at least `first` and at most the interval
+// whose steps take `max_recompute_s`, what a fault may cost in recomputed steps.
+struct MemoryInterval {
+  int64_t every;
+  bool capped;  // the budget would need more steps than max_recompute_s allows
+};
+MemoryInterval memory_interval(double per_save_s, double step_s, double budget, int64_t first,
+                               double max_recompute_s);
+
 class MemoryState {
  public:
   // Collective; nullptr on every rank when checkpoint.memory_every is 0. Checks the memory
@@ -51,10 +63,17 @@ class MemoryState {
   // checkpoint.dir).
   void finish(bool remove);
   int64_t every() const { return every_; }
+  // Collective (every rank calls it after the same steps). Notes a step's wall time and, with
+  // checkpoint.memory_budget, after every kAdaptSaves saves sets the interval from their times
+  // (the longest any rank needs); rank 0 prints a change and why.
+  void after_step(int64_t steps_done, double step_s);
   int rank() const { return comm_.rank(); }
 
  private:
   static constexpr int64_t kStateFloats = 8;  // 4 int64: step, epoch, batch, optimizer steps
+  static constexpr size_t kAdaptSaves = 16;    // saves measured before the budget sets the interval
+  static constexpr double kMaxRecomputeS = 0.5;  // the steps a fault may redo, at most
+  void adapt(int64_t steps_done);
   // A slot's pinned host buffer for a GPU's state (Backend::alloc_pinned/free_pinned).
   using Pinned = std::unique_ptr<char, void (*)(void*)>;
   void start_device_copy(const Backend& be, int slot);
@@ -66,6 +85,10 @@ class MemoryState {
   Model& model_;
   Optimizer& opt_;
   int64_t every_;
+  double budget_;              // checkpoint.memory_budget (0: every_ stays)
+  int64_t first_every_;        // checkpoint.memory_every: the shortest interval
+  size_t window_ = 0;          // the saves before this measuring window (stalls_'s indices)
+  std::vector<double> steps_;  // the window's step times
   std::vector<double> stalls_;
   std::vector<double> windows_;  // from each save to the update that waits for its copy
   std::vector<double> fences_;   // that update's wait

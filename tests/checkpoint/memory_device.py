@@ -4,18 +4,25 @@ thread's downloads. On --device cpu-staged (separate memory, the GPU path's call
 two nodes, memory_every = 1, rank 1 killed (SIGKILL) after the memory checkpoint of step 25; the
 relaunch resumes from memory at step 25 and ends bitwise equal to the uninterrupted run.
 
-    memory_device.py STRATA DATA WORKDIR [--device cpu-staged]
+With --budget B (checkpoint.memory_budget, on --device cpu): the interval grows from 1 after the
+first 16 saves (the line saying so is checked), rank 1 is killed after step 60 of 80, and the
+relaunch resumes from memory at the newest save at or before it (step 16 at least), bitwise.
+
+    memory_device.py STRATA DATA WORKDIR [--device cpu-staged | --budget B]
 """
 import os
+import re
 import subprocess
 import sys
 
 from ckpt_common import MPI_ENV, assert_bitwise, fail, fresh
 
 strata, data, work = sys.argv[1], sys.argv[2], sys.argv[3]
-device = sys.argv[5] if len(sys.argv) > 5 and sys.argv[4] == "--device" else "cpu-staged"
-work = fresh(os.path.join(work, f"memory-device-{device}"))
-STEPS, KILL = 40, 25
+opt = dict(zip(sys.argv[4::2], sys.argv[5::2]))
+budget = opt.get("--budget")
+device = opt.get("--device", "cpu" if budget else "cpu-staged")
+work = fresh(os.path.join(work, f"memory-{'budget' if budget else 'device-' + device}"))
+STEPS, KILL = (80, 60) if budget else (40, 25)
 common = ["train", "--data.path", data, "--device", device, "--train.max_steps", str(STEPS),
           "--train.seed", "3", "--train.log_every", "10", "--progress", "off",
           "--checkpoint.every_steps", "1000", "--model.dropout", "0.1"]
@@ -36,13 +43,21 @@ def launch(args, env=None, expect=0):
 ref = os.path.join(work, "ref")
 launch(common + ["--output.dir", ref])
 memory = ["--checkpoint.memory_every", "1", "--checkpoint.memory_dir", os.path.join(work, "mem", "%n")]
+if budget:
+    memory += ["--checkpoint.memory_budget", budget]
 out_dir = os.path.join(work, "faulted")
 launch(common + memory + ["--output.dir", out_dir], env={"STRATA_TEST_KILL_AT_STEP": f"{KILL}:1"},
        expect=1)
 out = launch(common + memory + ["--output.dir", out_dir, "--resume", "auto"])
 resumed = [l for l in out.splitlines() if l.startswith("resumed from memory")]
-if not resumed or f"at step {KILL}:" not in resumed[0]:
-    fail(f"the relaunch did not resume from memory at step {KILL}:\n{out[-3000:]}")
+at = int(resumed[0].split("at step ")[1].split(":")[0]) if resumed else -1
+if not (16 <= at <= KILL if budget else at == KILL):
+    fail(f"the relaunch did not resume from memory at step {'16..' if budget else ''}{KILL}:\n{out[-3000:]}")
 print(resumed[0])
+if budget:
+    grown = [l for l in out.splitlines() if re.match(r"memory checkpoints: every \d+ steps from step", l)]
+    if not grown:
+        fail(f"no line says the budget's interval:\n{out[-3000:]}")
+    print(grown[0])
 assert_bitwise(os.path.join(out_dir, "model.h5"), os.path.join(ref, "model.h5"),
                f"resumed from memory on {device}")

@@ -1227,6 +1227,9 @@ def memory_cases(fx, out, train):
     mem = mlp + ["--checkpoint.memory_every", "1", "--checkpoint.memory_dir"]
     out.append(Case("memory: checkpoint.memory_dir under a regular file", mem + [D + "/shm"], 2,
                     r"checkpoint\.memory_dir .*/shm: cannot create it"))
+    out.append(Case("memory: checkpoint.memory_budget without memory_every",
+                    mlp + ["--checkpoint.memory_budget", "0.03"], 2,
+                    r"checkpoint\.memory_budget = 0\.03 needs checkpoint\.memory_every"))
     unshare = shutil.which("unshare")
     if unshare and subprocess.run([unshare, "--mount", "true"], capture_output=True).returncode == 0:
         out.append(Case("memory: memory checkpoints larger than their tmpfs",

@@ -1,0 +1,27 @@
+// checkpoint.memory_budget's interval (run/memory_state.h memory_interval): a save's time over
+// the budget's share of a step, kept between checkpoint.memory_every and the recompute bound.
+#include <catch2/catch.hpp>
+
+#include "run/memory_state.h"
+
+using strata::memory_interval;
+
+TEST_CASE("memory checkpoints: the budget's interval", "[memory]") {
+  // 0.3 ms per save against 1 ms steps at 3 %: 0.03 ms a step allowed, so every 10 steps.
+  auto k = memory_interval(0.3e-3, 1e-3, 0.03, 1, 0.5);
+  CHECK(k.every == 10);
+  CHECK_FALSE(k.capped);
+  // Rounded up: 0.31 ms needs 11 steps to stay within 3 %.
+  CHECK(memory_interval(0.31e-3, 1e-3, 0.03, 1, 0.5).every == 11);
+  // A save cheaper than the budget keeps checkpoint.memory_every (never below it).
+  CHECK(memory_interval(1e-6, 1e-3, 0.03, 1, 0.5).every == 1);
+  CHECK(memory_interval(1e-6, 1e-3, 0.03, 4, 0.5).every == 4);
+  // A save the budget could only carry over more than 0.5 s of steps: the recompute bound.
+  k = memory_interval(0.1, 1e-3, 0.03, 1, 0.5);
+  CHECK(k.every == 500);
+  CHECK(k.capped);
+  // Steps longer than the bound: memory_every still (a fault redoes at most those steps).
+  k = memory_interval(0.1, 2.0, 0.01, 3, 0.5);
+  CHECK(k.every == 3);
+  CHECK(k.capped);
+}
