@@ -17,7 +17,8 @@ meets more faults, as a real job would):
   requeue   STRATA_MAX_RESTARTS=0: slurm/train.sbatch as before issue 17, every fault requeues
   restart   the default: restarts inside the allocation; a node set DOWN and USR1 still requeue
   memory    as restart, with checkpoint.memory_every = 1 (--memory-every; issue 33): a restart resumes from the
-            last step in node memory when the node's copies survived (each simulated node has a
+            last step in node memory when the node's copies survived (--memory-budget B: with
+            checkpoint.memory_budget, the interval set by the saves' measured cost) (each simulated node has a
             memory directory of its own: a node left out takes its copies with it)
 
 Faults (one every --fault-every s ± 30 %, seeded; their kinds cycle through --faults in a
@@ -68,6 +69,8 @@ ap.add_argument("--seed", type=int, default=1)
 ap.add_argument("--faults", default="kill,kill,kill,stop,down,usr1")
 ap.add_argument("--arms", default="requeue,restart", help="requeue, restart, memory")
 ap.add_argument("--memory-every", type=int, default=1, help="the memory arm's checkpoint.memory_every")
+ap.add_argument("--memory-budget", type=float, default=0.0,
+                help="the memory arm's checkpoint.memory_budget (0: a fixed interval)")
 ap.add_argument("--no-release", action="store_true")
 ap.add_argument("--steps", type=int, default=0, help="skip the speed probe: train this many steps")
 a = ap.parse_args()
@@ -122,6 +125,7 @@ def write_config(path, out, steps, memory=False):
     text += "\n[checkpoint]\nevery_seconds = 5\nkeep_last = 3\n"
     if memory:  # the memory arm: every step into node memory; %n: each node its own (they share a host)
         text += f'memory_every = {a.memory_every}\nmemory_dir = "/dev/shm/strata-bench-memory/%n"\n'
+        text += f"memory_budget = {a.memory_budget}\n"
     text += "[watchdog]\ntimeout_s = 5\n"
     with open(path, "w") as f:
         f.write(text)
