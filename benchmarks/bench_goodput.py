@@ -17,9 +17,9 @@ meets more faults, as a real job would):
   requeue   STRATA_MAX_RESTARTS=0: slurm/train.sbatch as before issue 17, every fault requeues
   restart   the default: restarts inside the allocation; a node set DOWN and USR1 still requeue
   memory    as restart, with checkpoint.memory_every = 1 (--memory-every; issue 33): a restart resumes from the
-            last step in node memory when the node's copies survived (--memory-budget B: with
-            checkpoint.memory_budget, the interval set by the saves' measured cost) (each simulated node has a
-            memory directory of its own: a node left out takes its copies with it)
+            last step in node memory when the node's copies survived (each simulated node has a
+            memory directory of its own: a node left out takes its copies with it); --memory-budget B
+            adds checkpoint.memory_budget (the interval set by the saves' measured cost)
 
 Faults (one every --fault-every s ± 30 %, seeded; their kinds cycle through --faults in a
 seeded random order; each only after the job wrote a checkpoint since the last fault, else at a
