@@ -138,8 +138,11 @@ def median_peak(a, precision):
 
 
 def cpu_line(a):
-    out = subprocess.run(["lscpu"], capture_output=True, text=True,
-                         env=dict(os.environ, LC_ALL="C")).stdout
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True,
+                             env=dict(os.environ, LC_ALL="C")).stdout
+    except OSError:  # no util-linux
+        out = ""
     f = dict(ln.split(":", 1) for ln in out.splitlines() if ":" in ln)
     get = lambda k: f.get(k, "?").strip()  # noqa: E731
     version = subprocess.run([a.strata, "--version"], capture_output=True, text=True).stdout
