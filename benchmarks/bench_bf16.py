@@ -51,14 +51,22 @@ def gpt_arm(a, framework, precision):
     return bg.steady_tokens_per_s(g, r)
 
 
+IMAGE_STEPS = {"mlp": 3 * 937, "cnn": 300}  # steps of an image model's run
+
+
+def strata_image_cmd(a, model, precision, out):
+    """The strata run of configs/fmnist_MODEL.toml (also run under perf by bench_roofline.py)."""
+    return [a.strata, "train", "--config", os.path.join(ROOT, "configs", f"fmnist_{model}.toml"),
+            "--data.path", a.mnist, "--train.precision", precision, "--train.max_steps",
+            str(IMAGE_STEPS[model]), "--threads", "1", "--device", "cpu", "--output.dir", out,
+            "--checkpoint.final", "false", "--watchdog.timeout_s", "0", "--quiet"]
+
+
 def image_arm(a, model, framework, precision):
-    steps = {"mlp": 3 * 937, "cnn": 300}[model]
+    steps = IMAGE_STEPS[model]
     if framework == "strata":
         out = os.path.join(a.work, f"{model}-{precision}")
-        cmd = [a.strata, "train", "--config", os.path.join(ROOT, "configs", f"fmnist_{model}.toml"),
-               "--data.path", a.mnist, "--train.precision", precision, "--train.max_steps",
-               str(steps), "--threads", "1", "--device", "cpu", "--output.dir", out,
-               "--checkpoint.final", "false", "--watchdog.timeout_s", "0", "--quiet"]
+        cmd = strata_image_cmd(a, model, precision, out)
         p = subprocess.run(cmd, capture_output=True, text=True)
         if p.returncode != 0:
             die(f"{' '.join(cmd)} exited {p.returncode}: {p.stderr[-500:]}")
@@ -104,6 +112,14 @@ def bench(a, model):
           flush=True)
 
 
+def gpt_settings(a):
+    """bench_gpt.py's defaults, with this run's strata, data (a.text) and directory."""
+    return types.SimpleNamespace(
+        strata=a.strata, data=a.text, work=a.work, python=a.python, steps=10, warmup=2, batch=8,
+        layers=6, heads=6, dim=384, context=256, vocab=256, lr=1e-3, weight_decay=0.1, seed=1,
+        threads=1)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--strata", default=os.path.join(ROOT, "build", "strata"))
@@ -115,11 +131,7 @@ def main():
     ap.add_argument("--work", default="/tmp/strata-bench-bf16")
     a = ap.parse_args()
     os.makedirs(a.work, exist_ok=True)
-    # bench_gpt.py's defaults, with this run's strata, data and directory.
-    a.gpt = types.SimpleNamespace(
-        strata=a.strata, data=a.text, work=a.work, python=a.python, steps=10, warmup=2, batch=8,
-        layers=6, heads=6, dim=384, context=256, vocab=256, lr=1e-3, weight_decay=0.1, seed=1,
-        threads=1)
+    a.gpt = gpt_settings(a)
     bg.prepare_data(a.gpt)
     with open("/proc/cpuinfo") as f:
         cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "?")

@@ -4,6 +4,7 @@
 // Each figure is the median of N calls of thread CPU time (robust to other processes), also as a
 // share of this core's FMA peak, measured first.
 //   usage: bench_gemm [calls (default 60)]        needs libopenblas0 installed for the baseline
+//          bench_gemm --peak    only the two peaks, as one JSON line (benchmarks/bench_roofline.py)
 #include <dlfcn.h>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <time.h>
@@ -248,9 +249,44 @@ void bench_forward(double peak, int calls) {
   }
 }
 
+// /proc/cpuinfo's first "model name", "?" where there is none.
+std::string cpu_model() {
+  std::FILE* f = std::fopen("/proc/cpuinfo", "r");
+  std::string name = "?";
+  char line[512];
+  while (f && std::fgets(line, sizeof line, f))
+    if (std::strncmp(line, "model name", 10) == 0) {
+      if (const char* c = std::strchr(line, ':')) name = c + 1 + std::strspn(c + 1, " \t");
+      name.erase(name.find_last_not_of(" \t\n") + 1);
+      break;
+    }
+  if (f) std::fclose(f);
+  return name;
+}
+
+// --peak: {"cpu": ..., "isa": ..., "fp32_gflops": ..., "bf16_gflops": ... or null}. Only what
+// the core does on registers: no GEMM, no OpenBLAS needed.
+int print_peaks() {
+  const char* isa = "";
+  const double fp32 = fma_peak(&isa), bf16 = bf16_peak();
+  std::string name;
+  for (char c : cpu_model()) {  // a JSON string: quotes and backslashes escaped
+    if (c == '"' || c == '\\') name += '\\';
+    name += c;
+  }
+  std::printf("{\"cpu\": \"%s\", \"isa\": \"%s\", \"fp32_gflops\": %.1f, \"bf16_gflops\": ",
+              name.c_str(), isa, fp32);
+  if (bf16 > 0)
+    std::printf("%.1f}\n", bf16);
+  else
+    std::printf("null}\n");
+  return fp32 > 0 ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc > 1 && std::strcmp(argv[1], "--peak") == 0) return print_peaks();
   const int calls = argc > 1 ? std::atoi(argv[1]) : 60;
   strata::cpu::blas_init(1);
   const char* core = "";
