@@ -159,9 +159,10 @@ def main():
     profiles = {}
     for model in sorted({GRIDS[g][0] for g in grids}):
         profiles[model] = os.path.join(a.work, f"layers-{model}.json")
+        # On the node's cores at once: rank 0 also times the whole pass with every core busy.
         run([a.strata, "bench", "layers", "--quiet", "--threads", "1", "--device", "cpu",
              "--checkpoint_dir", os.path.join(a.work, "ckpt"), "--out", profiles[model]]
-            + model_flags(a, model))
+            + model_flags(a, model), ranks=min(os.cpu_count(), max(GRIDS[g][1] for g in grids)))
         print_whole_ratio(model, profiles[model])
     print(f"{'grid':12} {'predicted ms':>12} {'measured ms':>12} {'error':>7}  {'load':>5} {'cpu':>5} "
           f"{'x cpu ms':>9} {'error':>7}  parts (compute / bubble / comm / optimizer ms) and reason", flush=True)
@@ -191,7 +192,10 @@ def print_whole_ratio(model, path):
     for i, w in enumerate(p["whole"]["at"]):
         layers = sum(l["at"][i]["forward_s"] + l["at"][i]["backward_s"] for l in p["layers"])
         parts.append(f"{w['micro_batch']}: {w['forward_s'] / (layers + p['loss']['at'][i]['forward_s']):.2f}")
-    print(f"# {model} profile: whole pass / layers one by one, per micro-batch: {', '.join(parts)}", flush=True)
+    busy = p.get("busy")
+    print(f"# {model} profile: whole pass / layers one by one, per micro-batch: {', '.join(parts)}"
+          + (f"; the whole pass on {busy['ranks']} ranks at once: {busy['slowdown']:.2f}x alone" if busy else ""),
+          flush=True)
 
 
 def print_ranking(rows):

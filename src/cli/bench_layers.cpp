@@ -42,17 +42,30 @@ Subcommand add_bench_layers(CLI::App& bench) {
   sub->add_option("--reps", o->reps, "timed runs per size after a warm-up (the median is kept)")
       ->check(int_in(1, 1000))->capture_default_str();
   auto run = [o](Comm& comm) {
-    if (comm.rank() != 0) return int(kExitOk);
     apply_train_flags(o->flags);
     RunConfig& cfg = o->flags.cfg;
     if (!o->precision.empty())
       find_config_key(config_keys(cfg), "train.precision")->set_text(o->precision, "flag --precision");
     validate(cfg);
+    // (Every rank checks alike, before any waits for rank 0.)
     if (std::filesystem::is_directory(o->out))
       fail_input("--out {}: is a directory; expected a file", o->out);
     ensure_parent_dir(o->out, "--out");
+    // On several ranks they are one node's: rank 0 times the layers, and the whole pass with
+    // every rank at once against alone (what the node's ranks share slows each).
+    if (comm.size() > 1) {
+      const std::vector<std::string> hosts = comm.all_hosts();
+      for (const std::string& h : hosts)
+        if (h != hosts.front())
+          fail_input("bench layers: its {} ranks run on {} and {}: launch it on the ranks of one node",
+                     hosts.size(), hosts.front(), h);
+      if (comm.rank() != 0) {
+        bench_layers_busy_peer(cfg, comm, o->reps);
+        return int(kExitOk);
+      }
+    }
     LayerBenchOptions lo{.micro_batches = o->micro_batches, .reps = o->reps,
-                         .checkpoint_dir = o->checkpoint_dir, .progress = {}};
+                         .checkpoint_dir = o->checkpoint_dir, .progress = {}, .node = &comm};
     if (cfg.progress != "off") lo.progress = [](const std::string& s) { fmt::print(stderr, "{}\n", s); };
     const MachineProfile p = bench_layers(cfg, lo);
     write_machine_profile(o->out, p);
@@ -70,10 +83,10 @@ std::string step_time_json(const StepTime& t) {
   return fmt::format(
       "{{\"total_s\": {}, \"compute_s\": {}, \"bubble_s\": {}, \"exposed_comm_s\": {}, "
       "\"checkpoint_s\": {}, \"optimizer_s\": {}, \"tensor_comm_s\": {}, \"micro_batch\": {}, "
-      "\"oversubscription\": {}, \"reason\": {}, \"assumptions\": [{}]}}",
+      "\"oversubscription\": {}, \"busy_node\": {}, \"reason\": {}, \"assumptions\": [{}]}}",
       json_number(t.total_s), json_number(t.compute_s), json_number(t.bubble_s),
       json_number(t.exposed_comm_s), json_number(t.checkpoint_s), json_number(t.optimizer_s),
-      json_number(t.tensor_comm_s), json_number(t.micro_batch), json_number(t.oversubscription),
+      json_number(t.tensor_comm_s), json_number(t.micro_batch), json_number(t.oversubscription), json_number(t.busy_node),
       json_string(t.reason), a);
 }
 

@@ -16,6 +16,7 @@
 #include <fmt/format.h>
 
 #include "base/files.h"
+#include "base/stats.h"
 #include "model/loss.h"
 #include "model/model.h"
 #include "model/optim.h"
@@ -27,18 +28,11 @@ namespace strata {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 double process_cpu_s() {
   timespec t{};
   clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
   return double(t.tv_sec) + 1e-9 * double(t.tv_nsec);
-}
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::nth_element(v.begin(), v.begin() + long(v.size() / 2), v.end());
-  return v[v.size() / 2];
 }
 
 std::string cpuinfo_field(const std::string& text, const std::string& key) {
@@ -59,41 +53,67 @@ struct Phases {
   std::vector<double> f, b, bi, bw;
 };
 
+// A micro-batch of b random samples (tokens for a token model), labels and a gradient at the
+// model's output: what the timed passes run on.
+struct PassData {
+  PassData(Model& m, const Backend& be, int64_t b, const PlannedModel& pm)
+      : b(b), head(m.classes(), m.rows_per_sample()) {
+    Rng rng(11);
+    Tensor hx(batched(b, pm.input)), hdy(batched(b, m.stage_output_shape()));
+    const bool tokens = pm.tokens_per_sample > 1 || pm.layers.front().name.rfind("emb", 0) == 0;
+    for (int64_t i = 0; i < hx.size(); ++i)
+      hx.data()[i] = tokens ? float(rng.next() % uint64_t(pm.classes)) : rng.uniform(0.f, 1.f);
+    for (int64_t i = 0; i < hdy.size(); ++i) hdy.data()[i] = rng.uniform(-1e-3f, 1e-3f);
+    x = to_backend(be, hx), dy = to_backend(be, hdy);
+    labels.resize(size_t(b * m.rows_per_sample()));
+    for (auto& l : labels) l = int32_t(rng.next() % uint64_t(m.classes()));
+  }
+  // The whole forward, loss and backward as training runs them: seconds.
+  double whole_pass(Model& m, const Backend& be) {
+    const auto t0 = Clock::now();
+    head.loss_and_gradient(be, m.forward(be, x, si), labels.data(), b, b, dlogits);
+    m.backward(be, dy, 0);
+    be.synchronize();
+    return seconds_since(t0);
+  }
+  // The median of `reps` whole passes after a warm-up.
+  double median_pass(Model& m, const Backend& be, int reps) {
+    std::vector<double> t;
+    for (int r = 0; r <= reps; ++r) {
+      const double s = whole_pass(m, be);
+      if (r > 0) t.push_back(s);
+    }
+    return median(t);
+  }
+  int64_t b;
+  Tensor x, dy, dlogits;
+  std::vector<int32_t> labels;
+  SoftmaxXentHead head;
+  const StepInfo si{.training = true};
+};
+
 // One micro-batch size: every layer's phases over `reps` runs after a warm-up, the loss, and
 // the whole forward, loss and backward without per-layer timing (MachineProfile::whole).
 void measure_size(Model& m, const Backend& be, int64_t b, int reps, const PlannedModel& pm,
                   MachineProfile& prof) {
   std::vector<LayerProfile>& out = prof.layers;
-  Rng rng(11);
-  Tensor hx(batched(b, pm.input)), hdy(batched(b, m.stage_output_shape()));
-  const bool tokens = pm.tokens_per_sample > 1 || pm.layers.front().name.rfind("emb", 0) == 0;
-  for (int64_t i = 0; i < hx.size(); ++i)
-    hx.data()[i] = tokens ? float(rng.next() % uint64_t(pm.classes)) : rng.uniform(0.f, 1.f);
-  for (int64_t i = 0; i < hdy.size(); ++i) hdy.data()[i] = rng.uniform(-1e-3f, 1e-3f);
-  const Tensor x = to_backend(be, hx), dy = to_backend(be, hdy);
-  const int64_t rows = b * m.rows_per_sample();
-  std::vector<int32_t> labels(static_cast<size_t>(rows));
-  for (auto& l : labels) l = int32_t(rng.next() % uint64_t(m.classes()));
-  SoftmaxXentHead head(m.classes(), m.rows_per_sample());
-  Tensor dlogits;
+  PassData d(m, be, b, pm);
+  const Tensor &x = d.x, &dy = d.dy;
+  SoftmaxXentHead& head = d.head;
   const size_t L = m.layers().size();
   std::vector<Phases> runs;
   std::vector<double> loss_runs, whole_runs;
-  const StepInfo si{.training = true};
+  const StepInfo& si = d.si;
   for (int r = 0; r <= reps; ++r) {  // run 0 warms caches and allocations up
-    const auto w0 = Clock::now();
-    head.loss_and_gradient(be, m.forward(be, x, si), labels.data(), b, b, dlogits);
-    m.backward(be, dy, 0);
-    be.synchronize();
-    const double wt = since(w0);
+    const double wt = d.whole_pass(m, be);
     Phases p{std::vector<double>(L), std::vector<double>(L), std::vector<double>(L), std::vector<double>(L)};
     m.set_profile(&p.f);
     const Tensor& y = m.forward(be, x, si);
     m.set_profile(nullptr);
     const auto t0 = Clock::now();
-    head.loss_and_gradient(be, y, labels.data(), b, b, dlogits);
+    head.loss_and_gradient(be, y, d.labels.data(), b, b, d.dlogits);
     be.synchronize();
-    const double lt = since(t0);
+    const double lt = seconds_since(t0);
     m.set_profile(&p.b);
     m.backward(be, dy, 0);
     m.set_profile(nullptr);
@@ -143,7 +163,7 @@ void measure_optimizer(const RunConfig& cfg, Model& m, const Backend& be, int re
     const auto t0 = Clock::now();
     opt.step(be, m.values(), m.grads(), r);
     be.synchronize();
-    if (r > 0) t.push_back(since(t0));
+    if (r > 0) t.push_back(seconds_since(t0));
   }
   int64_t total = 0;
   for (const LayerProfile& l : out) total += l.params;
@@ -171,7 +191,7 @@ double checkpoint_bandwidth(const std::string& dir, int64_t bytes) {
     }
     ::fsync(fd);
     ::close(fd);
-    bw.push_back(double(bytes) / std::max(since(t0), 1e-9));
+    bw.push_back(double(bytes) / std::max(seconds_since(t0), 1e-9));
   }
   ::unlink(path.c_str());
   return median(bw);
@@ -183,7 +203,7 @@ double memory_bandwidth() {
   for (int r = 0; r < 5; ++r) {
     const auto t0 = Clock::now();
     std::memcpy(b.data(), a.data(), a.size());
-    bw.push_back(2.0 * double(a.size()) / std::max(since(t0), 1e-9));  // read + write
+    bw.push_back(2.0 * double(a.size()) / std::max(seconds_since(t0), 1e-9));  // read + write
     a[size_t(r)] = b[size_t(r) + 1];
   }
   return median(bw);
@@ -223,11 +243,64 @@ void describe_node(MachineProfile& p) {
   p.date = date;
 }
 
+namespace {
+
+// The busy node's message tag: rank 0's release of the other ranks.
+constexpr int kReleaseTag = 7301;
+
+// The micro-batch the node's ranks run at once: what each runs under D = ranks.
+int64_t busy_micro_batch(const RunConfig& cfg, int ranks) {
+  return std::max<int64_t>(1, cfg.train.batch_size / ranks);
+}
+
+// Every rank of the node runs whole passes at once (from a barrier): the median of each.
+double busy_pass_s(Model& m, const Backend& be, PassData& d, int reps, Comm& node) {
+  node.barrier();
+  return d.median_pass(m, be, reps);
+}
+
+// Rank 0's side: the passes with the node busy, then alone while the others wait without
+// spinning (yielding waits), then their release.
+void measure_busy(Model& m, const Backend& be, const RunConfig& cfg, const PlannedModel& pm,
+                  int reps, Comm& node, MachineProfile& p) {
+  PassData d(m, be, busy_micro_batch(cfg, node.size()), pm);
+  const double together = busy_pass_s(m, be, d, reps, node);
+  const double alone = d.median_pass(m, be, reps);
+  float token = 0;
+  for (int r = 1; r < node.size(); ++r) node.wait(node.start_send(&token, 1, r, kReleaseTag));
+  p.busy_ranks = node.size();
+  p.busy_slowdown = std::max(1.0, together / std::max(alone, 1e-12));  // (noise below 1)
+}
+
+// A model as bench layers times it: without recomputation (the step-time model adds it).
+RunConfig profiled_config(const RunConfig& given) {
+  RunConfig cfg = given;
+  cfg.train.recompute = "none";
+  return cfg;
+}
+
+}  // namespace
+
+void bench_layers_busy_peer(const RunConfig& given, Comm& node, int reps) {
+  const RunConfig cfg = profiled_config(given);
+  const PlannedModel pm = plan_model(cfg);
+  std::string note;
+  const Backend& be = select_backend({.device = cfg.device, .threads = cfg.threads,
+                                      .precision = cfg.train.precision}, &note);
+  Model m(cfg.model_spec(pm.classes), pm.input, pm.classes);
+  m.init(1);
+  m.place(be);
+  PassData d(m, be, busy_micro_batch(cfg, node.size()), pm);
+  busy_pass_s(m, be, d, reps, node);
+  node.set_yielding_waits(true);
+  float token = 0;
+  node.wait(node.start_recv(&token, 1, 0, kReleaseTag));
+}
+
 MachineProfile bench_layers(const RunConfig& given, const LayerBenchOptions& o) {
   // The layers without recomputation: the step-time model adds a block's forward to its
   // backward for train.recompute = block.
-  RunConfig cfg = given;
-  cfg.train.recompute = "none";
+  const RunConfig cfg = profiled_config(given);
   auto say = [&](const std::string& s) { if (o.progress) o.progress(s); };
   const PlannedModel pm = plan_model(cfg);
   std::string note;
@@ -258,6 +331,12 @@ MachineProfile bench_layers(const RunConfig& given, const LayerBenchOptions& o) 
   say(fmt::format("bench layers: {} layers of {} on {} ({}, {} thread{}), micro-batches {}",
                   layers.size(), cfg.model.type, be.name, p.precision, p.threads,
                   p.threads == 1 ? "" : "s", fmt::join(p.micro_batches, ", ")));
+  if (o.node && o.node->size() > 1) {
+    measure_busy(m, be, cfg, pm, o.reps, *o.node, p);
+    say(fmt::format("bench layers: the whole pass at micro-batch {} with the node's {} ranks at once: "
+                    "{:.2f}x the pass alone", busy_micro_batch(cfg, p.busy_ranks), p.busy_ranks,
+                    p.busy_slowdown));
+  }
   const auto wall0 = Clock::now();
   const double cpu0 = process_cpu_s();
   for (int64_t b : p.micro_batches) {
@@ -267,11 +346,11 @@ MachineProfile bench_layers(const RunConfig& given, const LayerBenchOptions& o) 
     for (const LayerProfile& l : p.layers) step += (l.at.back().forward_s + l.at.back().backward_s) * double(b);
     say(fmt::format("bench layers: micro-batch {:>5}: forward + backward {:.3f} ms layer by layer, {:.3f} ms "
                     "whole with the loss ({:.1f} s measuring)", b, step * 1e3,
-                    p.whole.back().forward_s * double(b) * 1e3, since(t0)));
+                    p.whole.back().forward_s * double(b) * 1e3, seconds_since(t0)));
   }
   measure_optimizer(cfg, m, be, o.reps, p.layers);
   if (be.host_memory())
-    p.cpu_share = std::min(1.0, (process_cpu_s() - cpu0) / std::max(since(wall0), 1e-9) / p.threads);
+    p.cpu_share = std::min(1.0, (process_cpu_s() - cpu0) / std::max(seconds_since(wall0), 1e-9) / p.threads);
   const int64_t state = m.num_params() * int64_t(sizeof(float)) *
                         (cfg.train.optimizer == "adamw" ? 3 : 2);
   p.checkpoint_bytes = std::max<int64_t>(state, 4 << 20);

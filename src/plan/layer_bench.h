@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "config/config.h"
+#include "strata/comm.h"
 #include "plan/machine_profile.h"
 
 namespace strata {
@@ -21,6 +22,10 @@ struct LayerBenchOptions {
   int reps = 9;
   std::string checkpoint_dir;          // "" = the config's checkpoint directory
   std::function<void(const std::string&)> progress;  // one line per step of the measurement
+  // The ranks of this node, all running bench layers (the others in bench_layers_busy_peer):
+  // the whole pass is timed with all of them at once and alone (MachineProfile::busy_*).
+  // Null or one rank: not measured.
+  Comm* node = nullptr;
 };
 
 // The sizes measured by default for a global batch G: every power of two from G/16 up to G,
@@ -31,6 +36,9 @@ std::vector<int64_t> default_micro_batches(int64_t G);
 
 // Throws UserError naming the file or key at fault (the config's data, the directory).
 MachineProfile bench_layers(const RunConfig& cfg, const LayerBenchOptions& options);
+// The other ranks of the node (LayerBenchOptions::node): the passes at once with rank 0, then
+// a wait that leaves the core to rank 0 until it has timed the pass alone. Collective.
+void bench_layers_busy_peer(const RunConfig& cfg, Comm& node, int reps);
 
 // This node: CPU model, family and model number (/proc/cpuinfo), cores this process may use,
 // and the versions of oneDNN, MPI and HDF5 linked; fills those fields of p.

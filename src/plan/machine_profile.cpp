@@ -124,6 +124,12 @@ double MachineProfile::whole_ratio(double b) const {
   return sum > 0 && w > 0 ? w / sum : 1;
 }
 
+double MachineProfile::busy_factor(int ranks) const {
+  if (busy_ranks <= 1 || ranks <= 1) return 1;
+  const double share = std::min(1.0, double(ranks - 1) / double(busy_ranks - 1));
+  return 1 + (busy_slowdown - 1) * share;
+}
+
 std::string machine_profile_json(const MachineProfile& p) {
   std::string s = "{\"strata_machine_profile\": 1,\n";
   s += fmt::format(" \"device\": {}, \"precision\": {}, \"threads\": {}, \"cores\": {},\n",
@@ -150,6 +156,9 @@ std::string machine_profile_json(const MachineProfile& p) {
   }
   s += fmt::format(" ],\n \"loss\": {{\"at\": {}}},\n", timings_json(p.loss, true));
   if (!p.whole.empty()) s += fmt::format(" \"whole\": {{\"at\": {}}},\n", timings_json(p.whole, true));
+  if (p.busy_ranks > 1)
+    s += fmt::format(" \"busy\": {{\"ranks\": {}, \"slowdown\": {}}},\n", p.busy_ranks,
+                     json_number(p.busy_slowdown));
   s += fmt::format(" \"checkpoint_write_Bps\": {}, \"checkpoint_bytes\": {}, \"memory_Bps\": {}, "
                    "\"cpu_share\": {}\n}}\n", json_number(p.checkpoint_write_Bps), p.checkpoint_bytes,
                    json_number(p.memory_Bps), json_number(p.cpu_share));
@@ -208,6 +217,13 @@ MachineProfile read_machine_profile(const std::string& path) {
     p.memory_Bps = m->number;
   if (const JsonValue* c = root.find("cpu_share"); c && c->kind == JsonValue::Kind::kNumber && c->number > 0)
     p.cpu_share = c->number;
+  if (const JsonValue* b = root.find("busy")) {  // optional: a profile measured on one rank lacks it
+    p.busy_ranks = int(r.num(*b, "ranks", "busy.ranks"));
+    p.busy_slowdown = r.num(*b, "slowdown", "busy.slowdown");
+    if (p.busy_ranks < 1 || !(p.busy_slowdown > 0))
+      fail_input("{}: key \"busy\": ranks {} and slowdown {} must be positive", path, p.busy_ranks,
+                 p.busy_slowdown);
+  }
   return p;
 }
 

@@ -15,6 +15,7 @@
 //    "loss": {"at": [{"micro_batch": b, "forward_s": s}...]},
 //    "whole": {"at": [{"micro_batch": b, "forward_s": s}...]},
 //    "checkpoint_write_Bps": bytes/s, "checkpoint_bytes": n, "memory_Bps": bytes/s,
+//    "busy": {"ranks": R, "slowdown": s} (launched on R ranks of a node; absent on one),
 //    "cpu_share": CPU time / wall time while timing}
 // Every "_s" under "at" is seconds per SAMPLE at that micro-batch size; "backward_s" is the
 // whole backward (B and W in one pass, as gpipe and 1f1b run it), "backward_input_s" and
@@ -73,8 +74,16 @@ struct MachineProfile {
   // The process's CPU time over the wall time (per thread) while the layers were timed: 1 on a
   // node of its own; less where other work took the cores, whose share the figures then include.
   double cpu_share = 1;
+  // The whole pass on every rank of a node at once over the same pass alone, `strata bench
+  // layers` launched on busy_ranks ranks of one node: what the ranks share (caches, memory
+  // bandwidth, clocks) slows each. 1 rank and no slowdown where it ran on one.
+  int busy_ranks = 1;
+  double busy_slowdown = 1;
 
   bool empty() const { return layers.empty(); }
+  // The slowdown of a rank's compute while `ranks` ranks of its node compute: none for one,
+  // the measured one from busy_ranks on, in proportion to the other ranks in between.
+  double busy_factor(int ranks) const;
   // Layer `index`'s profile, or, when the model differs (another depth), the first layer of
   // the same kind; null if neither.
   const LayerProfile* find(int index, const std::string& kind) const;

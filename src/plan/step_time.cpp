@@ -262,6 +262,8 @@ std::string reason_for(const GridChoice& g, const StepTime& t, const CommModel& 
   if (g.recompute) r.push_back("recompute adds a block forward to each backward");
   if (t.oversubscription > 1)
     r.push_back(fmt::format("{} threads per core: compute {:.1f}x slower", t.oversubscription, t.oversubscription));
+  if (t.busy_node > 1.005)
+    r.push_back(fmt::format("{} ranks of a node at once: compute {:.2f}x slower", g.ranks_per_node, t.busy_node));
   if (r.empty()) r.push_back("one rank: compute only");
   std::string s;
   for (size_t i = 0; i < r.size(); ++i) s += (i ? "; " : "") + r[i];
@@ -286,10 +288,15 @@ StepTime predict_step_time_impl(const RunConfig& cfg, const PlannedModel& m, con
       st.assumptions.push_back(fmt::format("CPU: {} ranks x {} threads on {} cores: every rank's compute "
                                            "{:.2f}x slower", g.ranks_per_node, g.threads_per_rank,
                                            prof.cores, st.oversubscription));
+    st.busy_node = prof.busy_factor(std::min(g.ranks_per_node, std::max(1, prof.cores / std::max(1, g.threads_per_rank))));
+    if (prof.busy_ranks > 1)
+      st.assumptions.push_back(fmt::format("CPU: {} ranks of a node computing at once: compute {:.2f}x slower "
+                                           "(the whole pass on the profile's {} ranks at once: {:.2f}x alone)",
+                                           g.ranks_per_node, st.busy_node, prof.busy_ranks, prof.busy_slowdown));
   }
   int blocks = 0;
   for (const LayerInfo& l : m.layers) blocks += is_block(l);
-  const Context c{cfg, m, g, comm, src, st.micro_batch, st.oversubscription};
+  const Context c{cfg, m, g, comm, src, st.micro_batch, st.oversubscription * st.busy_node};
   const auto ranges = ranges_for(cfg, m, g, src, st.micro_batch);
   const Placement pl = place(cfg, g);
   std::vector<StageWork> works;

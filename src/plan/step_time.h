@@ -18,6 +18,9 @@
 //   checkpoint the model state at the profile's write bandwidth, once per checkpoint.every_steps
 //   CPU oversubscription: ranks_per_node x threads_per_rank over the node's cores slows every
 //              rank's compute by that ratio
+//   busy node  a rank's compute slower by the profile's busy-node slowdown (the whole pass with
+//              a node's ranks at once over alone: shared caches, memory bandwidth, clocks),
+//              in proportion to the grid's other ranks on the node
 #pragma once
 #include <cstdint>
 #include <string>
@@ -51,6 +54,7 @@ struct StepTime {
   double tensor_comm_s = 0;     // tensor-parallel allreduces (inside compute_s)
   double micro_batch = 0;       // samples per micro-batch: G / D / M
   double oversubscription = 1;  // compute slowdown from more threads than cores
+  double busy_node = 1;         // compute slowdown from the node's other ranks computing too
   std::string reason;           // "P = 4 pays a 9 % bubble; T = 2 pays 2 allreduces per block ..."
   std::vector<std::string> assumptions;  // what the figures rest on, one line each
 };

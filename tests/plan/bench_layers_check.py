@@ -4,7 +4,8 @@ predict` reads it back: every layer of the model summary, in order, with a figur
 the Linear layers' B and W halves (ReLU fused, so split), the loss, the optimizer, the
 checkpoint write and memory bandwidths, the node's CPU and library versions; the prediction's
 parts add up to its total, and D = 2 on the profile's cores costs more exposed
-communication than one rank (a comm profile written here by hand).
+communication than one rank (a comm profile written here by hand). Launched on two ranks, the
+profile also holds the busy node's slowdown, which the D = 2 prediction applies.
 
     bench_layers_check.py STRATA FASHION_MNIST.h5 WORK"""
 import json
@@ -76,6 +77,21 @@ need(one["exposed_comm_s"] == 0 and two["exposed_comm_s"] > 0, "D = 2 sums gradi
 # (64 x 784 + 64 + 64 x 32 + 32 + 32 x 10 + 10) floats at 1e8 B/s busbw, 2 ranks: ~2.1 ms.
 need(abs(two["exposed_comm_s"] - (1e-5 + 52650 * 4 / 1e8) - 1e-5) < 2e-4, f"exposed {two['exposed_comm_s']}")
 need(two["micro_batch"] == 8, "D = 2 halves the batch")
+need("busy" not in p and two["busy_node"] == 1, "one rank measures no busy node")
+
+# On two ranks of this node: rank 0 also times the whole pass with both at once (the busy
+# node), the other rank waits for its release; the prediction for D = 2 on one node uses it.
+env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+           OMPI_MCA_rmaps_base_oversubscribe="1")
+r = subprocess.run(["mpirun", "-n", "2", "--bind-to", "none", strata, "bench", "layers", "--micro_batches", "8,16",
+                    "--reps", "2", "--checkpoint_dir", os.path.join(work, "ck"), "--out", prof] + model,
+                   capture_output=True, text=True, env=env, timeout=120)
+assert r.returncode == 0, r.stderr
+p = json.load(open(prof))
+need(p.get("busy", {}).get("ranks") == 2 and p["busy"]["slowdown"] >= 1, f"busy {p.get('busy')}")
+need("with the node's 2 ranks at once" in r.stderr, "a progress line for the busy node")
+two = predict("--data", "2", "--ranks_per_node", "2")
+need(two["busy_node"] == p["busy"]["slowdown"], f"D = 2 on one node: busy_node {two['busy_node']}")
 if fails:
     sys.exit("FAILED: " + "; ".join(fails))
 print(f"ok: {len(p['layers'])} layers profiled; one rank {one['total_s'] * 1e3:.3f} ms, D = 2 "

@@ -290,6 +290,43 @@ TEST_CASE("step time: the layers as the whole pass runs them (bench layers' unpr
   CHECK(mlp_profile(m).whole_ratio(32) == 1);
 }
 
+TEST_CASE("step time: a busy node slows compute by the profile's measured factor", "[plan]") {
+  const PlannedModel m = mlp();
+  MachineProfile p = mlp_profile(m);  // 2 cores
+  p.cores = 4;
+  RunConfig cfg;
+  cfg.train.batch_size = 32;
+  const CommModel c = CommModel::from_profile_text(kProfile, "p.json");
+  GridChoice g{.data = 2, .ranks_per_node = 2};
+  const double plain = predict_step_time(cfg, m, g, p, c).compute_s;
+  // Measured on 3 ranks: 1.3x. Two of a node's ranks: one other, half of the measured two.
+  p.busy_ranks = 3, p.busy_slowdown = 1.3;
+  CHECK(p.busy_factor(1) == 1);
+  CHECK(p.busy_factor(2) == Approx(1.15));
+  CHECK(p.busy_factor(3) == Approx(1.3));
+  CHECK(p.busy_factor(8) == Approx(1.3));
+  const StepTime two = predict_step_time(cfg, m, g, p, c);
+  CHECK(two.busy_node == Approx(1.15));
+  CHECK(two.compute_s == Approx(1.15 * plain));
+  CHECK(two.reason.find("2 ranks of a node at once: compute 1.15x slower") != std::string::npos);
+  // The same ranks on two nodes, one each: no slowdown.
+  g.ranks_per_node = 1;
+  CHECK(predict_step_time(cfg, m, g, p, c).busy_node == 1);
+  // Written and read back; a profile without it has none; a bad one names the key.
+  const std::string dir = STRATA_BINARY_DIR "/test-runs/unit-machine-profile-busy";
+  std::filesystem::create_directories(dir);
+  write_machine_profile(dir + "/p.json", p);
+  const MachineProfile q = read_machine_profile(dir + "/p.json");
+  CHECK(q.busy_ranks == 3);
+  CHECK(q.busy_slowdown == Approx(1.3));
+  CHECK(mlp_profile(m).busy_factor(2) == 1);
+  std::string text = machine_profile_json(p);
+  const std::string good = "\"slowdown\": 1.3";
+  text.replace(text.find(good), good.size(), "\"slowdown\": -1");
+  std::ofstream(dir + "/bad.json") << text;
+  CHECK_THROWS_WITH(read_machine_profile(dir + "/bad.json"), Catch::Contains("key \"busy.slowdown\""));
+}
+
 TEST_CASE("bench layers: the default sizes are those grids run at, measured not interpolated", "[plan]") {
   // G = 32: micro-batches 32 (D = 1), 16 (D = 2), 8 (D = 4), 4 (P = 2, M = 8), 2: all measured.
   CHECK(default_micro_batches(32) == std::vector<int64_t>{2, 4, 8, 16, 32});
