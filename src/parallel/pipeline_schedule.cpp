@@ -84,12 +84,83 @@ double ScheduleSim::bubble() const {
   return idle.empty() ? 0 : s / double(idle.size());
 }
 
+namespace {
+
+double op_cost(const PipeOp& o, const OpCosts& c, bool split) {
+  return o.kind == Op::kForward  ? c.forward
+         : o.kind == Op::kWeight ? c.backward_weight
+         : split                 ? c.backward_input
+                                 : c.backward;
+}
+
+// simulate_schedule with the stages sharing `capacity` cores' worth of compute: from event to
+// event (an op's end, a dependency's arrival) every computing stage advances at
+// min(1, capacity / computing). An op starts when its stage's previous op is done and its
+// dependency (with the send) has arrived, as in the plain simulation.
+ScheduleSim simulate_shared(const std::vector<std::vector<Op>>& ops, int P, int v, bool split,
+                            const std::vector<std::vector<OpCosts>>& costs, double send_s,
+                            double capacity) {
+  std::map<std::tuple<char, int, int>, double> done;
+  std::vector<size_t> next(size_t(P), 0);
+  std::vector<double> left(size_t(P), -1), ready(size_t(P), 0);  // left < 0: no op under way
+  ScheduleSim r;
+  r.finish.assign(size_t(P), 0.0);
+  r.busy.assign(size_t(P), 0.0);
+  for (double now = 0;;) {
+    int computing = 0, waiting = 0;
+    double wake = 1e300;  // the next dependency's arrival
+    for (int s = 0; s < P; ++s) {
+      if (left[size_t(s)] < 0 && next[size_t(s)] < ops[size_t(s)].size()) {  // the next op's start
+        const Op& o = ops[size_t(s)][next[size_t(s)]];
+        const int vs = o.chunk * P + s;
+        const int from = o.kind == Op::kForward ? vs - 1 : o.kind == Op::kBackward ? vs + 1 : -1;
+        double at = now;
+        if (from >= 0 && from < P * v && o.kind != Op::kWeight) {
+          auto it = done.find({char(o.kind), from, o.micro});
+          if (it == done.end()) continue;
+          at = std::max(now, it->second + (from % P != s ? send_s : 0.0));
+        }
+        const double c = op_cost(o, costs[size_t(s)][size_t(o.chunk)], split);
+        left[size_t(s)] = c, ready[size_t(s)] = at;
+        r.busy[size_t(s)] += c;
+      }
+      if (left[size_t(s)] < 0) continue;
+      if (ready[size_t(s)] > now) ++waiting, wake = std::min(wake, ready[size_t(s)]);
+      else ++computing;
+    }
+    if (computing == 0 && waiting == 0) break;  // every stage done, or deadlocked (checked below)
+    const double rate = computing ? std::min(1.0, capacity / computing) : 0;
+    double step = wake - now;
+    for (int s = 0; s < P; ++s)
+      if (left[size_t(s)] >= 0 && ready[size_t(s)] <= now) step = std::min(step, left[size_t(s)] / rate);
+    now += step;
+    for (int s = 0; s < P; ++s) {
+      if (left[size_t(s)] < 0 || ready[size_t(s)] > now - step) continue;
+      left[size_t(s)] -= step * rate;
+      if (left[size_t(s)] > 1e-12 * (1 + r.busy[size_t(s)])) continue;
+      const Op& o = ops[size_t(s)][next[size_t(s)]++];
+      done[{char(o.kind), o.chunk * P + s, o.micro}] = now;
+      r.finish[size_t(s)] = now;
+      left[size_t(s)] = -1;
+    }
+  }
+  for (int s = 0; s < P; ++s)
+    if (next[size_t(s)] < ops[size_t(s)].size()) return r;  // deadlock: no idle shares
+  r.span = *std::max_element(r.finish.begin(), r.finish.end());
+  for (int s = 0; s < P; ++s) r.idle.push_back(r.span > 0 ? (r.span - r.busy[size_t(s)]) / r.span : 0.0);
+  return r;
+}
+
+}  // namespace
+
 ScheduleSim simulate_schedule(const std::string& kind, int stages, int micros, int chunks,
-                              const std::vector<std::vector<OpCosts>>& costs, double send_s) {
+                              const std::vector<std::vector<OpCosts>>& costs, double send_s,
+                              double capacity) {
   const int P = stages, v = chunks;
   const bool split = splits_backward(kind);
   std::vector<std::vector<Op>> ops;
   for (int s = 0; s < P; ++s) ops.push_back(pipeline_schedule(kind, P, s, micros, v));
+  if (capacity > 0 && capacity < P) return simulate_shared(ops, P, v, split, costs, send_s, capacity);
   // Finish times of F and B per (virtual stage c P + s, micro-batch); each stage runs its list
   // in order. F waits for the virtual stage before's F of the same micro-batch, B for the one
   // after's B, plus the send when that one is on another stage.
@@ -111,11 +182,7 @@ ScheduleSim simulate_schedule(const std::string& kind, int stages, int micros, i
           if (it == done.end()) break;
           ready = it->second + (from % P != s ? send_s : 0.0);
         }
-        const OpCosts& c = costs[size_t(s)][size_t(o.chunk)];
-        const double cost = o.kind == Op::kForward  ? c.forward
-                            : o.kind == Op::kWeight ? c.backward_weight
-                            : split                 ? c.backward_input
-                                                    : c.backward;
+        const double cost = op_cost(o, costs[size_t(s)][size_t(o.chunk)], split);
         r.finish[size_t(s)] = std::max(r.finish[size_t(s)], ready) + cost;
         r.busy[size_t(s)] += cost;
         done[{char(o.kind), vs, o.micro}] = r.finish[size_t(s)];

@@ -83,9 +83,13 @@ struct ScheduleSim {
   std::vector<double> idle;    // per stage: (span - busy) / span; empty if the schedules deadlock
   double bubble() const;       // the idle shares' mean
 };
-// costs[stage][chunk]; chunks = v (1 but for interleaved).
+// costs[stage][chunk]; chunks = v (1 but for interleaved). `capacity` in (0, stages): the
+// stages share that many cores' worth of compute (more ranks than cores on a CPU node): with
+// a stages computing at once each runs at min(1, capacity / a) of its speed, so a stage idle in
+// its bubble leaves its share to the others (processor sharing). 0 or >= stages: each its own.
 ScheduleSim simulate_schedule(const std::string& kind, int stages, int micros, int chunks,
-                              const std::vector<std::vector<OpCosts>>& costs, double send_s = 0);
+                              const std::vector<std::vector<OpCosts>>& costs, double send_s = 0,
+                              double capacity = 0);
 
 // A schedule in theory, per stage: its idle share (schedule_idle_shares) and live bound
 // (schedule_peak_live); `bubble` the idle shares' mean over the stages.

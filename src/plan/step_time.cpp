@@ -140,7 +140,8 @@ struct Context {
   const CommModel& comm;
   const CostSource& src;
   double b;         // micro-batch
-  double slow;      // oversubscription
+  double slow;      // oversubscription and the busy node: the optimizer's and every op's
+  double op_slow;   // the pipeline's ops' (the busy node's alone where the stages share cores)
 };
 
 double tp_allreduce_s(const Context& c, const LayerInfo& l) {
@@ -164,18 +165,18 @@ StageWork stage_work(const Context& c, const std::vector<LayerRange>& ranges, in
         split = g.tensor;
         ar_f = 2 * tp_allreduce_s(c, l), ar_b = 2 * tp_allreduce_s(c, l);
       }
-      const double rec = g.recompute && is_block(l) ? lc.f / split * c.slow + ar_f : 0;
-      oc.forward += lc.f / split * c.slow + ar_f;
-      oc.backward += lc.b / split * c.slow + ar_b + rec;
-      oc.backward_input += lc.bi / split * c.slow + ar_b + rec;
-      oc.backward_weight += lc.bw / split * c.slow;
+      const double rec = g.recompute && is_block(l) ? lc.f / split * c.op_slow + ar_f : 0;
+      oc.forward += lc.f / split * c.op_slow + ar_f;
+      oc.backward += lc.b / split * c.op_slow + ar_b + rec;
+      oc.backward_input += lc.bi / split * c.op_slow + ar_b + rec;
+      oc.backward_weight += lc.bw / split * c.op_slow;
       w.tp_comm_s += (ar_f + ar_b + (rec > 0 ? ar_f : 0)) * g.micro_batches;
       w.opt_s += lc.opt / split * c.slow / (g.zero > 0 ? g.data : 1);
       w.grad_bytes += double(l.params) / split * sizeof(float);
       if (l.describe.rfind("Embedding(", 0) == 0 || l.describe.rfind("LM head", 0) == 0) w.holds_table = true;
     }
     if (r.last == int(c.m.layers.size()))  // the loss and its gradient, with the last forward
-      oc.forward += c.src.loss_s(c.b) * c.slow;
+      oc.forward += c.src.loss_s(c.b) * c.op_slow;
     w.boundary_bytes = std::max(w.boundary_bytes, c.b * double(numel(c.m.layers[size_t(r.last - 1)].out_shape)) * 4);
     w.chunks.push_back(oc);
   }
@@ -248,8 +249,9 @@ void check_grid(const RunConfig& cfg, const GridChoice& g) {
 std::string reason_for(const GridChoice& g, const StepTime& t, const CommModel& comm, int blocks) {
   std::vector<std::string> r;
   if (g.pipeline > 1)
-    r.push_back(fmt::format("P = {} pays a {:.0f} % bubble ({}, M = {}{})", g.pipeline,
-                            100 * t.bubble_s / std::max(t.total_s, 1e-12), g.schedule, g.micro_batches,
+    r.push_back(fmt::format("P = {} pays a {:.0f} % bubble{} ({}, M = {}{})", g.pipeline,
+                            100 * t.bubble_s / std::max(t.total_s, 1e-12),
+                            t.shared_cores ? " and shared cores" : "", g.schedule, g.micro_batches,
                             g.virtual_stages > 1 ? fmt::format(", v = {}", g.virtual_stages) : ""));
   if (g.tensor > 1) {
     const LinkFit f = comm.fit(CommOp::allreduce, g.tensor <= g.ranks_per_node ? CommLevel::kIntra : CommLevel::kInter);
@@ -260,7 +262,10 @@ std::string reason_for(const GridChoice& g, const StepTime& t, const CommModel& 
     r.push_back(fmt::format("D = {} exposes {:.1f} ms of gradient sums{}", g.data, t.exposed_comm_s * 1e3,
                             g.zero ? fmt::format(" and ZeRO-{}'s all-gather", g.zero) : ""));
   if (g.recompute) r.push_back("recompute adds a block forward to each backward");
-  if (t.oversubscription > 1)
+  if (t.shared_cores)
+    r.push_back(fmt::format("{} threads per core: a stage idle in its bubble leaves the core to the others",
+                            t.oversubscription));
+  else if (t.oversubscription > 1)
     r.push_back(fmt::format("{} threads per core: compute {:.1f}x slower", t.oversubscription, t.oversubscription));
   if (t.busy_node > 1.005)
     r.push_back(fmt::format("{} ranks of a node at once: compute {:.2f}x slower", g.ranks_per_node, t.busy_node));
@@ -296,9 +301,14 @@ StepTime predict_step_time_impl(const RunConfig& cfg, const PlannedModel& m, con
   }
   int blocks = 0;
   for (const LayerInfo& l : m.layers) blocks += is_block(l);
-  const Context c{cfg, m, g, comm, src, st.micro_batch, st.oversubscription * st.busy_node};
-  const auto ranges = ranges_for(cfg, m, g, src, st.micro_batch);
   const Placement pl = place(cfg, g);
+  // More ranks than cores on a node holding the whole pipeline: its stages share the cores (a
+  // stage in its bubble leaves its share to the others), simulated as such; else every op is
+  // slowed alike.
+  st.shared_cores = host && st.oversubscription > 1 && g.pipeline > 1 && pl.pipe_intra;
+  const double slow = st.oversubscription * st.busy_node;
+  const Context c{cfg, m, g, comm, src, st.micro_batch, slow, st.shared_cores ? st.busy_node : slow};
+  const auto ranges = ranges_for(cfg, m, g, src, st.micro_batch);
   std::vector<StageWork> works;
   std::vector<std::vector<OpCosts>> costs;
   double boundary = 0;
@@ -310,7 +320,8 @@ StepTime predict_step_time_impl(const RunConfig& cfg, const PlannedModel& m, con
   const double send_s = g.pipeline > 1 ? comm.collective_seconds(CommOp::sendrecv, boundary, 2, pl.pipe_intra ? 2 : 1) : 0;
   const bool plain = g.pipeline == 1 && g.micro_batches == 1;  // no pipeline engine: one whole backward
   const ScheduleSim sim = simulate_schedule(plain ? "1f1b" : g.schedule, g.pipeline, g.micro_batches,
-                                            g.virtual_stages, costs, send_s);
+                                            g.virtual_stages, costs, send_s,
+                                            st.shared_cores ? g.pipeline / st.oversubscription : 0);
   STRATA_CHECK(!sim.idle.empty(), "schedule {} deadlocks at P = {}, M = {}", g.schedule, g.pipeline,
                g.micro_batches);
   int crit = 0;

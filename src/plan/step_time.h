@@ -17,7 +17,8 @@
 //   optimizer  the profile's per-layer update time, over D with ZeRO
 //   checkpoint the model state at the profile's write bandwidth, once per checkpoint.every_steps
 //   CPU oversubscription: ranks_per_node x threads_per_rank over the node's cores slows every
-//              rank's compute by that ratio
+//              rank's compute by that ratio; a pipeline on one such node is simulated with its
+//              stages sharing the cores instead (an idle stage's share goes to the others)
 //   busy node  a rank's compute slower by the profile's busy-node slowdown (the whole pass with
 //              a node's ranks at once over alone: shared caches, memory bandwidth, clocks),
 //              in proportion to the grid's other ranks on the node
@@ -55,6 +56,7 @@ struct StepTime {
   double micro_batch = 0;       // samples per micro-batch: G / D / M
   double oversubscription = 1;  // compute slowdown from more threads than cores
   double busy_node = 1;         // compute slowdown from the node's other ranks computing too
+  bool shared_cores = false;    // oversubscribed, the pipeline's stages simulated sharing the cores
   std::string reason;           // "P = 4 pays a 9 % bubble; T = 2 pays 2 allreduces per block ..."
   std::vector<std::string> assumptions;  // what the figures rest on, one line each
 };

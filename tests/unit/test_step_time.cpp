@@ -162,6 +162,34 @@ TEST_CASE("schedule simulation: a 2-stage 1f1b case worked by hand", "[plan]") {
   CHECK(simulate_schedule("zb-h1", 2, 2, 1, split, 0.5).span < sim.span);
 }
 
+TEST_CASE("schedule simulation: stages sharing fewer cores than stages", "[plan]") {
+  // The hand case above, no sends, both stages on one core: one of them can always run, so the
+  // span is all the work, 6 + 10, whichever runs when.
+  const std::vector<std::vector<OpCosts>> costs = {{OpCosts{1, 2, 0, 0}}, {OpCosts{2, 3, 0, 0}}};
+  const ScheduleSim one_core = simulate_schedule("1f1b", 2, 2, 1, costs, 0, 1);
+  CHECK(one_core.span == Approx(16));
+  CHECK(one_core.busy[0] == Approx(6));
+  CHECK(one_core.busy[1] == Approx(10));
+  // A core each (capacity >= stages): the plain simulation.
+  const ScheduleSim own = simulate_schedule("1f1b", 2, 2, 1, costs, 0.5, 2);
+  CHECK(own.span == Approx(14));
+  // P = 4 on 2 cores, unit costs: less than every op taking twice as long throughout (the old
+  // model of oversubscription), at least the work over the 2 cores.
+  for (const std::string kind : {"gpipe", "1f1b", "zb-h1"}) {
+    INFO(kind);
+    auto unit = [](double k) {
+      return std::vector<std::vector<OpCosts>>(4, std::vector<OpCosts>(1, OpCosts{k, 2 * k, k, k}));
+    };
+    const ScheduleSim shared = simulate_schedule(kind, 4, 8, 1, unit(1), 0, 2);
+    const ScheduleSim doubled = simulate_schedule(kind, 4, 8, 1, unit(2));
+    double work = 0;
+    for (double b : shared.busy) work += b;
+    CHECK(shared.span < doubled.span);
+    CHECK(shared.span >= work / 2 - 1e-9);
+    CHECK(shared.idle.size() == 4);
+  }
+}
+
 namespace {
 
 MachineProfile mlp_profile(const PlannedModel& m) {
@@ -253,6 +281,13 @@ TEST_CASE("step time: composed from the profile, the schedule and the comm model
   const StepTime pipe = predict_step_time(cfg, m, g, p, c);
   CHECK(pipe.bubble_s > 0);
   CHECK(pipe.reason.find("P = 2 pays") != std::string::npos);
+  // D = 2 x P = 2 on the profile's 2 cores: the pipeline's stages share them, simulated so.
+  GridChoice shared{.data = 2, .pipeline = 2, .micro_batches = 4, .ranks_per_node = 4};
+  const StepTime st = predict_step_time(cfg, m, shared, p, c);
+  CHECK(st.shared_cores);
+  CHECK(st.reason.find("idle in its bubble leaves the core to the others") != std::string::npos);
+  shared.ranks_per_node = 2;  // a node per replica: each stage its own core
+  CHECK_FALSE(predict_step_time(cfg, m, shared, p, c).shared_cores);
   g.micro_batches = 3;
   CHECK_THROWS_WITH(predict_step_time(cfg, m, g, p, c), Catch::Contains("train.batch_size = 32"));
 }
