@@ -32,6 +32,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -115,7 +116,10 @@ def step_times(metrics, skip, every):
     """Per metrics line after the first `skip` steps (the last line left out: it may be short), the
     mean step time of its interval."""
     rows = [json.loads(l) for l in open(metrics) if l.strip()]
-    rows = [r for r in rows if "step" in r and "time_s" in r and r["step"] > skip]
+    rows = [r for r in rows if "step" in r and "time_s" in r]
+    # Only the last run's lines (a run's steps only grow).
+    start = max((i for i in range(1, len(rows)) if rows[i]["step"] <= rows[i - 1]["step"]), default=0)
+    rows = [r for r in rows[start:] if r["step"] > skip]
     t = [(b["time_s"] - a["time_s"]) / (b["step"] - a["step"]) for a, b in zip(rows, rows[1:])]
     return t[:-1] if len(t) > 2 else t
 
@@ -224,6 +228,9 @@ def measure_grid(a, g, profiles, comm):
     results = []
     for rep in range(a.repeats):
         out = os.path.join(a.work, f"run-{g}-{rep}")
+        # A fresh directory: strata appends to an output directory's metrics.jsonl, and an
+        # earlier run's lines (another invocation's, another machine's load) would mix in.
+        shutil.rmtree(out, ignore_errors=True)
         load = os.getloadavg()[0]
         scale = 10 if model == "mlp" else 1  # the MLP's step is under a millisecond: more of them
         run([a.strata, "train", "--quiet", "--threads", "1", "--device", "cpu",
