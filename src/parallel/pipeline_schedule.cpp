@@ -86,6 +86,14 @@ double ScheduleSim::bubble() const {
 
 namespace {
 
+// The virtual stage whose op `o` (on stage s) waits for: F for the one before's F, B for the one
+// after's B; -1 for none (W, and the ends of the pipeline).
+int dependency(const PipeOp& o, int s, int P, int v) {
+  const int vs = o.chunk * P + s;
+  const int from = o.kind == Op::kForward ? vs - 1 : o.kind == Op::kBackward ? vs + 1 : -1;
+  return from >= 0 && from < P * v ? from : -1;
+}
+
 double op_cost(const PipeOp& o, const OpCosts& c, bool split) {
   return o.kind == Op::kForward  ? c.forward
          : o.kind == Op::kWeight ? c.backward_weight
@@ -112,10 +120,9 @@ ScheduleSim simulate_shared(const std::vector<std::vector<Op>>& ops, int P, int 
     for (int s = 0; s < P; ++s) {
       if (left[size_t(s)] < 0 && next[size_t(s)] < ops[size_t(s)].size()) {  // the next op's start
         const Op& o = ops[size_t(s)][next[size_t(s)]];
-        const int vs = o.chunk * P + s;
-        const int from = o.kind == Op::kForward ? vs - 1 : o.kind == Op::kBackward ? vs + 1 : -1;
+        const int from = dependency(o, s, P, v);
         double at = now;
-        if (from >= 0 && from < P * v && o.kind != Op::kWeight) {
+        if (from >= 0) {
           auto it = done.find({char(o.kind), from, o.micro});
           if (it == done.end()) continue;
           at = std::max(now, it->second + (from % P != s ? send_s : 0.0));
@@ -133,9 +140,10 @@ ScheduleSim simulate_shared(const std::vector<std::vector<Op>>& ops, int P, int 
     double step = wake - now;
     for (int s = 0; s < P; ++s)
       if (left[size_t(s)] >= 0 && ready[size_t(s)] <= now) step = std::min(step, left[size_t(s)] / rate);
+    const double before = now;
     now += step;
     for (int s = 0; s < P; ++s) {
-      if (left[size_t(s)] < 0 || ready[size_t(s)] > now - step) continue;
+      if (left[size_t(s)] < 0 || ready[size_t(s)] > before) continue;
       left[size_t(s)] -= step * rate;
       if (left[size_t(s)] > 1e-12 * (1 + r.busy[size_t(s)])) continue;
       const Op& o = ops[size_t(s)][next[size_t(s)]++];
@@ -174,10 +182,9 @@ ScheduleSim simulate_schedule(const std::string& kind, int stages, int micros, i
     for (int s = 0; s < P; ++s)
       for (size_t& i = next[size_t(s)]; i < ops[size_t(s)].size(); ++i) {
         const Op& o = ops[size_t(s)][i];
-        const int vs = o.chunk * P + s;
-        const int from = o.kind == Op::kForward ? vs - 1 : o.kind == Op::kBackward ? vs + 1 : -1;
+        const int vs = o.chunk * P + s, from = dependency(o, s, P, v);
         double ready = 0;
-        if (from >= 0 && from < P * v && o.kind != Op::kWeight) {
+        if (from >= 0) {
           auto it = done.find({char(o.kind), from, o.micro});
           if (it == done.end()) break;
           ready = it->second + (from % P != s ? send_s : 0.0);
