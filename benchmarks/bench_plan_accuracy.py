@@ -112,14 +112,11 @@ def model_flags(a, model):
     return ["--config", os.path.join(ROOT, "configs", "gpt_fortunes.toml"), "--data.path", a.text]
 
 
-def step_times(metrics, skip, every):
+def step_times(metrics, skip):
     """Per metrics line after the first `skip` steps (the last line left out: it may be short), the
     mean step time of its interval."""
     rows = [json.loads(l) for l in open(metrics) if l.strip()]
-    rows = [r for r in rows if "step" in r and "time_s" in r]
-    # Only the last run's lines (a run's steps only grow).
-    start = max((i for i in range(1, len(rows)) if rows[i]["step"] <= rows[i - 1]["step"]), default=0)
-    rows = [r for r in rows[start:] if r["step"] > skip]
+    rows = [r for r in rows if "step" in r and "time_s" in r and r["step"] > skip]
     t = [(b["time_s"] - a["time_s"]) / (b["step"] - a["step"]) for a, b in zip(rows, rows[1:])]
     return t[:-1] if len(t) > 2 else t
 
@@ -237,7 +234,7 @@ def measure_grid(a, g, profiles, comm):
              "--train.max_steps", str(a.steps * scale), "--train.log_every", str(a.log_every * scale),
              "--checkpoint.final", "false", "--output.dir", out] + model_flags(a, model) + flags,
             ranks=ranks, fatal=False)
-        t = step_times(os.path.join(out, "metrics.jsonl"), a.skip * scale, a.log_every * scale)
+        t = step_times(os.path.join(out, "metrics.jsonl"), a.skip * scale)
         done = [json.loads(l) for l in open(os.path.join(out, "metrics.jsonl")) if '"event"' in l][-1]
         share = done["train_thread_cpu_s"] / done["train_time_s"]  # rank 0's CPU share
         results.append((statistics.median(t), load, share))

@@ -11,15 +11,6 @@ namespace strata::cpu {
 
 namespace {
 
-bool have_avx512() {
-#if defined(__x86_64__)
-  static const bool yes = __builtin_cpu_supports("avx512f");
-  return yes;
-#else
-  return false;
-#endif
-}
-
 // The window scans use selects, not branches: which element is the max is random, so a branch
 // would mispredict often (a branchy 3x3 scan measured 3-4x slower).
 inline void take_max(float& best, int32_t& best_i, float v, int32_t idx) {
@@ -153,6 +144,15 @@ void maxpool_plane(float* y, int32_t* am, const float* x, int W, int OH, int OW,
   }
 }
 
+// The 2x2 windows on this CPU's widest path (each gives the same values and argmax).
+void maxpool_plane_2x2_best(float* y, int32_t* am, const float* x, int W, int OH, int OW) {
+#if defined(__x86_64__)
+  static const bool avx512 = __builtin_cpu_supports("avx512f");
+  if (avx512) return maxpool_plane_2x2_avx512(y, am, x, W, OH, OW);
+#endif
+  maxpool_plane_2x2(y, am, x, W, OH, OW);
+}
+
 }  // namespace
 
 // inp (B,C,H,W) -> out (B,C,OH,OW), argmax (B,C,OH,OW) = index in the (H,W) plane.
@@ -163,10 +163,8 @@ void maxpool2d_forward(float* out, int32_t* argmax, const float* inp, int B, int
   const int64_t planes = int64_t(B) * C, n_out = int64_t(OH) * OW;
   for (int64_t pl = 0; pl < planes; ++pl) {
     const float* x = inp + pl * H * W;
-    if (k == 2 && st == 2 && have_avx512())
-      maxpool_plane_2x2_avx512(out + pl * n_out, argmax + pl * n_out, x, W, OH, OW);
-    else if (k == 2 && st == 2)
-      maxpool_plane_2x2(out + pl * n_out, argmax + pl * n_out, x, W, OH, OW);
+    if (k == 2 && st == 2)
+      maxpool_plane_2x2_best(out + pl * n_out, argmax + pl * n_out, x, W, OH, OW);
     else
       maxpool_plane(out + pl * n_out, argmax + pl * n_out, x, W, OH, OW, k, st);
   }
@@ -226,6 +224,15 @@ __attribute__((target("avx512f"))) void maxpool_plane_backward_2x2_avx512(
 }
 #endif
 
+void maxpool_plane_backward_2x2_best(float* dx, const float* dy, const int32_t* am, int H, int W,
+                                     int OH, int OW) {
+#if defined(__x86_64__)
+  static const bool avx512 = __builtin_cpu_supports("avx512f");
+  if (avx512) return maxpool_plane_backward_2x2_avx512(dx, dy, am, H, W, OH, OW);
+#endif
+  maxpool_plane_backward_2x2(dx, dy, am, H, W, OH, OW);
+}
+
 }  // namespace
 
 // dout (B,C,OH,OW), argmax (B,C,OH,OW) -> dinp (B,C,H,W). Overlapping windows (st < k) add up.
@@ -234,17 +241,9 @@ void maxpool2d_backward(float* dinp, const float* dout, const int32_t* argmax, i
   const int OH = (H - k) / st + 1, OW = (W - k) / st + 1;
   const int64_t planes = int64_t(B) * C, n_out = int64_t(OH) * OW, n_in = int64_t(H) * W;
   if (k == 2 && st == 2) {
-    for (int64_t pl = 0; pl < planes; ++pl) {
-#if defined(__x86_64__)
-      if (have_avx512()) {
-        maxpool_plane_backward_2x2_avx512(dinp + pl * n_in, dout + pl * n_out,
-                                          argmax + pl * n_out, H, W, OH, OW);
-        continue;
-      }
-#endif
-      maxpool_plane_backward_2x2(dinp + pl * n_in, dout + pl * n_out, argmax + pl * n_out, H, W,
-                                 OH, OW);
-    }
+    for (int64_t pl = 0; pl < planes; ++pl)
+      maxpool_plane_backward_2x2_best(dinp + pl * n_in, dout + pl * n_out, argmax + pl * n_out, H,
+                                      W, OH, OW);
     return;
   }
   std::fill(dinp, dinp + planes * n_in, 0.f);

@@ -203,7 +203,7 @@ double MemoryState::save(int64_t steps_done, int64_t per_epoch, const Backend& b
   };
   double wait_s = 0;
   mem_.save(steps_done, start, fill, &wait_s);
-  const double stall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double stall = seconds_since(t0);
   stalls_.push_back(stall);
   saved_ = std::chrono::steady_clock::now();
   return stall;
@@ -258,7 +258,7 @@ void MemoryState::adapt(int64_t steps_done) {
 double MemoryState::fence() {
   const bool first = !stalls_.empty() && windows_.size() < stalls_.size();  // since the save
   if (first)
-    windows_.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - saved_).count());
+    windows_.push_back(seconds_since(saved_));
   // A GPU's update waits on the device for the copy stream; the copy thread reads the pinned
   // buffer, not the state, so the host goes on.
   if (device_) device_->snapshot_device_wait(last_slot_);
