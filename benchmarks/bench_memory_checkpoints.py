@@ -43,6 +43,8 @@ ap.add_argument("--device", default="cpu", help="strata's --device for every run
 ap.add_argument("--arms", default="off,on",
                 help="off, local (one node: no partner), on (two nodes), budget (on with --budget)")
 ap.add_argument("--budget", type=float, default=0.03, help="checkpoint.memory_budget of the budget arm")
+ap.add_argument("--scale", type=int, default=1,
+                help="multiplies every model's steps (the budget arm's first 16 saves at memory_every weigh less)")
 ap.add_argument("--work", default="/var/tmp/strata-bench-memory")
 ap.add_argument("--memory_root", default="/dev/shm",
                 help="where the simulated nodes' memory directories go (a tmpfs; a small /dev/shm: another)")
@@ -59,6 +61,7 @@ ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIR
 
 def run(model, arm):
     cfg, data, steps = MODELS[model]
+    steps *= a.scale
     memory = arm != "off"
     out = os.path.join(a.work, f"{model}-{arm}")
     shutil.rmtree(out, ignore_errors=True)
@@ -127,7 +130,7 @@ def main():
             if arm == "off":
                 continue
             rs = res[arm]
-            rows.append((model, arm, MODELS[model][2], off, med([x["step_s"] for x in rs]),
+            rows.append((model, arm, MODELS[model][2] * a.scale, off, med([x["step_s"] for x in rs]),
                          med([x["stall_ms"] for x in rs]),
                          med([x["copy_ms"] for x in rs if x["copy_ms"] is not None]),
                          med([x["exchange_ms"] for x in rs if x["exchange_ms"] is not None]),
