@@ -19,6 +19,8 @@ Grids (all --threads 1, --device cpu; mpirun places 2 ranks on this node):
   gpt-t2  the same, T = 2                                (each block split over 2 ranks)
 --grids all adds 4-rank grids, ZeRO-1/2, the CNN, recompute, gpipe, zb-h1, interleaved, and
 one rank in micro-batches (gpt-d1-m8, cnn-d1-m4: the micro-batch's effect alone) (GRIDS).
+--device cuda (a GPU node): the one-rank grids on the GPU (bench layers, the prediction and the
+runs with --device cuda; --grids all: every one-rank grid; no comm profile).
 Target: within 15 %. The machine's other load moves every figure: beside each grid the load
 average when it started and `cpu`, rank 0's training-thread CPU time over its wall time (1.0
 on a quiet machine for a rank that never waits; less when other processes take its core), and
@@ -138,6 +140,8 @@ def main():
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--grids", default=DEFAULT, help=f"comma-separated, or all: {', '.join(GRIDS)}")
     p.add_argument("--log_every", type=int, default=5, help="steps per metrics line (a step's time: the line's mean)")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                   help="strata's --device for bench layers, the prediction and the runs (cuda: one-rank grids)")
     p.add_argument("--work", default="/tmp/bench-plan-accuracy")
     p.add_argument("--nice", type=int, default=0,
                    help="run the measurements under nice -n N (negative, as root: ahead of the other "
@@ -150,18 +154,23 @@ def main():
     for g in grids:
         if g not in GRIDS:
             die(f"--grids: unknown grid '{g}' ({', '.join(GRIDS)})")
+    if a.device == "cuda":  # one GPU: the grids of one rank
+        if a.grids != "all" and any(GRIDS[g][1] > 1 for g in grids):
+            die("--device cuda: one-rank grids only (one GPU here): "
+                + ", ".join(g for g in grids if GRIDS[g][1] > 1))
+        grids = [g for g in grids if GRIDS[g][1] == 1]
     print(f"# bench_plan_accuracy.py, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
           f"CPU {cpu_name()}, {os.cpu_count()} cores, --threads 1, steps {a.steps} (skip {a.skip}), "
-          f"log_every {a.log_every}, nice {a.nice}", flush=True)
+          f"log_every {a.log_every}, nice {a.nice}, --device {a.device}", flush=True)
     comm = {}  # a comm profile per rank count the grids use (its measured points are at that count)
-    for n in sorted({max(2, GRIDS[g][1]) for g in grids}):
+    for n in sorted({max(2, GRIDS[g][1]) for g in grids if GRIDS[g][1] > 1 or a.device == "cpu"}):
         comm[n] = os.path.join(a.work, f"comm-{n}.json")
         run([a.strata, "bench", "comm", "--quiet", "--max_bytes", "16M", "--out", comm[n]], ranks=n)
     profiles = {}
     for model in sorted({GRIDS[g][0] for g in grids}):
         profiles[model] = os.path.join(a.work, f"layers-{model}.json")
         # On the node's cores at once: rank 0 also times the whole pass with every core busy.
-        run([a.strata, "bench", "layers", "--quiet", "--threads", "1", "--device", "cpu",
+        run([a.strata, "bench", "layers", "--quiet", "--threads", "1", "--device", a.device,
              "--checkpoint_dir", os.path.join(a.work, "ckpt"), "--out", profiles[model]]
             + model_flags(a, model), ranks=min(os.cpu_count(), max(GRIDS[g][1] for g in grids)))
         print_whole_ratio(model, profiles[model])
@@ -217,8 +226,10 @@ def measure_grid(a, g, profiles, comm):
     """Predicts grid g, trains it --repeats times, prints its row; returns the relative error,
     the predicted and the measured step time."""
     model, ranks, flags, grid = GRIDS[g]
-    cmd = [a.strata, "bench", "predict", "--threads", "1", "--device", "cpu", "--profile",
-           profiles[model], "--comm_profile", comm[max(2, ranks)], "--ranks_per_node", str(ranks)]
+    cmd = [a.strata, "bench", "predict", "--threads", "1", "--device", a.device, "--profile",
+           profiles[model], "--ranks_per_node", str(ranks)]
+    if max(2, ranks) in comm:
+        cmd += ["--comm_profile", comm[max(2, ranks)]]
     for k, v in grid.items():
         cmd += [f"--{k}"] if v is True else [f"--{k}", str(v)]
     pr = json.loads(run(cmd + model_flags(a, model) + flags, fatal=False))
@@ -230,7 +241,7 @@ def measure_grid(a, g, profiles, comm):
         shutil.rmtree(out, ignore_errors=True)
         load = os.getloadavg()[0]
         scale = 10 if model == "mlp" else 1  # the MLP's step is under a millisecond: more of them
-        run([a.strata, "train", "--quiet", "--threads", "1", "--device", "cpu",
+        run([a.strata, "train", "--quiet", "--threads", "1", "--device", a.device,
              "--train.max_steps", str(a.steps * scale), "--train.log_every", str(a.log_every * scale),
              "--checkpoint.final", "false", "--output.dir", out] + model_flags(a, model) + flags,
             ranks=ranks, fatal=False)

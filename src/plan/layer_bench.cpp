@@ -65,13 +65,17 @@ struct PassData {
       hx.data()[i] = tokens ? float(rng.next() % uint64_t(pm.classes)) : rng.uniform(0.f, 1.f);
     for (int64_t i = 0; i < hdy.size(); ++i) hdy.data()[i] = rng.uniform(-1e-3f, 1e-3f);
     x = to_backend(be, hx), dy = to_backend(be, hdy);
-    labels.resize(size_t(b * m.rows_per_sample()));
-    for (auto& l : labels) l = int32_t(rng.next() % uint64_t(m.classes()));
+    std::vector<int32_t> host_labels(size_t(b * m.rows_per_sample()));
+    for (auto& l : host_labels) l = int32_t(rng.next() % uint64_t(m.classes()));
+    // The loss reads the labels where the backend computes (a GPU's memory), as training's are.
+    label_tensor.resize({int64_t(host_labels.size())}, *be.memory);
+    be.upload(label_tensor.i32(), host_labels.data(), sizeof(int32_t) * host_labels.size());
+    labels = label_tensor.i32();
   }
   // The whole forward, loss and backward as training runs them: seconds.
   double whole_pass(Model& m, const Backend& be) {
     const auto t0 = Clock::now();
-    head.loss_and_gradient(be, m.forward(be, x, si), labels.data(), b, b, dlogits);
+    head.loss_and_gradient(be, m.forward(be, x, si), labels, b, b, dlogits);
     m.backward(be, dy, 0);
     be.synchronize();
     return seconds_since(t0);
@@ -86,8 +90,8 @@ struct PassData {
     return median(t);
   }
   int64_t b;
-  Tensor x, dy, dlogits;
-  std::vector<int32_t> labels;
+  Tensor x, dy, dlogits, label_tensor;
+  const int32_t* labels = nullptr;  // label_tensor's int32 values
   SoftmaxXentHead head;
   const StepInfo si{.training = true};
 };
@@ -111,7 +115,7 @@ void measure_size(Model& m, const Backend& be, int64_t b, int reps, const Planne
     const Tensor& y = m.forward(be, x, si);
     m.set_profile(nullptr);
     const auto t0 = Clock::now();
-    head.loss_and_gradient(be, y, d.labels.data(), b, b, d.dlogits);
+    head.loss_and_gradient(be, y, d.labels, b, b, d.dlogits);
     be.synchronize();
     const double lt = seconds_since(t0);
     m.set_profile(&p.b);
@@ -158,6 +162,7 @@ void measure_optimizer(const RunConfig& cfg, Model& m, const Backend& be, int re
                  .beta1 = cfg.train.beta1, .beta2 = cfg.train.beta2, .eps = cfg.train.eps,
                  .grad_clip = cfg.train.grad_clip};
   Optimizer opt(oc, m.values().size());
+  opt.place(be);  // its state where the updates run, as training's
   std::vector<double> t;
   for (int r = 0; r <= reps; ++r) {
     const auto t0 = Clock::now();

@@ -5,7 +5,10 @@ the Linear layers' B and W halves (ReLU fused, so split), the loss, the optimize
 checkpoint write and memory bandwidths, the node's CPU and library versions; the prediction's
 parts add up to its total, and D = 2 on the profile's cores costs more exposed
 communication than one rank (a comm profile written here by hand). Launched on two ranks, the
-profile also holds the busy node's slowdown, which the D = 2 prediction applies.
+profile also holds the busy node's slowdown, which the D = 2 prediction applies. On
+--device cpu-staged (a GPU's memory that host code may not touch) it profiles every layer too:
+the loss's labels and the optimizer's state where the device computes (the first GPU run of
+bench layers read host labels in the loss kernel and crashed).
 
     bench_layers_check.py STRATA FASHION_MNIST.h5 WORK"""
 import json
@@ -92,6 +95,16 @@ need(p.get("busy", {}).get("ranks") == 2 and p["busy"]["slowdown"] >= 1, f"busy 
 need("with the node's 2 ranks at once" in r.stderr, "a progress line for the busy node")
 two = predict("--data", "2", "--ranks_per_node", "2")
 need(two["busy_node"] == p["busy"]["slowdown"], f"D = 2 on one node: busy_node {two['busy_node']}")
+
+staged = os.path.join(work, "staged.json")
+r = subprocess.run([strata, "bench", "layers", "--micro_batches", "2,8", "--reps", "1", "--checkpoint_dir",
+                    os.path.join(work, "ck"), "--out", staged] + model[:-1] + ["cpu-staged"],
+                   capture_output=True, text=True, timeout=120)
+need(r.returncode == 0, f"bench layers on cpu-staged exited {r.returncode}: {r.stderr[-600:]}")
+if r.returncode == 0:
+    s = json.load(open(staged))
+    need(s["device"] == "cpu-staged" and [l["name"] for l in s["layers"]] == names
+         and all(l["optimizer_s"] > 0 for l in s["layers"] if l["params"] > 0), "the cpu-staged profile")
 if fails:
     sys.exit("FAILED: " + "; ".join(fails))
 print(f"ok: {len(p['layers'])} layers profiled; one rank {one['total_s'] * 1e3:.3f} ms, D = 2 "
