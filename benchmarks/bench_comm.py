@@ -1,6 +1,7 @@
 #!/usr/bin/python3
 """`strata bench comm` on 2 ranks beside a plain MPI reference (tests/plan/comm_reference.cpp:
-MPI_Allreduce, MPI_Iallreduce + MPI_Wait and a ping-pong, nothing of strata's).
+MPI_Allreduce, MPI_Iallreduce + MPI_Wait, the pairwise sum on MPI_Isend/MPI_Irecv and a
+ping-pong, nothing of strata's).
 
 First one whole `strata bench comm` run (8 B to --max_bytes, every op): its table and fit. Then,
 size by size, strata and the reference launched alternately (which goes first alternates),
@@ -12,9 +13,10 @@ same rule for both sides.
         [--max_bytes 64M] [--rounds 3] [--out benchmarks/results/DATE-CPU-bench-comm.txt]
 
 Prints (and writes to --out) strata's table for every op, its fit (docs/planning.md), and the
-ops the reference also runs side by side: strata's allreduce (the gradients' non-blocking sum)
-against MPI_Iallreduce, allreduce_blocking against MPI_Allreduce, sendrecv against the
-ping-pong, with the difference.
+ops the reference also runs side by side: strata's allreduce (the gradients' non-blocking sum,
+pairwise since 2026-11-26) against the reference's pairwise sum, allreduce_blocking against
+MPI_Allreduce, sendrecv against the ping-pong, with the difference; and the reference's
+MPI_Iallreduce (strata's buckets' call before) over the pairwise sum and over MPI_Allreduce.
 """
 import argparse
 import json
@@ -28,7 +30,7 @@ ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIR
            OMPI_MCA_rmaps_base_oversubscribe="1")
 MPIRUN = ["mpirun", "-n", "2", "--oversubscribe", "--bind-to", "none"]
 OPS = ["allreduce", "reduce_scatter", "all_gather", "sendrecv", "allreduce_blocking"]
-REFERENCE_OF = {"allreduce": "iallreduce", "allreduce_blocking": "allreduce", "sendrecv": "sendrecv"}
+REFERENCE_OF = {"allreduce": "pairwise", "allreduce_blocking": "allreduce", "sendrecv": "sendrecv"}
 UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
 
@@ -111,6 +113,9 @@ def main():
     lines.append("MPI_Iallreduce / MPI_Allreduce (the reference's own calls): " + ", ".join(
         f"{b >> 10} KiB {ref[('iallreduce', b)] / ref[('allreduce', b)]:.2f}x"
         for (o, b) in sorted(ref) if o == "allreduce" and b >= 65536))
+    lines.append("MPI_Iallreduce / the pairwise sum (the reference's own calls): " + ", ".join(
+        f"{b >> 10} KiB {ref[('iallreduce', b)] / ref[('pairwise', b)]:.2f}x"
+        for (o, b) in sorted(ref) if o == "pairwise" and b >= 65536))
     text = "\n".join(lines) + "\n"
     print(text, end="")
     if a.out:

@@ -84,7 +84,8 @@ def main():
         out = os.path.join(work, name.replace(" ", "_").replace(",", ""))
         flags = [x for k, v in keys.items() for x in (f"--{k}", str(v))]
         r = subprocess.run(["mpirun", "--oversubscribe", "--bind-to", "none", "-n", "2", a.strata, "train", *model,
-                            *flags, "--device", "cpu",  # host memory, also on a GPU node "--train.max_steps", "2", "--checkpoint.final", "false", "--quiet",
+                            *flags, "--device", "cpu",  # host memory, also on a GPU node
+                            "--train.max_steps", "2", "--checkpoint.final", "false", "--quiet",
                             "--output.dir", out], capture_output=True, text=True, env=ENV)
         if r.returncode != 0:
             sys.exit(f"{name}: train failed\n{r.stderr[-2000:]}")

@@ -18,6 +18,7 @@
 
 #include "base/activity.h"
 #include "base/job.h"
+#include "comm/pairwise.h"
 #include "strata/error.h"
 
 namespace strata {
@@ -132,10 +133,13 @@ class MpiComm final : public Comm {
     MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
     MPI_CHECK(MPI_Comm_size(comm_, &size_));
     MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
+    MPI_CHECK(MPI_Comm_dup(comm_, &pair_comm_));  // collective, as the split before it
+    pairwise_ = std::make_unique<PairwiseSums>(pair_comm_, rank_, size_);
   }
   ~MpiComm() override {
     int fin = 0;
     MPI_Finalized(&fin);
+    if (!fin) MPI_Comm_free(&pair_comm_);
     if (owned_ && !fin) MPI_Comm_free(&comm_);
   }
   int rank() const override { return rank_; }
@@ -157,46 +161,21 @@ class MpiComm final : public Comm {
     MPI_CHECK(MPI_Barrier(comm_));
   }
 
+  // A reduce-scatter of even shards, then an all-gather of the sums, both pairwise
+  // (comm/pairwise.h): each element the sum in rank order, the same on every rank.
   int start_allreduce_sum(float* x, int64_t n) override {
     STRATA_CHECK(n < INT_MAX, "bucket of {} floats is too large for one MPI call", n);
-    MPI_Request req;
-    MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, x, int(n), MPI_FLOAT, MPI_SUM, comm_, &req));
-    return keep(req, false);
+    const int64_t per = ((n + size_ - 1) / size_ + 15) / 16 * 16, seq = seq_++;  // whole cache lines
+    std::vector<int64_t> counts;
+    for (int64_t left = n; int(counts.size()) < size_; left -= counts.back())
+      counts.push_back(std::min(per, left));
+    auto s = std::make_shared<Shards>(shards(counts));
+    return start_pairwise_sums(x, s, seq, [this, x, s, seq](int h) {
+      arm(h, pairwise_->post_allgather(x, s->counts, s->displs, seq), {});
+    });
   }
-  // Each rank sends every other owner its part of that owner's shard and receives the others'
-  // parts of its own into a staging buffer kept per handle slot; once all have arrived, the shard
-  // is summed in rank order from zero (the serial sum, whatever arrived first). One message each
-  // way per pair, as a ring moves on 2 ranks. Open MPI's libnbc reduce per owner (the earlier
-  // way) took 2x the exposed time in an MLP's ZeRO-2 step, and MPI_Ireduce_scatter (a reduce to
-  // rank 0, then a scatter) more.
   int start_reduce_scatter_sum(float* x, const std::vector<int64_t>& counts) override {
-    constexpr int kTag = 0x7253;  // this communicator's only point-to-point messages
-    const Shards s = shards(counts);
-    const int h = free_slot();
-    const int64_t mine = s.counts[size_t(rank_)];
-    std::vector<float>& staged = staged_[size_t(h)];
-    if (staged.size() < size_t(mine * (size_ - 1))) staged.resize(size_t(mine * (size_ - 1)));
-    std::vector<MPI_Request> reqs;
-    for (int q = 0, slot = 0; q < size_; ++q) {
-      if (q == rank_) continue;
-      MPI_Request req;
-      if (mine > 0) {
-        MPI_CHECK(MPI_Irecv(staged.data() + slot * mine, int(mine), MPI_FLOAT, q, kTag, comm_, &req));
-        reqs.push_back(req);
-      }
-      if (s.counts[size_t(q)] > 0) {
-        MPI_CHECK(MPI_Isend(x + s.displs[size_t(q)], s.counts[size_t(q)], MPI_FLOAT, q, kTag, comm_, &req));
-        reqs.push_back(req);
-      }
-      ++slot;
-    }
-    if (reqs.empty()) reqs.push_back(MPI_REQUEST_NULL);
-    MPI_Request last = reqs.back();
-    reqs.pop_back();
-    more_[size_t(h)] = std::move(reqs);
-    float* own = x + s.displs[size_t(rank_)];
-    keep_at(h, last, false, [this, h, own, mine] { sum_in_rank_order(own, staged_[size_t(h)].data(), mine); });
-    return h;
+    return start_pairwise_sums(x, std::make_shared<Shards>(shards(counts)), seq_++, {});
   }
   int start_allgather(float* x, const std::vector<int64_t>& counts) override {
     auto s = std::make_shared<Shards>(shards(counts));
@@ -218,23 +197,18 @@ class MpiComm final : public Comm {
     return keep(req, true);
   }
   bool test(int h) override {
-    int done = 0;
-    MPI_CHECK(MPI_Test(&reqs_.at(h), &done, MPI_STATUS_IGNORE));
-    if (auto& more = more_.at(size_t(h)); done && !more.empty()) {
-      MPI_CHECK(MPI_Testall(int(more.size()), more.data(), &done, MPI_STATUSES_IGNORE));
-      if (done) more.clear();
-    }
-    if (done) run_after(h);
-    return done;  // a completed request is reset to MPI_REQUEST_NULL, so test again is true
+    if (poll(h)) return true;
+    advance_others(h);
+    return false;
   }
   void wait(int h) override {
     Blocked b(activity(), Activity::kWait);
     if (!yielding_waits_ || !yielding_.at(h)) {
-      MPI_CHECK(MPI_Wait(&reqs_.at(h), MPI_STATUS_IGNORE));
-      auto& more = more_.at(size_t(h));
-      MPI_CHECK(MPI_Waitall(int(more.size()), more.data(), MPI_STATUSES_IGNORE));
-      more.clear();
-      run_after(h);
+      // Not MPI_Wait: a pairwise sum's all-gather is posted when its reduce-scatter is seen
+      // complete, and a peer may be waiting for that of another handle than this one (the
+      // caller's order of waits differs between ranks when a finished handle's slot is reused),
+      // so every wait and test moves every handle's phases on.
+      while (!poll(h)) advance_others(h);
       return;
     }
     // Spin briefly (a message that is about to arrive costs no sleep), then test with short
@@ -324,19 +298,43 @@ class MpiComm final : public Comm {
     yielding_[size_t(i)] = yielding;
     after_[size_t(i)] = std::move(after);
   }
-  // own[i] = 0 + part_0[i] + part_1[i] + ..., own being this rank's part: blocks that stay in L1.
-  void sum_in_rank_order(float* own, const float* staged, int64_t n) const {
-    constexpr int64_t kBlock = 1024;
-    float acc[kBlock];
-    for (int64_t b0 = 0; b0 < n; b0 += kBlock) {
-      const int64_t m = std::min(kBlock, n - b0);
-      std::fill_n(acc, m, 0.f);
-      for (int q = 0, slot = 0; q < size_; ++q) {
-        const float* part = q == rank_ ? own + b0 : staged + (slot++) * n + b0;
-        for (int64_t j = 0; j < m; ++j) acc[j] += part[j];
+  // Handle h's (next) phase: its requests, and what runs once they are complete.
+  void arm(int h, std::vector<MPI_Request> reqs, std::function<void()> after) {
+    if (reqs.empty()) reqs.push_back(MPI_REQUEST_NULL);
+    keep_at(h, reqs.back(), false, std::move(after));
+    reqs.pop_back();
+    more_[size_t(h)] = std::move(reqs);
+  }
+  bool armed(int h) const { return reqs_[size_t(h)] != MPI_REQUEST_NULL || !more_[size_t(h)].empty(); }
+  // Whether handle h is complete; a phase found complete runs what follows it (a sum, the next
+  // phase's posting).
+  bool poll(int h) {
+    for (;;) {
+      int done = 0;
+      MPI_CHECK(MPI_Test(&reqs_.at(size_t(h)), &done, MPI_STATUS_IGNORE));
+      if (auto& more = more_.at(size_t(h)); done && !more.empty()) {
+        MPI_CHECK(MPI_Testall(int(more.size()), more.data(), &done, MPI_STATUSES_IGNORE));
+        if (done) more.clear();
       }
-      std::copy_n(acc, m, own + b0);
+      if (!done) return false;
+      run_after(h);
+      if (!armed(h)) return true;  // a completed request is MPI_REQUEST_NULL: polling again is true
     }
+  }
+  void advance_others(int h) {
+    for (size_t i = 0; i < after_.size(); ++i)
+      if (int(i) != h && after_[i]) poll(int(i));
+  }
+  // The pairwise reduce-scatter; once its parts are in, the shard is summed and `then` may arm
+  // the handle's next phase.
+  int start_pairwise_sums(float* x, std::shared_ptr<Shards> s, int64_t seq, std::function<void(int)> then) {
+    const int h = free_slot();
+    arm(h, pairwise_->post_reduce_scatter(x, s->counts, s->displs, seq, staged_[size_t(h)]),
+        [this, h, x, s, then = std::move(then)] {
+          pairwise_->sum_shard(x, s->counts, s->displs, staged_[size_t(h)]);
+          if (then) then(h);
+        });
+    return h;
   }
   void run_after(int h) {
     if (auto f = std::exchange(after_.at(size_t(h)), nullptr)) f();
@@ -349,6 +347,9 @@ class MpiComm final : public Comm {
   std::vector<std::function<void()>> after_;
   std::vector<std::vector<MPI_Request>> more_;  // a handle's other requests (reduce-scatter)
   std::vector<std::vector<float>> staged_;       // a handle slot's reduce-scatter parts received
+  MPI_Comm pair_comm_ = MPI_COMM_NULL;           // PairwiseSums' own
+  std::unique_ptr<PairwiseSums> pairwise_;
+  int64_t seq_ = 0;                              // pairwise calls started: their tags
 };
 
 class SingleComm final : public Comm {

@@ -123,13 +123,11 @@ PlannedMemory estimate_run_memory(const RunConfig& cfg, const RunPlan& plan,
         r.received_gradient = std::max(r.received_gradient, numel(plan.layers[size_t(last - 1)].out_shape));
     }
     MemoryEstimate e = estimate_rank_memory(plan.layers, r);
-    // MPI's non-blocking allreduce (Open MPI's libnbc) holds a temporary buffer the size of
-    // each bucket in flight, and with overlap every bucket is in flight until backward ends:
-    // up to the gradient buffer (half of it for ZeRO-2's reduce-scatter), measured on 2 ranks
-    // as 0.8 and 0.47 of it (benchmarks/bench_plan_memory.py). NCCL sums in place.
-    if (plan.D > 1 && !device_only)
-      e.communication += cfg.dp.overlap ? e.gradients * (cfg.parallel.zero == 2 ? 0.5 : 1.0)
-                                        : cfg.dp.bucket_mb * 1048576;
+    // The pairwise sums on MPI (comm/pairwise.h) receive the other D - 1 ranks' parts of this
+    // rank's shard of each bucket into a staging buffer kept per bucket in flight, and every
+    // bucket is in flight until backward ends (or, without overlap, after it): (D - 1) / D of
+    // the gradient buffer, allocated once. NCCL sums in place.
+    if (plan.D > 1 && !device_only) e.communication += e.gradients * double(plan.D - 1) / double(plan.D);
     if (s == 0 || e.total() > best.estimate.total()) best = {s, e};
   }
   return best;

@@ -1,0 +1,85 @@
+#include "comm/pairwise.h"
+
+#include <algorithm>
+
+#include "strata/error.h"
+
+namespace strata {
+
+namespace {
+
+// Tags: the phase in the top bit of 15 (MPI guarantees tags up to 32767), the call's sequence
+// number below it; thousands of calls apart before one repeats, never that many in flight.
+int tag(bool gather, int64_t seq) { return (gather ? 0x4000 : 0) | int(seq & 0x3fff); }
+
+void check(int rc, const char* what) {
+  STRATA_CHECK(rc == MPI_SUCCESS, "{} failed (MPI error {})", what, rc);
+}
+
+}  // namespace
+
+std::vector<MPI_Request> PairwiseSums::post_reduce_scatter(float* x, const std::vector<int>& counts,
+                                                           const std::vector<int>& displs, int64_t seq,
+                                                           std::vector<float>& staged) const {
+  const int mine = counts[size_t(rank_)];
+  if (staged.size() < size_t(mine) * size_t(size_ - 1)) staged.resize(size_t(mine) * size_t(size_ - 1));
+  std::vector<MPI_Request> reqs;
+  for (int q = 0, slot = 0; q < size_; ++q) {
+    if (q == rank_) continue;
+    MPI_Request req;
+    if (mine > 0) {
+      check(MPI_Irecv(staged.data() + size_t(slot) * size_t(mine), mine, MPI_FLOAT, q, tag(false, seq),
+                      comm_, &req), "MPI_Irecv (reduce-scatter)");
+      reqs.push_back(req);
+    }
+    if (counts[size_t(q)] > 0) {
+      check(MPI_Isend(x + displs[size_t(q)], counts[size_t(q)], MPI_FLOAT, q, tag(false, seq), comm_, &req),
+            "MPI_Isend (reduce-scatter)");
+      reqs.push_back(req);
+    }
+    ++slot;
+  }
+  return reqs;
+}
+
+void PairwiseSums::sum_shard(float* x, const std::vector<int>& counts, const std::vector<int>& displs,
+                             const std::vector<float>& staged) const {
+  const int64_t n = counts[size_t(rank_)];
+  float* own = x + displs[size_t(rank_)];
+  constexpr int64_t kBlock = 1024;  // the running sum stays in L1
+  float acc[kBlock];
+  for (int64_t b0 = 0; b0 < n; b0 += kBlock) {
+    const int64_t m = std::min(kBlock, n - b0);
+    for (int q = 0, slot = 0; q < size_; ++q) {
+      const float* part = q == rank_ ? own + b0 : staged.data() + (slot++) * n + b0;
+      if (q == 0)
+        std::copy_n(part, m, acc);
+      else
+        for (int64_t j = 0; j < m; ++j) acc[j] += part[j];
+    }
+    std::copy_n(acc, m, own + b0);
+  }
+}
+
+std::vector<MPI_Request> PairwiseSums::post_allgather(float* x, const std::vector<int>& counts,
+                                                      const std::vector<int>& displs, int64_t seq) const {
+  std::vector<MPI_Request> reqs;
+  const int mine = counts[size_t(rank_)];
+  for (int q = 0; q < size_; ++q) {
+    if (q == rank_) continue;
+    MPI_Request req;
+    if (counts[size_t(q)] > 0) {
+      check(MPI_Irecv(x + displs[size_t(q)], counts[size_t(q)], MPI_FLOAT, q, tag(true, seq), comm_, &req),
+            "MPI_Irecv (all-gather)");
+      reqs.push_back(req);
+    }
+    if (mine > 0) {
+      check(MPI_Isend(x + displs[size_t(rank_)], mine, MPI_FLOAT, q, tag(true, seq), comm_, &req),
+            "MPI_Isend (all-gather)");
+      reqs.push_back(req);
+    }
+  }
+  return reqs;
+}
+
+}  // namespace strata
