@@ -44,13 +44,15 @@ class Comm {
   virtual void barrier() = 0;
 
   // Non-blocking in-place sum. start_* returns a handle; test() drives progress and reports
-  // completion; wait() blocks until done. Handles are small integers owned by the Comm.
+  // completion; wait() blocks until done. Handles are small integers owned by the Comm: once a
+  // test or wait on a handle has reported it complete, its number may be given to a later
+  // start (waiting on it again then waits for that one). One thread at a time uses a Comm.
   virtual int start_allreduce_sum(float* x, int64_t n) = 0;
   // Non-blocking collectives of sharded state (ZeRO): x holds sum(counts) floats in the same
   // layout on every rank, rank r's shard at offset counts[0] + ... + counts[r-1]; `counts`
   // (one per rank, >= 0) is the same on every rank. reduce_scatter: on completion this rank's
   // shard holds the sum over ranks of that shard, added in an order fixed for a given size and
-  // layout (the in-process comm: rank order; MPI and NCCL: the library's) (the rest of x is then
+  // layout (the in-process comm and MPI: rank order; NCCL: the library's) (the rest of x is then
   // unspecified). allgather: on completion every shard of x holds its owner's values.
   virtual int start_reduce_scatter_sum(float* x, const std::vector<int64_t>& counts) = 0;
   virtual int start_allgather(float* x, const std::vector<int64_t>& counts) = 0;

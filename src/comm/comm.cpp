@@ -14,6 +14,7 @@
 #include <list>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "base/activity.h"
@@ -133,13 +134,16 @@ class MpiComm final : public Comm {
     MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
     MPI_CHECK(MPI_Comm_size(comm_, &size_));
     MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
-    MPI_CHECK(MPI_Comm_dup(comm_, &pair_comm_));  // collective, as the split before it
-    pairwise_ = std::make_unique<PairwiseSums>(pair_comm_, rank_, size_);
   }
   ~MpiComm() override {
     int fin = 0;
     MPI_Finalized(&fin);
-    if (!fin) MPI_Comm_free(&pair_comm_);
+    for (size_t h = 0; h < reqs_.size(); ++h)
+      if (armed(int(h))) {  // unwinding with sums in flight: their receives may still land
+        leaked_staging_.push_back(std::move(staging_));
+        break;
+      }
+    if (pair_comm_ != MPI_COMM_NULL && !fin) MPI_Comm_free(&pair_comm_);
     if (owned_ && !fin) MPI_Comm_free(&comm_);
   }
   int rank() const override { return rank_; }
@@ -196,18 +200,14 @@ class MpiComm final : public Comm {
     MPI_CHECK(MPI_Irecv(x, int(n), MPI_FLOAT, from, tag, comm_, &req));
     return keep(req, true);
   }
-  bool test(int h) override {
-    if (poll(h)) return true;
-    advance_others(h);
-    return false;
-  }
+  bool test(int h) override { return poll(h); }  // callers test each of their handles
   void wait(int h) override {
     Blocked b(activity(), Activity::kWait);
     if (!yielding_waits_ || !yielding_.at(h)) {
       // Not MPI_Wait: a pairwise sum's all-gather is posted when its reduce-scatter is seen
       // complete, and a peer may be waiting for that of another handle than this one (the
       // caller's order of waits differs between ranks when a finished handle's slot is reused),
-      // so every wait and test moves every handle's phases on.
+      // so a wait moves every handle's phases on.
       while (!poll(h)) advance_others(h);
       return;
     }
@@ -289,7 +289,6 @@ class MpiComm final : public Comm {
       yielding_.push_back(false);
       after_.emplace_back();
       more_.emplace_back();
-      staged_.emplace_back();
     }
     return int(i);
   }
@@ -327,11 +326,20 @@ class MpiComm final : public Comm {
   }
   // The pairwise reduce-scatter; once its parts are in, the shard is summed and `then` may arm
   // the handle's next phase.
+  // Staging is kept per buffer (a gradient bucket's is the same every step), not per handle
+  // slot, whose buckets vary from step to step: (D - 1) / D of the gradients in all.
   int start_pairwise_sums(float* x, std::shared_ptr<Shards> s, int64_t seq, std::function<void(int)> then) {
+    if (!pairwise_) {  // the first sum: collective on this communicator, as every sum is
+      MPI_CHECK(MPI_Comm_dup(comm_, &pair_comm_));
+      pairwise_ = std::make_unique<PairwiseSums>(pair_comm_, rank_, size_);
+    }
     const int h = free_slot();
-    arm(h, pairwise_->post_reduce_scatter(x, s->counts, s->displs, seq, staged_[size_t(h)]),
-        [this, h, x, s, then = std::move(then)] {
-          pairwise_->sum_shard(x, s->counts, s->displs, staged_[size_t(h)]);
+    // Tags repeat every 0x4000 calls (pairwise.cpp): more handles than that could be in flight.
+    STRATA_CHECK(reqs_.size() < 0x4000, "{} communication handles in flight", reqs_.size());
+    std::vector<float>& staged = staging_[x];
+    arm(h, pairwise_->post_reduce_scatter(x, s->counts, s->displs, seq, staged),
+        [this, h, x, s, &staged, then = std::move(then)] {
+          pairwise_->sum_shard(x, s->counts, s->displs, staged);
           if (then) then(h);
         });
     return h;
@@ -346,8 +354,9 @@ class MpiComm final : public Comm {
   std::vector<bool> yielding_;  // point-to-point: wait() sleeps between tests
   std::vector<std::function<void()>> after_;
   std::vector<std::vector<MPI_Request>> more_;  // a handle's other requests (reduce-scatter)
-  std::vector<std::vector<float>> staged_;       // a handle slot's reduce-scatter parts received
-  MPI_Comm pair_comm_ = MPI_COMM_NULL;           // PairwiseSums' own
+  std::unordered_map<const float*, std::vector<float>> staging_;  // reduce-scatter parts received
+  static inline std::vector<std::unordered_map<const float*, std::vector<float>>> leaked_staging_;
+  MPI_Comm pair_comm_ = MPI_COMM_NULL;           // PairwiseSums' own, made at the first sum
   std::unique_ptr<PairwiseSums> pairwise_;
   int64_t seq_ = 0;                              // pairwise calls started: their tags
 };

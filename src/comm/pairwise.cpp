@@ -1,6 +1,7 @@
 #include "comm/pairwise.h"
 
 #include <algorithm>
+#include <string>
 
 #include "strata/error.h"
 
@@ -13,7 +14,11 @@ namespace {
 int tag(bool gather, int64_t seq) { return (gather ? 0x4000 : 0) | int(seq & 0x3fff); }
 
 void check(int rc, const char* what) {
-  STRATA_CHECK(rc == MPI_SUCCESS, "{} failed (MPI error {})", what, rc);
+  if (rc == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, text, &len);
+  STRATA_CHECK(false, "{} failed: {}", what, std::string(text, size_t(len)));
 }
 
 }  // namespace

@@ -1,8 +1,8 @@
 // Sums over MPI ranks by point-to-point messages, one each way per pair of ranks, on a
 // communicator of their own (MpiComm's start_reduce_scatter_sum and start_allreduce_sum).
 // Open MPI's non-blocking collectives (libnbc) took twice the time of these on 2 ranks of a node
-// for the buckets training sums (1 MiB: MPI_Iallreduce 250 us against 89 + 45 us for this
-// reduce-scatter and all-gather; Open MPI's blocking MPI_Allreduce 111 us), and a reduce per
+// for the buckets training sums (1 MiB: MPI_Iallreduce 250 us, this allreduce 148 us, Open
+// MPI's blocking MPI_Allreduce 111-123 us, on 2 ranks of an AMD EPYC VM), and a reduce per
 // owner doubled an MLP's exposed ZeRO-2 sums. Each shard's sum is formed in rank order (x_0 +
 // x_1 + ...), whatever arrives first: deterministic, and on 2 ranks MPI's own x_0 + x_1.
 #pragma once

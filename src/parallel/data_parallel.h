@@ -4,8 +4,8 @@
 // The model lays parameters out in reverse layer order, so the gradients backward has finished
 // are always a prefix of the flat buffer. Buckets are consecutive ranges of whole parameters of
 // about bucket_bytes; each is started (non-blocking) as soon as the finished prefix covers it.
-// MPI progresses non-blocking collectives only inside MPI calls, so every later notification
-// also tests the buckets in flight.
+// A bucket's sum moves on only inside test or wait on its Comm (MPI's progress; the pairwise
+// sums' second phase), so every later notification also tests the buckets in flight.
 //
 // With ZeRO-2 (zero.h) each bucket is reduce-scattered instead: the bucket's part of each
 // replica's shard goes to that replica (a bucket may span several shards, a shard several

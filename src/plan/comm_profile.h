@@ -11,8 +11,8 @@
 namespace strata {
 
 // allreduce: the non-blocking sum the gradients' buckets use (Comm::start_allreduce_sum, then
-// wait); allreduce_blocking: the blocking Comm::allreduce_sum (MPI_Allreduce on MPI), which
-// Open MPI runs by other algorithms than its non-blocking one (libnbc), measured on request.
+// wait; on MPI strata's pairwise sum, comm/pairwise.h); allreduce_blocking: the blocking
+// Comm::allreduce_sum (MPI_Allreduce on MPI), measured on request.
 enum class CommOp { allreduce, reduce_scatter, all_gather, sendrecv, allreduce_blocking };
 // "allreduce", "reduce_scatter", "all_gather", "sendrecv", "allreduce_blocking"
 const char* comm_op_name(CommOp op);

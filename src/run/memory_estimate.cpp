@@ -126,7 +126,7 @@ PlannedMemory estimate_run_memory(const RunConfig& cfg, const RunPlan& plan,
     // The pairwise sums on MPI (comm/pairwise.h) receive the other D - 1 ranks' parts of this
     // rank's shard of each bucket into a staging buffer kept per bucket in flight, and every
     // bucket is in flight until backward ends (or, without overlap, after it): (D - 1) / D of
-    // the gradient buffer, allocated once. NCCL sums in place.
+    // the gradient buffer, kept per bucket from step to step. NCCL sums in place.
     if (plan.D > 1 && !device_only) e.communication += e.gradients * double(plan.D - 1) / double(plan.D);
     if (s == 0 || e.total() > best.estimate.total()) best = {s, e};
   }
