@@ -108,6 +108,12 @@ class Comm {
   bool yielding_waits_ = false;
 };
 
+// Shards of a buffer of n floats over `ranks`: contiguous, in rank order, each starting at a
+// multiple of 16 floats (64 bytes: whole cache lines and vectors), the last taking what is
+// left; with fewer than 16 per rank some are empty. ZeRO's shards (parallel/zero.h) and the
+// MPI allreduce's reduce-scatter.
+std::vector<int64_t> cache_line_shards(int64_t n, int ranks);
+
 // MPI_COMM_WORLD-based comm (MPI must be initialised); single-rank comm otherwise.
 std::unique_ptr<Comm> make_world_comm();
 std::unique_ptr<Comm> make_single_comm();

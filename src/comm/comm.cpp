@@ -169,11 +169,8 @@ class MpiComm final : public Comm {
   // (comm/pairwise.h): each element the sum in rank order, the same on every rank.
   int start_allreduce_sum(float* x, int64_t n) override {
     STRATA_CHECK(n < INT_MAX, "bucket of {} floats is too large for one MPI call", n);
-    const int64_t per = ((n + size_ - 1) / size_ + 15) / 16 * 16, seq = seq_++;  // whole cache lines
-    std::vector<int64_t> counts;
-    for (int64_t left = n; int(counts.size()) < size_; left -= counts.back())
-      counts.push_back(std::min(per, left));
-    auto s = std::make_shared<Shards>(shards(counts));
+    const int64_t seq = seq_++;
+    auto s = std::make_shared<Shards>(shards(cache_line_shards(n, size_)));
     return start_pairwise_sums(x, s, seq, [this, x, s, seq](int h) {
       arm(h, pairwise_->post_allgather(x, s->counts, s->displs, seq), {});
     });
@@ -395,6 +392,18 @@ class SingleComm final : public Comm {
 };
 
 }  // namespace
+
+std::vector<int64_t> cache_line_shards(int64_t n, int ranks) {
+  constexpr int64_t kAlign = 16;
+  const int64_t per = (n / ranks + kAlign - 1) / kAlign * kAlign;
+  std::vector<int64_t> counts;
+  int64_t left = n;
+  for (int r = 0; r < ranks; ++r) {
+    counts.push_back(r + 1 == ranks ? left : std::min(per, left));
+    left -= counts.back();
+  }
+  return counts;
+}
 
 std::unique_ptr<Comm> make_world_comm() {
   if (!g_mpi_inited) return make_single_comm();

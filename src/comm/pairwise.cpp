@@ -21,6 +21,21 @@ void check(int rc, const char* what) {
   STRATA_CHECK(false, "{} failed: {}", what, std::string(text, size_t(len)));
 }
 
+// With rank q, tag t: receive `in` floats into `into`, send `out` floats from `from` (nothing
+// of a count of zero).
+void exchange(std::vector<MPI_Request>& reqs, MPI_Comm comm, int q, int t, float* into, int in,
+              const float* from, int out) {
+  MPI_Request req;
+  if (in > 0) {
+    check(MPI_Irecv(into, in, MPI_FLOAT, q, t, comm, &req), "MPI_Irecv (pairwise sum)");
+    reqs.push_back(req);
+  }
+  if (out > 0) {
+    check(MPI_Isend(from, out, MPI_FLOAT, q, t, comm, &req), "MPI_Isend (pairwise sum)");
+    reqs.push_back(req);
+  }
+}
+
 }  // namespace
 
 std::vector<MPI_Request> PairwiseSums::post_reduce_scatter(float* x, const std::vector<int>& counts,
@@ -29,21 +44,10 @@ std::vector<MPI_Request> PairwiseSums::post_reduce_scatter(float* x, const std::
   const int mine = counts[size_t(rank_)];
   if (staged.size() < size_t(mine) * size_t(size_ - 1)) staged.resize(size_t(mine) * size_t(size_ - 1));
   std::vector<MPI_Request> reqs;
-  for (int q = 0, slot = 0; q < size_; ++q) {
-    if (q == rank_) continue;
-    MPI_Request req;
-    if (mine > 0) {
-      check(MPI_Irecv(staged.data() + size_t(slot) * size_t(mine), mine, MPI_FLOAT, q, tag(false, seq),
-                      comm_, &req), "MPI_Irecv (reduce-scatter)");
-      reqs.push_back(req);
-    }
-    if (counts[size_t(q)] > 0) {
-      check(MPI_Isend(x + displs[size_t(q)], counts[size_t(q)], MPI_FLOAT, q, tag(false, seq), comm_, &req),
-            "MPI_Isend (reduce-scatter)");
-      reqs.push_back(req);
-    }
-    ++slot;
-  }
+  for (int q = 0, slot = 0; q < size_; ++q)
+    if (q != rank_)
+      exchange(reqs, comm_, q, tag(false, seq), staged.data() + size_t(slot++) * size_t(mine), mine,
+               x + displs[size_t(q)], counts[size_t(q)]);
   return reqs;
 }
 
@@ -69,21 +73,10 @@ void PairwiseSums::sum_shard(float* x, const std::vector<int>& counts, const std
 std::vector<MPI_Request> PairwiseSums::post_allgather(float* x, const std::vector<int>& counts,
                                                       const std::vector<int>& displs, int64_t seq) const {
   std::vector<MPI_Request> reqs;
-  const int mine = counts[size_t(rank_)];
-  for (int q = 0; q < size_; ++q) {
-    if (q == rank_) continue;
-    MPI_Request req;
-    if (counts[size_t(q)] > 0) {
-      check(MPI_Irecv(x + displs[size_t(q)], counts[size_t(q)], MPI_FLOAT, q, tag(true, seq), comm_, &req),
-            "MPI_Irecv (all-gather)");
-      reqs.push_back(req);
-    }
-    if (mine > 0) {
-      check(MPI_Isend(x + displs[size_t(rank_)], mine, MPI_FLOAT, q, tag(true, seq), comm_, &req),
-            "MPI_Isend (all-gather)");
-      reqs.push_back(req);
-    }
-  }
+  for (int q = 0; q < size_; ++q)
+    if (q != rank_)
+      exchange(reqs, comm_, q, tag(true, seq), x + displs[size_t(q)], counts[size_t(q)],
+               x + displs[size_t(rank_)], counts[size_t(rank_)]);
   return reqs;
 }
 

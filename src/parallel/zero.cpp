@@ -6,20 +6,8 @@
 
 namespace strata {
 
-std::vector<int64_t> zero_counts(int64_t n, int replicas) {
-  constexpr int64_t kAlign = 16;
-  const int64_t per = (n / replicas + kAlign - 1) / kAlign * kAlign;
-  std::vector<int64_t> counts;
-  int64_t left = n;
-  for (int r = 0; r < replicas; ++r) {
-    counts.push_back(r + 1 == replicas ? left : std::min(per, left));
-    left -= counts.back();
-  }
-  return counts;
-}
-
 std::vector<int64_t> zero_counts(const Model& model, int replicas) {
-  return model.layout().flat_counts(zero_counts(model.layout().packed_params(), replicas));
+  return model.layout().flat_counts(cache_line_shards(model.layout().packed_params(), replicas));
 }
 
 OptimShard zero_shard(const std::vector<int64_t>& counts, int replica) {

@@ -21,11 +21,8 @@
 
 namespace strata {
 
-// Each replica's shard size of a flat buffer of n floats: contiguous, in replica order, each
-// starting at a multiple of 16 floats (64 bytes: whole cache lines and vectors); with fewer
-// than 16 D floats some shards are empty (one replica may hold them all).
-std::vector<int64_t> zero_counts(int64_t n, int replicas);
-// A stage model's shards of its flat buffers: zero_counts of its packed layout, each shard
+// A stage model's shards of its flat buffers: cache_line_shards (strata/comm.h) of its packed
+// layout over the replicas, each shard
 // boundary moved to where that packed index lies in the padded flat buffers (the padding
 // after a tensor goes with it), so the shards hold the same tensors' elements whatever the
 // padding.

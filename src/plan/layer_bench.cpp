@@ -17,6 +17,7 @@
 
 #include "base/files.h"
 #include "base/stats.h"
+#include "model/batch_on_backend.h"
 #include "model/loss.h"
 #include "model/model.h"
 #include "model/optim.h"
@@ -59,23 +60,23 @@ struct PassData {
   PassData(Model& m, const Backend& be, int64_t b, const PlannedModel& pm)
       : b(b), head(m.classes(), m.rows_per_sample()) {
     Rng rng(11);
-    Tensor hx(batched(b, pm.input)), hdy(batched(b, m.stage_output_shape()));
+    host.x = Tensor(batched(b, pm.input));
+    Tensor hdy(batched(b, m.stage_output_shape()));
     const bool tokens = pm.tokens_per_sample > 1 || pm.layers.front().name.rfind("emb", 0) == 0;
-    for (int64_t i = 0; i < hx.size(); ++i)
-      hx.data()[i] = tokens ? float(rng.next() % uint64_t(pm.classes)) : rng.uniform(0.f, 1.f);
+    for (int64_t i = 0; i < host.x.size(); ++i)
+      host.x.data()[i] = tokens ? float(rng.next() % uint64_t(pm.classes)) : rng.uniform(0.f, 1.f);
     for (int64_t i = 0; i < hdy.size(); ++i) hdy.data()[i] = rng.uniform(-1e-3f, 1e-3f);
-    x = to_backend(be, hx), dy = to_backend(be, hdy);
-    std::vector<int32_t> host_labels(size_t(b * m.rows_per_sample()));
-    for (auto& l : host_labels) l = int32_t(rng.next() % uint64_t(m.classes()));
-    // The loss reads the labels where the backend computes (a GPU's memory), as training's are.
-    label_tensor.resize({int64_t(host_labels.size())}, *be.memory);
-    be.upload(label_tensor.i32(), host_labels.data(), sizeof(int32_t) * host_labels.size());
-    labels = label_tensor.i32();
+    dy = to_backend(be, hdy);
+    host.y.resize(size_t(b * m.rows_per_sample()));
+    for (auto& l : host.y) l = int32_t(rng.next() % uint64_t(m.classes()));
+    // Inputs and labels where the backend computes (a GPU's memory), as training's are.
+    const BatchOnBackend::View v = on_backend.put(be, host);
+    x = &v.x, labels = v.y;
   }
   // The whole forward, loss and backward as training runs them: seconds.
   double whole_pass(Model& m, const Backend& be) {
     const auto t0 = Clock::now();
-    head.loss_and_gradient(be, m.forward(be, x, si), labels, b, b, dlogits);
+    head.loss_and_gradient(be, m.forward(be, *x, si), labels, b, b, dlogits);
     m.backward(be, dy, 0);
     be.synchronize();
     return seconds_since(t0);
@@ -90,8 +91,11 @@ struct PassData {
     return median(t);
   }
   int64_t b;
-  Tensor x, dy, dlogits, label_tensor;
-  const int32_t* labels = nullptr;  // label_tensor's int32 values
+  Loader::Batch host;
+  BatchOnBackend on_backend;
+  const Tensor* x = nullptr;          // host.x, or its copy in the backend's memory
+  const int32_t* labels = nullptr;    // likewise host.y
+  Tensor dy, dlogits;
   SoftmaxXentHead head;
   const StepInfo si{.training = true};
 };
@@ -102,7 +106,7 @@ void measure_size(Model& m, const Backend& be, int64_t b, int reps, const Planne
                   MachineProfile& prof) {
   std::vector<LayerProfile>& out = prof.layers;
   PassData d(m, be, b, pm);
-  const Tensor &x = d.x, &dy = d.dy;
+  const Tensor &x = *d.x, &dy = d.dy;
   SoftmaxXentHead& head = d.head;
   const size_t L = m.layers().size();
   std::vector<Phases> runs;

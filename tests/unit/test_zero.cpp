@@ -16,7 +16,7 @@ TEST_CASE("zero_counts: contiguous shards of whole cache lines that tile the buf
   for (int64_t n : {0, 1, 15, 16, 17, 100, 1000, 4099})
     for (int d : {1, 2, 3, 4, 7}) {
       INFO(n << " floats over " << d);
-      const auto c = zero_counts(n, d);
+      const auto c = cache_line_shards(n, d);
       REQUIRE(int(c.size()) == d);
       int64_t sum = 0;
       for (int r = 0; r < d; ++r) {
@@ -36,7 +36,7 @@ TEST_CASE("zero_counts: contiguous shards of whole cache lines that tile the buf
 TEST_CASE("sharded(): given a shard, whatever its extent, the same on every replica", "[unit]") {
   const OptimConfig c{.kind = "adamw"};
   for (int64_t n : {0, 10, 100}) {
-    const auto counts = zero_counts(n, 2);  // 10 floats: [10, 0]; none: [0, 0]
+    const auto counts = cache_line_shards(n, 2);  // 10 floats: [10, 0]; none: [0, 0]
     for (int r = 0; r < 2; ++r) CHECK(Optimizer(c, n, zero_shard(counts, r)).sharded());
     CHECK_FALSE(Optimizer(c, n).sharded());
   }
@@ -76,7 +76,7 @@ TEST_CASE("sharded optimizer: each shard's update and clipping are the unsharded
           Tensor q({n}), h({n});
           const auto cv = values(n, 1);
           std::copy(cv.begin(), cv.end(), q.data());
-          const auto counts = zero_counts(n, d);
+          const auto counts = cache_line_shards(n, d);
           Optimizer mine(c, n, zero_shard(counts, comm.rank()));
           std::vector<double> seen;
           for (int s = 0; s < 3; ++s) {
@@ -103,7 +103,7 @@ TEST_CASE("ZeRO shards: gathered into the unsharded state and taken back, unchan
     INFO(d << " replicas");
     auto got = on_ranks(d, [&](Comm& world) {
       ProcessGrid grid = make_grid(world, 1, 1, "replicas_in_node", 1);
-      const auto counts = zero_counts(n, d);
+      const auto counts = cache_line_shards(n, d);
       Optimizer mine(c, n, zero_shard(counts, grid.replica));
       for (auto& [name, t] : mine.state())
         for (int64_t i = 0; i < t->size(); ++i)
