@@ -243,9 +243,13 @@ def measure_grid(a, g, profiles, comm):
         # earlier run's lines (another invocation's, another machine's load) would mix in.
         shutil.rmtree(out, ignore_errors=True)
         load = os.getloadavg()[0]
-        scale = 10 if model == "mlp" else 1  # the MLP's step is under a millisecond: more of them
+        # The MLP's step is under a millisecond: more of them. On a GPU every step is short and
+        # a device idle a moment ago runs its first fraction of a second at low clocks: enough
+        # steps that the skipped ones cover that and the timed ones last about a second.
+        scale = {"mlp": 100, "cnn": 50, "gpt": 10}[model] if a.device == "cuda" else 10 if model == "mlp" else 1
         run([a.strata, "train", "--quiet", "--threads", "1", "--device", a.device,
-             "--train.max_steps", str(a.steps * scale), "--train.log_every", str(a.log_every * scale),
+             "--train.max_steps", str(a.steps * scale), "--train.epochs", "100000",  # max_steps ends it
+             "--train.log_every", str(a.log_every * scale),
              "--checkpoint.final", "false", "--output.dir", out] + model_flags(a, model) + flags,
             ranks=ranks, fatal=False)
         t = step_times(os.path.join(out, "metrics.jsonl"), a.skip * scale)

@@ -73,11 +73,25 @@ struct PassData {
     const BatchOnBackend::View v = on_backend.put(be, host);
     x = &v.x, labels = v.y;
   }
-  // The whole forward, loss and backward as training runs them: seconds.
+  // The whole forward, loss and backward as training runs them: seconds per pass. On a device
+  // (memory the host can't touch) `passes` run back to back before one synchronize, as a step's
+  // micro-batches and the next step do: the host queues work while the device runs, and one
+  // pass with a wait at its end would pay the queueing and the drain each time.
   double whole_pass(Model& m, const Backend& be) {
+    const int passes = be.host_memory() ? 1 : 4;
     const auto t0 = Clock::now();
-    head.loss_and_gradient(be, m.forward(be, *x, si), labels, b, b, dlogits);
-    m.backward(be, dy, 0);
+    for (int i = 0; i < passes; ++i) {
+      head.loss_and_gradient(be, m.forward(be, *x, si), labels, b, b, dlogits);
+      m.backward(be, dy, 0);
+    }
+    be.synchronize();
+    return seconds_since(t0) / passes;
+  }
+  // The batch's copy into the backend's memory, as a training step makes it once: seconds.
+  double upload(const Backend& be) {
+    be.synchronize();
+    const auto t0 = Clock::now();
+    on_backend.put(be, host);
     be.synchronize();
     return seconds_since(t0);
   }
@@ -110,9 +124,10 @@ void measure_size(Model& m, const Backend& be, int64_t b, int reps, const Planne
   SoftmaxXentHead& head = d.head;
   const size_t L = m.layers().size();
   std::vector<Phases> runs;
-  std::vector<double> loss_runs, whole_runs;
+  std::vector<double> loss_runs, whole_runs, input_runs;
   const StepInfo& si = d.si;
   for (int r = 0; r <= reps; ++r) {  // run 0 warms caches and allocations up
+    if (!be.host_memory()) input_runs.push_back(d.upload(be));
     const double wt = d.whole_pass(m, be);
     Phases p{std::vector<double>(L), std::vector<double>(L), std::vector<double>(L), std::vector<double>(L)};
     m.set_profile(&p.f);
@@ -155,6 +170,20 @@ void measure_size(Model& m, const Backend& be, int64_t b, int reps, const Planne
   double layers = prof.loss.back().forward_s;
   for (const LayerProfile& l : out) layers += l.at.back().forward_s + l.at.back().backward_s;
   prof.whole.push_back({.micro_batch = b, .forward_s = median(whole_runs) * layers});
+  if (input_runs.size() > 1) {
+    input_runs.erase(input_runs.begin());  // the warm-up
+    prof.input.push_back({.micro_batch = b, .forward_s = median(input_runs) / n});
+  }
+}
+
+// A device idle a moment ago runs at low clocks for a fraction of a second: whole passes for a
+// second first, or the sizes measured first (the smallest) look dearer than training sees them
+// (on an H200 a CNN's pass at 16 samples measured 0.46-0.52 ms as a process's first work, 0.35
+// after a second of other sizes).
+void warm_up_device(Model& m, const Backend& be, int64_t b, const PlannedModel& pm) {
+  PassData d(m, be, b, pm);
+  const auto t0 = Clock::now();
+  for (int i = 0; i < 10 || seconds_since(t0) < 1.0; ++i) d.whole_pass(m, be);
 }
 
 // The optimizer's step over the whole model, the median of reps, shared out to the layers by
@@ -346,6 +375,7 @@ MachineProfile bench_layers(const RunConfig& given, const LayerBenchOptions& o) 
                     "{:.2f}x the pass alone", busy_micro_batch(cfg, p.busy_ranks), p.busy_ranks,
                     p.busy_slowdown));
   }
+  if (!be.host_memory()) warm_up_device(m, be, p.micro_batches.back(), pm);
   const auto wall0 = Clock::now();
   const double cpu0 = process_cpu_s();
   for (int64_t b : p.micro_batches) {

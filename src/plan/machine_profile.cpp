@@ -113,6 +113,10 @@ MicroBatchCost MachineProfile::cost(const LayerProfile& l, double b) {
 
 double MachineProfile::loss_s(double b) const { return interpolate(loss, b, &LayerTiming::forward_s); }
 
+double MachineProfile::input_s(double b) const {
+  return input.empty() ? 0 : interpolate(input, b, &LayerTiming::forward_s);
+}
+
 double MachineProfile::whole_ratio(double b) const {
   if (whole.empty() || !(b > 0)) return 1;
   double sum = loss_s(b);
@@ -156,6 +160,7 @@ std::string machine_profile_json(const MachineProfile& p) {
   }
   s += fmt::format(" ],\n \"loss\": {{\"at\": {}}},\n", timings_json(p.loss, true));
   if (!p.whole.empty()) s += fmt::format(" \"whole\": {{\"at\": {}}},\n", timings_json(p.whole, true));
+  if (!p.input.empty()) s += fmt::format(" \"input\": {{\"at\": {}}},\n", timings_json(p.input, true));
   if (p.busy_ranks > 1)
     s += fmt::format(" \"busy\": {{\"ranks\": {}, \"slowdown\": {}}},\n", p.busy_ranks,
                      json_number(p.busy_slowdown));
@@ -211,6 +216,8 @@ MachineProfile read_machine_profile(const std::string& path) {
   p.loss = r.timings(r.array(r.need(root, "loss", "loss"), "at", "loss.at"), "loss.at", true);
   if (root.find("whole"))  // optional: profiles before it lack it
     p.whole = r.timings(r.array(r.need(root, "whole", "whole"), "at", "whole.at"), "whole.at", true);
+  if (root.find("input"))  // optional: a CPU's profile, and those before it, lack it
+    p.input = r.timings(r.array(r.need(root, "input", "input"), "at", "input.at"), "input.at", true);
   p.checkpoint_write_Bps = r.num(root, "checkpoint_write_Bps", "checkpoint_write_Bps");
   p.checkpoint_bytes = int64_t(r.num(root, "checkpoint_bytes", "checkpoint_bytes"));
   if (const JsonValue* m = root.find("memory_Bps"); m && m->kind == JsonValue::Kind::kNumber)

@@ -51,6 +51,8 @@ class CostSource {
     return prof_.loss_s(b) * prof_.whole_ratio(b) *
            (prof_.device == "cpu" ? double(prof_.threads) / g_.threads_per_rank : 1.0);
   }
+  // The step's copy of its batch (`batch` samples) into the device's memory: 0 on the host.
+  double input_s(double batch) const { return prof_.empty() ? 0 : prof_.input_s(batch); }
   // Layers of the same kind (a GPT's blocks) cost the same: the median of their figures, so one
   // noisy measurement does not make one stage look dearer than the others.
   MicroBatchCost same_kind_median(const LayerProfile& p, double b) const {
@@ -177,6 +179,8 @@ StageWork stage_work(const Context& c, const std::vector<LayerRange>& ranges, in
     }
     if (r.last == int(c.m.layers.size()))  // the loss and its gradient, with the last forward
       oc.forward += c.src.loss_s(c.b) * c.op_slow;
+    if (r.first == 0)  // the step's upload of its batch, before the first forward: a share each
+      oc.forward += c.src.input_s(c.b * g.micro_batches) / g.micro_batches;
     w.boundary_bytes = std::max(w.boundary_bytes, c.b * double(numel(c.m.layers[size_t(r.last - 1)].out_shape)) * 4);
     w.chunks.push_back(oc);
   }
@@ -286,6 +290,9 @@ StepTime predict_step_time_impl(const RunConfig& cfg, const PlannedModel& m, con
     st.assumptions.push_back(fmt::format("layers: scaled by {:.2f}, the whole pass over the sum of the layers "
                                          "timed one by one, at micro-batch {:g}",
                                          prof.whole_ratio(st.micro_batch), st.micro_batch));
+  if (const double up = prof.input_s(st.micro_batch * g.micro_batches); up > 0)
+    st.assumptions.push_back(fmt::format("input: the batch's copy to the device {:.3f} ms a step, before the "
+                                         "first forward (measured)", up * 1e3));
   const bool host = prof.empty() ? false : prof.device == "cpu";
   if (host && prof.cores > 0) {
     st.oversubscription = std::max(1.0, double(g.ranks_per_node) * g.threads_per_rank / prof.cores);

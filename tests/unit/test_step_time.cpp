@@ -325,6 +325,35 @@ TEST_CASE("step time: the layers as the whole pass runs them (bench layers' unpr
   CHECK(mlp_profile(m).whole_ratio(32) == 1);
 }
 
+TEST_CASE("step time: a device's step pays its batch's upload once, before the first forward", "[plan]") {
+  const PlannedModel m = mlp();
+  MachineProfile p = mlp_profile(m);
+  p.device = "cuda";
+  RunConfig cfg;
+  cfg.train.batch_size = 32;
+  const CommModel c = CommModel::from_profile_text(kProfile, "p.json");
+  GridChoice g;
+  const double without = predict_step_time(cfg, m, g, p, c).compute_s;
+  // 5 us + 1 us a sample, measured at 8 and 32 samples (seconds per sample).
+  p.input = {{.micro_batch = 8, .forward_s = (5e-6 + 8e-6) / 8}, {.micro_batch = 32, .forward_s = (5e-6 + 32e-6) / 32}};
+  CHECK(p.input_s(32) == Approx(37e-6));
+  const StepTime one = predict_step_time(cfg, m, g, p, c);
+  CHECK(one.compute_s == Approx(without + 37e-6));
+  bool said = false;
+  for (const std::string& a : one.assumptions) said |= a.find("the batch's copy to the device 0.037 ms") != std::string::npos;
+  CHECK(said);
+  // M = 4 micro-batches on one rank: still one upload of the 32 samples a step.
+  g.micro_batches = 4;
+  const double m4_without = [&] { MachineProfile q = p; q.input.clear(); return predict_step_time(cfg, m, g, q, c).compute_s; }();
+  CHECK(predict_step_time(cfg, m, g, p, c).compute_s == Approx(m4_without + 37e-6));
+  // Written and read back; a CPU's profile has none (0).
+  const std::string dir = STRATA_BINARY_DIR "/test-runs/unit-machine-profile-input";
+  std::filesystem::create_directories(dir);
+  write_machine_profile(dir + "/p.json", p);
+  CHECK(read_machine_profile(dir + "/p.json").input_s(32) == Approx(37e-6));
+  CHECK(mlp_profile(m).input_s(32) == 0);
+}
+
 TEST_CASE("step time: a busy node slows compute by the profile's measured factor", "[plan]") {
   const PlannedModel m = mlp();
   MachineProfile p = mlp_profile(m);  // 2 cores
