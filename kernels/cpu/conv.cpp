@@ -2,7 +2,7 @@
 //
 // Samples are processed in chunks of nb (see chunk_samples). For a chunk, im2col writes
 //   cols (CK, nb*P)   CK = C*KH*KW rows (c, kh, kw), nb*P columns (b, oh, ow), P = OH*OW
-// and one sgemm per chunk does the work:
+// and one sgemm per chunk does the work (few taps, CK <= 16, in fp32: conv_few_taps.h):
 //   forward   y (OC, nb*P)   = weight (OC, CK) @ cols
 //   backward  dweight (OC,CK) += dy (OC, nb*P) @ cols^T
 //             dcols (CK, nb*P) = weight^T @ dy,  then col2im scatters dcols into dinp.
@@ -15,6 +15,7 @@
 #include <cstring>
 #include <vector>
 
+#include "conv_few_taps.h"
 #include "strata/kernels_cpu.h"
 
 namespace strata::cpu {
@@ -173,8 +174,11 @@ class ChunkGemms {
       to_bf16(wb_, weight, weight_size);
     }
   }
+  // The few-taps kernels (conv_few_taps.h) take the fp32 products of this shape.
+  bool few_taps(int OC, int64_t CK) const { return !bf16_ && few_taps_applies(OC, CK); }
   // y (OC, n) = weight (OC, CK) @ cols (CK, n), added to y when `add`.
   void forward(float* y, const float* cols, int OC, int64_t n, int64_t CK, bool add) const {
+    if (few_taps(OC, CK)) return few_taps_forward(y, w_, cols, OC, n, CK, nullptr, add);
     if (!bf16_)
       return sgemm(false, false, OC, int(n), int(CK), 1.f, w_, int(CK), cols, int(n),
                    add ? 1.f : 0.f, y, int(n));
@@ -186,9 +190,19 @@ class ChunkGemms {
     dy_ = dy;
     if (bf16_) dyb_ = rounded(2, dy, OC * n);
   }
-  // dweight (OC, CK) = dy @ cols^T, added to dweight when `add`.
-  void weight_grad(float* dweight, const float* cols, int OC, int64_t n, int64_t CK,
-                   bool add) const {
+  // y (OC, n) = bias + weight @ cols (no bias: 0).
+  void forward_biased(float* y, const float* cols, int OC, int64_t n, int64_t CK,
+                      const float* bias) const {
+    if (few_taps(OC, CK)) return few_taps_forward(y, w_, cols, OC, n, CK, bias, false);
+    if (bias)
+      for (int oc = 0; oc < OC; ++oc) std::fill(y + oc * n, y + (oc + 1) * n, bias[oc]);
+    forward(y, cols, OC, n, CK, bias != nullptr);
+  }
+  // dweight (OC, CK) = dy @ cols^T, added to dweight when `add`; dbias (few taps only) as
+  // few_taps_weight_grad sums it.
+  void weight_grad(float* dweight, const float* cols, int OC, int64_t n, int64_t CK, bool add,
+                   float* dbias = nullptr) const {
+    if (few_taps(OC, CK)) return few_taps_weight_grad(dweight, dbias, dy_, cols, OC, n, CK, add);
     if (!bf16_)
       return sgemm(false, true, OC, int(CK), int(n), 1.f, dy_, int(n), cols, int(n),
                    add ? 1.f : 0.f, dweight, int(CK));
@@ -229,11 +243,8 @@ void forward(float* out, const float* inp, const float* weight, const float* bia
     const int64_t n = nb * P;
     float* out0 = out + int64_t(b0) * s.OC * P;
     im2col(cols, inp + b0 * in_sample, nb, s);
-    if (nb_max == 1) {
-      // out_b (OC, P) is the gemm's own layout: bias first, then accumulate (beta = 1).
-      if (bias)
-        for (int oc = 0; oc < s.OC; ++oc) std::fill(out0 + oc * P, out0 + (oc + 1) * P, bias[oc]);
-      gemms.forward(out0, cols, s.OC, n, CK, bias != nullptr);
+    if (nb_max == 1) {  // out_b (OC, P) is the gemm's own layout
+      gemms.forward_biased(out0, cols, s.OC, n, CK, bias);
       continue;
     }
     float* y = cols + CK * n;
@@ -276,14 +287,16 @@ void backward(float* dinp, float* dweight, float* dbias, const float* dout, cons
         }
       dy = t;
     }
-    if (dbias)
+    // One sample per chunk: the few-taps gradient sums the bias's rows as it reads dy.
+    const bool bias_in_grad = dbias && dweight && nb_max == 1 && gemms.few_taps(s.OC, CK);
+    if (dbias && !bias_in_grad)
       for (int b = 0; b < nb; ++b)
         for (int oc = 0; oc < s.OC; ++oc)
           dbias[oc] += sum_floats(dout0 + (int64_t(b) * s.OC + oc) * P, P);
     gemms.set_dy(dy, s.OC, n);
     if (dweight) {
       im2col(cols, inp + b0 * in_sample, nb, s);
-      gemms.weight_grad(dweight, cols, s.OC, n, CK, b0 > 0 || accumulate);
+      gemms.weight_grad(dweight, cols, s.OC, n, CK, b0 > 0 || accumulate, bias_in_grad ? dbias : nullptr);
     }
     if (dinp) {
       gemms.input_grad(cols, s.OC, n, CK);

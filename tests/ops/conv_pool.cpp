@@ -58,6 +58,14 @@ const Conv2dShape kCpuConvShapes[] = {
     {2, 2, 12, 13, 3, 3, 3, 1, 0},
     {2, 2, 21, 23, 3, 3, 3, 2, 1},
     {2, 1, 10, 11, 2, 5, 5, 1, 2},
+    // Few taps (CK <= 16, OC a multiple of 8: kernels/cpu/conv_few_taps.cpp on AVX-512): the
+    // CNN's first layer (per-sample chunks, the bias gradient fused); P = 63 in chunks of 3
+    // samples (a partial vector); CK = 12 (two gradient rows at once, the most); CK = 16 (one
+    // row) with a partial vector per sample.
+    {3, 1, 28, 28, 32, 3, 3, 1, 1},
+    {4, 1, 7, 9, 8, 3, 3, 1, 1},
+    {2, 3, 6, 5, 16, 2, 2, 1, 0},
+    {2, 1, 12, 12, 8, 4, 4, 1, 2},
 };
 const Tol kBiasTol = Tol::close(1e-5);
 Tol conv_tol(Precision p) { return Tol::close(p == Precision::bf16 ? 1.5e-2 : 1e-4); }
