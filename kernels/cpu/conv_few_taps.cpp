@@ -43,16 +43,21 @@ STRATA_AVX512 void forward_ck(float* y, const float* w, const float* cols, int O
     const int64_t p = blk * 16;
     const __mmask16 m = first_lanes(n - p);
     __m512 c[CK];
+    #pragma GCC unroll 16
     for (int k = 0; k < CK; ++k) c[k] = _mm512_maskz_loadu_ps(m, cols + k * n + p);
     for (int o = 0; o < OC; o += 8) {
       __m512 acc[8];
+      #pragma GCC unroll 16
       for (int j = 0; j < 8; ++j)
         acc[j] = add    ? _mm512_maskz_loadu_ps(m, y + (o + j) * n + p)
                  : bias ? _mm512_set1_ps(bias[o + j])
                         : _mm512_setzero_ps();
+      #pragma GCC unroll 16
       for (int k = 0; k < CK; ++k)
+        #pragma GCC unroll 16
         for (int j = 0; j < 8; ++j)
           acc[j] = _mm512_fmadd_ps(_mm512_set1_ps(w[(o + j) * CK + k]), c[k], acc[j]);
+      #pragma GCC unroll 16
       for (int j = 0; j < 8; ++j) _mm512_mask_storeu_ps(y + (o + j) * n + p, m, acc[j]);
     }
   }
@@ -83,23 +88,30 @@ template <int CK, int R, bool Bias>
 STRATA_AVX512 void weight_grad_rows(float* dw, float* dbias, const float* dy, const float* cols,
                                     int o, int64_t n, bool add) {
   __m512 acc[R][CK], accb[R];
+  #pragma GCC unroll 16
   for (int r = 0; r < R; ++r) {
     accb[r] = _mm512_setzero_ps();
+    #pragma GCC unroll 16
     for (int k = 0; k < CK; ++k) acc[r][k] = _mm512_setzero_ps();
   }
   for (int64_t p = 0; p < n; p += 16) {
     const __mmask16 m = first_lanes(n - p);
     __m512 d[R];
+    #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
       d[r] = _mm512_maskz_loadu_ps(m, dy + (o + r) * n + p);
       if constexpr (Bias) accb[r] = _mm512_add_ps(accb[r], d[r]);
     }
+    #pragma GCC unroll 16
     for (int k = 0; k < CK; ++k) {
       const __m512 c = _mm512_maskz_loadu_ps(m, cols + k * n + p);
+      #pragma GCC unroll 16
       for (int r = 0; r < R; ++r) acc[r][k] = _mm512_fmadd_ps(d[r], c, acc[r][k]);
     }
   }
+  #pragma GCC unroll 16
   for (int r = 0; r < R; ++r) {
+    #pragma GCC unroll 16
     for (int k = 0; k < CK; ++k) {
       const float s = lane_sum(acc[r][k]);
       float& out = dw[(o + r) * CK + k];
