@@ -383,9 +383,11 @@ MachineProfile bench_layers(const RunConfig& given, const LayerBenchOptions& o) 
     measure_size(m, be, b, o.reps, pm, p);
     double step = 0;
     for (const LayerProfile& l : p.layers) step += (l.at.back().forward_s + l.at.back().backward_s) * double(b);
+    const std::string upload =
+        p.input.empty() ? "" : fmt::format(", its upload {:.3f} ms", p.input.back().forward_s * double(b) * 1e3);
     say(fmt::format("bench layers: micro-batch {:>5}: forward + backward {:.3f} ms layer by layer, {:.3f} ms "
-                    "whole with the loss ({:.1f} s measuring)", b, step * 1e3,
-                    p.whole.back().forward_s * double(b) * 1e3, seconds_since(t0)));
+                    "whole with the loss{} ({:.1f} s measuring)", b, step * 1e3,
+                    p.whole.back().forward_s * double(b) * 1e3, upload, seconds_since(t0)));
   }
   measure_optimizer(cfg, m, be, o.reps, p.layers);
   if (be.host_memory())
