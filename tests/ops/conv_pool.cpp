@@ -58,13 +58,17 @@ const Conv2dShape kCpuConvShapes[] = {
     {2, 2, 12, 13, 3, 3, 3, 1, 0},
     {2, 2, 21, 23, 3, 3, 3, 2, 1},
     {2, 1, 10, 11, 2, 5, 5, 1, 2},
-    // Few taps (CK <= 16, OC a multiple of 8: kernels/cpu/conv_few_taps.cpp on AVX-512): the
-    // CNN's first layer (per-sample chunks, the bias gradient fused); P = 63 in chunks of 3
-    // samples (a partial vector); CK = 12 (two gradient rows at once, the most); CK = 16 (one
-    // row) with a partial vector per sample.
+    // Few taps (CK <= 16, OC a multiple of 8: kernels/cpu/conv_few_taps.cpp on AVX-512; on a
+    // CPU without it these run sgemm): the CNN's first layer (per-sample chunks, the bias
+    // gradient fused); the same on 27 x 27 (a partial vector with the fused bias); P = 63 in
+    // chunks of 3 samples (a partial vector); CK = 4, 12 (two gradient rows at once, the most)
+    // and 13 (one row); CK = 16 with a partial vector per sample.
     {3, 1, 28, 28, 32, 3, 3, 1, 1},
+    {2, 1, 27, 27, 16, 3, 3, 1, 1},
     {4, 1, 7, 9, 8, 3, 3, 1, 1},
+    {2, 1, 6, 6, 8, 2, 2, 1, 0},
     {2, 3, 6, 5, 16, 2, 2, 1, 0},
+    {2, 13, 5, 5, 8, 1, 1, 1, 0},
     {2, 1, 12, 12, 8, 4, 4, 1, 2},
 };
 const Tol kBiasTol = Tol::close(1e-5);
