@@ -41,6 +41,10 @@ Subcommand add_bench_comm(CLI::App& bench) {
       ->check(int_in(1, 1000000))->capture_default_str();
   sub->add_option("--warmup", o->bench.warmup, "untimed calls per size before them")
       ->check(int_in(0, 1000000))->capture_default_str();
+  sub->add_option("--rounds", o->bench.rounds,
+                  "sweeps over every op and size; each size's figure is the median of its rounds' "
+                  "(a shared machine's slow moment then spoils one round, not the profile)")
+      ->check(int_in(1, 1000))->capture_default_str();
   sub->add_option("--out", o->out, "the JSON profile (default bench-comm-<host>-<UTC time>.json here)");
   sub->add_option("--device", o->bench.device,
                   "cpu (MPI over host memory) | cuda (NCCL over GPU memory, as training on GPUs; "

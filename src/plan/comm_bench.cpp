@@ -85,28 +85,39 @@ class CommBench {
       : world_(world), o_(o), corrupt_(std::move(corrupt)),
         a_(be, o.max_bytes / 4), b_(be, o.max_bytes / 4), host_(size_t(o.max_bytes / 4)) {}
 
-  // Every op at every size on each level; rank 0 keeps the figures in p.measurements.
+  // Every op at every size on each level, the whole sweep `rounds` times; rank 0 keeps the
+  // median of the rounds' figures in p.measurements (a shared machine's slow second then spoils
+  // one round's figures of a few sizes, not the profile: on a 2-vCPU VM one sweep measured a
+  // 1 MiB allreduce at 738 us where the sweeps before and after gave 144-157).
   void run(CommProfile& p, const std::vector<Level>& levels) {
     int sizes = 0;
     for (int64_t b = o_.min_bytes; b <= o_.max_bytes; b *= 2) ++sizes;
-    const int total = sizes * int(o_.ops.size()) * int(levels.size());
+    const int per_round = sizes * int(o_.ops.size()) * int(levels.size());
+    const int rounds = std::max(1, o_.rounds);
     if (world_.rank() == 0) fmt::print("{}\n", comm_table_header());
+    std::vector<std::vector<double>> times(static_cast<size_t>(per_round));
     int done = 0;
-    for (const auto& level : levels)
-      for (CommOp op : o_.ops)
-        for (int64_t bytes = o_.min_bytes; bytes <= o_.max_bytes; bytes *= 2) {
-          level_ = level.name;
-          CommMeasurement m = measure(*level.comm, op, bytes);
-          m.ranks = op == CommOp::sendrecv ? 2 : level.ranks;
-          ++done;
-          if (world_.rank() != 0) continue;
-          p.measurements.push_back(m);
-          fmt::print("{}\n", comm_table_row(m));
-          if (o_.progress)
-            fmt::print(stderr, "bench comm: [{}/{}] {} {} {} B: {:.2f} us, busbw {:.3f} GB/s\n",
-                       done, total, level.name, comm_op_name(op), bytes, m.time_s * 1e6,
-                       m.busbw_Bps() / 1e9);
-        }
+    for (int round = 0; round < rounds; ++round) {
+      size_t k = 0;
+      for (const auto& level : levels)
+        for (CommOp op : o_.ops)
+          for (int64_t bytes = o_.min_bytes; bytes <= o_.max_bytes; bytes *= 2, ++k) {
+            level_ = level.name;
+            CommMeasurement m = measure(*level.comm, op, bytes);
+            m.ranks = op == CommOp::sendrecv ? 2 : level.ranks;
+            ++done;
+            if (world_.rank() != 0) continue;
+            times[k].push_back(m.time_s);
+            if (o_.progress)
+              fmt::print(stderr, "bench comm: [{}/{}] {}{} {} {} B: {:.2f} us, busbw {:.3f} GB/s\n", done,
+                         per_round * rounds, rounds > 1 ? fmt::format("round {}/{}: ", round + 1, rounds) : "",
+                         level.name, comm_op_name(op), bytes, m.time_s * 1e6, m.busbw_Bps() / 1e9);
+            if (round + 1 < rounds) continue;
+            m.time_s = median(times[k]);
+            p.measurements.push_back(m);
+            fmt::print("{}\n", comm_table_row(m));
+          }
+    }
   }
 
  private:
@@ -287,6 +298,7 @@ CommProfile run_comm_bench(Comm& world, const CommBenchOptions& o) {
   p.ranks_per_node = on_node[0];
   p.iters = o.iters;
   p.warmup = o.warmup;
+  p.rounds = std::max(1, o.rounds);
   // The communicators: a duplicate of the world over the device's memory, split by node
   // (intra: every node's ranks at once) and by index on the node (inter: one rank of each
   // node; every index's group at once, as data parallelism across nodes runs).

@@ -16,6 +16,7 @@ struct CommBenchOptions {
   std::vector<CommOp> ops = {CommOp::allreduce, CommOp::reduce_scatter, CommOp::all_gather,
                              CommOp::sendrecv};
   int iters = 20, warmup = 5;
+  int rounds = 3;  // sweeps over every op and size; the median of their figures is kept
   std::string device = "cpu";  // cpu | cuda (NCCL) | cpu-staged (the device path on the CPU)
   bool progress = true;        // a line per size on rank 0 (stderr)
 };

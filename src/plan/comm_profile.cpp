@@ -99,9 +99,9 @@ std::string comm_profile_json(const CommProfile& p) {
       "{{\n  \"strata_comm_profile\": 1,\n  \"source\": \"measured\",\n  \"date\": {},\n"
       "  \"host\": {},\n  \"strata\": {},\n  \"backend\": {},\n  \"device\": {},\n"
       "  \"ranks\": {},\n  \"nodes\": {},\n  \"ranks_per_node\": {},\n  \"iters\": {},\n"
-      "  \"warmup\": {},\n  \"fit\": {{",
+      "  \"warmup\": {},\n  \"rounds\": {},\n  \"fit\": {{",
       json_string(p.date), json_string(p.host), json_string(p.strata_version), json_string(p.backend),
-      json_string(p.device), p.ranks, p.nodes, p.ranks_per_node, p.iters, p.warmup);
+      json_string(p.device), p.ranks, p.nodes, p.ranks_per_node, p.iters, p.warmup, p.rounds);
   const char* sep = "";
   for (CommOp op : kOps) {
     std::string levels;

@@ -58,7 +58,7 @@ double predicted_time_s(const CommFit& f, CommOp op, int64_t bytes, int ranks);
 struct CommProfile {
   std::string date, host, strata_version, backend = "mpi", device = "cpu";
   int ranks = 1, nodes = 1, ranks_per_node = 1;
-  int iters = 0, warmup = 0;
+  int iters = 0, warmup = 0, rounds = 1;
   std::vector<CommMeasurement> measurements;
 };
 

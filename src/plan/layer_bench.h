@@ -2,7 +2,8 @@
 // training runs it (the same layer stack, backend and precision), into a machine profile
 // (machine_profile.h): forward, whole backward, the zero-bubble schedules' B and W halves, per
 // sample at a few micro-batch sizes (a kernel's fixed cost makes small batches dearer per
-// sample), the median of `reps` runs after a warm-up; the optimizer's step and the loss; the
+// sample), the median of `reps` runs or more after a warm-up; the optimizer's step and the
+// loss; the step's batch from the loader over the config's data (and its upload to a device); the
 // checkpoint write bandwidth to a directory (write + fsync of the model's state size) and the
 // host memory bandwidth (a large copy).
 #pragma once

@@ -14,7 +14,7 @@
 //                        "backward_input_s": s, "backward_weight_s": s}, ...]}, ...],
 //    "loss": {"at": [{"micro_batch": b, "forward_s": s}...]},
 //    "whole": {"at": [{"micro_batch": b, "forward_s": s}...]},
-//    "input": {"at": [{"micro_batch": b, "forward_s": s}...]} (a device's; absent on the CPU),
+//    "input": {"at": [{"micro_batch": b, "forward_s": s}...]} (the loader's batch, a device's upload),
 //    "checkpoint_write_Bps": bytes/s, "checkpoint_bytes": n, "memory_Bps": bytes/s,
 //    "busy": {"ranks": R, "slowdown": s} (launched on R ranks of a node; absent on one),
 //    "cpu_share": CPU time / wall time while timing}
@@ -69,9 +69,10 @@ struct MachineProfile {
   // what runs between layers (layout conversions, a layer's output still in cache for the
   // next, the timer itself) is in the step but not in the sum of the layers, or the other way.
   std::vector<LayerTiming> whole;
-  // The batch's copy from the host into a device's memory (inputs and labels), which a step
-  // makes once before its first forward (forward_s only; empty where the layers read the
-  // host's memory, and in profiles written before it was measured).
+  // The step's batch from the loader (its rows gathered and converted, or the wait for the
+  // reader thread) and, on a device, its copy into the device's memory (inputs and labels):
+  // once a step before its first forward (forward_s only; empty for a preset without a data
+  // file, and in profiles written before it was measured).
   std::vector<LayerTiming> input;
   double checkpoint_write_Bps = 0;
   int64_t checkpoint_bytes = 0;
@@ -95,7 +96,8 @@ struct MachineProfile {
   // A profiled layer's cost at `micro_batch` samples (interpolated).
   static MicroBatchCost cost(const LayerProfile& l, double micro_batch);
   double loss_s(double micro_batch) const;
-  // The copy of `batch` samples into the device's memory: seconds, 0 without a figure.
+  // The step's `batch` samples from the loader (and into the device's memory): seconds, 0
+  // without a figure.
   double input_s(double batch) const;
   // The whole pass at `micro_batch` over the sum of the layers' forward and backward and the
   // loss there (interpolated alike): what the step-time model scales the layers' figures by.

@@ -22,12 +22,16 @@
 //   busy node  a rank's compute slower by the profile's busy-node slowdown (the whole pass with
 //              a node's ranks at once over alone: shared caches, memory bandwidth, clocks),
 //              in proportion to the grid's other ranks on the node
+//   input      the step's batch from the loader (and its copy to a device), once a step before
+//              the first forward, from the profile's measurement of the config's data
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "config/config.h"
+#include "data/data.h"
 #include "model/layer_stack.h"
 #include "plan/comm_model.h"
 #include "plan/machine_profile.h"
@@ -68,6 +72,9 @@ struct PlannedModel {
   std::vector<LayerInfo> layers;
   int64_t tokens_per_sample = 1;  // a language model's context, else 1
 };
+// The training data as training opens it (token files cut into windows of model.context);
+// none for a GPT preset with no data file. Throws UserError naming the file/key.
+std::optional<DatasetInfo> planned_dataset(const RunConfig& cfg);
 // Reads the dataset's shape from cfg.data.path as training does; a GPT whose model.vocab and
 // model.context are set (a preset) needs no data file. Throws UserError naming the file/key.
 PlannedModel plan_model(const RunConfig& cfg);

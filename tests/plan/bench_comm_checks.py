@@ -15,6 +15,7 @@
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 
@@ -80,8 +81,18 @@ def staged(strata, work):
     assert prof["device"] == "cpu-staged" and prof["backend"] == "mpi", prof
     assert len(prof["measurements"]) == 4 * 14, len(prof["measurements"])  # 8 B .. 64 KiB
     progress = [x for x in p.stderr.splitlines() if x.startswith("bench comm: [")]
-    assert len(progress) == 4 * 14, p.stderr
-    print("ok: the device communicator's path (cpu-staged) measures and checks every op")
+    assert len(progress) == 3 * 4 * 14, p.stderr  # a line per size in each of the 3 rounds
+    # Each size's figure is the median of its 3 rounds' (progress lines: us to 2 decimals).
+    rounds = {}
+    for x in progress:
+        m = re.match(r"bench comm: \[\d+/168\] round [123]/3: intra (\w+) (\d+) B: ([\d.]+) us", x)
+        assert m, x
+        rounds.setdefault((m[1], int(m[2])), []).append(float(m[3]))
+    for m in prof["measurements"]:
+        got = rounds[(m["op"], m["bytes"])]
+        assert len(got) == 3 and abs(m["time_s"] * 1e6 - statistics.median(got)) <= 0.006, (m, got)
+    print("ok: the device communicator's path (cpu-staged) measures and checks every op, "
+          "each size the median of 3 rounds")
 
 
 def main():

@@ -105,10 +105,12 @@ if r.returncode == 0:
     s = json.load(open(staged))
     need(s["device"] == "cpu-staged" and [l["name"] for l in s["layers"]] == names
          and all(l["optimizer_s"] > 0 for l in s["layers"] if l["params"] > 0), "the cpu-staged profile")
-    # Separate memory: the batch's upload is timed per size; the host's profile has none.
+    # The batch from the loader is timed per size (with its upload on separate memory).
     need([t["micro_batch"] for t in s.get("input", {}).get("at", [])] == [2, 8]
          and all(t["forward_s"] > 0 for t in s["input"]["at"]), f"cpu-staged input {s.get('input')}")
-    need("input" not in p, "the cpu profile times no upload")
+    need("batch from the loader and its upload, per size: 2:" in r.stderr, "cpu-staged: the input's progress line")
+need(len(p.get("input", {}).get("at", [])) == len(p["layers"][0]["at"])
+     and all(t["forward_s"] > 0 for t in p["input"]["at"]), f"the cpu profile's loader times {p.get('input')}")
 if fails:
     sys.exit("FAILED: " + "; ".join(fails))
 print(f"ok: {len(p['layers'])} layers profiled; one rank {one['total_s'] * 1e3:.3f} ms, D = 2 "

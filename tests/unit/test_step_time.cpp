@@ -271,6 +271,14 @@ TEST_CASE("step time: composed from the profile, the schedule and the comm model
   CHECK(two.exposed_comm_s == Approx(c.seconds(CommOp::allreduce, grads, 2, CommLevel::kIntra) +
                                      c.seconds(CommOp::allreduce, 40, 2, CommLevel::kIntra)));
   CHECK(two.compute_s < one.compute_s);
+  // Buckets as GradientAllreducer cuts them, one sum each: at 0.01 MiB the last layer's 1320
+  // bytes reach the first bucket's eighth; the other two layers close the second.
+  RunConfig small = cfg;
+  small.dp.bucket_mb = 0.01;
+  CHECK(predict_step_time(small, m, g, p, c).exposed_comm_s ==
+        Approx(c.seconds(CommOp::allreduce, 1320, 2, CommLevel::kIntra) +
+               c.seconds(CommOp::allreduce, grads - 1320, 2, CommLevel::kIntra) +
+               c.seconds(CommOp::allreduce, 40, 2, CommLevel::kIntra)));
   // Four ranks on the profile's 2 cores: every rank's compute twice as slow.
   g.data = 4, g.ranks_per_node = 4;
   const StepTime four = predict_step_time(cfg, m, g, p, c);
@@ -325,7 +333,7 @@ TEST_CASE("step time: the layers as the whole pass runs them (bench layers' unpr
   CHECK(mlp_profile(m).whole_ratio(32) == 1);
 }
 
-TEST_CASE("step time: a device's step pays its batch's upload once, before the first forward", "[plan]") {
+TEST_CASE("step time: a step pays its batch from the loader (and a device's upload) once, before the first forward", "[plan]") {
   const PlannedModel m = mlp();
   MachineProfile p = mlp_profile(m);
   p.device = "cuda";
@@ -340,7 +348,8 @@ TEST_CASE("step time: a device's step pays its batch's upload once, before the f
   const StepTime one = predict_step_time(cfg, m, g, p, c);
   CHECK(one.compute_s == Approx(without + 37e-6));
   bool said = false;
-  for (const std::string& a : one.assumptions) said |= a.find("the batch's copy to the device 0.037 ms") != std::string::npos;
+  for (const std::string& a : one.assumptions)
+    said |= a.find("the batch from the loader and its copy to the device 0.037 ms") != std::string::npos;
   CHECK(said);
   // M = 4 micro-batches on one rank: still one upload of the 32 samples a step.
   g.micro_batches = 4;
@@ -352,6 +361,18 @@ TEST_CASE("step time: a device's step pays its batch's upload once, before the f
   write_machine_profile(dir + "/p.json", p);
   CHECK(read_machine_profile(dir + "/p.json").input_s(32) == Approx(37e-6));
   CHECK(mlp_profile(m).input_s(32) == 0);
+  // On the CPU the loader's gather, the same way, and slowed with every op where ranks share a
+  // core: 4 ranks on 2 cores.
+  p.device = "cpu";
+  g.micro_batches = 1;
+  CHECK(predict_step_time(cfg, m, g, p, c).compute_s == Approx(without + 37e-6));
+  said = false;
+  for (const std::string& a : predict_step_time(cfg, m, g, p, c).assumptions)
+    said |= a.find("the batch from the loader 0.037 ms") != std::string::npos;
+  CHECK(said);
+  g.data = 4, g.ranks_per_node = 4;
+  const double four_without = [&] { MachineProfile q = p; q.input.clear(); return predict_step_time(cfg, m, g, q, c).compute_s; }();
+  CHECK(predict_step_time(cfg, m, g, p, c).compute_s == Approx(four_without + 2 * p.input_s(8)));
 }
 
 TEST_CASE("step time: a busy node slows compute by the profile's measured factor", "[plan]") {
