@@ -86,9 +86,9 @@ class CommBench {
         a_(be, o.max_bytes / 4), b_(be, o.max_bytes / 4), host_(size_t(o.max_bytes / 4)) {}
 
   // Every op at every size on each level, the whole sweep `rounds` times; rank 0 keeps the
-  // median of the rounds' figures in p.measurements (a shared machine's slow second then spoils
-  // one round's figures of a few sizes, not the profile: on a 2-vCPU VM one sweep measured a
-  // 1 MiB allreduce at 738 us where the sweeps before and after gave 144-157).
+  // median of the rounds' figures in p.measurements (a shared machine's slow moment then spoils
+  // one round's figures of a few sizes, not the profile's; on a 2-vCPU VM whose slow modes last
+  // seconds, longer than a sweep, only separate launches part them: bench_plan_accuracy.py).
   void run(CommProfile& p, const std::vector<Level>& levels) {
     int sizes = 0;
     for (int64_t b = o_.min_bytes; b <= o_.max_bytes; b *= 2) ++sizes;
