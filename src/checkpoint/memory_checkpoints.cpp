@@ -18,15 +18,13 @@
 #include <thread>
 
 #include <fmt/format.h>
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
 
 #include "base/files.h"
 #include "base/job.h"
 #include "base/memory.h"
 #include "base/stats.h"
 #include "checkpoint/checkpoint_cache.h"
+#include "checkpoint/crc32c.h"
 #include "strata/error.h"
 
 namespace strata {
@@ -54,64 +52,6 @@ uint64_t fnv1a(const std::string& s) {
   uint64_t h = 1469598103934665603ull;
   for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
   return h;
-}
-
-// CRC-32C (Castagnoli) of n bytes: with SSE4.2's crc32 instruction where the CPU has it (about
-// 8 bytes a cycle: a save of every step must cost the ranks' cores little), else by table.
-uint32_t crc32c_table(uint32_t crc, const unsigned char* p, size_t n) {
-  static const auto table = [] {
-    std::array<uint32_t, 256> t{};
-    for (uint32_t i = 0; i < 256; ++i) {
-      uint32_t c = i;
-      for (int k = 0; k < 8; ++k) c = c & 1 ? (c >> 1) ^ 0x82f63b78u : c >> 1;
-      t[i] = c;
-    }
-    return t;
-  }();
-  for (size_t i = 0; i < n; ++i) crc = table[(crc ^ p[i]) & 0xff] ^ (crc >> 8);
-  return crc;
-}
-#if defined(__x86_64__)
-__attribute__((target("sse4.2"))) uint32_t crc32c_sse42(uint32_t crc, const unsigned char* p,
-                                                        size_t n) {
-  uint64_t c = crc;
-  for (; n >= 8; p += 8, n -= 8) {
-    uint64_t v;
-    std::memcpy(&v, p, 8);
-    c = __builtin_ia32_crc32di(c, v);
-  }
-  return crc32c_table(uint32_t(c), p, n);
-}
-// The CRC of n bytes at src, copied to dst on the way: 64 bytes at a time, the CRC over the
-// registers the loads filled and the stores non-temporal (dst 16-byte aligned first).
-__attribute__((target("sse4.2"))) uint32_t crc32c_copy_sse42(uint32_t crc, char* dst,
-                                                             const unsigned char* src, size_t n) {
-  for (; n > 0 && reinterpret_cast<uintptr_t>(dst) % 16 != 0; --n) {
-    crc = __builtin_ia32_crc32qi(crc, *src);
-    *dst++ = char(*src++);
-  }
-  uint64_t c = crc;
-  for (; n >= 64; n -= 64, src += 64, dst += 64) {
-    __m128i v[4];
-    for (int i = 0; i < 4; ++i) v[i] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src) + i);
-    for (int i = 0; i < 4; ++i) {
-      c = __builtin_ia32_crc32di(c, uint64_t(_mm_cvtsi128_si64(v[i])));
-      c = __builtin_ia32_crc32di(c, uint64_t(_mm_extract_epi64(v[i], 1)));
-    }
-    for (int i = 0; i < 4; ++i) _mm_stream_si128(reinterpret_cast<__m128i*>(dst) + i, v[i]);
-  }
-  std::memcpy(dst, src, n);
-  return crc32c_table(uint32_t(c), src, n);
-}
-#endif
-
-uint32_t crc32c(const void* data, size_t n) {
-  const auto* p = static_cast<const unsigned char*>(data);
-#if defined(__x86_64__)
-  static const bool sse42 = __builtin_cpu_supports("sse4.2");
-  if (sse42) return ~crc32c_sse42(~0u, p, n);
-#endif
-  return ~crc32c_table(~0u, p, n);
 }
 
 uint32_t header_crc(const Header& h) { return crc32c(&h, offsetof(Header, payload_crc)); }
@@ -326,28 +266,12 @@ int64_t newest_complete_step(Comm& comm, const std::vector<MemoryCopy>& copies, 
 
 void PartWriter::put(const void* src, size_t bytes) {
   STRATA_CHECK(bytes <= left_, "a memory checkpoint's part is larger than its file");
-  const auto* p = static_cast<const unsigned char*>(src);
-#if defined(__x86_64__)
-  static const bool sse42 = __builtin_cpu_supports("sse4.2");
-  if (sse42) {
-    crc_ = crc32c_copy_sse42(crc_, dst_, p, bytes);
-    dst_ += bytes;
-    left_ -= bytes;
-    return;
-  }
-#endif
-  std::memcpy(dst_, p, bytes);
-  crc_ = crc32c_table(crc_, p, bytes);
+  crc_ = crc32c_copy(crc_, dst_, static_cast<const unsigned char*>(src), bytes);
   dst_ += bytes;
   left_ -= bytes;
 }
 
-uint32_t PartWriter::finish() {
-#if defined(__x86_64__)
-  _mm_sfence();
-#endif
-  return ~crc_;
-}
+uint32_t PartWriter::finish() { return ~crc_; }
 
 MemoryPairing pair_ranks(const std::vector<std::string>& node_by_rank, int rank) {
   MemoryPairing p;

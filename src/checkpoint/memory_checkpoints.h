@@ -54,14 +54,13 @@ struct MemoryCopy {
 };
 
 // Where a save's `fill` puts the part's bytes, in order: each put() is copied into the mapped
-// file with streaming stores (the copy does not evict the training thread's data from the
-// caches) and added to the payload's CRC-32C as it passes (the source is read once, while it
-// is still in cache; the file is never read back).
+// file and added to the payload's CRC-32C as it passes (checkpoint/crc32c.h: the source is read
+// once, while it is still in cache; the file is never read back).
 class PartWriter {
  public:
   explicit PartWriter(char* dst, size_t capacity) : dst_(dst), left_(capacity) {}
   void put(const void* src, size_t bytes);
-  // Ends the streaming stores (a fence: the bytes are in the file before anyone reads it).
+  // The payload's CRC-32C.
   uint32_t finish();
   size_t left() const { return left_; }
 
