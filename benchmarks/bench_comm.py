@@ -44,7 +44,7 @@ def run(cmd):
 def strata_round(strata, lo, hi, ops, work):
     out = os.path.join(work, "profile.json")
     p = run([strata, "bench", "comm", "--min_bytes", str(lo), "--max_bytes", str(hi), "--ops",
-             ",".join(ops), "--out", out, "--quiet"])
+             ",".join(ops), "--rounds", "1", "--out", out, "--quiet"])  # one sweep a launch, as the reference
     with open(out) as f:
         return json.load(f), p.stdout
 

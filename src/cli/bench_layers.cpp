@@ -39,7 +39,8 @@ Subcommand add_bench_layers(CLI::App& bench) {
                   "comma-separated micro-batch sizes (default every power of two from G/16 to G, and G, of "
                   "train.batch_size)")
       ->delimiter(',')->check(CLI::Range(int64_t(1), int64_t(1) << 20));
-  sub->add_option("--reps", o->reps, "timed runs per size after a warm-up (the median is kept)")
+  sub->add_option("--reps", o->reps, "timed runs per size after a warm-up, at least: more where a run is short (a quarter of a "
+                  "second's worth, up to 25 x); the median is kept")
       ->check(int_in(1, 1000))->capture_default_str();
   auto run = [o](Comm& comm) {
     apply_train_flags(o->flags);

@@ -55,23 +55,22 @@ void PairwiseSums::sum_shard(float* x, const std::vector<int>& counts, const std
                              const std::vector<float>& staged) const {
   const int64_t n = counts[size_t(rank_)];
   float* own = x + displs[size_t(rank_)];
-  std::vector<const float*> parts;  // in rank order: own (read before written) and the staged
-  for (int q = 0, slot = 0; q < size_; ++q)
-    parts.push_back(q == rank_ ? own : staged.data() + int64_t(slot++) * n);
   if (size_ < 2) return;
+  // Rank q's part: its own shard (read before it is written) or its slot in staged.
+  auto part = [&](int q) -> const float* { return q == rank_ ? own : staged.data() + int64_t(q < rank_ ? q : q - 1) * n; };
   // ((p0 + p1) + p2) + ...: in L1-sized blocks, the first pass two parts at once and the last
   // straight into the shard, so no block is copied as it is (acc = p0 and own = acc were two
   // more passes, compiled to rep movsq: a 1 MiB allreduce on 2 ranks took 147.5 us, now 128,
-  // medians of 16 launches each). Floating-point addition commutes, so p0 + p1 is p1 + p0.
+  // medians of 16 launches each).
   constexpr int64_t kBlock = 1024;
   float acc[kBlock];
   for (int64_t b0 = 0; b0 < n; b0 += kBlock) {
     const int64_t m = std::min(kBlock, n - b0);
-    const float *p0 = parts[0] + b0, *p1 = parts[1] + b0;
+    const float *p0 = part(0) + b0, *p1 = part(1) + b0;
     float* first = size_ == 2 ? own + b0 : acc;
     for (int64_t j = 0; j < m; ++j) first[j] = p0[j] + p1[j];
     for (int q = 2; q < size_; ++q) {
-      const float* p = parts[size_t(q)] + b0;
+      const float* p = part(q) + b0;
       float* out = q + 1 == size_ ? own + b0 : acc;
       for (int64_t j = 0; j < m; ++j) out[j] = acc[j] + p[j];
     }

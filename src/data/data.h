@@ -100,7 +100,8 @@ std::vector<int64_t> epoch_order(int64_t n, uint64_t seed, int64_t epoch);
 // Token files (after set_context) are batched the same way, sample = window (see set_context).
 // A split whose images fit in STRATA_DATA_CACHE_MB (default 512 MiB per rank) is read whole,
 // once, by the constructor; next() then gathers and converts this rank's rows from memory on
-// the calling thread (and prefetches the next batch's rows), with no thread and no HDF5 call.
+// the calling thread (fetching rows a few ahead of the conversion), with no thread and no HDF5
+// call.
 // A larger split (or STRATA_DATA_CACHE_MB=0) is streamed: a background thread reads the next
 // batch from the file while the current one is in use (double buffering); it is the only
 // thread that touches HDF5 while a Loader is alive. Both give the same batches.

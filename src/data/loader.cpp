@@ -57,6 +57,7 @@ std::vector<int64_t> epoch_order(int64_t n, uint64_t seed, int64_t epoch) {
 // pages in "madvise" mode, Debian's default): a shuffled batch gathers rows scattered over
 // tens of MB, and on 4 KiB pages each row also missed the TLB. A split under 4 MiB stays on
 // small pages (the TLB covers it; a huge page would add up to 2 MiB to the resident set).
+namespace {
 class RowMemory {
  public:
   void allocate(size_t n) {
@@ -79,6 +80,7 @@ class RowMemory {
   };
   std::unique_ptr<unsigned char, Free> p_;
 };
+}  // namespace
 
 // ---------------------------------------------------------------- Loader
 
@@ -293,9 +295,10 @@ struct Loader::Impl {
   void gather_rows(float* x, int32_t* y) const {
     const size_t rb = row_bytes(), span = row_span();
     constexpr size_t kAhead = 4;
-    auto fetch = [&](size_t k) {
-      const unsigned char* r = all_rows.data() + size_t(ids[k]) * rb;
-      for (size_t off = 0; off < span; off += 64) __builtin_prefetch(r + off, 0, 3);
+    auto fetch = [&](size_t k) {  // every cache line the row touches (784-byte rows start anywhere in one)
+      const auto r = reinterpret_cast<uintptr_t>(all_rows.data() + size_t(ids[k]) * rb);
+      for (uintptr_t line = r & ~uintptr_t(63); line < r + span; line += 64)
+        __builtin_prefetch(reinterpret_cast<const void*>(line), 0, 3);
     };
     for (size_t k = 0; k < std::min(kAhead, ids.size()); ++k) fetch(k);
     for (size_t k = 0; k < ids.size(); ++k) {
@@ -415,16 +418,20 @@ Loader::Loader(const DatasetInfo& info, const std::string& split, int64_t global
     // core). Which rows a rank uses is unchanged. If that read fails, the loader streams
     // instead, so a damaged file reports its error at the batch that needs the bad rows.
     if (p->split_bytes() <= double(budget)) {
+      bool loaded = false;
       try {
         p->load_all();
+        loaded = true;
+      } catch (const std::exception&) {  // a read error, or no memory for the split: streamed
+        p->all_rows.release();
+      }
+      if (loaded) {
         p->in_memory = true;
         p->file_space.reset();
         p->images.reset();
         p->file.reset();
         if (lock.owns_lock()) lock.unlock();
         if (p->source) p->source->close();  // kept: it names a token in messages
-      } catch (const std::runtime_error&) {
-        p->all_rows.release();
       }
     }
     if (lock.owns_lock()) lock.unlock();

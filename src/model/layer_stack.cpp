@@ -189,11 +189,16 @@ std::vector<LayerInfo> describe_layers(const ModelSpec& spec, const Shape& input
       if (p.used_rows > 0) n += (p.shape[0] - p.used_rows) * (numel(p.shape) / p.shape[0]);
     return n;
   };
+  auto tensors = [](const Layer& l) {
+    std::vector<int64_t> v;
+    for (const Param& p : l.params) v.push_back(numel(p.whole_shape));
+    return v;
+  };
   for (size_t i = 0; i < b.layers.size(); ++i)
     out.push_back({.name = b.layers[i]->name, .describe = b.layers[i]->describe(),
                    .in_shape = b.shapes[i], .out_shape = b.shapes[i + 1],
                    .params = param_count(*b.layers[i]), .padding = padding(*b.layers[i]),
-                   .flat = whole_flat_count(*b.layers[i]),
+                   .flat = whole_flat_count(*b.layers[i]), .tensors = tensors(*b.layers[i]),
                    .flops = b.layers[i]->flops_per_sample(b.shapes[i]),
                    .internal_bytes = b.layers[i]->internal_bytes_per_sample(b.shapes[i]),
                    .recomputes = b.layers[i]->recomputes(),

@@ -38,6 +38,7 @@ struct LayerInfo {
   int64_t params = 0;
   int64_t padding = 0;  // of params: never used (the token table's padding rows)
   int64_t flat = 0;  // floats its tensors span in the flat buffers (each padded: flat_span)
+  std::vector<int64_t> tensors;  // each parameter tensor's floats (unsplit), in the layer's order
   double flops = 0;  // forward, per sample
   int64_t internal_bytes = 0;  // per sample, kept for backward besides the output (blocks)
   bool recomputes = false;     // recomputed in backward instead (train.recompute = block)

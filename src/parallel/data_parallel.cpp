@@ -6,6 +6,14 @@
 
 namespace strata {
 
+std::vector<int64_t> bucket_bounds(const std::vector<int64_t>& ends, int64_t cap) {
+  std::vector<int64_t> bounds = {0};
+  for (int64_t e : ends)
+    if (e - bounds.back() >= (bounds.size() == 1 ? std::max<int64_t>(1, cap / 8) : cap)) bounds.push_back(e);
+  if (!ends.empty() && bounds.back() != ends.back()) bounds.push_back(ends.back());
+  return bounds;
+}
+
 GradientAllreducer::GradientAllreducer(Comm& comm, const Model& model, float* grads,
                                        double bucket_bytes, bool overlap,
                                        const std::vector<int64_t>* shards)
@@ -15,15 +23,7 @@ GradientAllreducer::GradientAllreducer(Comm& comm, const Model& model, float* gr
   std::vector<int64_t> ends;
   for (auto* p : model.params()) ends.push_back(p->offset + flat_span(numel(p->shape)));
   std::sort(ends.begin(), ends.end());
-  bounds_ = {0};
-  // As in PyTorch DDP, the first bucket is small (1/8 of the others): it closes as soon as the
-  // last layers' gradients exist, so its allreduce overlaps the rest of backward instead of
-  // waiting for a full bucket.
-  const int64_t cap = std::max<int64_t>(1, int64_t(bucket_bytes / sizeof(float)));
-  for (int64_t e : ends)
-    if (e - bounds_.back() >= (bounds_.size() == 1 ? std::max<int64_t>(1, cap / 8) : cap))
-      bounds_.push_back(e);
-  if (!ends.empty() && bounds_.back() != ends.back()) bounds_.push_back(ends.back());
+  bounds_ = bucket_bounds(ends, std::max<int64_t>(1, int64_t(bucket_bytes / sizeof(float))));
   handles_.assign(bounds_.size(), -1);
   if (shards)
     for (size_t b = 0; b + 1 < bounds_.size(); ++b)

@@ -27,6 +27,14 @@ struct AllreduceStats {
   int64_t bytes = 0;
 };
 
+// The buckets over a flat gradient buffer whose tensors end at `ends` (floats, ascending):
+// bounds from 0, each bucket closed at the first tensor end at least `cap` floats past its
+// start (the first at cap / 8: as in PyTorch DDP it closes as soon as the last layers'
+// gradients exist, so its sum overlaps the rest of backward instead of waiting for a full
+// bucket), the last at ends.back(). The step-time model (plan/step_time.cpp) cuts its buckets
+// with this too.
+std::vector<int64_t> bucket_bounds(const std::vector<int64_t>& ends, int64_t cap);
+
 class GradientAllreducer {
  public:
   // shards: ZeRO-2's shard sizes, one per rank of comm (zero_counts); null: allreduce.

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <ctime>
 #include <fstream>
+#include <functional>
 
 #include <H5public.h>
 #include <dnnl.h>
@@ -230,16 +231,17 @@ void measure_optimizer(const RunConfig& cfg, Model& m, const Backend& be, int re
 
 // The step's batch of b samples as the training thread gets it from the loader (the split in
 // memory: the gather of its rows, converted to floats; streamed: the wait for the reader
-// thread), per micro-batch size: added to p.input (a device's upload), per sample. Each after a
-// whole pass, as in training (the step's weights and activations have taken the caches). Nothing
-// for a preset without a data file. The MLP's 64 Fashion-MNIST rows: 16 us, 2 % of its step.
+// thread), per micro-batch size the split holds: added to p.input (a device's upload at the
+// same size), per sample. Each after a whole pass, as in training (the step's weights and
+// activations have taken the caches). Nothing for a preset without a data file. The MLP's 64
+// Fashion-MNIST rows: 16 us, 2 % of its step.
 void measure_loader(const RunConfig& cfg, Model& m, const Backend& be, int reps, const PlannedModel& pm,
                     MachineProfile& p) {
   const std::optional<DatasetInfo> info = planned_dataset(cfg);
   if (!info) return;
   std::vector<LayerTiming> out;
-  for (size_t i = 0; i < p.micro_batches.size(); ++i) {
-    const int64_t b = p.micro_batches[i];
+  for (const int64_t b : p.micro_batches) {
+    if (b > info->train.n) continue;  // more samples than the split: the loader refuses it
     Loader loader(*info, "train", b, 0, 1, /*shuffle=*/true, cfg.train.seed);
     PassData d(m, be, b, pm);
     std::vector<double> t;
@@ -250,10 +252,26 @@ void measure_loader(const RunConfig& cfg, Model& m, const Backend& be, int reps,
       if (r > 0) t.push_back(seconds_since(t0));
     }
     double s = median(t) / double(b);
-    if (i < p.input.size()) s += p.input[i].forward_s;  // the upload, measured at the same sizes
+    for (const LayerTiming& up : p.input) s += up.micro_batch == b ? up.forward_s : 0;
     out.push_back({.micro_batch = b, .forward_s = s});
   }
   p.input = std::move(out);
+}
+
+// The layers at every micro-batch size, a progress line each.
+void measure_sizes(Model& m, const Backend& be, int reps, const PlannedModel& pm, MachineProfile& p,
+                   const std::function<void(const std::string&)>& say) {
+  for (int64_t b : p.micro_batches) {
+    const auto t0 = Clock::now();
+    measure_size(m, be, b, reps, pm, p);
+    double step = 0;
+    for (const LayerProfile& l : p.layers) step += (l.at.back().forward_s + l.at.back().backward_s) * double(b);
+    const std::string upload =
+        p.input.empty() ? "" : fmt::format(", its upload {:.3f} ms", p.input.back().forward_s * double(b) * 1e3);
+    say(fmt::format("bench layers: micro-batch {:>5}: forward + backward {:.3f} ms layer by layer, {:.3f} ms "
+                    "whole with the loss{} ({:.1f} s measuring)", b, step * 1e3,
+                    p.whole.back().forward_s * double(b) * 1e3, upload, seconds_since(t0)));
+  }
 }
 
 // write + fsync of `bytes` to a file in dir, 3 times; the median bandwidth.
@@ -426,17 +444,9 @@ MachineProfile bench_layers(const RunConfig& given, const LayerBenchOptions& o) 
   }
   const auto wall0 = Clock::now();
   const double cpu0 = process_cpu_s();
-  for (int64_t b : p.micro_batches) {
-    const auto t0 = Clock::now();
-    measure_size(m, be, b, o.reps, pm, p);
-    double step = 0;
-    for (const LayerProfile& l : p.layers) step += (l.at.back().forward_s + l.at.back().backward_s) * double(b);
-    const std::string upload =
-        p.input.empty() ? "" : fmt::format(", its upload {:.3f} ms", p.input.back().forward_s * double(b) * 1e3);
-    say(fmt::format("bench layers: micro-batch {:>5}: forward + backward {:.3f} ms layer by layer, {:.3f} ms "
-                    "whole with the loss{} ({:.1f} s measuring)", b, step * 1e3,
-                    p.whole.back().forward_s * double(b) * 1e3, upload, seconds_since(t0)));
-  }
+  measure_sizes(m, be, o.reps, pm, p, say);
+  if (be.host_memory())  // (the loader's reads of its file below are no other work's)
+    p.cpu_share = std::min(1.0, (process_cpu_s() - cpu0) / std::max(seconds_since(wall0), 1e-9) / p.threads);
   measure_optimizer(cfg, m, be, o.reps, p.micro_batches.back(), pm, p.layers);
   measure_loader(cfg, m, be, o.reps, pm, p);
   std::vector<std::string> batches;
@@ -445,8 +455,6 @@ MachineProfile bench_layers(const RunConfig& given, const LayerBenchOptions& o) 
   if (!batches.empty())
     say(fmt::format("bench layers: the step's batch from the loader{}, per size: {}",
                     be.host_memory() ? "" : " and its upload", fmt::join(batches, ", ")));
-  if (be.host_memory())
-    p.cpu_share = std::min(1.0, (process_cpu_s() - cpu0) / std::max(seconds_since(wall0), 1e-9) / p.threads);
   const int64_t state = m.num_params() * int64_t(sizeof(float)) *
                         (cfg.train.optimizer == "adamw" ? 3 : 2);
   p.checkpoint_bytes = std::max<int64_t>(state, 4 << 20);

@@ -71,8 +71,8 @@ struct MachineProfile {
   std::vector<LayerTiming> whole;
   // The step's batch from the loader (its rows gathered and converted, or the wait for the
   // reader thread) and, on a device, its copy into the device's memory (inputs and labels):
-  // once a step before its first forward (forward_s only; empty for a preset without a data
-  // file, and in profiles written before it was measured).
+  // once a step before its first forward (forward_s only; for a preset without a data file
+  // the upload alone, on the host none; empty in profiles written before it was measured).
   std::vector<LayerTiming> input;
   double checkpoint_write_Bps = 0;
   int64_t checkpoint_bytes = 0;

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "data/data.h"
+#include "parallel/data_parallel.h"
 #include "parallel/pipeline.h"
 #include "parallel/pipeline_schedule.h"
 #include "strata/error.h"
@@ -129,7 +130,7 @@ struct StageWork {
   std::vector<OpCosts> chunks;
   double opt_s = 0;            // optimizer over the stage's parameters (this rank's share)
   double grad_bytes = 0;       // this rank's gradients (fp32)
-  std::vector<double> layer_grad_bytes;  // per layer, in layer order (the buckets' sizes)
+  std::vector<std::vector<int64_t>> layer_tensors;  // per layer, in layer order: each tensor's floats here
   double last_backward_s = 0;  // the backward the gradient sums can overlap (the last micro-batch's)
   double tp_comm_s = 0;        // per step, tensor-parallel allreduces
   double boundary_bytes = 0;   // activations sent to the next stage, per micro-batch
@@ -176,7 +177,8 @@ StageWork stage_work(const Context& c, const std::vector<LayerRange>& ranges, in
       w.tp_comm_s += (ar_f + ar_b + (rec > 0 ? ar_f : 0)) * g.micro_batches;
       w.opt_s += lc.opt / split * c.slow / (g.zero > 0 ? g.data : 1);
       w.grad_bytes += double(l.params) / split * sizeof(float);
-      w.layer_grad_bytes.push_back(double(l.params) / split * sizeof(float));
+      std::vector<int64_t>& t = w.layer_tensors.emplace_back(l.tensors);
+      for (int64_t& n : t) n = (n + int64_t(split) - 1) / int64_t(split);  // a block's parts (its LayerNorms are whole: a few floats)
       if (l.describe.rfind("Embedding(", 0) == 0 || l.describe.rfind("LM head", 0) == 0) w.holds_table = true;
     }
     if (r.last == int(c.m.layers.size()))  // the loss and its gradient, with the last forward
@@ -223,19 +225,17 @@ struct After {
   double total() const { return dp_s + gather_s + tied_s + opt_s; }
 };
 
-// The gradient buckets as GradientAllreducer cuts them: from the last layer back (the flat
-// buffer's order), closed at the first layer end that reaches dp.bucket_mb (the first bucket
-// at an eighth of it); bytes each, in the order they are summed.
+// The gradient buckets as GradientAllreducer cuts them (bucket_bounds over the flat buffer:
+// the last layer's tensors first, each padded to flat_span): bytes each, in the order summed.
 std::vector<double> gradient_buckets(const RunConfig& cfg, const StageWork& w) {
-  const double cap = std::max(4.0, cfg.dp.bucket_mb * double(1 << 20));
-  std::vector<double> buckets;
-  double open = 0;
-  for (auto it = w.layer_grad_bytes.rbegin(); it != w.layer_grad_bytes.rend(); ++it) {
-    open += *it;
-    if (open >= (buckets.empty() ? cap / 8 : cap)) buckets.push_back(open), open = 0;
-  }
-  if (open > 0) buckets.push_back(open);
-  return buckets;
+  std::vector<int64_t> ends;
+  int64_t at = 0;
+  for (auto l = w.layer_tensors.rbegin(); l != w.layer_tensors.rend(); ++l)
+    for (int64_t n : *l) ends.push_back(at += flat_span(n));
+  const std::vector<int64_t> b = bucket_bounds(ends, std::max<int64_t>(1, int64_t(cfg.dp.bucket_mb * 1048576.0 / 4)));
+  std::vector<double> bytes;
+  for (size_t i = 0; i + 1 < b.size(); ++i) bytes.push_back(double(b[i + 1] - b[i]) * sizeof(float));
+  return bytes;
 }
 
 After after_stage(const RunConfig& cfg, const GridChoice& g, const CommModel& comm, const StageWork& w,

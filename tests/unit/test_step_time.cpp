@@ -4,10 +4,13 @@
 // interpolation, and predictions composed from known parts.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 
+#include "model/model.h"
+#include "parallel/data_parallel.h"
 #include "parallel/pipeline_schedule.h"
 #include "plan/comm_model.h"
 #include "plan/layer_bench.h"
@@ -216,11 +219,13 @@ MachineProfile mlp_profile(const PlannedModel& m) {
   return p;
 }
 
+const ModelSpec kMlpSpec = {"linear 64", "relu", "linear 32", "relu", "linear 10"};
+
 PlannedModel mlp() {
   PlannedModel m;
   m.input = {784};
   m.classes = 10;
-  m.layers = describe_layers({"linear 64", "relu", "linear 32", "relu", "linear 10"}, m.input, m.classes);
+  m.layers = describe_layers(kMlpSpec, m.input, m.classes);
   return m;
 }
 
@@ -265,20 +270,26 @@ TEST_CASE("step time: composed from the profile, the schedule and the comm model
   // D = 2: half the batch each, plus the whole gradient sum exposed (MPI on the CPU).
   const CommModel c = CommModel::from_profile_text(kProfile, "p.json");
   g.data = 2, g.ranks_per_node = 2;
+  // One sum per gradient bucket, cut as GradientAllreducer cuts a real model's flat buffer
+  // (its tensors' padded ends), and the step's 5-number allreduce (40 bytes).
+  auto sums_of = [&](double bucket_mb) {
+    const Model real(kMlpSpec, m.input, m.classes);
+    std::vector<int64_t> ends;
+    for (const Param* t : real.params()) ends.push_back(t->offset + flat_span(numel(t->shape)));
+    std::sort(ends.begin(), ends.end());
+    const std::vector<int64_t> b = bucket_bounds(ends, int64_t(bucket_mb * 1048576 / 4));
+    double s = c.seconds(CommOp::allreduce, 40, 2, CommLevel::kIntra);
+    for (size_t i = 0; i + 1 < b.size(); ++i) s += c.seconds(CommOp::allreduce, double(b[i + 1] - b[i]) * 4, 2, CommLevel::kIntra);
+    return std::pair{s, b.size() - 1};
+  };
   const StepTime two = predict_step_time(cfg, m, g, p, c);
-  double grads = 0;
-  for (const auto& l : m.layers) grads += double(l.params) * 4;
-  CHECK(two.exposed_comm_s == Approx(c.seconds(CommOp::allreduce, grads, 2, CommLevel::kIntra) +
-                                     c.seconds(CommOp::allreduce, 40, 2, CommLevel::kIntra)));
+  CHECK(sums_of(1.0).second == 2);  // fc3, fc2 and fc1's weight; fc1's bias alone
+  CHECK(two.exposed_comm_s == Approx(sums_of(1.0).first));
   CHECK(two.compute_s < one.compute_s);
-  // Buckets as GradientAllreducer cuts them, one sum each: at 0.01 MiB the last layer's 1320
-  // bytes reach the first bucket's eighth; the other two layers close the second.
   RunConfig small = cfg;
   small.dp.bucket_mb = 0.01;
-  CHECK(predict_step_time(small, m, g, p, c).exposed_comm_s ==
-        Approx(c.seconds(CommOp::allreduce, 1320, 2, CommLevel::kIntra) +
-               c.seconds(CommOp::allreduce, grads - 1320, 2, CommLevel::kIntra) +
-               c.seconds(CommOp::allreduce, 40, 2, CommLevel::kIntra)));
+  CHECK(sums_of(0.01).second == 3);
+  CHECK(predict_step_time(small, m, g, p, c).exposed_comm_s == Approx(sums_of(0.01).first));
   // Four ranks on the profile's 2 cores: every rank's compute twice as slow.
   g.data = 4, g.ranks_per_node = 4;
   const StepTime four = predict_step_time(cfg, m, g, p, c);
@@ -355,7 +366,7 @@ TEST_CASE("step time: a step pays its batch from the loader (and a device's uplo
   g.micro_batches = 4;
   const double m4_without = [&] { MachineProfile q = p; q.input.clear(); return predict_step_time(cfg, m, g, q, c).compute_s; }();
   CHECK(predict_step_time(cfg, m, g, p, c).compute_s == Approx(m4_without + 37e-6));
-  // Written and read back; a CPU's profile has none (0).
+  // Written and read back; a profile without the figure adds nothing.
   const std::string dir = STRATA_BINARY_DIR "/test-runs/unit-machine-profile-input";
   std::filesystem::create_directories(dir);
   write_machine_profile(dir + "/p.json", p);
