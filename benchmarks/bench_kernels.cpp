@@ -2,7 +2,6 @@
 // the MLP 784-256-128-10, the CNN's two 3x3 convolutions and its 2x2 max pooling. Each figure is the best of N runs
 // of thread CPU time, which is robust to other processes on a shared machine.
 //   usage: bench_kernels [runs (default 20)]
-#include <time.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -11,6 +10,7 @@
 
 #include "strata/kernels_cpu.h"
 #include "strata/rng.h"
+#include "thread_timing.h"
 
 using namespace strata;
 using namespace strata::cpu;
@@ -19,22 +19,9 @@ namespace {
 
 int g_runs = 20;
 
-double thread_ms() {
-  timespec t;
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-  return t.tv_sec * 1e3 + t.tv_nsec * 1e-6;
-}
-
 template <class F>
 double best_ms(F f) {
-  f();  // warm-up: page faults, OpenBLAS buffers
-  double best = 1e30;
-  for (int r = 0; r < g_runs; ++r) {
-    const double t0 = thread_ms();
-    f();
-    best = std::min(best, thread_ms() - t0);
-  }
-  return best;
+  return bench::best_ms(g_runs, f);
 }
 
 std::vector<float> random_vec(Rng& rng, int64_t n) {

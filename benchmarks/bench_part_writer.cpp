@@ -4,8 +4,6 @@
 // same bytes, the baseline. GB/s of each, best of N runs of thread CPU time (robust on a shared
 // machine).
 //   usage: bench_part_writer [runs (default 20)]
-#include <time.h>
-
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -14,26 +12,9 @@
 
 #include "checkpoint/crc32c.h"
 #include "checkpoint/memory_checkpoints.h"
+#include "thread_timing.h"
 
 namespace {
-
-double thread_ms() {
-  timespec t;
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-  return double(t.tv_sec) * 1e3 + double(t.tv_nsec) * 1e-6;
-}
-
-template <class F>
-double best_ms(int runs, F f) {
-  f();  // warm-up: page faults
-  double best = 1e30;
-  for (int r = 0; r < runs; ++r) {
-    const double t0 = thread_ms();
-    f();
-    best = std::min(best, thread_ms() - t0);
-  }
-  return best;
-}
 
 // The baseline: CRC-32C as one chain of crc32 instructions, 8 bytes at a time (n % 8 == 0).
 __attribute__((target("sse4.2"))) uint32_t one_chain(const unsigned char* p, size_t n) {
@@ -65,10 +46,10 @@ int main(int argc, char** argv) {
     for (auto& b : src) b = static_cast<unsigned char>((x = x * 1103515245u + 12345u) >> 24);
     std::vector<char> dst(n + 72);
     uint32_t base = 0, crc = 0, part = 0;
-    const double copy_ms = best_ms(runs, [&] { std::memcpy(dst.data() + 72, src.data(), n); });
-    const double base_ms = best_ms(runs, [&] { base = one_chain(src.data(), n); });
-    const double crc_ms = best_ms(runs, [&] { crc = strata::crc32c(src.data(), n); });
-    const double part_ms = best_ms(runs, [&] {
+    const double copy_ms = bench::best_ms(runs, [&] { std::memcpy(dst.data() + 72, src.data(), n); });
+    const double base_ms = bench::best_ms(runs, [&] { base = one_chain(src.data(), n); });
+    const double crc_ms = bench::best_ms(runs, [&] { crc = strata::crc32c(src.data(), n); });
+    const double part_ms = bench::best_ms(runs, [&] {
       strata::PartWriter w(dst.data() + 72, n);  // 72: a part starts after its file's header
       w.put(src.data(), n);
       part = w.finish();
