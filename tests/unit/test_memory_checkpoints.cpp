@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "checkpoint/crc32c.h"
 #include "checkpoint/memory_checkpoints.h"
 #include "ranks_util.h"
 #include "test_util.h"
@@ -190,6 +191,24 @@ TEST_CASE("memory checkpoints: the part writer copies every byte and CRCs what i
   }
   strata::PartWriter full(nullptr, 0);
   CHECK_THROWS(full.put(nine, 1));  // more than the file holds
+}
+
+TEST_CASE("memory checkpoints: the CRC in three chains is the CRC, at every length around a block", "[memory]") {
+  // A block is 3 stripes of 4 KiB (crc32c.cpp): lengths below, at and past one and several,
+  // from every alignment of the source, alone and copied in one piece.
+  std::vector<unsigned char> src(3 * 12288 + 200);
+  uint32_t x = 777;
+  for (auto& b : src) b = static_cast<unsigned char>((x = x * 1103515245u + 12345u) >> 24);
+  for (size_t n : {size_t(12287), size_t(12288), size_t(12289), size_t(24576 + 8), size_t(3 * 12288 + 13)})
+    for (size_t at : {0, 1, 3, 8}) {
+      const uint32_t want = crc32c_reference(src.data() + at, n);
+      CHECK(strata::crc32c(src.data() + at, n) == want);
+      std::vector<char> file(n + 1);
+      strata::PartWriter w(file.data() + 1, n);
+      w.put(src.data() + at, n);
+      CHECK(w.finish() == want);
+      CHECK(std::memcmp(file.data() + 1, src.data() + at, n) == 0);
+    }
 }
 
 TEST_CASE("memory checkpoints: a fill that fails loses its save, not the run", "[memory]") {
