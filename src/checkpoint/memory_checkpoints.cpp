@@ -129,6 +129,47 @@ void await(Comm& c, int handle, const bool& stop, std::mutex& mu) {
   }
 }
 
+// The two directions of a partner exchange: floats to rank `to`, and from rank `from`.
+struct Outgoing {
+  const float* data;
+  int64_t floats;
+  int to;
+};
+struct Incoming {
+  float* data;
+  int64_t floats;
+  int from;
+};
+
+// Sends `out` and receives `in` (into its data) in pieces of kExchangeFloats, kInFlight pieces
+// at most in flight, each posted before the oldest is awaited. One piece at a time paid the
+// await's sleeps and a round trip per 512 KiB; on 2 vCPUs (bench_memory_checkpoints.py, 3
+// repeats) the MLP's 2 MiB part took 1.99 ms a save with one piece in flight, 1.41 with two,
+// 0.74 with all (the step 3.11, 2.80, 2.02 ms; the CNN's 2.03, 1.64, 1.04 ms). A window, not
+// the whole part, so that a gradient sum between the same two ranks waits behind 4 MiB at most.
+// False when the run stopped (an exchange in flight is abandoned).
+bool send_and_receive(Comm& c, Outgoing out, Incoming in, const bool& stop, std::mutex& mu) {
+  constexpr size_t kInFlight = 8;
+  std::deque<std::pair<int, int>> window;  // (send, receive) handles, -1 for none
+  auto await_oldest = [&] {
+    for (int h : {window.front().first, window.front().second})
+      if (h >= 0) await(c, h, stop, mu);
+    window.pop_front();
+    std::lock_guard<std::mutex> lk(mu);
+    return !stop;
+  };
+  for (int64_t at = 0; at < std::max(out.floats, in.floats); at += kExchangeFloats) {
+    const int64_t ns = std::clamp<int64_t>(out.floats - at, 0, kExchangeFloats);
+    const int64_t nr = std::clamp<int64_t>(in.floats - at, 0, kExchangeFloats);
+    window.emplace_back(ns > 0 ? c.start_send(out.data + at, ns, out.to, kTag) : -1,
+                        nr > 0 ? c.start_recv(in.data + at, nr, in.from, kTag) : -1);
+    if (window.size() == kInFlight && !await_oldest()) return false;
+  }
+  while (!window.empty())
+    if (!await_oldest()) return false;
+  return true;
+}
+
 // The rank whose copy r keeps, under the same pairing.
 int source_of(const MemoryPairing& p, int r) {
   std::vector<std::string> names;
@@ -548,30 +589,8 @@ void MemoryCheckpoints::exchange(const Save& s) {
   }
   const int64_t recv_floats = pair_.source >= 0 ? int64_t(held_bytes / 4) : 0;
   const auto* from = mine.map ? reinterpret_cast<const float*>(mine.map) : zeros.data();
-  // Pieces in a window of kInFlight (4 MiB), each posted before the oldest is awaited. One
-  // piece at a time paid the await's sleeps and a round trip per 512 KiB; on 2 vCPUs
-  // (bench_memory_checkpoints.py, 3 repeats) the MLP's 2 MiB part took 1.99 ms a save with one
-  // piece in flight, 1.41 with two, 0.74 with all (the step 3.11, 2.80, 2.02 ms; the CNN's
-  // 2.03, 1.64, 1.04 ms). A window, not the whole part, so that a gradient sum between the same
-  // two ranks waits behind 4 MiB at most.
-  constexpr size_t kInFlight = 8;
-  std::deque<std::pair<int, int>> window;  // (send, receive) handles, -1 for none
-  auto await_oldest = [&] {
-    for (int h : {window.front().first, window.front().second})
-      if (h >= 0) await(*xcomm_, h, stop_, mu_);
-    window.pop_front();
-    std::lock_guard<std::mutex> lk(mu_);
-    return !stop_;
-  };
-  for (int64_t at = 0; at < std::max(send_floats, recv_floats); at += kExchangeFloats) {
-    const int64_t ns = std::clamp<int64_t>(send_floats - at, 0, kExchangeFloats);
-    const int64_t nr = std::clamp<int64_t>(recv_floats - at, 0, kExchangeFloats);
-    window.emplace_back(ns > 0 ? xcomm_->start_send(from + at, ns, pair_.partner, kTag) : -1,
-                        nr > 0 ? xcomm_->start_recv(into + at, nr, pair_.source, kTag) : -1);
-    if (window.size() == kInFlight && !await_oldest()) return;
-  }
-  while (!window.empty())
-    if (!await_oldest()) return;
+  if (!send_and_receive(*xcomm_, {from, send_floats, pair_.partner}, {into, recv_floats, pair_.source}, stop_, mu_))
+    return;
   {
     std::lock_guard<std::mutex> lk(mu_);
     if (!receiving || stop_) return;
