@@ -31,6 +31,8 @@ against the prediction times the profile's own cpu_share (bench layers' CPU time
 time): both sides as on a dedicated core. `least`: the least of the repeats' step times, beside
 their median (the error's figure): a displaced or slowed run only adds time, and on a VM where
 two communicating ranks fall into a slow mode for seconds (benchmarks/README.md) the two part.
+The runs go in --repeats rounds, each round every grid once (a "# round" line per run, after a
+"# predicted" line per grid), so that one slow phase does not take all of a grid's repeats.
 The benchmark reports, it does not judge. Exit status 0; 2 when a run fails (a grid's failure is
 reported in its row and the others go on)."""
 import argparse
@@ -176,18 +178,36 @@ def main():
              "--checkpoint_dir", os.path.join(a.work, "ckpt"), "--out", profiles[model]]
             + model_flags(a, model), ranks=min(os.cpu_count(), max(GRIDS[g][1] for g in grids)))
         print_whole_ratio(model, profiles[model])
+    # Every grid's prediction, then the runs in rounds, each round every grid once: this VM's
+    # slow phases last seconds to tens of seconds, and a grid's repeats run back to back fell
+    # into the same one (all three of mlp-z1's, 2026-11-27 03:55 UTC).
+    preds, results, failed = {}, {g: [] for g in grids}, {}
+    for g in grids:
+        try:
+            preds[g] = predict(a, g, profiles, comm)
+            print(f"# predicted: {g} {preds[g]['total_s'] * 1e3:.2f} ms", flush=True)
+        except RunFailed as e:
+            failed[g] = e
+    for rep in range(a.repeats):
+        for g in grids:  # a grid that fails is reported and the others go on
+            if g in failed:
+                continue
+            try:
+                results[g].append(run_grid(a, g, rep))
+                print(f"# round {rep + 1}/{a.repeats}: {g} {results[g][-1][0] * 1e3:.2f} ms", flush=True)
+            except RunFailed as e:
+                failed[g] = e
     print(f"{'grid':12} {'predicted ms':>12} {'measured ms':>12} {'error':>7}  {'load':>5} {'cpu':>5} "
           f"{'x cpu ms':>9} {'error':>7} {'least ms':>9}  parts (compute / bubble / comm / optimizer ms) and reason",
           flush=True)
-    errors, failed, rows = [], [], []
-    for g in grids:  # a grid that fails is reported and the others go on
-        try:
-            err, predicted, measured = measure_grid(a, g, profiles, comm)
-            errors.append(abs(err))
-            rows.append((GRIDS[g][0], GRIDS[g][1], g, predicted, measured))
-        except RunFailed as e:
-            failed.append(g)
-            print(f"{g:12} failed: {e}", flush=True)
+    errors, rows = [], []
+    for g in grids:
+        if g in failed:
+            print(f"{g:12} failed: {failed[g]}", flush=True)
+            continue
+        err, predicted, measured = print_row(g, preds[g], results[g], profiles)
+        errors.append(abs(err))
+        rows.append((GRIDS[g][0], GRIDS[g][1], g, predicted, measured))
     print(f"# worst error {max(errors, default=0) * 100:.1f} % over {len(errors)} grids (target 15 %)"
           + (f"; failed: {', '.join(failed)}" if failed else ""))
     print_ranking(rows)
@@ -242,9 +262,8 @@ def print_ranking(rows):
               f"{(pick[4] / best[4] - 1) * 100:+.1f} % (target within 5 %)")
 
 
-def measure_grid(a, g, profiles, comm):
-    """Predicts grid g, trains it --repeats times, prints its row; returns the relative error,
-    the predicted and the measured step time."""
+def predict(a, g, profiles, comm):
+    """The model's prediction for grid g (strata bench predict's JSON)."""
     model, ranks, flags, grid = GRIDS[g]
     cmd = [a.strata, "bench", "predict", "--threads", "1", "--device", a.device, "--profile",
            profiles[model], "--ranks_per_node", str(ranks)]
@@ -252,27 +271,37 @@ def measure_grid(a, g, profiles, comm):
         cmd += ["--comm_profile", comm[max(2, ranks)]]
     for k, v in grid.items():
         cmd += [f"--{k}"] if v is True else [f"--{k}", str(v)]
-    pr = json.loads(run(cmd + model_flags(a, model) + flags, fatal=False))
-    results = []
-    for rep in range(a.repeats):
-        out = os.path.join(a.work, f"run-{g}-{rep}")
-        # A fresh directory: strata appends to an output directory's metrics.jsonl, and an
-        # earlier run's lines (another invocation's, another machine's load) would mix in.
-        shutil.rmtree(out, ignore_errors=True)
-        load = os.getloadavg()[0]
-        # The MLP's step is under a millisecond: more of them. On a GPU every step is short and
-        # a device idle a moment ago runs its first fraction of a second at low clocks: enough
-        # steps that the skipped ones cover that and the timed ones last about a second.
-        scale = {"mlp": 100, "cnn": 50, "gpt": 10}[model] if a.device == "cuda" else 10 if model == "mlp" else 1
-        run([a.strata, "train", "--quiet", "--threads", "1", "--device", a.device,
-             "--train.max_steps", str(a.steps * scale), "--train.epochs", "100000",  # max_steps ends it
-             "--train.log_every", str(a.log_every * scale),
-             "--checkpoint.final", "false", "--output.dir", out] + model_flags(a, model) + flags,
-            ranks=ranks, fatal=False)
-        t = step_times(os.path.join(out, "metrics.jsonl"), a.skip * scale)
-        done = [json.loads(l) for l in open(os.path.join(out, "metrics.jsonl")) if '"event"' in l][-1]
-        share = done["train_thread_cpu_s"] / done["train_time_s"]  # rank 0's CPU share
-        results.append((statistics.median(t), load, share))
+    return json.loads(run(cmd + model_flags(a, model) + flags, fatal=False))
+
+
+def run_grid(a, g, rep):
+    """Trains grid g once: (the median step time, the load average at its start, rank 0's CPU
+    share)."""
+    model, ranks, flags, _ = GRIDS[g]
+    out = os.path.join(a.work, f"run-{g}-{rep}")
+    # A fresh directory: strata appends to an output directory's metrics.jsonl, and an
+    # earlier run's lines (another invocation's, another machine's load) would mix in.
+    shutil.rmtree(out, ignore_errors=True)
+    load = os.getloadavg()[0]
+    # The MLP's step is under a millisecond: more of them. On a GPU every step is short and
+    # a device idle a moment ago runs its first fraction of a second at low clocks: enough
+    # steps that the skipped ones cover that and the timed ones last about a second.
+    scale = {"mlp": 100, "cnn": 50, "gpt": 10}[model] if a.device == "cuda" else 10 if model == "mlp" else 1
+    run([a.strata, "train", "--quiet", "--threads", "1", "--device", a.device,
+         "--train.max_steps", str(a.steps * scale), "--train.epochs", "100000",  # max_steps ends it
+         "--train.log_every", str(a.log_every * scale),
+         "--checkpoint.final", "false", "--output.dir", out] + model_flags(a, model) + flags,
+        ranks=ranks, fatal=False)
+    t = step_times(os.path.join(out, "metrics.jsonl"), a.skip * scale)
+    done = [json.loads(l) for l in open(os.path.join(out, "metrics.jsonl")) if '"event"' in l][-1]
+    share = done["train_thread_cpu_s"] / done["train_time_s"]  # rank 0's CPU share
+    return statistics.median(t), load, share
+
+
+def print_row(g, pr, results, profiles):
+    """Grid g's row from its prediction and its runs; returns the relative error, the predicted
+    and the measured step time."""
+    model = GRIDS[g][0]
     meas = statistics.median(r[0] for r in results)
     err = (pr["total_s"] - meas) / meas
     load = statistics.median(r[1] for r in results)
