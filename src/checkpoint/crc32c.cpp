@@ -44,12 +44,9 @@ class ZerosOp {
       for (size_t i = 0; i < 32; ++i) r[i] = apply(a, b[i]);
       return r;
     };
-    Mat step{}, power{};
-    for (size_t i = 0; i < 32; ++i) {
-      uint32_t c = 1u << i;
-      for (int k = 0; k < 8; ++k) c = c & 1 ? (c >> 1) ^ kPoly : c >> 1;
-      step[i] = c, power[i] = 1u << i;
-    }
+    Mat step{}, power{};  // one zero byte; the identity
+    const unsigned char zero = 0;
+    for (size_t i = 0; i < 32; ++i) step[i] = table_update(1u << i, &zero, 1), power[i] = 1u << i;
     for (; n; n >>= 1, step = compose(step, step))
       if (n & 1) power = compose(step, power);
     for (size_t k = 0; k < 4; ++k)

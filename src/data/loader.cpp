@@ -90,7 +90,6 @@ class RowMemory {
 // batch requested by (req_epoch, req_index). Each request has a generation number; the reader
 // publishes done_gen when it finishes one, so a seek() while a read is in flight just bumps the
 // generation and the stale result is discarded.
-
 struct Loader::Impl {
   // Fixed after construction.
   std::string path, split;

@@ -229,31 +229,35 @@ void measure_optimizer(const RunConfig& cfg, Model& m, const Backend& be, int re
   for (LayerProfile& l : out) l.optimizer_s = total ? median(t) * double(l.params) / double(total) : 0;
 }
 
-// The step's batch of b samples as the training thread gets it from the loader (the split in
-// memory: the gather of its rows, converted to floats; streamed: the wait for the reader
-// thread), per micro-batch size the split holds: added to p.input (a device's upload at the
-// same size), per sample. Each after a whole pass, as in training (the step's weights and
+// The step's batch as the training thread gets it from the loader (the split in memory: the
+// gather of its rows, converted to floats; streamed: the wait for the reader thread), per
+// sample, added to p.input at every size (a device's upload there). A gather's cost is per row,
+// so one Loader at the largest size the split holds times it: a Loader per size read the whole
+// split again for each. Each batch after a whole pass, as in training (the step's weights and
 // activations have taken the caches). Nothing for a preset without a data file. The MLP's 64
 // Fashion-MNIST rows: 16 us, 2 % of its step.
 void measure_loader(const RunConfig& cfg, Model& m, const Backend& be, int reps, const PlannedModel& pm,
                     MachineProfile& p) {
   const std::optional<DatasetInfo> info = planned_dataset(cfg);
   if (!info) return;
+  int64_t b = 0;  // the largest size the loader accepts (no more samples than the split)
+  for (const int64_t s : p.micro_batches) b = s <= info->train.n ? std::max(b, s) : b;
+  if (b == 0) return;
+  Loader loader(*info, "train", b, 0, 1, /*shuffle=*/true, cfg.train.seed);
+  PassData d(m, be, b, pm);
+  std::vector<double> t;
+  for (int r = 0; r <= std::max(reps, 20); ++r) {
+    d.whole_pass(m, be);
+    const auto t0 = Clock::now();
+    loader.next();
+    if (r > 0) t.push_back(seconds_since(t0));
+  }
+  const double per_sample = median(t) / double(b);
   std::vector<LayerTiming> out;
-  for (const int64_t b : p.micro_batches) {
-    if (b > info->train.n) continue;  // more samples than the split: the loader refuses it
-    Loader loader(*info, "train", b, 0, 1, /*shuffle=*/true, cfg.train.seed);
-    PassData d(m, be, b, pm);
-    std::vector<double> t;
-    for (int r = 0; r <= std::max(reps, 20); ++r) {
-      d.whole_pass(m, be);
-      const auto t0 = Clock::now();
-      loader.next();
-      if (r > 0) t.push_back(seconds_since(t0));
-    }
-    double s = median(t) / double(b);
-    for (const LayerTiming& up : p.input) s += up.micro_batch == b ? up.forward_s : 0;
-    out.push_back({.micro_batch = b, .forward_s = s});
+  for (const int64_t s : p.micro_batches) {
+    double up = 0;
+    for (const LayerTiming& u : p.input) up += u.micro_batch == s ? u.forward_s : 0;
+    out.push_back({.micro_batch = s, .forward_s = per_sample + up});
   }
   p.input = std::move(out);
 }
