@@ -90,7 +90,9 @@ def run(model, arm):
     interval = re.search(r"memory checkpoints: every (\d+) steps? from step", p.stdout)
     if arm == "budget":
         print("  " + (interval.group(0) if interval else "(the interval was not set: too few steps)"), flush=True)
+    per_step = lambda k: 1e3 * done.get(k, 0.0) / done["step"]
     return {"step_s": done["train_time_s"] / done["step"],
+            "sums_ms": per_step("allreduce_exposed_s"), "stall_step_ms": per_step("lost_checkpoint_stall_s"),
             "every": int(interval.group(1)) if interval else (a.every if memory else None),
             "copy_ms": float(side.group(1)) if side else None,
             "exchange_ms": float(side.group(2)) if side and side.group(2) else None,
@@ -121,7 +123,8 @@ def main():
             for arm in arms[i % len(arms):] + arms[:i % len(arms)]:
                 r = run(model, arm)
                 res[arm].append(r)
-                print(f"{model} {arm} repeat {i}: {1e3 * r['step_s']:.2f} ms/step"
+                print(f"{model} {arm} repeat {i}: {1e3 * r['step_s']:.2f} ms/step (gradient sums "
+                      f"{r['sums_ms']:.3f} ms of it, checkpoint stalls {r['stall_step_ms']:.3f})"
                       + (f", stall per save median {r['stall_ms']:.2f} ms (max {r['stall_max_ms']:.2f}),"
                          f" copy {r['copy_ms']} ms, exchange {r['exchange_ms']} ms, every {r['every']}"
                          if arm != "off" else ""), flush=True)

@@ -142,23 +142,32 @@ struct Incoming {
 };
 
 // Sends `out` and receives `in` (into its data) in pieces of kExchangeFloats, kInFlight pieces
-// at most in flight, each posted before the oldest is awaited. One piece at a time paid the
-// await's sleeps and a round trip per 512 KiB; on 2 vCPUs (bench_memory_checkpoints.py, 3
-// repeats) the MLP's 2 MiB part took 1.99 ms a save with one piece in flight, 1.41 with two,
-// 0.74 with all (the step 3.11, 2.80, 2.02 ms; the CNN's 2.03, 1.64, 1.04 ms). A window, not
-// the whole part, so that a gradient sum between the same two ranks waits behind 4 MiB at most.
-// False when the run stopped (an exchange in flight is abandoned).
-bool send_and_receive(Comm& c, Outgoing out, Incoming in, const bool& stop, std::mutex& mu) {
+// at most in flight, each posted before the oldest is awaited, and none while `gate` is
+// closed (the training thread's gradient sums in flight: comm/traffic_gate.h). On a 16-core
+// host (benchmarks/RESULTS.md, run 12; MPI's shared memory without single-copy) the MLP's
+// 0.84 ms step cost +80.6 % with a save every step, +39.5 % with the gate; with fewer bytes in
+// flight the exchange could not keep up (4 pieces of 256 KiB: +56.8 %, 2: +111 %, saves waiting
+// for their slot). On 2 vCPUs one piece at a time took the MLP's 2 MiB part 1.99 ms a save, two
+// 1.41, all 0.74. False when the run stopped (an exchange in flight is abandoned).
+struct Gate {
+  const TrafficGate* gate;
+  std::chrono::microseconds most;  // held at most this long before each piece
+};
+bool send_and_receive(Comm& c, Outgoing out, Incoming in, Gate gate, const bool& stop, std::mutex& mu) {
   constexpr size_t kInFlight = 8;
+  auto stopped = [&] {
+    std::lock_guard<std::mutex> lk(mu);
+    return stop;
+  };
   std::deque<std::pair<int, int>> window;  // (send, receive) handles, -1 for none
   auto await_oldest = [&] {
     for (int h : {window.front().first, window.front().second})
       if (h >= 0) await(c, h, stop, mu);
     window.pop_front();
-    std::lock_guard<std::mutex> lk(mu);
-    return !stop;
+    return !stopped();
   };
   for (int64_t at = 0; at < std::max(out.floats, in.floats); at += kExchangeFloats) {
+    if (gate.gate) gate.gate->wait_open(gate.most, stopped);
     const int64_t ns = std::clamp<int64_t>(out.floats - at, 0, kExchangeFloats);
     const int64_t nr = std::clamp<int64_t>(in.floats - at, 0, kExchangeFloats);
     window.emplace_back(ns > 0 ? c.start_send(out.data + at, ns, out.to, kTag) : -1,
@@ -589,7 +598,8 @@ void MemoryCheckpoints::exchange(const Save& s) {
   }
   const int64_t recv_floats = pair_.source >= 0 ? int64_t(held_bytes / 4) : 0;
   const auto* from = mine.map ? reinterpret_cast<const float*>(mine.map) : zeros.data();
-  if (!send_and_receive(*xcomm_, {from, send_floats, pair_.partner}, {into, recv_floats, pair_.source}, stop_, mu_))
+  if (!send_and_receive(*xcomm_, {from, send_floats, pair_.partner}, {into, recv_floats, pair_.source},
+                        {gate_, gate_most_}, stop_, mu_))
     return;
   {
     std::lock_guard<std::mutex> lk(mu_);

@@ -26,6 +26,7 @@
 #include <thread>
 #include <vector>
 
+#include "comm/traffic_gate.h"
 #include "strata/comm.h"
 
 namespace strata {
@@ -123,6 +124,12 @@ class MemoryCheckpoints {
   double fence();
   // Waits for the exchange and the writes in flight.
   void drain();
+  // The training thread's gate (comm/traffic_gate.h): the exchange posts no piece while it is
+  // closed, for `most` at a time (a foreground that never pauses does not starve it). Before
+  // the first save.
+  void set_gate(const TrafficGate* g, std::chrono::microseconds most = std::chrono::milliseconds(5)) {
+    gate_ = g, gate_most_ = most;
+  }
   // Whether the run is ending (on an error): a fill waiting for a device gives up.
   bool stopping();
   // Removes the copies this rank wrote (own and held) and the directory if left empty (a run
@@ -185,6 +192,8 @@ class MemoryCheckpoints {
   int next_ = 0;                  // the next save's slot
   std::unique_ptr<Comm> xcomm_;   // the exchange thread's own communicator
   bool background_exchange_;      // MPI_THREAD_MULTIPLE (or in-process ranks): else inline
+  const TrafficGate* gate_ = nullptr;
+  std::chrono::microseconds gate_most_{0};
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Save> copy_q_, exchange_q_;

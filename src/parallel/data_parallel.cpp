@@ -31,6 +31,7 @@ GradientAllreducer::GradientAllreducer(Comm& comm, const Model& model, float* gr
 }
 
 void GradientAllreducer::start(size_t b) {
+  if (gate_ && !closed_) gate_->close(), closed_ = true;
   handles_[b] = !scatters_ || whole(b)
                     ? comm_.start_allreduce_sum(grads_ + bounds_[b], bounds_[b + 1] - bounds_[b])
                     : comm_.start_reduce_scatter_sum(grads_ + bounds_[b], scatter_[b]);
@@ -52,6 +53,7 @@ void GradientAllreducer::finish() {
     auto t0 = std::chrono::steady_clock::now();
     while (next_ + 1 < bounds_.size()) start(next_++);
     for (size_t b = 0; b < next_; ++b) comm_.wait(handles_[b]);
+    if (closed_) gate_->open(), closed_ = false;
     stats_.exposed_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
   next_ = 0;

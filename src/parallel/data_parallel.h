@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "comm/traffic_gate.h"
 #include "model/model.h"
 #include "strata/comm.h"
 
@@ -53,6 +54,9 @@ class GradientAllreducer {
   // Other data-parallel communication on the training thread (ZeRO's parameter all-gather).
   void count_exposed(double seconds) { stats_.exposed_s += seconds; }
   void reset_stats() { stats_ = {}; }
+  // Closed from a step's first bucket until finish(): background traffic (the memory
+  // checkpoints' exchange) posts nothing new while the sums are in flight.
+  void set_gate(TrafficGate* g) { gate_ = g; }
   int64_t num_buckets() const { return int64_t(bounds_.size()) - 1; }
   bool scatters() const { return scatters_; }  // ZeRO-2
 
@@ -71,6 +75,8 @@ class GradientAllreducer {
   int64_t whole_begin_ = 0, whole_end_ = 0;
   std::vector<int> handles_;
   size_t next_ = 0;  // first bucket not started
+  TrafficGate* gate_ = nullptr;
+  bool closed_ = false;  // this step's sums hold the gate closed
   AllreduceStats stats_;
 };
 

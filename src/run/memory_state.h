@@ -63,6 +63,8 @@ class MemoryState {
   // checkpoint.dir).
   void finish(bool remove);
   int64_t every() const { return every_; }
+  // The exchange yields to the training thread's gradient sums (comm/traffic_gate.h).
+  void set_gate(const TrafficGate* g) { mem_.set_gate(g); }
   // Collective (every rank calls it after the same steps). Notes a step's wall time and, with
   // checkpoint.memory_budget, after every kAdaptSaves saves sets the interval from their times
   // (the longest any rank needs); rank 0 prints a change and why.

@@ -106,6 +106,8 @@ TrainingSession::TrainingSession(const RunConfig& cfg, Comm& comm)
   if (mem_) {
     hooks_.add(memory_checkpoint_hook(*mem_, per_epoch_, be_, *goodput_));
     step_->set_before_update([m = mem_.get()] { m->fence(); });
+    reducer_->set_gate(&gate_);
+    mem_->set_gate(&gate_);
   }
   auto metrics = std::make_unique<MetricsHook>(cfg, oc_, per_epoch_, metrics_.get(), *progress_, *reducer_);
   metrics_hook_ = metrics.get();

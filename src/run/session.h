@@ -77,6 +77,7 @@ class TrainingSession {
   // After what it writes from (members are destroyed in reverse): its destructor waits for a
   // background write still in flight.
   std::unique_ptr<Checkpointer> ckpt_;
+  TrafficGate gate_;  // closed by the gradient sums, waited on by mem_'s exchange: outlives it
   std::unique_ptr<MemoryState> mem_;  // checkpoint.memory_every
   std::string resumed_from_;          // "memory" | "file" | "" (from step 0)
   int64_t ckpt_bytes_ = 0;

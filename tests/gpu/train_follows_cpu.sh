@@ -14,7 +14,7 @@
 # CASE gpt | gpt-bf16: a 2-block GPT (dim 64, 4 heads, context 64, dropout 0.1, AdamW with
 #      gradient clipping) on the bytes of the documentation, README.md and docs/*.md
 #      (CONFIGS_DIR/.., else STRATA's share/doc/strata), 30 steps on the CPU and on the GPU,
-#      the same tolerances.
+#      the same tolerances (bf16 over the first 20 steps: below).
 # CASE memory-resume: the GPT killed after step 10's memory checkpoint (checkpoint.memory_every
 #      1: the state leaves the GPU on a copy stream) resumes from memory, steps 11-20 equal.
 # CASE gpt-resume: the GPT, 20 steps straight on the GPU against 10 + a resume for 10: equal
@@ -207,13 +207,18 @@ case $CASE in
     # Gradient clipping is a threshold: where the norm is near it, one run clips and the other
     # not, and bf16's rounding is enough to cross it (an H200 run agreed to 1e-4 for 20 steps,
     # then 4e-2 at the first step where only one clipped). bf16 compares without it.
+    # The text is the documentation, so the loss curve moves with every change to it; where
+    # the curve turns up (an H200 run on 2026-11-27: loss 3.29 -> 3.50 in steps 21-24), bf16's
+    # rounding grows tenfold a step (4e-5 at step 20, 3.1e-2 at step 27) while fp32 stays at
+    # 5e-6. bf16 compares over the first 20 steps, fp32 over all 30.
     [ "$prec" = fp32 ] || noclip=(--train.grad_clip 0)
+    last=0 steps=""; [ "$prec" = fp32 ] || { last=20 steps=", steps 1-20"; }
     cpu=$(fresh cpu) gpu=$(fresh gpu)
     gpt_common "$cpu" 30 cpu
     run 1 "${args[@]}" "${noclip[@]}"
     gpt_common "$gpu" 30 cuda "$prec"
     run 1 "${args[@]}" "${noclip[@]}"
-    compare "$cpu" "$gpu" "$(tolerance "$prec")" "GPT $prec, GPU against CPU"
+    compare "$cpu" "$gpu" "$(tolerance "$prec")" "GPT $prec, GPU against CPU$steps" "$last"
     ;;
   memory-resume)
     # Memory checkpoints take the GPU's state on a copy stream into pinned buffers: a rank

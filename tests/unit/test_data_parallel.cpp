@@ -25,6 +25,8 @@ class RecordingComm final : public Comm {
   RecordingComm(Comm& c, const float* grads) : c_(c), grads_(grads) {}
   std::vector<std::pair<int64_t, int64_t>> started;
   bool started_unready = false;  // a bucket started while it held a sentinel
+  const strata::TrafficGate* gate = nullptr;
+  bool started_open = false;  // a bucket started with the gate open
 
   int rank() const override { return c_.rank(); }
   int size() const override { return c_.size(); }
@@ -38,6 +40,7 @@ class RecordingComm final : public Comm {
   int start_allreduce_sum(float* x, int64_t n) override {
     started.emplace_back(x - grads_, n);
     for (int64_t i = 0; i < n; ++i) started_unready = started_unready || x[i] >= kSentinel;
+    started_open = started_open || (gate && gate->is_open());
     return c_.start_allreduce_sum(x, n);
   }
   int start_send(const float* x, int64_t n, int to, int tag) override { return c_.start_send(x, n, to, tag); }
@@ -47,6 +50,7 @@ class RecordingComm final : public Comm {
     for (int64_t k : c) n += k;
     started.emplace_back(x - grads_, n);
     for (int64_t i = 0; i < n; ++i) started_unready = started_unready || x[i] >= kSentinel;
+    started_open = started_open || (gate && gate->is_open());
     return c_.start_reduce_scatter_sum(x, c);
   }
   int start_allgather(float* x, const std::vector<int64_t>& c) override { return c_.start_allgather(x, c); }
@@ -80,6 +84,9 @@ struct Seen {
   std::vector<size_t> started_in_backward;                        // per step
   int64_t buckets = 0, stat_buckets = 0, stat_bytes = 0;
   bool started_unready = false;
+  // The traffic gate: open at a bucket's start, closed after finish(), or closed at a step's
+  // start (the memory checkpoints' exchange would wait on it for good).
+  bool gate_wrong = false;
 };
 
 // Two steps of a simulated backward: parameter k's gradient is written (over a sentinel that
@@ -97,10 +104,14 @@ Seen two_steps(Comm& comm, const ModelSpec& spec, const Shape& input, int classe
   RecordingComm rec(comm, g);
   const std::vector<int64_t> shards = zero_counts(model, comm.size());
   GradientAllreducer reducer(rec, model, g, bucket_bytes, overlap, zero2 ? &shards : nullptr);
+  strata::TrafficGate gate;
+  reducer.set_gate(&gate);
+  rec.gate = &gate;
   Seen seen;
   seen.buckets = reducer.num_buckets();
   for (int s = 0; s < 2; ++s) {
     rec.started.clear();
+    seen.gate_wrong = seen.gate_wrong || !gate.is_open();
     std::fill(g, g + model.num_params(), kSentinel * float(comm.rank() + 1));
     for (auto [begin, end] : spans) {
       for (int64_t i = begin; i < end; ++i) g[i] = data[size_t(i)] ? grad(s, comm.rank(), i) : 0.f;
@@ -108,10 +119,12 @@ Seen two_steps(Comm& comm, const ModelSpec& spec, const Shape& input, int classe
     }
     seen.started_in_backward.push_back(rec.started.size());
     reducer.finish();
+    seen.gate_wrong = seen.gate_wrong || !gate.is_open();
     seen.grads.emplace_back(g, g + model.num_params());
     seen.started.push_back(rec.started);
   }
   seen.started_unready = rec.started_unready;
+  seen.gate_wrong = seen.gate_wrong || rec.started_open;
   seen.stat_buckets = reducer.stats().buckets;
   seen.stat_bytes = reducer.stats().bytes;
   return seen;
@@ -174,6 +187,7 @@ TEST_CASE("gradient allreducer: every rank gets the serial sum, every bucket sta
               CHECK(s.started_in_backward[size_t(step)] == (overlap && n > 1 ? st.size() : 0u));
             }
             CHECK_FALSE(s.started_unready);
+            CHECK_FALSE(s.gate_wrong);
             CHECK(s.stat_buckets == (n == 1 ? 0 : 2 * s.buckets));
             CHECK(s.stat_bytes == (n == 1 ? 0 : 2 * total * 4));
           }
@@ -215,6 +229,7 @@ TEST_CASE("ZeRO-2 reducer: each rank's shard gets the serial sum, every bucket s
             CHECK(s.started_in_backward[size_t(step)] == (overlap ? s.started[size_t(step)].size() : 0u));
           }
           CHECK_FALSE(s.started_unready);
+          CHECK_FALSE(s.gate_wrong);
         }
       }
 }

@@ -3,9 +3,12 @@
 // node's directory is gone, a copy is damaged, or the copies are another attempt's.
 #include <catch2/catch.hpp>
 
+#include <array>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include "checkpoint/crc32c.h"
 #include "checkpoint/memory_checkpoints.h"
@@ -217,5 +220,48 @@ TEST_CASE("memory checkpoints: a fill that fails loses its save, not the run", "
   for (const auto& x : restore(tmp.path)) {
     CHECK(x.step == 1);  // step 2's copies were never published, on either node
     CHECK(x.exact);
+  }
+}
+
+// The exchange yields to the training thread's gradient sums (comm/traffic_gate.h): while a
+// rank's gate is closed nothing of its save goes to the partner; a gate closed for good holds
+// each piece `most` at a time, not forever.
+TEST_CASE("memory checkpoints: the exchange waits while the traffic gate is closed", "[memory]") {
+  using namespace std::chrono_literals;
+  for (bool reopened : {true, false}) {
+    INFO((reopened ? "the gate opens after 300 ms" : "the gate stays closed, 20 ms at most a piece"));
+    strata::test::TempDir tmp;
+    const fs::path root = tmp.path;
+    std::array<strata::TrafficGate, 2> gates;
+    std::array<size_t, 2> held_while_closed{}, held_after{};
+    strata::run_ranks(2, [&](strata::Comm& c) {
+      const int rank = c.rank();
+      MemoryCheckpoints m((root / node_of(rank)).string(), c, floats_of(rank), identity(), node_of(rank));
+      m.preflight();
+      gates[size_t(rank)].close();
+      m.set_gate(&gates[size_t(rank)], reopened ? std::chrono::microseconds(10s) : std::chrono::microseconds(20ms));
+      double wait = 0;
+      m.save(1, nullptr, [rank](strata::PartWriter& w, int) {
+        std::vector<float> p(size_t(floats_of(rank)));
+        for (size_t i = 0; i < p.size(); ++i) p[i] = value(rank, 1, int64_t(i));
+        w.put(p.data(), p.size() * 4);
+      }, &wait);
+      m.fence();
+      if (reopened) {
+        std::this_thread::sleep_for(300ms);
+        held_while_closed[size_t(rank)] = count(root / node_of(rank), ".peer");
+        gates[size_t(rank)].open();
+      }
+      m.drain();
+      held_after[size_t(rank)] = count(root / node_of(rank), ".peer");
+    });
+    for (int r = 0; r < 2; ++r) {
+      CHECK(held_while_closed[size_t(r)] == 0);
+      CHECK(held_after[size_t(r)] == 1);
+    }
+    for (const auto& x : restore(root)) {
+      CHECK(x.step == 1);
+      CHECK(x.exact);
+    }
   }
 }
