@@ -12,8 +12,8 @@ bench layers read host labels in the loss kernel and crashed).
 
     bench_layers_check.py STRATA FASHION_MNIST.h5 WORK"""
 import json
-import re
 import os
+import re
 import shutil
 import subprocess
 import sys
