@@ -35,4 +35,20 @@ class TrafficGate {
   std::atomic<int> closed_{0};
 };
 
+// Closes a gate for a scope (an all-gather); a null gate is no gate.
+class GateClosed {
+ public:
+  explicit GateClosed(TrafficGate* g) : g_(g) {
+    if (g_) g_->close();
+  }
+  ~GateClosed() {
+    if (g_) g_->open();
+  }
+  GateClosed(const GateClosed&) = delete;
+  GateClosed& operator=(const GateClosed&) = delete;
+
+ private:
+  TrafficGate* g_;
+};
+
 }  // namespace strata

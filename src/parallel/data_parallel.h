@@ -57,6 +57,7 @@ class GradientAllreducer {
   // Closed from a step's first bucket until finish(): background traffic (the memory
   // checkpoints' exchange) posts nothing new while the sums are in flight.
   void set_gate(TrafficGate* g) { gate_ = g; }
+  TrafficGate* gate() const { return gate_; }  // (ZeRO's all-gather closes it too)
   int64_t num_buckets() const { return int64_t(bounds_.size()) - 1; }
   bool scatters() const { return scatters_; }  // ZeRO-2
 

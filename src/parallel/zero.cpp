@@ -64,8 +64,10 @@ void take_shard(Optimizer& whole, Optimizer& opt) {
   opt.set_steps_taken(whole.steps_taken());
 }
 
-void allgather_shards(Comm& stage_comm, float* values, const std::vector<int64_t>& counts) {
+void allgather_shards(Comm& stage_comm, float* values, const std::vector<int64_t>& counts,
+                      TrafficGate* gate) {
   constexpr int64_t kPiece = int64_t(1) << 28;
+  const GateClosed closed(gate);
   int64_t n = 0;
   for (int64_t c : counts) n += c;
   std::vector<int> handles;

@@ -14,6 +14,7 @@
 #include <memory>
 #include <vector>
 
+#include "comm/traffic_gate.h"
 #include "model/model.h"
 #include "model/optim.h"
 #include "parallel/grid.h"
@@ -42,7 +43,8 @@ void take_shard(Optimizer& whole, Optimizer& opt);
 
 // After each replica has updated its shard of `values` (backend memory): every shard from its
 // owner, over the stage's replicas, in pieces of at most 2^28 floats (one MPI call's counts
-// are ints).
-void allgather_shards(Comm& stage_comm, float* values, const std::vector<int64_t>& counts);
+// are ints); `gate` closed meanwhile (background traffic waits: comm/traffic_gate.h).
+void allgather_shards(Comm& stage_comm, float* values, const std::vector<int64_t>& counts,
+                      TrafficGate* gate = nullptr);
 
 }  // namespace strata

@@ -66,7 +66,7 @@ void TrainStep::update(const Backend& be, int64_t step) {
   if (shards_) {
     Tracer::Scope span(tracer_, "allreduce", "parameter all-gather (ZeRO)");
     const auto t0 = std::chrono::steady_clock::now();
-    allgather_shards(*grid_.stage_comm, model_.values().data(), *shards_);
+    allgather_shards(*grid_.stage_comm, model_.values().data(), *shards_, reducer_.gate());
     reducer_.count_exposed(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
 }

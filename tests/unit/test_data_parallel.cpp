@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <tuple>
 
 #include "parallel/data_parallel.h"
 #include "parallel/zero.h"
@@ -53,7 +54,10 @@ class RecordingComm final : public Comm {
     started_open = started_open || (gate && gate->is_open());
     return c_.start_reduce_scatter_sum(x, c);
   }
-  int start_allgather(float* x, const std::vector<int64_t>& c) override { return c_.start_allgather(x, c); }
+  int start_allgather(float* x, const std::vector<int64_t>& c) override {
+    started_open = started_open || (gate && gate->is_open());
+    return c_.start_allgather(x, c);
+  }
   bool test(int h) override { return c_.test(h); }
   void wait(int h) override { c_.wait(h); }
   std::unique_ptr<Comm> split(int color, int key) override { return c_.split(color, key); }
@@ -232,4 +236,32 @@ TEST_CASE("ZeRO-2 reducer: each rank's shard gets the serial sum, every bucket s
           CHECK_FALSE(s.gate_wrong);
         }
       }
+}
+
+// ZeRO's parameter all-gather, on the training thread after the update, keeps background
+// traffic out of its way as the gradient sums do (comm/traffic_gate.h).
+TEST_CASE("ZeRO all-gather: the traffic gate closed while it runs, open after", "[ranks]") {
+  const int64_t n = 1000;
+  for (int d : {2, 3}) {
+    INFO(d << " replicas");
+    const auto counts = cache_line_shards(n, d);
+    auto seen = on_ranks(d, [&](Comm& comm) {
+      std::vector<float> v(size_t(n), -1.0f);
+      int64_t at = 0;
+      for (int r = 0; r < comm.rank(); ++r) at += counts[size_t(r)];
+      for (int64_t i = at; i < at + counts[size_t(comm.rank())]; ++i) v[size_t(i)] = float(i);
+      RecordingComm rec(comm, v.data());
+      strata::TrafficGate gate;
+      rec.gate = &gate;
+      allgather_shards(rec, v.data(), counts, &gate);
+      bool whole = true;
+      for (int64_t i = 0; i < n; ++i) whole = whole && v[size_t(i)] == float(i);
+      return std::tuple{rec.started_open, gate.is_open(), whole};
+    });
+    for (const auto& [started_open, open_after, whole] : seen) {
+      CHECK_FALSE(started_open);
+      CHECK(open_after);
+      CHECK(whole);
+    }
+  }
 }
