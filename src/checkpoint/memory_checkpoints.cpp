@@ -121,11 +121,12 @@ void remove_older(const std::string& dir, int part, bool own) {
 
 // Waits for a request of the exchange's communicator without the watchdog's marks (those are
 // the training thread's): MPI moves the bytes inside test().
-void await(Comm& c, int handle, const bool& stop, std::mutex& mu) {
+// Gives up once `stopped()` (the run ends on an error: a partner may be gone).
+template <class Stopped>
+void await(Comm& c, int handle, Stopped stopped) {
   for (int spins = 0; !c.test(handle); ++spins) {
     if (spins > 64) std::this_thread::sleep_for(std::chrono::microseconds(20));
-    std::lock_guard<std::mutex> lk(mu);
-    if (stop) return;  // the run ends on an error: a partner may be gone
+    if (stopped()) return;
   }
 }
 
@@ -149,11 +150,8 @@ struct Incoming {
 // flight the exchange could not keep up (4 pieces of 256 KiB: +56.8 %, 2: +111 %, saves waiting
 // for their slot). On 2 vCPUs one piece at a time took the MLP's 2 MiB part 1.99 ms a save, two
 // 1.41, all 0.74. False when the run stopped (an exchange in flight is abandoned).
-struct Gate {
-  const TrafficGate* gate;
-  std::chrono::microseconds most;  // held at most this long before each piece
-};
-bool send_and_receive(Comm& c, Outgoing out, Incoming in, Gate gate, const bool& stop, std::mutex& mu) {
+bool send_and_receive(Comm& c, Outgoing out, Incoming in, MemoryCheckpoints::GateWait gate,
+                      const bool& stop, std::mutex& mu) {
   constexpr size_t kInFlight = 8;
   auto stopped = [&] {
     std::lock_guard<std::mutex> lk(mu);
@@ -162,7 +160,7 @@ bool send_and_receive(Comm& c, Outgoing out, Incoming in, Gate gate, const bool&
   std::deque<std::pair<int, int>> window;  // (send, receive) handles, -1 for none
   auto await_oldest = [&] {
     for (int h : {window.front().first, window.front().second})
-      if (h >= 0) await(c, h, stop, mu);
+      if (h >= 0) await(c, h, stopped);
     window.pop_front();
     return !stopped();
   };
@@ -599,7 +597,7 @@ void MemoryCheckpoints::exchange(const Save& s) {
   const int64_t recv_floats = pair_.source >= 0 ? int64_t(held_bytes / 4) : 0;
   const auto* from = mine.map ? reinterpret_cast<const float*>(mine.map) : zeros.data();
   if (!send_and_receive(*xcomm_, {from, send_floats, pair_.partner}, {into, recv_floats, pair_.source},
-                        {gate_, gate_most_}, stop_, mu_))
+                        gate_, stop_, mu_))
     return;
   {
     std::lock_guard<std::mutex> lk(mu_);

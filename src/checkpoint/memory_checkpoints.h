@@ -127,8 +127,12 @@ class MemoryCheckpoints {
   // The training thread's gate (comm/traffic_gate.h): the exchange posts no piece while it is
   // closed, for `most` at a time (a foreground that never pauses does not starve it). Before
   // the first save.
+  struct GateWait {
+    const TrafficGate* gate = nullptr;
+    std::chrono::microseconds most{0};  // held at most this long before each piece
+  };
   void set_gate(const TrafficGate* g, std::chrono::microseconds most = std::chrono::milliseconds(5)) {
-    gate_ = g, gate_most_ = most;
+    gate_ = {g, most};
   }
   // Whether the run is ending (on an error): a fill waiting for a device gives up.
   bool stopping();
@@ -192,8 +196,7 @@ class MemoryCheckpoints {
   int next_ = 0;                  // the next save's slot
   std::unique_ptr<Comm> xcomm_;   // the exchange thread's own communicator
   bool background_exchange_;      // MPI_THREAD_MULTIPLE (or in-process ranks): else inline
-  const TrafficGate* gate_ = nullptr;
-  std::chrono::microseconds gate_most_{0};
+  GateWait gate_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Save> copy_q_, exchange_q_;
