@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "mpi"))
-from common import MPI_ENV, losses, metrics, parameters  # noqa: E402,F401
+from common import MPI_ENV, losses, metrics, metrics_so_far, parameters  # noqa: E402,F401
 
 import h5py  # noqa: E402
 import numpy as np  # noqa: E402

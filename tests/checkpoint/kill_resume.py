@@ -8,7 +8,7 @@ import signal
 import sys
 import time
 
-from ckpt_common import assert_bitwise, fail, fresh, kill_all, launch, metrics, run
+from ckpt_common import assert_bitwise, fail, fresh, kill_all, launch, metrics, metrics_so_far, run
 
 strata, data, work, ranks = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 tag, extra = (sys.argv[5], sys.argv[6:]) if len(sys.argv) > 5 else ("", [])
@@ -34,11 +34,10 @@ for attempt in range(12):
         # machine's speed puts it: inside a step, between steps, or during a checkpoint write),
         # at least one checkpoint after the point this attempt starts from.
         mpath = os.path.join(out_dir, "metrics.jsonl")
-        done_before = max([m["step"] for m in metrics(mpath) if "event" not in m], default=0) \
-            if os.path.exists(mpath) else 0
+        done_before = max([m["step"] for m in metrics_so_far(mpath) if "event" not in m], default=0)
         target = rng.randint(done_before + 60, done_before + 60 + (steps - done_before - 60) // 3)
         while p.poll() is None:
-            ms = metrics(mpath) if os.path.exists(mpath) else []
+            ms = metrics_so_far(mpath)
             if max([m["step"] for m in ms if "event" not in m], default=0) >= target:
                 break
             time.sleep(0.005)

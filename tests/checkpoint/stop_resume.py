@@ -9,7 +9,7 @@ import sys
 import time
 import tomllib
 
-from ckpt_common import assert_bitwise, fail, fresh, launch, metrics, run
+from ckpt_common import assert_bitwise, fail, fresh, launch, metrics, metrics_so_far, run
 
 strata, data, ranks = sys.argv[1], sys.argv[2], int(sys.argv[4])
 tag, extra = (sys.argv[5], sys.argv[6:]) if len(sys.argv) > 5 else ("", [])
@@ -53,8 +53,7 @@ def stopped_then_resumed(name, start, env=None):
 
 def send_usr1(p, d):
     mpath = os.path.join(d, "metrics.jsonl")
-    while p.poll() is None and not (os.path.exists(mpath) and
-                                    any(m.get("event") == "checkpoint" for m in metrics(mpath))):
+    while p.poll() is None and not any(m.get("event") == "checkpoint" for m in metrics_so_far(mpath)):
         time.sleep(0.01)
     p.send_signal(signal.SIGUSR1)  # to mpirun, which forwards it to every rank
 

@@ -53,6 +53,17 @@ def metrics(path):
         return [json.loads(line) for line in f if line.strip()]
 
 
+def metrics_so_far(path):
+    """The lines of a metrics file a running strata is still appending to, [] before it exists:
+    the last line without its newline yet is being written (a poll read one cut at its 113th
+    character, in a CI run of kill_resume.py) and is left for the next look."""
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        whole = f.read().split("\n")[:-1]
+    return [json.loads(line) for line in whole if line.strip()]
+
+
 def losses(path):
     return np.array([m["loss"] for m in metrics(path) if "event" not in m], dtype=np.float64)
 
