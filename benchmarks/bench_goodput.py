@@ -4,10 +4,11 @@
   benchmarks/bench_goodput.py [--strata build/strata] [--data data/fashion-mnist.h5]
       [--minutes 12] [--steps N] [--fault-every 100] [--seed 1]
       [--faults kill,kill,kill,stop,down,usr1] [--arms requeue,restart] [--no-release]
-      [--reference DIR] [--work /var/tmp/strata-bench-goodput]
+      [--heartbeat-timeout 1] [--reference DIR] [--work /var/tmp/strata-bench-goodput]
 
 One training job (configs/fmnist_cnn.toml's CNN, 2 ranks on one node of an allocation of two,
-the other a hot spare; checkpoint every 5 s; watchdog timeout 5 s) runs the same number of steps three times (a
+the other a hot spare; checkpoint every 5 s; watchdog timeout 5 s, a stopped rank named after
+1 s without heartbeats: --heartbeat-timeout) runs the same number of steps three times (a
 probe of the step rate picks it so that training lasts --minutes; --steps sets it): once
 uninterrupted (the baseline, and the parameters to compare with; --reference DIR reuses an
 earlier one), then once per arm with faults at a fixed rate in wall time, the same seeded
@@ -71,6 +72,8 @@ ap.add_argument("--arms", default="requeue,restart", help="requeue, restart, mem
 ap.add_argument("--memory-every", type=int, default=1, help="the memory arm's checkpoint.memory_every")
 ap.add_argument("--memory-budget", type=float, default=0.0,
                 help="the memory arm's checkpoint.memory_budget (0: a fixed interval)")
+ap.add_argument("--heartbeat-timeout", type=float, default=1,
+                help="watchdog.heartbeat_timeout_s of every arm (a stopped rank's detection)")
 ap.add_argument("--no-release", action="store_true")
 ap.add_argument("--steps", type=int, default=0, help="skip the speed probe: train this many steps")
 a = ap.parse_args()
@@ -126,7 +129,7 @@ def write_config(path, out, steps, memory=False):
     if memory:  # the memory arm: every step into node memory; %n: each node its own (they share a host)
         text += f'memory_every = {a.memory_every}\nmemory_dir = "/dev/shm/strata-bench-memory/%n"\n'
         text += f"memory_budget = {a.memory_budget}\n"
-    text += "[watchdog]\ntimeout_s = 5\n"
+    text += f"[watchdog]\ntimeout_s = 5\nheartbeat_timeout_s = {a.heartbeat_timeout}\n"
     with open(path, "w") as f:
         f.write(text)
 

@@ -122,6 +122,10 @@ struct RunConfig {
   struct Watchdog {
     double timeout_s = 300;     // a rank without progress this long is named and the job
                                 // aborted; 0 = off
+    // A process whose heartbeats stop this long (stopped, killed, its node frozen) is named:
+    // silence is unambiguous where a slow step is not, so it is judged sooner. At most
+    // timeout_s; 0 = timeout_s.
+    double heartbeat_timeout_s = 30;
   } watchdog;
   struct Output {
     std::string dir = "runs/default";

@@ -79,6 +79,36 @@ std::vector<ConfigKey> auto_plan_keys(RunConfig& c) {
   };
 }
 
+// The checkpoint keys (checkpoint/checkpointer.h, memory_checkpoints.h), after the parallel ones.
+std::vector<ConfigKey> checkpoint_keys(RunConfig& c) {
+  return {
+      text("checkpoint.dir", &c.checkpoint.dir, {}, "checkpoint directory (\"\" = OUTPUT_DIR/checkpoints)"),
+      key("checkpoint.every_steps", &c.checkpoint.every_steps, kCountOrZero64,
+          "steps between checkpoints (0 = off)"),
+      key("checkpoint.every_seconds", &c.checkpoint.every_seconds, at_least(0),
+          "seconds between checkpoints (0 = off)"),
+      key("checkpoint.keep_last", &c.checkpoint.keep_last, kCount64, "newest checkpoints kept"),
+      key("checkpoint.keep_every", &c.checkpoint.keep_every, kCountOrZero64,
+          "keep every M-th checkpoint for good (0 = none)"),
+      key("checkpoint.final", &c.checkpoint.final, {}, "write a checkpoint when training ends"),
+      text("checkpoint.writer", &c.checkpoint.writer, {"auto", "rank0", "parallel"},
+           "with parallel.zero: auto | rank0 (shards gathered, rank 0 writes) | parallel (every "
+           "rank writes its shard, parallel HDF5)"),
+      key("checkpoint.async", &c.checkpoint.async, {},
+          "write periodic checkpoints in the background (training stalls only for a copy)"),
+      text("checkpoint.local_dir", &c.checkpoint.local_dir, {},
+           "node-local directory written first, copied to checkpoint.dir in the background "
+           "(\"\" = off; %n = the node's name)"),
+      key("checkpoint.memory_every", &c.checkpoint.memory_every, kCountOrZero64,
+          "steps between checkpoints in node memory, copied to a partner node (0 = off)"),
+      key("checkpoint.memory_budget", &c.checkpoint.memory_budget, in(0, 1),
+          "largest share of step time for memory checkpoints: sets their interval (0 = fixed)"),
+      text("checkpoint.memory_dir", &c.checkpoint.memory_dir, {},
+           "node memory (tmpfs) directory of memory checkpoints (\"\" = /dev/shm/strata-<job>; "
+           "%n = the node's name)"),
+  };
+}
+
 }  // namespace
 
 std::vector<ConfigKey> config_keys(RunConfig& c) {
@@ -161,40 +191,21 @@ std::vector<ConfigKey> config_keys(RunConfig& c) {
           "ZeRO: 0 = every replica holds the whole optimizer state | 1 = each holds 1/D of it "
           "| 2 = and 1/D of the gradient sum (reduce-scatter)"),
 
-      text("checkpoint.dir", &c.checkpoint.dir, {}, "checkpoint directory (\"\" = OUTPUT_DIR/checkpoints)"),
-      key("checkpoint.every_steps", &c.checkpoint.every_steps, kCountOrZero64,
-          "steps between checkpoints (0 = off)"),
-      key("checkpoint.every_seconds", &c.checkpoint.every_seconds, at_least(0),
-          "seconds between checkpoints (0 = off)"),
-      key("checkpoint.keep_last", &c.checkpoint.keep_last, kCount64, "newest checkpoints kept"),
-      key("checkpoint.keep_every", &c.checkpoint.keep_every, kCountOrZero64,
-          "keep every M-th checkpoint for good (0 = none)"),
-      key("checkpoint.final", &c.checkpoint.final, {}, "write a checkpoint when training ends"),
-      text("checkpoint.writer", &c.checkpoint.writer, {"auto", "rank0", "parallel"},
-           "with parallel.zero: auto | rank0 (shards gathered, rank 0 writes) | parallel (every "
-           "rank writes its shard, parallel HDF5)"),
-      key("checkpoint.async", &c.checkpoint.async, {},
-          "write periodic checkpoints in the background (training stalls only for a copy)"),
-      text("checkpoint.local_dir", &c.checkpoint.local_dir, {},
-           "node-local directory written first, copied to checkpoint.dir in the background "
-           "(\"\" = off; %n = the node's name)"),
-      key("checkpoint.memory_every", &c.checkpoint.memory_every, kCountOrZero64,
-          "steps between checkpoints in node memory, copied to a partner node (0 = off)"),
-      key("checkpoint.memory_budget", &c.checkpoint.memory_budget, in(0, 1),
-          "largest share of step time for memory checkpoints: sets their interval (0 = fixed)"),
-      text("checkpoint.memory_dir", &c.checkpoint.memory_dir, {},
-           "node memory (tmpfs) directory of memory checkpoints (\"\" = /dev/shm/strata-<job>; "
-           "%n = the node's name)"),
-
+  };
+  const std::vector<ConfigKey> ckpt = checkpoint_keys(c);
+  keys.insert(keys.end(), ckpt.begin(), ckpt.end());
+  keys.insert(keys.end(), {
       key("watchdog.timeout_s", &c.watchdog.timeout_s, in(0, 1e7),
           "abort naming a rank stuck this long (0 = off)"),
+      key("watchdog.heartbeat_timeout_s", &c.watchdog.heartbeat_timeout_s, in(0, 1e7),
+          "abort naming a rank whose heartbeats stopped this long (at most timeout_s; 0 = timeout_s)"),
 
       text("output.dir", &c.output.dir, {}, "where model.h5 and metrics.jsonl go"),
       text("output.params", &c.output.params, {}, "final parameters (\"\" = OUTPUT_DIR/model.h5)"),
       text("output.metrics", &c.output.metrics, {}, "JSON lines (\"\" = OUTPUT_DIR/metrics.jsonl)"),
       text("output.prometheus", &c.output.prometheus, {},
            "Prometheus text file (*.prom) for node_exporter's textfile collector (\"\" = none)"),
-  };
+  });
   // After the other parallel keys.
   const auto zero = std::find_if(keys.begin(), keys.end(), [](const ConfigKey& k) { return k.name == "parallel.zero"; });
   std::vector<ConfigKey> plan = auto_plan_keys(c);

@@ -73,10 +73,12 @@ TrainingSession::TrainingSession(const RunConfig& cfg, Comm& comm)
   // The job's goodput ledger beside the checkpoints, kept by rank 0 across attempts.
   goodput_ = std::make_unique<GoodputLedger>(lead_ ? ckpt_->dir() + "/goodput.toml" : "",
                                              slurm_job_id(), slurm_restart_count());
-  // Names a rank that stops making progress and aborts the job (watchdog.timeout_s; 0 = off),
+  // Names a rank that stops making progress and aborts the job (watchdog.timeout_s; 0 = off;
+  // a silent process after watchdog.heartbeat_timeout_s),
   // and writes checkpoint.dir/hung-rank for slurm/train.sbatch to leave its node out.
   // Collective; after the resume (reading a checkpoint may take long).
-  watchdog_ = std::make_unique<Watchdog>(comm, cfg.watchdog.timeout_s, ckpt_->dir() + "/hung-rank");
+  watchdog_ = std::make_unique<Watchdog>(comm, cfg.watchdog.timeout_s, cfg.watchdog.heartbeat_timeout_s,
+                                         ckpt_->dir() + "/hung-rank");
   Provenance prov{.config_toml = cfg.to_toml(), .dataset_path = cfg.data.path,
                   .dataset_sha256 = plan_.info.source_sha256, .grid_ranks = plan_.ranks,
                   .grid_data_parallel = plan_.D, .grid_stages = plan_.P, .grid_tensor = plan_.T,

@@ -119,14 +119,16 @@ std::string describe_activity(int32_t where, int32_t exempt, const char* what) {
   return fmt::format("busy since it left {}, outside any collective", op_name(-where));
 }
 
-Watchdog::Watchdog(Comm& comm, double timeout_s, std::string report_path)
-    : comm_(comm), timeout_s_(timeout_s), rank_(comm.rank()), size_(comm.size()),
-      report_path_(std::move(report_path)) {
+Watchdog::Watchdog(Comm& comm, double timeout_s, double heartbeat_timeout_s, std::string report_path)
+    : comm_(comm), timeout_s_(timeout_s),
+      silence_s_(heartbeat_timeout_s > 0 ? std::min(heartbeat_timeout_s, timeout_s) : timeout_s),
+      rank_(comm.rank()), size_(comm.size()), report_path_(std::move(report_path)) {
   hangs_ = test_hangs(rank_);
   if (timeout_s_ <= 0) return;
-  // Self-check every timeout/8 (at most 1 s), heartbeat every timeout/4 (at most 2 s).
-  check_s_ = std::clamp(timeout_s_ / 8, 0.01, 1.0);
-  beat_s_ = std::clamp(timeout_s_ / 4, 0.02, 2.0);
+  // Check every 1/8 of the shorter timeout (at most 1 s), heartbeat every silence/4 (at most
+  // 2 s): four beats may go missing before a peer is named.
+  check_s_ = std::clamp(silence_s_ / 8, 0.01, 1.0);
+  beat_s_ = std::clamp(silence_s_ / 4, 0.02, 2.0);
   comm_.set_activity(&act_);
   hosts_ = comm_.all_hosts();
   nodes_ = comm_.all_gather_text(slurm_node_name());
@@ -263,6 +265,8 @@ void Watchdog::heartbeat() {
       }
       if (abandoned) break;
       const auto now = Clock::now();
+      beater_ran_ns_.store(std::chrono::nanoseconds(now.time_since_epoch()).count(),
+                           std::memory_order_relaxed);
       Beat in{};
       int from = -1;
       while (channel_->poll(&from, &in)) {
@@ -331,7 +335,7 @@ void Watchdog::detect() {
     now = Clock::now();
     const auto gap = now - last_iter;
     last_iter = now;
-    if (secs(gap) > std::max(timeout_s_ / 2, 4 * check_s_)) {
+    if (secs(gap) > std::max(silence_s_ / 2, 4 * check_s_)) {
       // This thread did not run for a while: the process was stopped and continued (^Z,
       // a debugger) or starved of CPU. That time is no rank's fault here; peers judge it.
       const auto shift = gap - dur(check_s_);
@@ -362,6 +366,14 @@ void Watchdog::detect() {
                 rank_, "self");
     if (!channel_) continue;
 
+    // A silence is judged only while this rank's own heartbeat thread runs: if it was starved
+    // of CPU, beats may wait unread in MPI's queue.
+    const int64_t ran = beater_ran_ns_.load(std::memory_order_relaxed);
+    const bool listening = secs(now.time_since_epoch() - std::chrono::nanoseconds(ran)) <
+                           std::max(silence_s_ / 2, 4 * check_s_);
+    // After a stop signal (srun TERMs the other ranks when one dies) a silent peer is most
+    // likely gone: only the long timeout names it then.
+    const double silence = stop_signal() != 0 ? timeout_s_ : silence_s_;
     std::string verdict;
     int culprit = -1;
     const char* cause = "deadlock";
@@ -369,7 +381,7 @@ void Watchdog::detect() {
       std::lock_guard lk(P.mu);
       for (int r : P.watched) {
         const Peers::Peer& p = P.v[size_t(r)];
-        if (p.bye || secs(now - p.heard) <= timeout_s_) continue;
+        if (!listening || p.bye || secs(now - p.heard) <= silence) continue;
         // Heartbeats are periodic: the last one may be several steps old. The step the rank
         // is stuck in is the one its peers wait in (collectives keep ranks within a step).
         const int64_t mine = act_.step.load(std::memory_order_relaxed);

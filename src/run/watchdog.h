@@ -5,7 +5,8 @@
 //  - the training thread of a rank is stuck outside any collective (a compute or I/O hang):
 //    that rank's own watchdog thread sees no progress mark for timeout_s and reports itself;
 //  - a whole process stopped (SIGSTOP, a frozen node): its watchdog thread stopped too, so
-//    peers notice its heartbeats ceasing. Every rank's watchdog thread sends heartbeats to
+//    peers notice its heartbeats ceasing for heartbeat_timeout_s (shorter than timeout_s: a
+//    silent process is unambiguous, a slow step is not). Every rank's watchdog thread sends heartbeats to
 //    rank 0 (rank 0 sends to rank 1) on a duplicated communicator; rank 0 watches every rank
 //    and rank 1 watches rank 0. A rank blocked in a collective is "waiting", not stuck: the
 //    rank it waits for is the one named. Rank 0 also reports when EVERY rank has been waiting
@@ -45,12 +46,13 @@ class Watchdog {
  public:
   // Collective over comm's ranks when timeout_s > 0 (gathers host and node names, opens the
   // heartbeat channel, starts the watchdog thread); timeout_s = 0 builds an inactive watchdog.
+  // heartbeat_timeout_s: the silence that names a peer (at most timeout_s; 0 = timeout_s).
   // report_path: where the rank that aborts the job first writes one line for scripts
   // (slurm/train.sbatch reads it to exclude the hung rank's node), atomically:
   //   job=ID rank=R node=NODE host=HOST step=S cause=self|heartbeats|deadlock
   // (rank=-1 node=- host=- for a deadlock: no rank is at fault); none after a stop signal
   // (a silent peer is then most likely dead: srun TERMs the others when a rank fails). "" = none.
-  Watchdog(Comm& comm, double timeout_s, std::string report_path = "");
+  Watchdog(Comm& comm, double timeout_s, double heartbeat_timeout_s = 0, std::string report_path = "");
   // stop(); when an exception is unwinding (this rank may be alone in leaving), it leaves
   // without waiting for the other ranks: if they go on, they name this rank after timeout_s.
   ~Watchdog();
@@ -109,7 +111,7 @@ class Watchdog {
   void shutdown(bool wait_for_peers);
 
   Comm& comm_;
-  double timeout_s_, check_s_, beat_s_;
+  double timeout_s_, silence_s_, check_s_, beat_s_;  // silence_s_: the heartbeat timeout
   int rank_, size_;
   Activity act_;
   std::vector<Hang> hangs_;
@@ -118,6 +120,7 @@ class Watchdog {
   std::unique_ptr<SideChannel> channel_;
   std::unique_ptr<Peers> peers_;
   std::atomic<int64_t> last_mark_ns_{0};  // detector -> heartbeat: the training thread's last mark
+  std::atomic<int64_t> beater_ran_ns_{0};  // heartbeat -> detector: its last pass (it was not starved)
   std::thread detector_, beater_;
   std::mutex mu_;
   std::condition_variable cv_;

@@ -12,6 +12,8 @@ Usage: watchdog.py STRATA DATA.h5 WORKDIR CASE
                           waits for its second chunk's input from rank 1)
   stop-rank2, stop-rank0  SIGSTOP that rank's process after some steps (4 and 2 ranks): its
                           heartbeats stop and the rank watching it (0, resp. 1) names it
+  stop-heartbeat          stop-rank0's case, rank 1 stopped, with timeout 60 s and
+                          heartbeat_timeout_s 1: named after about 1 s, not 60
   deadlock                rank 1 enters a barrier rank 0 never joins: every rank waits
   no-false-alarm          2 ranks, timeout 2 s: rank 1 spends 6 s in an exempt phase (rank 0
                           waits 6 s in a collective), rank 0 is busy 1.5 s in one step: the
@@ -136,12 +138,16 @@ if case in ("hang-rank1", "hang-rank0", "hang-single", "hang-stage1", "hang-stag
     expect_named(rc, so, se, rank, "in step 5", r"^busy since the step began, outside any "
                  r"collective; its own watchdog noticed$", T, elapsed, 30)
 
-elif case in ("stop-rank2", "stop-rank0"):
-    rank = int(case[-1])
+elif case in ("stop-rank2", "stop-rank0", "stop-heartbeat"):
+    rank = 1 if case == "stop-heartbeat" else int(case[-1])
     ranks = 4 if rank == 2 else 2
     watcher = 0 if rank != 0 else 1
-    T = 3
-    p = launch(command(ranks, T, 100000, ["--train.epochs", "100"]))
+    T = 3  # the silence that names the rank
+    extra = ["--train.epochs", "100"]
+    if case == "stop-heartbeat":
+        T = 1
+        extra += ["--watchdog.heartbeat_timeout_s", str(T)]
+    p = launch(command(ranks, 60 if case == "stop-heartbeat" else T, 100000, extra))
     # Wait for training to be under way (the first metrics line), then stop the rank.
     deadline = time.monotonic() + 60
     while not (os.path.exists(metrics_path) and os.path.getsize(metrics_path) > 0):
