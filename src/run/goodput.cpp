@@ -101,7 +101,7 @@ double GoodputLedger::useful_at(int64_t step) const {
   return f_.useful_s * double(step) / double(step_);
 }
 
-void GoodputLedger::begin(int64_t start_step, const std::string& source) {
+void GoodputLedger::begin(int64_t start_step, const std::string& source, double useful_s) {
   if (!active_) return;
   const double now = unix_now(), launch = launch_time();
   if (!open_) {
@@ -109,11 +109,13 @@ void GoodputLedger::begin(int64_t start_step, const std::string& source) {
   } else {
     GoodputRestart r{.at = launch, .slurm_restart_count = slurm_restarts_, .reached_step = step_,
                      .resumed_step = start_step, .source = source};
-    r.restart_gap_s = std::max(0.0, launch - last_update_);
     r.startup_s = now - launch;
-    const double before = useful_at(start_step);
+    const double before = useful_s >= 0 ? useful_s : useful_at(start_step);
+    // Steps the checkpoint kept that the ledger had not written yet ran after its last update.
+    const double kept = std::max(0.0, before - f_.useful_s);
+    r.restart_gap_s = std::max(0.0, launch - last_update_ - kept);
     r.recompute_s = std::max(0.0, f_.useful_s - before);
-    f_.useful_s = std::min(f_.useful_s, before);
+    f_.useful_s = useful_s >= 0 ? before : std::min(f_.useful_s, before);
     f_.recompute_s += r.recompute_s;
     f_.restart_gap_s += r.restart_gap_s;
     f_.startup_s += r.startup_s;
@@ -145,8 +147,7 @@ void GoodputLedger::checkpoint(int64_t steps_done, double stall_s, bool write_no
   keep_newest(marks_);
   last_update_ = unix_now();
   // Before the checkpoint can be resumed from, the ledger knows its useful time (a memory
-  // checkpoint's mark may be up to a second late: the steps after the last write count as
-  // the restart's gap instead).
+  // checkpoint's mark may be up to a second late: the checkpoint carries it, begin()).
   if (write_now || last_update_ - last_write_ >= kWriteEvery) write();
 }
 

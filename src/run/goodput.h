@@ -14,7 +14,8 @@
 //   recompute     step time of steps run after the checkpoint a restart resumed from: lost
 //                 with the fault, run again
 //   restart_gap   from an attempt's last ledger update (at most ~1 s before it died) to the
-//                 next attempt's launch: fault detection, teardown, the queue
+//                 next attempt's launch, less the steps in that time a memory checkpoint
+//                 kept: fault detection, teardown, the queue
 //   other         the rest: evaluation, the final parameter file, logging
 #pragma once
 #include <cstdint>
@@ -51,8 +52,10 @@ class GoodputLedger {
   GoodputLedger& operator=(const GoodputLedger&) = delete;
 
   // Training starts with `start_step` steps done (the checkpoint resumed from, or 0), taken
-  // from `source`: "memory" (memory checkpoints), "file" or "" (none).
-  void begin(int64_t start_step, const std::string& source = "");
+  // from `source`: "memory" (memory checkpoints), "file" or "" (none). `useful_s`: the useful
+  // time up to start_step when the checkpoint carried it (a memory checkpoint's, taken between
+  // the ledger's writes: its steps are not lost); < 0: from the ledger's own marks.
+  void begin(int64_t start_step, const std::string& source = "", double useful_s = -1);
   // A step ended with `steps_done` steps done; `seconds` its wall time, checkpoints excluded.
   void step_done(int64_t steps_done, double seconds);
   // The training thread spent `stall_s` in a checkpoint of `steps_done` steps. write_now:
@@ -60,6 +63,7 @@ class GoodputLedger {
   // memory checkpoints, taken as often as every step).
   void checkpoint(int64_t steps_done, double stall_s, bool write_now = true);
   GoodputFigures figures() const;
+  double useful_s() const { return f_.useful_s; }  // so far (0 on an inactive ledger)
   // The last update: `done` closes the ledger (the job's training is complete).
   void finish(bool done);
 

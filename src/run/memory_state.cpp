@@ -45,7 +45,7 @@ class MemoryHook final : public StepHook {
   std::optional<int> end(const StepEnd& e) override {
     const int64_t done = e.step + 1;
     if (done % m_.every() == 0)
-      goodput_.checkpoint(done, m_.save(done, per_epoch_, be_), /*write_now=*/false);
+      goodput_.checkpoint(done, m_.save(done, per_epoch_, be_, goodput_.useful_s()), /*write_now=*/false);
     m_.after_step(done, e.seconds);
     if (kill_.first == done && kill_.second == rank_) {
       m_.finish(/*remove=*/false);
@@ -128,6 +128,7 @@ std::optional<TrainState> MemoryState::restore(int64_t file_step) {
   mem_.take(f, part.data());
   int64_t s[4];
   std::memcpy(s, part.data(), sizeof s);
+  std::memcpy(&restored_useful_s_, part.data() + 2 * 4, sizeof restored_useful_s_);
   const float* p = part.data() + kStateFloats;
   Tensor& values = model_.host_values();
   std::copy(p, p + values.size(), values.data());
@@ -165,7 +166,7 @@ void MemoryState::start_device_copy(const Backend& be, int slot) {
   STRATA_CHECK(at == staging_[slot].get() + state_bytes_, "memory checkpoint: the device state changed size");
 }
 
-double MemoryState::save(int64_t steps_done, int64_t per_epoch, const Backend& be) {
+double MemoryState::save(int64_t steps_done, int64_t per_epoch, const Backend& be, double useful_s) {
   const auto t0 = std::chrono::steady_clock::now();
   const bool device = be.snapshot_copy != nullptr;
   device_ = device ? &be : nullptr;
@@ -176,9 +177,10 @@ double MemoryState::save(int64_t steps_done, int64_t per_epoch, const Backend& b
   // On the copy thread, while the next step's forward and backward leave the state alone
   // (fence() before its update); a GPU's from the slot's buffer, once its copy is done.
   const Backend* bp = &be;
-  auto fill = [this, s, device, bp](PartWriter& w, int slot) {
+  auto fill = [this, s, useful_s, device, bp](PartWriter& w, int slot) {
     std::array<float, kStateFloats> head{};
     std::memcpy(head.data(), s.data(), sizeof s);
+    std::memcpy(head.data() + 2 * 4, &useful_s, sizeof useful_s);
     w.put(head.data(), sizeof head);
     if (device) {
       // A poll, not an event wait: it gives up when the run ends on an error (a device that

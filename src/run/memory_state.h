@@ -52,9 +52,12 @@ class MemoryState {
   // `file_step` (the newest checkpoint in checkpoint.dir or a node-local cache; -1: none) and
   // returns its state; nullopt to resume from the files. Rank 0 prints which copy and why.
   std::optional<TrainState> restore(int64_t file_step);
+  // The goodput ledger's useful time at the step restore() took (rank 0's part carries it);
+  // -1 before a restore.
+  double restored_useful_s() const { return restored_useful_s_; }
   // A save after `steps_done` steps, packed and sent in the background; returns the training
-  // thread's stall (seconds).
-  double save(int64_t steps_done, int64_t per_epoch, const Backend& be);
+  // thread's stall (seconds). useful_s: the goodput ledger's useful time so far (rank 0).
+  double save(int64_t steps_done, int64_t per_epoch, const Backend& be, double useful_s);
   // Before the optimizer's update changes the state: waits for the last save's copy to be
   // taken (normally done during the step's forward and backward). Returns the wait.
   double fence();
@@ -72,7 +75,8 @@ class MemoryState {
   int rank() const { return comm_.rank(); }
 
  private:
-  static constexpr int64_t kStateFloats = 8;  // 4 int64: step, epoch, batch, optimizer steps
+  // 4 int64 (step, epoch, batch, optimizer steps) and a double (the ledger's useful time)
+  static constexpr int64_t kStateFloats = 10;
   static constexpr size_t kAdaptSaves = 16;    // saves measured before the budget sets the interval
   static constexpr double kMaxRecomputeS = 0.5;  // the steps a fault may redo, at most
   void adapt(int64_t steps_done);
@@ -89,6 +93,7 @@ class MemoryState {
   int64_t every_;
   double budget_;              // checkpoint.memory_budget (0: every_ stays)
   int64_t first_every_;        // checkpoint.memory_every: the shortest interval
+  double restored_useful_s_ = -1;
   size_t window_ = 0;          // the saves before this measuring window (stalls_'s indices)
   std::vector<double> steps_;  // the window's step times
   std::vector<double> stalls_;

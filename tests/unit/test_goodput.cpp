@@ -58,6 +58,43 @@ TEST_CASE("goodput: a restart moves the steps after the checkpoint to recompute"
   CHECK(next.figures().useful_s == 0);
 }
 
+TEST_CASE("goodput: a memory checkpoint's useful time counts the steps the ledger had not written",
+          "[goodput]") {
+  strata::test::TempDir tmp;
+  const std::string path = tmp.path.string() + "/goodput.toml", last = path + ".last";
+  double at_150 = 0;
+  {
+    GoodputLedger g(path, "79", 0);
+    g.begin(0);
+    for (int s = 1; s <= 100; ++s) g.step_done(s, 0.01);
+    g.checkpoint(100, 0.0);  // written: useful 1.0 s at step 100
+    fs::copy_file(path, last);
+    for (int s = 101; s <= 150; ++s) {  // memory checkpoints every step, between the writes
+      g.step_done(s, 0.01);
+      g.checkpoint(s, 0.0, /*write_now=*/false);
+    }
+    at_150 = g.useful_s();
+  }
+  CHECK(at_150 == Approx(1.5).epsilon(1e-9));
+  // The attempt died before its next write: the file is the one of step 100.
+  const auto restart = [&](int64_t step, double useful) {
+    fs::copy_file(last, path, fs::copy_options::overwrite_existing);
+    GoodputLedger g(path, "79", 0);
+    g.begin(step, "memory", useful);
+    return g.figures();
+  };
+  auto f = restart(150, at_150);
+  CHECK(f.useful_s == Approx(1.5).epsilon(1e-9));  // steps 101-150 were kept, not lost
+  CHECK(f.recompute_s == 0);
+  // A checkpoint older than the ledger's last write: the steps after it are recomputed.
+  f = restart(80, 0.8);
+  CHECK(f.useful_s == Approx(0.8).epsilon(1e-9));
+  CHECK(f.recompute_s == Approx(0.2).epsilon(1e-9));
+  // Without the checkpoint's figure, the ledger knows no more than its last write.
+  f = restart(150, -1);
+  CHECK(f.useful_s == Approx(1.0).epsilon(1e-9));
+}
+
 TEST_CASE("goodput: restores from memory and from files are counted apart", "[goodput]") {
   strata::test::TempDir tmp;
   const std::string path = tmp.path.string() + "/goodput.toml";
