@@ -54,6 +54,10 @@ void validate(const RunConfig& c) {
   if (c.train.min_lr > c.train.lr)
     fail_input("train.min_lr: {} is larger than train.lr = {}", c.train.min_lr, c.train.lr);
   if (c.threads < 1) fail_input("--threads: {} must be at least 1", c.threads);
+  // Heartbeats come at most every 20 ms: a shorter silence would name live ranks.
+  if (c.watchdog.heartbeat_timeout_s > 0 && c.watchdog.heartbeat_timeout_s < 0.5)
+    fail_input("watchdog.heartbeat_timeout_s = {}: below 0.5 s live ranks would be named (0 = "
+               "watchdog.timeout_s)", c.watchdog.heartbeat_timeout_s);
   if (c.checkpoint.memory_budget > 0 && c.checkpoint.memory_every <= 0)
     fail_input("checkpoint.memory_budget = {} needs checkpoint.memory_every, the interval it "
                "starts from (memory checkpoints are off)", c.checkpoint.memory_budget);

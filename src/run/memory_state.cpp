@@ -128,7 +128,7 @@ std::optional<TrainState> MemoryState::restore(int64_t file_step) {
   mem_.take(f, part.data());
   int64_t s[4];
   std::memcpy(s, part.data(), sizeof s);
-  std::memcpy(&restored_useful_s_, part.data() + 2 * 4, sizeof restored_useful_s_);
+  std::memcpy(&restored_useful_s_, part.data() + kUsefulAt, sizeof restored_useful_s_);
   const float* p = part.data() + kStateFloats;
   Tensor& values = model_.host_values();
   std::copy(p, p + values.size(), values.data());
@@ -180,7 +180,7 @@ double MemoryState::save(int64_t steps_done, int64_t per_epoch, const Backend& b
   auto fill = [this, s, useful_s, device, bp](PartWriter& w, int slot) {
     std::array<float, kStateFloats> head{};
     std::memcpy(head.data(), s.data(), sizeof s);
-    std::memcpy(head.data() + 2 * 4, &useful_s, sizeof useful_s);
+    std::memcpy(head.data() + kUsefulAt, &useful_s, sizeof useful_s);
     w.put(head.data(), sizeof head);
     if (device) {
       // A poll, not an event wait: it gives up when the run ends on an error (a device that

@@ -76,7 +76,10 @@ class MemoryState {
 
  private:
   // 4 int64 (step, epoch, batch, optimizer steps) and a double (the ledger's useful time)
+  static constexpr int64_t kUsefulAt = 8;  // the double's offset, in floats
   static constexpr int64_t kStateFloats = 10;
+  static_assert(kUsefulAt * sizeof(float) == 4 * sizeof(int64_t) &&
+                (kStateFloats - kUsefulAt) * sizeof(float) == sizeof(double));
   static constexpr size_t kAdaptSaves = 16;    // saves measured before the budget sets the interval
   static constexpr double kMaxRecomputeS = 0.5;  // the steps a fault may redo, at most
   void adapt(int64_t steps_done);

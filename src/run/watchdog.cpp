@@ -265,8 +265,6 @@ void Watchdog::heartbeat() {
       }
       if (abandoned) break;
       const auto now = Clock::now();
-      beater_ran_ns_.store(std::chrono::nanoseconds(now.time_since_epoch()).count(),
-                           std::memory_order_relaxed);
       Beat in{};
       int from = -1;
       while (channel_->poll(&from, &in)) {
@@ -277,6 +275,9 @@ void Watchdog::heartbeat() {
         p.seen = true;
         if (in.bye && !p.bye) p.bye = true, p.bye_at = now;
       }
+      // After the queue is drained: a fresh stamp means every beat sent before `now` was read.
+      beater_ran_ns_.store(std::chrono::nanoseconds(now.time_since_epoch()).count(),
+                           std::memory_order_release);
       if (!bye_sent && (stopping || now >= next_beat)) {
         Beat b{};
         b.step = act_.step.load(std::memory_order_relaxed);
@@ -368,7 +369,7 @@ void Watchdog::detect() {
 
     // A silence is judged only while this rank's own heartbeat thread runs: if it was starved
     // of CPU, beats may wait unread in MPI's queue.
-    const int64_t ran = beater_ran_ns_.load(std::memory_order_relaxed);
+    const int64_t ran = beater_ran_ns_.load(std::memory_order_acquire);
     const bool listening = secs(now.time_since_epoch() - std::chrono::nanoseconds(ran)) <
                            std::max(silence_s_ / 2, 4 * check_s_);
     // After a stop signal (srun TERMs the other ranks when one dies) a silent peer is most

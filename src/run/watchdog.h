@@ -54,7 +54,8 @@ class Watchdog {
   // (a silent peer is then most likely dead: srun TERMs the others when a rank fails). "" = none.
   Watchdog(Comm& comm, double timeout_s, double heartbeat_timeout_s = 0, std::string report_path = "");
   // stop(); when an exception is unwinding (this rank may be alone in leaving), it leaves
-  // without waiting for the other ranks: if they go on, they name this rank after timeout_s.
+  // without waiting for the other ranks: if they go on, they name this rank after the
+  // heartbeat timeout.
   ~Watchdog();
   Watchdog(const Watchdog&) = delete;
   Watchdog& operator=(const Watchdog&) = delete;

@@ -294,6 +294,8 @@ def cases(fx: Fixtures):
     out["config"].append(Case("config: /dev/zero", train + ["--config", "/dev/zero"], 2, r"config /dev/zero: not a regular file"))
     out["config"].append(Case("config: missing file", train + ["--config", "{C}/none.toml"], 2, r"config .*none\.toml: cannot open \(No such file"))
     conf("min_lr above lr", "[train]\nlr = 0.01\nmin_lr = 0.1\n", r"train\.min_lr: 0\.1 is larger than train\.lr")
+    conf("heartbeat timeout below 0.5 s", "[watchdog]\nheartbeat_timeout_s = 0.2\n",
+         r"watchdog\.heartbeat_timeout_s = 0\.2: below 0\.5 s live ranks would be named")
     conf("even cnn kernel", '[model]\ntype = "cnn"\nkernel = 4\n', r"model\.kernel: 4 is even")
     conf("custom model without layers", '[model]\ntype = "custom"\n', r"model\.layers: model\.type = \"custom\" needs")
     conf("custom layer unknown", '[model]\ntype = "custom"\nlayers = ["flatten", "dense 4"]\n', r"model\.layers: 'dense 4': unknown layer 'dense'")

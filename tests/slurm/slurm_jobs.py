@@ -511,7 +511,27 @@ def scenario_no_requeue(ctx):
     print("no progress (requeued by Slurm): the third attempt gave up without running", flush=True)
 
 
-    # (5) scancel: strata checkpoints and exits 75 on the TERM, but a cancelled job stays
+    # (5) a rank exits with an error; while the script waits for the others to follow, a
+    # short heartbeat timeout makes rank 0's watchdog name the gone rank: not a hang, so no
+    # node is left out and the exit code is the failed rank's.
+    d = fresh(os.path.join(ctx.work, "late-report"))
+    cfg = os.path.join(d, "config.toml")
+    ckpt = os.path.join(d, "ckpt")
+    os.makedirs(ckpt)
+    write_config(cfg, os.path.join(d, "out"), 200, ctx.data)
+    job, log = submit(ctx, "late-report", cfg, ckpt_dir=ckpt, strata=stub,
+                      extra_env={"STUB_EXIT": "late-report", "STUB_CKPT_DIR": ckpt,
+                                 "STRATA_MAX_NO_PROGRESS": "1"})
+    info = wait_job(ctx, job, timeout=120)
+    text = read(log)
+    expect(info.get("JobState") == "FAILED" and info.get("ExitCode") == "1:0",
+           f"late report: job ended {info.get('JobState')} {info.get('ExitCode')}, expected FAILED 1:0")
+    expect("not a hang, no node left out" in text, "late report: the script did not set the report aside")
+    expect("leaving it out" not in text and "taking exit 5" not in text,
+           "late report: the gone rank's node was left out or its exit taken for a hang")
+    print("late watchdog report after a failed rank: no node left out, exit 1", flush=True)
+
+    # (6) scancel: strata checkpoints and exits 75 on the TERM, but a cancelled job stays
     # cancelled (the script must not requeue it).
     d = fresh(os.path.join(ctx.work, "cancelled"))
     cfg = os.path.join(d, "config.toml")

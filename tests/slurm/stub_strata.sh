@@ -3,6 +3,8 @@
 #   STUB_EXIT=75     exit 75 at once (a "resumable stop" that made no progress)
 #   STUB_EXIT=sleep  run until killed (the test requeues the job meanwhile)
 #   STUB_EXIT=1      exit 1 at once (a failure the script restarts inside the allocation)
+#   STUB_EXIT=late-report  rank 1 exits 1 at once; rank 0 then writes a watchdog report naming
+#                    it in STUB_CKPT_DIR/hung-rank, as a short heartbeat timeout does, and exits 5
 # The job script's questions are answered as strata would: no checkpoint ever.
 case ${1:-} in
   config) echo "${STUB_CKPT_DIR:-runs/stub/checkpoints}"; exit 0 ;;
@@ -11,5 +13,11 @@ esac
 echo "stub attempt ${SLURM_RESTART_COUNT:-0} running on rank ${SLURM_PROCID:-0}: $*"
 case ${STUB_EXIT:-75} in
   sleep) exec sleep 600 ;;
+  late-report)
+    [ "${SLURM_PROCID:-0}" != 0 ] && exit 1
+    sleep 1
+    printf 'job=%s rank=1 node=%s host=%s step=0 cause=heartbeats\n' "$SLURM_JOB_ID" \
+      "$SLURMD_NODENAME" "$(hostname)" >"$STUB_CKPT_DIR/hung-rank"
+    exit 5 ;;
   *) exit "$STUB_EXIT" ;;
 esac
