@@ -126,7 +126,7 @@ Watchdog::Watchdog(Comm& comm, double timeout_s, double heartbeat_timeout_s, std
   hangs_ = test_hangs(rank_);
   if (timeout_s_ <= 0) return;
   // Check every 1/8 of the shorter timeout (at most 1 s), heartbeat every silence/4 (at most
-  // 2 s): four beats may go missing before a peer is named.
+  // 2 s): at least four beats go missing before a peer is named.
   check_s_ = std::clamp(silence_s_ / 8, 0.01, 1.0);
   beat_s_ = std::clamp(silence_s_ / 4, 0.02, 2.0);
   comm_.set_activity(&act_);
