@@ -115,7 +115,7 @@ void GoodputLedger::begin(int64_t start_step, const std::string& source, double 
     const double kept = std::max(0.0, before - f_.useful_s);
     r.restart_gap_s = std::max(0.0, launch - last_update_ - kept);
     r.recompute_s = std::max(0.0, f_.useful_s - before);
-    f_.useful_s = useful_s >= 0 ? before : std::min(f_.useful_s, before);
+    f_.useful_s = before;
     f_.recompute_s += r.recompute_s;
     f_.restart_gap_s += r.restart_gap_s;
     f_.startup_s += r.startup_s;

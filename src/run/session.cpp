@@ -233,7 +233,7 @@ int TrainingSession::run() {
   const auto t_start = Clock::now();
   const double cpu_start = thread_cpu_seconds();
   comm_.barrier();  // so that every rank's trace starts at the same moment
-  goodput_->begin(start_step_, resumed_from_, resumed_from_ == "memory" ? mem_->restored_useful_s() : -1);
+  goodput_->begin(start_step_, resumed_from_, mem_ ? mem_->restored_useful_s() : -1);
   tracer_->set_origin();
   for (int64_t step = start_step_; step < total_; ++step) {
     if (auto code = train_step(step)) {

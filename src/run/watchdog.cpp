@@ -129,6 +129,7 @@ Watchdog::Watchdog(Comm& comm, double timeout_s, double heartbeat_timeout_s, std
   // 2 s): at least four beats go missing before a peer is named.
   check_s_ = std::clamp(silence_s_ / 8, 0.01, 1.0);
   beat_s_ = std::clamp(silence_s_ / 4, 0.02, 2.0);
+  starved_s_ = std::max(silence_s_ / 2, 4 * check_s_);
   comm_.set_activity(&act_);
   hosts_ = comm_.all_hosts();
   nodes_ = comm_.all_gather_text(slurm_node_name());
@@ -336,7 +337,7 @@ void Watchdog::detect() {
     now = Clock::now();
     const auto gap = now - last_iter;
     last_iter = now;
-    if (secs(gap) > std::max(silence_s_ / 2, 4 * check_s_)) {
+    if (secs(gap) > starved_s_) {
       // This thread did not run for a while: the process was stopped and continued (^Z,
       // a debugger) or starved of CPU. That time is no rank's fault here; peers judge it.
       const auto shift = gap - dur(check_s_);
@@ -370,8 +371,7 @@ void Watchdog::detect() {
     // A silence is judged only while this rank's own heartbeat thread runs: if it was starved
     // of CPU, beats may wait unread in MPI's queue.
     const int64_t ran = beater_ran_ns_.load(std::memory_order_acquire);
-    const bool listening = secs(now.time_since_epoch() - std::chrono::nanoseconds(ran)) <
-                           std::max(silence_s_ / 2, 4 * check_s_);
+    const bool listening = secs(now.time_since_epoch() - std::chrono::nanoseconds(ran)) < starved_s_;
     // After a stop signal (srun TERMs the other ranks when one dies) a silent peer is most
     // likely gone: only the long timeout names it then.
     const double silence = stop_signal() != 0 ? timeout_s_ : silence_s_;

@@ -113,6 +113,7 @@ class Watchdog {
 
   Comm& comm_;
   double timeout_s_, silence_s_, check_s_, beat_s_;  // silence_s_: the heartbeat timeout
+  double starved_s_ = 0;  // a watchdog thread idle this long was starved (or the process stopped)
   int rank_, size_;
   Activity act_;
   std::vector<Hang> hangs_;
