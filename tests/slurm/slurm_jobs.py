@@ -531,6 +531,26 @@ def scenario_no_requeue(ctx):
            "late report: the gone rank's node was left out or its exit taken for a hang")
     print("late watchdog report after a failed rank: no node left out, exit 1", flush=True)
 
+    # (5b) a real hang as srun may report it: the watchdog's report is written first, then its
+    # MPI_Abort kills the hung rank, whose "Killed" srun can print before the watchdog rank's
+    # exit 5. The report came first, so it stands: the hung rank's node is left out, exit 5.
+    d = fresh(os.path.join(ctx.work, "abort-order"))
+    cfg = os.path.join(d, "config.toml")
+    ckpt = os.path.join(d, "ckpt")
+    os.makedirs(ckpt)
+    write_config(cfg, os.path.join(d, "out"), 200, ctx.data)
+    job, log = submit(ctx, "abort-order", cfg, ckpt_dir=ckpt, strata=stub,
+                      extra_env={"STUB_EXIT": "abort-order", "STUB_CKPT_DIR": ckpt,
+                                 "STRATA_MAX_NO_PROGRESS": "1"})
+    info = wait_job(ctx, job, timeout=120)
+    text = read(log)
+    expect(info.get("JobState") == "FAILED" and info.get("ExitCode") == "5:0",
+           f"abort order: job ended {info.get('JobState')} {info.get('ExitCode')}, expected FAILED 5:0")
+    expect("not a hang" not in text, "abort order: the script set a hang's report aside")
+    expect("taking exit 5" in text or "strata exited with 5" in text,
+           "abort order: the watchdog's exit 5 was not taken")
+    print("watchdog report before the hung rank's kill: taken as a hang, exit 5", flush=True)
+
     # (6) scancel: strata checkpoints and exits 75 on the TERM, but a cancelled job stays
     # cancelled (the script must not requeue it).
     d = fresh(os.path.join(ctx.work, "cancelled"))

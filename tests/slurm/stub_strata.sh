@@ -5,6 +5,9 @@
 #   STUB_EXIT=1      exit 1 at once (a failure the script restarts inside the allocation)
 #   STUB_EXIT=late-report  rank 1 exits 1 at once; rank 0 then writes a watchdog report naming
 #                    it in STUB_CKPT_DIR/hung-rank, as a short heartbeat timeout does, and exits 5
+#   STUB_EXIT=abort-order  a hang as srun may report it: rank 1 writes the watchdog's report
+#                    naming itself, then dies by SIGKILL (the watchdog's MPI_Abort killing the hung
+#                    rank) before rank 0 would exit 5, so srun names the killed rank first
 # The job script's questions are answered as strata would: no checkpoint ever.
 case ${1:-} in
   config) echo "${STUB_CKPT_DIR:-runs/stub/checkpoints}"; exit 0 ;;
@@ -18,6 +21,14 @@ case ${STUB_EXIT:-75} in
     sleep 1
     printf 'job=%s rank=1 node=%s host=%s step=0 cause=heartbeats\n' "$SLURM_JOB_ID" \
       "$SLURMD_NODENAME" "$(hostname)" >"$STUB_CKPT_DIR/hung-rank"
+    exit 5 ;;
+  abort-order)
+    if [ "${SLURM_PROCID:-0}" = 1 ]; then
+      printf 'job=%s rank=1 node=%s host=%s step=0 cause=heartbeats\n' "$SLURM_JOB_ID" \
+        "$SLURMD_NODENAME" "$(hostname)" >"$STUB_CKPT_DIR/hung-rank"
+      kill -KILL $$
+    fi
+    sleep 30
     exit 5 ;;
   *) exit "$STUB_EXIT" ;;
 esac
