@@ -15,7 +15,9 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <numeric>
 #include <regex>
+#include <set>
 #include <thread>
 
 #include <fmt/format.h>
@@ -185,11 +187,13 @@ int source_of(const MemoryPairing& p, int r) {
 }
 
 
-// Bytes per node: two generations of its ranks' parts and of the partners' copies it holds.
-std::vector<int64_t> bytes_per_node(const MemoryPairing& pair, const std::vector<int64_t>& part_floats) {
+// Bytes per node: two generations of its ranks' parts and of the partners' copies it holds
+// (none when the parts are replicated).
+std::vector<int64_t> bytes_per_node(const MemoryPairing& pair, const std::vector<int64_t>& part_floats,
+                                    bool replicated) {
   std::vector<int64_t> node_bytes(pair.node_names.size(), 0);
   for (size_t r = 0; r < part_floats.size(); ++r) {
-    const int src = source_of(pair, int(r));
+    const int src = replicated ? -1 : source_of(pair, int(r));
     const int64_t held = src >= 0 ? part_floats[size_t(src)] : 0;
     node_bytes[size_t(pair.node_of[r])] +=
         2 * (4 * (part_floats[r] + held) + 2 * int64_t(sizeof(Header)));
@@ -282,9 +286,11 @@ void check_room(const std::string& dir, const std::string& node, int64_t bytes, 
                       : "", avail.source);
 }
 
-// Collective: the newest step for which some rank holds a copy of every part (each rank passes
-// its own copies), else -1; *why says what the newest step lacked (or that there is none).
-int64_t newest_complete_step(Comm& comm, const std::vector<MemoryCopy>& copies, std::string* why) {
+// Collective: the newest step for which some rank holds a copy of every part, or of a part with
+// the same contents (`group`: by rank, the group's lowest rank), else -1 (each rank passes its
+// own copies); *why says what the newest step lacked (or that there is none).
+int64_t newest_complete_step(Comm& comm, const std::vector<MemoryCopy>& copies,
+                             const std::vector<int>& group, std::string* why) {
   const int R = comm.size();
   int64_t bound = INT64_MAX;
   for (int round = 0;; ++round) {
@@ -298,15 +304,20 @@ int64_t newest_complete_step(Comm& comm, const std::vector<MemoryCopy>& copies, 
       if (why->empty()) *why = "no memory copies";
       return -1;
     }
-    std::vector<int64_t> have(size_t(R), 0);
+    std::vector<int64_t> have(size_t(R), 0);  // by group
     for (const MemoryCopy& c : copies)
-      if (c.step == step) have[size_t(c.part)] = 1;
+      if (c.step == step) have[size_t(group[size_t(c.part)])] = 1;
     comm.allreduce_sum(have.data(), R);
-    const auto missing = std::find(have.begin(), have.end(), 0);
-    if (missing == have.end()) return step;
+    int missing = -1;
+    for (int p = R - 1; p >= 0; --p)
+      if (have[size_t(group[size_t(p)])] == 0) missing = p;
+    if (missing < 0) return step;
+    const bool replicated = group[size_t(missing)] != missing ||
+                            std::count(group.begin(), group.end(), missing) > 1;
     if (round == 0)
-      *why = fmt::format("step {} lacks part {} (neither its own nor its partner's copy is on "
-                         "a node of this launch)", step, missing - have.begin());
+      *why = fmt::format("step {} lacks part {} ({} is on a node of this launch)", step, missing,
+                         replicated ? "no copy of it or of its replicas' parts"
+                                    : "neither its own nor its partner's copy");
     bound = step;
   }
 }
@@ -357,13 +368,14 @@ std::string expand_memory_dir(const std::string& memory_dir) {
 }
 
 MemoryCheckpoints::MemoryCheckpoints(std::string dir, Comm& comm, int64_t part_floats, Identity id,
-                                     const std::string& node)
+                                     const std::string& node, int64_t same_as)
     : dir_(std::move(dir)), comm_(comm), floats_(part_floats), id_(std::move(id)),
       run_(fnv1a(id_.run)), job_(fnv1a(id_.job)) {
   pair_ = pair_ranks(comm.all_gather_text(node), comm.rank());
   part_floats_.assign(size_t(comm.size()), 0);
   part_floats_[size_t(comm.rank())] = floats_;
   comm.allreduce_sum(part_floats_.data(), int64_t(part_floats_.size()));
+  group_parts(same_as);
   xcomm_ = comm.split(0, comm.rank());
   // MPI moves a message only inside a call on it: on a thread of its own where MPI allows
   // that, so the exchange goes on while the training thread computes.
@@ -386,8 +398,31 @@ MemoryCheckpoints::~MemoryCheckpoints() {
   for (MappedFile* f : {&own_[0], &own_[1], &held_[0], &held_[1]}) f->close();
 }
 
+// Collective. group_ from the ranks' keys; replicated_ when every group has members on two
+// nodes or more: then each node's own copies hold the second copy of the others' parts, and a
+// partner's would be a third.
+void MemoryCheckpoints::group_parts(int64_t same_as) {
+  const int R = comm_.size();
+  std::vector<int64_t> key(size_t(R), 0);
+  key[size_t(comm_.rank())] = same_as;
+  comm_.allreduce_sum(key.data(), R);
+  group_.resize(size_t(R));
+  std::vector<std::set<int>> nodes(static_cast<size_t>(R));  // by group
+  for (int r = 0; r < R; ++r) {
+    int g = r;
+    if (key[size_t(r)] >= 0) g = int(std::find(key.begin(), key.end(), key[size_t(r)]) - key.begin());
+    STRATA_CHECK(part_floats_[size_t(g)] == part_floats_[size_t(r)],
+                 "memory checkpoints: ranks with the same contents have parts of different sizes");
+    group_[size_t(r)] = g;
+    nodes[size_t(g)].insert(pair_.node_of[size_t(r)]);
+  }
+  replicated_ = pair_.node_names.size() > 1;
+  for (int r = 0; r < R; ++r) replicated_ = replicated_ && nodes[size_t(group_[size_t(r)])].size() > 1;
+  if (replicated_) pair_.partner = pair_.source = -1;
+}
+
 int64_t MemoryCheckpoints::preflight(int64_t pinned_per_rank) {
-  const std::vector<int64_t> node_bytes = bytes_per_node(pair_, part_floats_);
+  const std::vector<int64_t> node_bytes = bytes_per_node(pair_, part_floats_, replicated_);
   const int64_t mine = node_bytes[size_t(pair_.node_of[size_t(comm_.rank())])];
   collectively(comm_, [&] {
     if (const std::string why = make_directories(dir_); !why.empty())
@@ -637,51 +672,59 @@ MemoryCheckpoints::Found MemoryCheckpoints::find() {
   if (stale > 0 && comm_.rank() == 0)
     fmt::print("memory checkpoints: removed {} cop{} left by an earlier attempt of this job (a "
                "requeue starts from checkpoint.dir)\n", stale, stale == 1 ? "y" : "ies");
-  const int R = comm_.size();
-  f.step = newest_complete_step(comm_, copies, &f.why);
+  const int R = comm_.size(), me = comm_.rank();
+  f.step = newest_complete_step(comm_, copies, group_, &f.why);
   if (f.step < 0) return f;
-  // Who provides each part: the rank itself when its node holds a copy (-1), else the lowest
-  // rank whose node does.
-  holder_.assign(size_t(R), INT64_MAX);
-  std::vector<int64_t> peer(size_t(R), 0);
+  // The copy this rank would provide of each group: its own part's first, then any rank's own
+  // copy, then a partner's. Who provides each part: the rank itself when it holds a copy of
+  // its group (-1), else the lowest rank that does.
+  auto rank_of = [&](const Copy& c) { return c.part == me && c.own ? 0 : c.own ? 1 : 2; };
   chosen_.clear();
   for (const Copy& c : copies) {
     if (c.step != f.step) continue;
-    const int64_t me = c.part == comm_.rank() ? -1 : comm_.rank();
-    if (me < holder_[size_t(c.part)] || (me == holder_[size_t(c.part)] && c.own)) {
-      holder_[size_t(c.part)] = me;
-      chosen_[c.part] = c;
-    }
+    const int g = group_[size_t(c.part)];
+    if (auto it = chosen_.find(g); it == chosen_.end() || rank_of(c) < rank_of(it->second)) chosen_[g] = c;
   }
+  holder_.assign(size_t(R), INT64_MAX);
+  for (int p = 0; p < R; ++p)
+    if (chosen_.count(group_[size_t(p)])) holder_[size_t(p)] = p == me ? -1 : me;
   comm_.allreduce_min(holder_.data(), R);
-  for (const auto& [part, c] : chosen_) {
-    const int64_t me = part == comm_.rank() ? -1 : comm_.rank();
-    if (holder_[size_t(part)] == me && !c.own) peer[size_t(part)] = 1;
+  std::vector<int64_t> taken(2 * size_t(R), 0);  // parts from a partner's copy, from a replica's
+  for (int p = 0; p < R; ++p) {
+    if (holder_[size_t(p)] != (p == me ? -1 : me)) continue;
+    const Copy& c = chosen_.at(group_[size_t(p)]);
+    if (c.part != p) taken[size_t(R + p)] = 1;
+    else if (!c.own) taken[size_t(p)] = 1;
   }
-  comm_.allreduce_sum(peer.data(), R);
-  for (int64_t x : peer) f.from_partner += x;
+  comm_.allreduce_sum(taken.data(), 2 * R);
+  f.from_partner = std::accumulate(taken.begin(), taken.begin() + R, int64_t(0));
+  f.from_replica = std::accumulate(taken.begin() + R, taken.end(), int64_t(0));
   return f;
 }
 
 void MemoryCheckpoints::take(const Found& f, float* out) {
   STRATA_CHECK(f.step >= 0 && holder_.size() == size_t(comm_.size()), "take() without a found step");
-  std::vector<std::vector<float>> sending;
+  const int me = comm_.rank();
+  std::map<int, std::vector<float>> payloads;  // by group: each copy read once
+  auto payload_of = [&](int part) -> std::vector<float>& {
+    const int g = group_[size_t(part)];
+    if (auto it = payloads.find(g); it != payloads.end()) return it->second;
+    std::vector<float>& p = payloads[g];
+    Header h{};
+    const Copy& c = chosen_.at(g);
+    if (auto why = read_part(c.path, &h, &p); !why.empty())
+      fail_input("memory checkpoint {}: {} (it verified a moment ago)", c.path, why);
+    return p;
+  };
   std::vector<int> handles;
-  Header h{};
-  for (const auto& [part, c] : chosen_) {
-    if (part == comm_.rank() || holder_[size_t(part)] != comm_.rank()) continue;
-    sending.emplace_back();
-    if (auto why = read_part(c.path, &h, &sending.back()); !why.empty())
-      fail_input("memory checkpoint {}: {} (it verified a moment ago)", c.path, why);
-    handles.push_back(comm_.start_send(sending.back().data(), int64_t(sending.back().size()),
-                                       part, kTag + 1));
+  for (int p = 0; p < comm_.size(); ++p) {
+    if (p == me || holder_[size_t(p)] != me) continue;
+    const std::vector<float>& sending = payload_of(p);
+    handles.push_back(comm_.start_send(sending.data(), int64_t(sending.size()), p, kTag + 1));
   }
-  const int64_t mine = holder_[size_t(comm_.rank())];
+  const int64_t mine = holder_[size_t(me)];
   if (mine == -1) {
-    std::vector<float> payload;
-    const auto& c = chosen_.at(comm_.rank());
-    if (auto why = read_part(c.path, &h, &payload); !why.empty())
-      fail_input("memory checkpoint {}: {} (it verified a moment ago)", c.path, why);
+    const std::vector<float>& payload = payload_of(me);
     std::copy(payload.begin(), payload.end(), out);
   } else {
     handles.push_back(comm_.start_recv(out, floats_, int(mine), kTag + 1));

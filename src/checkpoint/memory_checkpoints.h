@@ -81,14 +81,20 @@ class MemoryCheckpoints {
   };
   // Collective. part_floats: this rank's part's size (the same at every save); node: the
   // name of this rank's node (job.h's slurm_node_name(); the tests pass their own).
+  // same_as: ranks passing the same key >= 0 hold parts with the same contents at every save
+  // (data-parallel replicas without ZeRO); -1: this rank's part is its own. When every part
+  // has such replicas on two nodes or more, the replicas' own copies are the second copies:
+  // no partner exchange (replicated()).
   MemoryCheckpoints(std::string dir, Comm& comm, int64_t part_floats, Identity id,
-                    const std::string& node);
+                    const std::string& node, int64_t same_as = -1);
   ~MemoryCheckpoints();  // finishes the writes in flight
   MemoryCheckpoints(const MemoryCheckpoints&) = delete;
   MemoryCheckpoints& operator=(const MemoryCheckpoints&) = delete;
 
   const std::string& dir() const { return dir_; }
   const MemoryPairing& pairing() const { return pair_; }
+  // Every part has replicas on another node: no partner copies (pairing() has none).
+  bool replicated() const { return replicated_; }
   // Collective. Creates the directory and checks that two generations of the parts each node
   // keeps fit both the file system's free space and the node's available memory, with
   // `pinned_per_rank` bytes of each rank's pinned host buffers (a GPU's copies); throws
@@ -101,6 +107,7 @@ class MemoryCheckpoints {
   struct Found {
     int64_t step = -1;
     int64_t from_partner = 0;  // parts whose own copy is gone: the partner's copy is taken
+    int64_t from_replica = 0;  // ... or a replica's own copy (replicated())
     std::string why;
   };
   Found find();
@@ -171,6 +178,7 @@ class MemoryCheckpoints {
     std::chrono::steady_clock::time_point queued{};
   };
   using Copy = MemoryCopy;
+  void group_parts(int64_t same_as);
   bool pop(std::deque<Save>& q, bool finish, Save* s);
   void copy_loop();
   void exchange_loop();
@@ -190,8 +198,10 @@ class MemoryCheckpoints {
   uint64_t run_ = 0, job_ = 0;  // id_'s hashes
   MemoryPairing pair_;
   std::vector<int64_t> part_floats_;  // by rank
+  std::vector<int> group_;            // by rank: the lowest rank whose part has the same contents
+  bool replicated_ = false;
   std::vector<int64_t> holder_;       // find(): who provides each part (-1: the part's rank)
-  std::map<int, Copy> chosen_;        // find(): the copies this rank provides, by part
+  std::map<int, Copy> chosen_;        // find(): the copy this rank provides of each group
   MappedFile own_[2], held_[2];  // by slot: saves alternate between two generations
   int next_ = 0;                  // the next save's slot
   std::unique_ptr<Comm> xcomm_;   // the exchange thread's own communicator

@@ -64,6 +64,18 @@ class MemoryHook final : public StepHook {
   std::pair<int64_t, int> kill_ = test_kill_at();
 };
 
+// Whose copies a restore took, in words.
+std::string copies_taken(const MemoryCheckpoints::Found& f) {
+  if (f.from_partner == 0 && f.from_replica == 0) return "every rank's own copy";
+  std::string s;
+  if (f.from_partner > 0)
+    s = fmt::format("{} part(s) from the partner's copy", f.from_partner);
+  if (f.from_replica > 0)
+    s += fmt::format("{}{} part(s) from a data-parallel replica's own copy", s.empty() ? "" : ", ",
+                     f.from_replica);
+  return s + " (their own copy is gone or damaged), the rest from their own";
+}
+
 }  // namespace
 
 MemoryInterval memory_interval(double per_save_s, double step_s, double budget, int64_t first,
@@ -77,23 +89,27 @@ MemoryInterval memory_interval(double per_save_s, double step_s, double budget, 
 }
 
 std::unique_ptr<MemoryState> MemoryState::make(const RunConfig& cfg, Comm& comm,
-                                               const std::string& grid, Model& model,
-                                               Optimizer& opt) {
+                                               const std::string& grid, int64_t same_as,
+                                               Model& model, Optimizer& opt) {
   if (cfg.checkpoint.memory_every <= 0) return nullptr;
-  auto m = std::make_unique<MemoryState>(cfg, comm, grid, model, opt);
+  auto m = std::make_unique<MemoryState>(cfg, comm, grid, same_as, model, opt);
   // Two pinned host buffers per rank whose state lives on a device (the GPU's copies).
   const bool on_device = model.values().data() != model.host_values().data();
   const int64_t per_node = m->mem_.preflight(on_device ? 2 * int64_t(m->state_bytes_) : 0);
   const MemoryPairing& p = m->mem_.pairing();
   if (comm.rank() == 0) {
     fmt::print("memory checkpoints: every {} step{} into {}: {} per node (two generations of "
-               "its ranks' parts and of their partners' copies)\n", cfg.checkpoint.memory_every,
+               "its ranks' parts{})\n", cfg.checkpoint.memory_every,
                cfg.checkpoint.memory_every == 1 ? "" : "s", m->mem_.dir(),
-               format_bytes(double(per_node)));
+               format_bytes(double(per_node)),
+               m->mem_.replicated() ? "" : " and of their partners' copies");
     if (p.node_names.size() < 2)
       fmt::print(stderr, "strata: warning: checkpoint.memory_every: every rank runs on node {}: "
                  "memory checkpoints have no partner copy, so a lost node means resuming from "
                  "checkpoint.dir\n", p.node_names.front());
+    else if (m->mem_.replicated())
+      fmt::print("memory checkpoints: every part has data-parallel replicas on another node, "
+                 "whose own copies are its second copy: no partner copies\n");
     else if (p.partner >= 0)
       fmt::print("memory checkpoints: each rank's part is copied to the rank of the same local "
                  "index on the next node (rank 0 on {} -> rank {} on {})\n", p.node_names[0],
@@ -102,13 +118,13 @@ std::unique_ptr<MemoryState> MemoryState::make(const RunConfig& cfg, Comm& comm,
   return m;
 }
 
-MemoryState::MemoryState(const RunConfig& cfg, Comm& comm, const std::string& grid, Model& model,
-                         Optimizer& opt)
+MemoryState::MemoryState(const RunConfig& cfg, Comm& comm, const std::string& grid,
+                         int64_t same_as, Model& model, Optimizer& opt)
     : state_bytes_(sizeof(float) * size_t(part_floats(model, opt, 0))),
       mem_(expand_memory_dir(cfg.checkpoint.memory_dir), comm,
            part_floats(model, opt, kStateFloats),
            {.job = slurm_job_id(), .attempt = slurm_restart_count(), .run = cfg.to_toml() + grid},
-           slurm_node_name()),
+           slurm_node_name(), same_as),
       comm_(comm), model_(model), opt_(opt), every_(cfg.checkpoint.memory_every),
       budget_(cfg.checkpoint.memory_budget), first_every_(every_) {}
 
@@ -139,11 +155,7 @@ std::optional<TrainState> MemoryState::restore(int64_t file_step) {
   }
   opt_.set_steps_taken(s[3]);
   if (lead)
-    fmt::print("resumed from memory at step {}: {} ({})\n", s[0],
-               f.from_partner == 0
-                   ? "every rank's own copy"
-                   : fmt::format("{} part(s) from the partner's copy (their own copy is gone or "
-                                 "damaged), the rest from their own", f.from_partner),
+    fmt::print("resumed from memory at step {}: {} ({})\n", s[0], copies_taken(f),
                file_step < 0 ? "there is no checkpoint file"
                : f.step > file_step
                    ? fmt::format("newer than the newest checkpoint file, step {}", file_step)

@@ -41,11 +41,14 @@ class MemoryState {
  public:
   // Collective; nullptr on every rank when checkpoint.memory_every is 0. Checks the memory
   // directory's room (UserError) and prints the start-up line (rank 0).
-  // `grid`: the run's grid in words (a copy of another grid is never taken).
+  // `grid`: the run's grid in words (a copy of another grid is never taken). same_as: ranks
+  // passing the same key >= 0 hold the same part (data-parallel replicas without ZeRO: the
+  // key of their stage and tensor part), -1 a part of its own (MemoryCheckpoints).
   static std::unique_ptr<MemoryState> make(const RunConfig& cfg, Comm& comm,
-                                           const std::string& grid, Model& model, Optimizer& opt);
-  MemoryState(const RunConfig& cfg, Comm& comm, const std::string& grid, Model& model,
-              Optimizer& opt);
+                                           const std::string& grid, int64_t same_as, Model& model,
+                                           Optimizer& opt);
+  MemoryState(const RunConfig& cfg, Comm& comm, const std::string& grid, int64_t same_as,
+              Model& model, Optimizer& opt);
 
   // Collective, under --resume auto. Restores this rank's part of the newest complete memory
   // generation into the model and optimizer (host copies) when it is at least as new as

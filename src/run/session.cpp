@@ -178,9 +178,11 @@ void TrainingSession::resume() {
   // Memory checkpoints first: the newest complete generation in the nodes' memory when it is
   // at least as new as the files (each rank restores its own part; rank 0 still assembles the
   // whole model for the file checkpoints when the plan gathers).
+  // Data-parallel replicas without ZeRO hold the same parameters and optimizer state.
+  const int64_t same_as = opt_->sharded() ? -1 : int64_t(grid_.stage) * grid_.tensors + grid_.tensor;
   mem_ = MemoryState::make(cfg_, comm_, fmt::format("grid {} {} {} {} zero {}", plan_.ranks, plan_.D,
                                                     plan_.P, plan_.T, cfg_.parallel.zero),
-                           *model_, *opt_);
+                           same_as, *model_, *opt_);
   if (mem_ && cfg_.resume == "auto") resumed = mem_->restore(ckpt_->newest_file_step());
   if (resumed) {
     resumed_from_ = "memory";

@@ -7,9 +7,10 @@ SCENARIO:
             250: the restart in the allocation resumes from memory at step 250; bitwise equal
             to the uninterrupted run; no memory directory left once the job completed
   copies    one job, four launches: every own copy of rank 1's part damaged (a flipped byte:
-            skipped and said so, the partner's copy taken); node n1's directory deleted (a lost
-            node: rank 0's part from the partner's copy on n2); both copies of rank 1's part
-            deleted (the checkpoint file at step 300); bitwise at the end
+            skipped and said so, the other copy taken); node n1's directory deleted (a lost
+            node: rank 0's part from the copy on n2); every copy of rank 1's part deleted (the
+            checkpoint file at step 300); bitwise at the end. Twice: data-parallel replicas
+            (each the other's copy, no partner exchange) and ZeRO-1 (the partner's copies)
   parallel  ZeRO-2 and a 2-stage pipeline through train.sbatch, a rank killed: resumed from
             memory, bitwise equal to their uninterrupted runs
   cleanup   a job that fails and one that is cancelled leave no memory directory on any node
@@ -122,21 +123,23 @@ for f in "$MEM"/n2/part-00001-*.own; do flip "$f"; done
 run 300:1
 rm -rf "$MEM"/n1; echo "== removed $MEM/n1"
 run 350:0
-rm -f "$MEM"/n1/part-00001-* "$MEM"/n2/part-00001-*; echo "== removed every copy of part 1"
+for g in $GONE; do rm -f "$MEM"/n1/$g "$MEM"/n2/$g; done; echo "== removed every copy of part 1"
 run -1:-1
 """
 
 
-def scenario_copies(ctx):
-    d = fresh(os.path.join(ctx.work, "mem-copies"))
+def copies_job(ctx, name, extra, gone, other):
+    """COPIES_SCRIPT with `extra` config; `gone`: the files that hold part 1's copies; `other`:
+    the start of the restore line's words for a part taken from another rank's copy."""
+    d = fresh(os.path.join(ctx.work, f"mem-{name}"))
     mem = os.path.join(d, "mem")
-    cfg = config(ctx, d, memory_dir=mem + "/%n")
+    cfg = config(ctx, d, extra, memory_dir=mem + "/%n")
     script = os.path.join(d, "job.sh")
     with open(script, "w") as f:
         f.write(COPIES_SCRIPT)
     log = os.path.join(d, "job.log")
-    env = dict(ctx.env, CONFIG=cfg, STRATA=ctx.strata, MEM=mem)
-    p = ctx.sh("sbatch", "--parsable", "--job-name=t-mem-copies", "--nodes=2", "--ntasks-per-node=1",
+    env = dict(ctx.env, CONFIG=cfg, STRATA=ctx.strata, MEM=mem, GONE=gone)
+    p = ctx.sh("sbatch", "--parsable", f"--job-name=t-mem-{name}", "--nodes=2", "--ntasks-per-node=1",
                "--cpus-per-task=1", "--time=5", f"--output={log}", f"--chdir={d}", script, env=env)
     job = p.stdout.strip().split(";")[0]
     ctx.logs.append((job, log))
@@ -149,23 +152,37 @@ def scenario_copies(ctx):
     resumed = re.findall(r"^resumed from memory at step (\d+): (.*)$", text, re.M)
     expect(len(resumed) == 2, f"expected 2 resumes from memory: {resumed}")
     step, how = resumed[0]
-    # The partner's copy of the killed rank's last save is published as soon as it arrives (the
-    # exchange runs on its own thread), unless the kill of the job's other rank cut it short.
-    expect(KILL - 3 <= int(step) <= KILL and how.startswith("1 part(s) from the partner's copy"),
-           f"after the flipped bytes: {resumed[0]} (expected {KILL} or just before, 1 part from the partner)")
-    expect(resumed[1][0] == "300" and resumed[1][1].startswith("1 part(s) from the partner's copy"),
-           f"after n1's directory was removed: {resumed[1]} (expected step 300, 1 part from the partner)")
-    expect(re.search(r"^resuming from the checkpoint files, not from memory: step 350 lacks part 1", text, re.M),
-           "after both copies of part 1 were removed: no 'resuming from the checkpoint files' line")
+    # The other copy of the killed rank's last save is written as soon as it can be (the
+    # partner's arrives on the exchange thread), unless the kill of the job's other rank cut
+    # it short.
+    expect(KILL - 3 <= int(step) <= KILL and how.startswith(other),
+           f"after the flipped bytes: {resumed[0]} (expected {KILL} or just before, '{other}')")
+    expect(resumed[1][0] == "300" and resumed[1][1].startswith(other),
+           f"after n1's directory was removed: {resumed[1]} (expected step 300, '{other}')")
+    expect(re.search(r"^resuming from the checkpoint files, not from memory: ", text, re.M),
+           "after every copy of part 1 was removed: no 'resuming from the checkpoint files' line")
     # The newest checkpoint file: step 300's unless the kill after step 300 cut its
     # background write short (then step 200's).
     f = re.findall(r"^resumed from \S+ckpt-0*(\d+)\.h5 at step (\d+)", text, re.M)
     expect(len(f) == 1 and f[0][0] in ("200", "300"),
-           f"after both copies of part 1 were removed: expected a resume from the checkpoint file at step 300 (or 200): {f}")
-    print(f"both copies of part 1 gone: resumed from the checkpoint file at step {f[0][1]}", flush=True)
-    expect_bitwise(os.path.join(d, "out", "model.h5"), reference(ctx, "copies"))
+           f"after every copy of part 1 was removed: expected a resume from the checkpoint file at step 300 (or 200): {f}")
+    print(f"{name}: every copy of part 1 gone: resumed from the checkpoint file at step {f[0][1]}", flush=True)
+    expect_bitwise(os.path.join(d, "out", "model.h5"), reference(ctx, name, extra))
     for step_, how_ in resumed:
-        print(f"resumed from memory at step {step_}: {how_}", flush=True)
+        print(f"{name}: resumed from memory at step {step_}: {how_}", flush=True)
+    return text
+
+
+def scenario_copies(ctx):
+    # Data-parallel replicas (no ZeRO) hold the same part: each node's own copies are the
+    # other's second copy, no partner exchange; every copy of part 1 is then every part file.
+    text = copies_job(ctx, "copies", "", "part-*", "1 part(s) from a data-parallel replica's own copy")
+    expect("whose own copies are its second copy: no partner copies" in text,
+           "the replicas' run did not say it keeps no partner copies")
+    expect(not re.search(r"\.peer\b", text), "a partner's copy (.peer) was named in the replicas' run")
+    # ZeRO-1 shards the optimizer state, so each rank's part is its own: the partner's copies.
+    copies_job(ctx, "copies-zero1", "[parallel]\nzero = 1\n", "part-00001-*",
+               "1 part(s) from the partner's copy")
 
 
 def scenario_cleanup(ctx):

@@ -33,15 +33,23 @@ MemoryCheckpoints::Identity identity(int64_t attempt = 0) {
 }
 std::string node_of(int rank) { return rank == 0 ? "n1" : "n2"; }
 
+// Data-parallel replicas: both ranks hold rank 0's part (size and values), key 0.
+struct Parts {
+  bool replicas = false;
+  int content(int rank) const { return replicas ? 0 : rank; }
+  int64_t same_as() const { return replicas ? 0 : -1; }
+};
+
 // Saves steps 1..last on both ranks; the fill of step `failing` throws (a GPU's copy failed).
-void save_steps(const fs::path& root, int64_t last = 3, int64_t failing = 0) {
+void save_steps(const fs::path& root, int64_t last = 3, int64_t failing = 0, Parts parts = {}) {
   strata::run_ranks(2, [&](strata::Comm& c) {
-    MemoryCheckpoints m((root / node_of(c.rank())).string(), c, floats_of(c.rank()), identity(),
-                        node_of(c.rank()));
+    const int rank = parts.content(c.rank());
+    MemoryCheckpoints m((root / node_of(c.rank())).string(), c, floats_of(rank), identity(),
+                        node_of(c.rank()), parts.same_as());
+    CHECK(m.replicated() == parts.replicas);
     m.preflight();
     for (int64_t step = 1; step <= last; ++step) {
       double wait = 0;
-      const int rank = c.rank();
       m.save(step, nullptr, [rank, step, failing](strata::PartWriter& w, int) {
         if (step == failing) throw std::runtime_error("a device error");
         std::vector<float> p(size_t(floats_of(rank)));
@@ -55,23 +63,27 @@ void save_steps(const fs::path& root, int64_t last = 3, int64_t failing = 0) {
 }
 
 struct Restored {
-  int64_t step = -1, from_partner = 0;
+  int64_t step = -1, from_partner = 0, from_replica = 0;
   bool exact = false;
+  std::string why;
 };
-std::vector<Restored> restore(const fs::path& root, int64_t attempt = 0) {
+std::vector<Restored> restore(const fs::path& root, int64_t attempt = 0, Parts parts = {}) {
   return on_ranks(2, [&](strata::Comm& c) {
-    MemoryCheckpoints m((root / node_of(c.rank())).string(), c, floats_of(c.rank()),
-                        identity(attempt), node_of(c.rank()));
+    const int rank = parts.content(c.rank());
+    MemoryCheckpoints m((root / node_of(c.rank())).string(), c, floats_of(rank),
+                        identity(attempt), node_of(c.rank()), parts.same_as());
     Restored r;
     const auto f = m.find();
     r.step = f.step;
     r.from_partner = f.from_partner;
+    r.from_replica = f.from_replica;
+    r.why = f.why;
     if (f.step < 0) return r;
-    std::vector<float> out(size_t(floats_of(c.rank())));
+    std::vector<float> out(size_t(floats_of(rank)));
     m.take(f, out.data());
     r.exact = true;
     for (size_t i = 0; i < out.size(); ++i)
-      r.exact = r.exact && out[i] == value(c.rank(), f.step, int64_t(i));
+      r.exact = r.exact && out[i] == value(rank, f.step, int64_t(i));
     return r;
   });
 }
@@ -153,6 +165,88 @@ TEST_CASE("memory checkpoints: own and partner copies, two generations, restored
     CHECK(count(root / "n1", "") == 0);
     CHECK(count(root / "n2", "") == 0);
   }
+}
+
+TEST_CASE("memory checkpoints: data-parallel replicas on two nodes are each other's copy", "[memory]") {
+  // Both ranks hold the same part (same_as 0), on nodes n1 and n2: no partner exchange; a
+  // part whose own copy is gone comes from the replica's own copy on the other node.
+  strata::test::TempDir tmp;
+  const fs::path root = tmp.path;
+  const Parts replicas{.replicas = true};
+  save_steps(root, 3, 0, replicas);
+  for (const char* node : {"n1", "n2"}) {
+    CHECK(count(root / node, ".own") == 2);  // steps 2 and 3
+    CHECK(count(root / node, ".peer") == 0);
+  }
+  auto r = restore(root, 0, replicas);
+  for (const auto& x : r) {
+    CHECK(x.step == 3);
+    CHECK(x.from_partner + x.from_replica == 0);
+    CHECK(x.exact);
+  }
+  SECTION("a node's directory gone: its rank's part from the replica on the other node") {
+    fs::remove_all(root / "n1");
+    r = restore(root, 0, replicas);
+    for (const auto& x : r) {
+      CHECK(x.step == 3);
+      CHECK(x.from_replica == 1);
+      CHECK(x.exact);
+    }
+  }
+  SECTION("a flipped byte: the copy is skipped and removed, the replica's taken") {
+    const fs::path own = root / "n2" / "part-00001-000000000003.own";
+    REQUIRE(fs::exists(own));
+    {
+      std::fstream f(own, std::ios::in | std::ios::out | std::ios::binary);
+      f.seekp(500);
+      f.put('\x5a');
+    }
+    r = restore(root, 0, replicas);
+    CHECK_FALSE(fs::exists(own));
+    for (const auto& x : r) {
+      CHECK(x.step == 3);
+      CHECK(x.from_replica == 1);
+      CHECK(x.exact);
+    }
+  }
+  SECTION("every replica's copy of the newest step gone: the step before") {
+    fs::remove(root / "n1" / "part-00000-000000000003.own");
+    fs::remove(root / "n2" / "part-00001-000000000003.own");
+    r = restore(root, 0, replicas);
+    for (const auto& x : r) {
+      CHECK(x.step == 2);
+      CHECK(x.exact);
+    }
+    fs::remove_all(root / "n1");
+    fs::remove_all(root / "n2");
+    r = restore(root, 0, replicas);
+    CHECK(r[0].step == -1);
+    CHECK(r[0].why == "no memory copies");
+  }
+}
+
+TEST_CASE("memory checkpoints: replicas on one node only still copy to a partner", "[memory]") {
+  // Ranks 0 and 1 on n1 hold one part, 2 and 3 on n2 another: a lost node would lose both
+  // copies of its part, so every part goes to its partner as before.
+  strata::test::TempDir tmp;
+  std::array<int, 4> replicated{};
+  strata::run_ranks(4, [&](strata::Comm& c) {
+    const int r = c.rank();
+    const std::string node = r < 2 ? "n1" : "n2";
+    MemoryCheckpoints m((tmp.path / node).string(), c, 1000, identity(), node, r / 2);
+    replicated[size_t(r)] = m.replicated();
+    CHECK(m.pairing().partner == (r + 2) % 4);
+  });
+  for (int x : replicated) CHECK(x == 0);
+  // Replicas across the nodes (0 with 2, 1 with 3): none.
+  strata::run_ranks(4, [&](strata::Comm& c) {
+    const int r = c.rank();
+    const std::string node = r < 2 ? "n1" : "n2";
+    MemoryCheckpoints m((tmp.path / node).string(), c, 1000, identity(), node, r % 2);
+    replicated[size_t(r)] = m.replicated();
+    CHECK(m.pairing().partner == -1);
+  });
+  for (int x : replicated) CHECK(x == 1);
 }
 
 // CRC-32C bit by bit: the reference for the part writer's CRC (SSE4.2 and the table).
