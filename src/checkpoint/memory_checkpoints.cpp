@@ -322,6 +322,49 @@ int64_t newest_complete_step(Comm& comm, const std::vector<MemoryCopy>& copies,
   }
 }
 
+// By rank, the lowest rank passing the same key >= 0 (the rank itself for a key < 0).
+std::vector<int> content_groups(const std::vector<int64_t>& key, const std::vector<int64_t>& part_floats) {
+  std::vector<int> group(key.size());
+  for (size_t r = 0; r < key.size(); ++r) {
+    size_t g = r;
+    if (key[r] >= 0) g = size_t(std::find(key.begin(), key.end(), key[r]) - key.begin());
+    STRATA_CHECK(part_floats[g] == part_floats[r],
+                 "memory checkpoints: ranks with the same contents have parts of different sizes");
+    group[r] = int(g);
+  }
+  return group;
+}
+
+// Whether every group has members on two nodes or more.
+bool every_group_spans_nodes(const std::vector<int>& group, const MemoryPairing& pair) {
+  if (pair.node_names.size() < 2) return false;
+  std::vector<std::set<int>> nodes(group.size());  // by group
+  for (size_t r = 0; r < group.size(); ++r) nodes[size_t(group[r])].insert(pair.node_of[r]);
+  for (int g : group)
+    if (nodes[size_t(g)].size() < 2) return false;
+  return true;
+}
+
+// Who would provide each part p of `step` from this rank's copies, as a key to minimise over
+// the ranks: score * (R + 1) + provider (0: p's own rank, else rank + 1); INT64_MAX: none. A
+// copy of p itself scores before one of a part with the same contents (a replica's: its
+// header, such as the goodput ledger's time on rank 0, may differ), an own copy before a
+// partner's. *chosen: by part, this rank's copy behind its key.
+std::vector<int64_t> provider_keys(const std::vector<MemoryCopy>& copies, const std::vector<int>& group,
+                                   int64_t step, int me, std::map<int, MemoryCopy>* chosen) {
+  const int R = int(group.size());
+  std::vector<int64_t> key(size_t(R), INT64_MAX);
+  chosen->clear();
+  for (int p = 0; p < R; ++p)
+    for (const MemoryCopy& c : copies) {
+      if (c.step != step || group[size_t(c.part)] != group[size_t(p)]) continue;
+      const int score = (c.part == p ? 0 : 2) + (c.own ? 0 : 1);
+      const int64_t k = int64_t(score) * (R + 1) + (p == me ? 0 : me + 1);
+      if (k < key[size_t(p)]) key[size_t(p)] = k, (*chosen)[p] = c;
+    }
+  return key;
+}
+
 }  // namespace
 
 void PartWriter::put(const void* src, size_t bytes) {
@@ -402,22 +445,11 @@ MemoryCheckpoints::~MemoryCheckpoints() {
 // nodes or more: then each node's own copies hold the second copy of the others' parts, and a
 // partner's would be a third.
 void MemoryCheckpoints::group_parts(int64_t same_as) {
-  const int R = comm_.size();
-  std::vector<int64_t> key(size_t(R), 0);
+  std::vector<int64_t> key(size_t(comm_.size()), 0);
   key[size_t(comm_.rank())] = same_as;
-  comm_.allreduce_sum(key.data(), R);
-  group_.resize(size_t(R));
-  std::vector<std::set<int>> nodes(static_cast<size_t>(R));  // by group
-  for (int r = 0; r < R; ++r) {
-    int g = r;
-    if (key[size_t(r)] >= 0) g = int(std::find(key.begin(), key.end(), key[size_t(r)]) - key.begin());
-    STRATA_CHECK(part_floats_[size_t(g)] == part_floats_[size_t(r)],
-                 "memory checkpoints: ranks with the same contents have parts of different sizes");
-    group_[size_t(r)] = g;
-    nodes[size_t(g)].insert(pair_.node_of[size_t(r)]);
-  }
-  replicated_ = pair_.node_names.size() > 1;
-  for (int r = 0; r < R; ++r) replicated_ = replicated_ && nodes[size_t(group_[size_t(r)])].size() > 1;
+  comm_.allreduce_sum(key.data(), comm_.size());
+  group_ = content_groups(key, part_floats_);
+  replicated_ = every_group_spans_nodes(group_, pair_);
   if (replicated_) pair_.partner = pair_.source = -1;
 }
 
@@ -675,24 +707,16 @@ MemoryCheckpoints::Found MemoryCheckpoints::find() {
   const int R = comm_.size(), me = comm_.rank();
   f.step = newest_complete_step(comm_, copies, group_, &f.why);
   if (f.step < 0) return f;
-  // The copy this rank would provide of each group: its own part's first, then any rank's own
-  // copy, then a partner's. Who provides each part: the rank itself when it holds a copy of
-  // its group (-1), else the lowest rank that does.
-  auto rank_of = [&](const Copy& c) { return c.part == me && c.own ? 0 : c.own ? 1 : 2; };
-  chosen_.clear();
-  for (const Copy& c : copies) {
-    if (c.step != f.step) continue;
-    const int g = group_[size_t(c.part)];
-    if (auto it = chosen_.find(g); it == chosen_.end() || rank_of(c) < rank_of(it->second)) chosen_[g] = c;
-  }
-  holder_.assign(size_t(R), INT64_MAX);
-  for (int p = 0; p < R; ++p)
-    if (chosen_.count(group_[size_t(p)])) holder_[size_t(p)] = p == me ? -1 : me;
-  comm_.allreduce_min(holder_.data(), R);
+  // Who provides each part: the best copy anywhere (provider_keys), among equals the part's
+  // own rank (-1), else the lowest rank holding one.
+  std::vector<int64_t> key = provider_keys(copies, group_, f.step, me, &chosen_);
+  comm_.allreduce_min(key.data(), R);
+  holder_.assign(size_t(R), -1);
+  for (int p = 0; p < R; ++p) holder_[size_t(p)] = key[size_t(p)] % (R + 1) - 1;
   std::vector<int64_t> taken(2 * size_t(R), 0);  // parts from a partner's copy, from a replica's
   for (int p = 0; p < R; ++p) {
     if (holder_[size_t(p)] != (p == me ? -1 : me)) continue;
-    const Copy& c = chosen_.at(group_[size_t(p)]);
+    const Copy& c = chosen_.at(p);
     if (c.part != p) taken[size_t(R + p)] = 1;
     else if (!c.own) taken[size_t(p)] = 1;
   }
@@ -705,13 +729,12 @@ MemoryCheckpoints::Found MemoryCheckpoints::find() {
 void MemoryCheckpoints::take(const Found& f, float* out) {
   STRATA_CHECK(f.step >= 0 && holder_.size() == size_t(comm_.size()), "take() without a found step");
   const int me = comm_.rank();
-  std::map<int, std::vector<float>> payloads;  // by group: each copy read once
+  std::map<std::string, std::vector<float>> payloads;  // by path: each copy read once
   auto payload_of = [&](int part) -> std::vector<float>& {
-    const int g = group_[size_t(part)];
-    if (auto it = payloads.find(g); it != payloads.end()) return it->second;
-    std::vector<float>& p = payloads[g];
+    const Copy& c = chosen_.at(part);
+    if (auto it = payloads.find(c.path); it != payloads.end()) return it->second;
+    std::vector<float>& p = payloads[c.path];
     Header h{};
-    const Copy& c = chosen_.at(g);
     if (auto why = read_part(c.path, &h, &p); !why.empty())
       fail_input("memory checkpoint {}: {} (it verified a moment ago)", c.path, why);
     return p;

@@ -201,7 +201,7 @@ class MemoryCheckpoints {
   std::vector<int> group_;            // by rank: the lowest rank whose part has the same contents
   bool replicated_ = false;
   std::vector<int64_t> holder_;       // find(): who provides each part (-1: the part's rank)
-  std::map<int, Copy> chosen_;        // find(): the copy this rank provides of each group
+  std::map<int, Copy> chosen_;        // find(): by part, the copy this rank would provide
   MappedFile own_[2], held_[2];  // by slot: saves alternate between two generations
   int next_ = 0;                  // the next save's slot
   std::unique_ptr<Comm> xcomm_;   // the exchange thread's own communicator

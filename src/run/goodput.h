@@ -63,7 +63,9 @@ class GoodputLedger {
   // memory checkpoints, taken as often as every step).
   void checkpoint(int64_t steps_done, double stall_s, bool write_now = true);
   GoodputFigures figures() const;
-  double useful_s() const { return f_.useful_s; }  // so far (0 on an inactive ledger)
+  // So far; -1 on an inactive ledger (a rank other than the lead's keeps none: its memory
+  // checkpoints carry -1, so a restore from a replica's copy falls back to the ledger's marks).
+  double useful_s() const { return active_ ? f_.useful_s : -1; }
   // The last update: `done` closes the ledger (the job's training is complete).
   void finish(bool done);
 

@@ -119,6 +119,7 @@ run() {
 }
 flip() { printf '\x5a' | dd of="$1" bs=1 seek=500 conv=notrunc status=none; echo "== flipped a byte of $1"; }
 run 250:1
+echo "== files after launch 1: $(cd "$MEM" && ls n1 n2 | tr '\n' ' ')"
 for f in "$MEM"/n2/part-00001-*.own; do flip "$f"; done
 run 300:1
 rm -rf "$MEM"/n1; echo "== removed $MEM/n1"
@@ -128,9 +129,10 @@ run -1:-1
 """
 
 
-def copies_job(ctx, name, extra, gone, other):
+def copies_job(ctx, name, extra, gone, other, lacking):
     """COPIES_SCRIPT with `extra` config; `gone`: the files that hold part 1's copies; `other`:
-    the start of the restore line's words for a part taken from another rank's copy."""
+    the start of the restore line's words for a part taken from another rank's copy;
+    `lacking`: why the last launch cannot resume from memory."""
     d = fresh(os.path.join(ctx.work, f"mem-{name}"))
     mem = os.path.join(d, "mem")
     cfg = config(ctx, d, extra, memory_dir=mem + "/%n")
@@ -159,8 +161,9 @@ def copies_job(ctx, name, extra, gone, other):
            f"after the flipped bytes: {resumed[0]} (expected {KILL} or just before, '{other}')")
     expect(resumed[1][0] == "300" and resumed[1][1].startswith(other),
            f"after n1's directory was removed: {resumed[1]} (expected step 300, '{other}')")
-    expect(re.search(r"^resuming from the checkpoint files, not from memory: ", text, re.M),
-           "after every copy of part 1 was removed: no 'resuming from the checkpoint files' line")
+    expect(re.search(r"^resuming from the checkpoint files, not from memory: " + re.escape(lacking), text, re.M),
+           f"after every copy of part 1 was removed: no 'resuming from the checkpoint files, not from "
+           f"memory: {lacking}' line")
     # The newest checkpoint file: step 300's unless the kill after step 300 cut its
     # background write short (then step 200's).
     f = re.findall(r"^resumed from \S+ckpt-0*(\d+)\.h5 at step (\d+)", text, re.M)
@@ -176,13 +179,18 @@ def copies_job(ctx, name, extra, gone, other):
 def scenario_copies(ctx):
     # Data-parallel replicas (no ZeRO) hold the same part: each node's own copies are the
     # other's second copy, no partner exchange; every copy of part 1 is then every part file.
-    text = copies_job(ctx, "copies", "", "part-*", "1 part(s) from a data-parallel replica's own copy")
+    text = copies_job(ctx, "copies", "", "part-*", "1 part(s) from a data-parallel replica's own copy",
+                      "no memory copies")
     expect("whose own copies are its second copy: no partner copies" in text,
            "the replicas' run did not say it keeps no partner copies")
-    expect(not re.search(r"\.peer\b", text), "a partner's copy (.peer) was named in the replicas' run")
+    files = re.findall(r"^== files after launch 1: (.*)$", text, re.M)
+    expect(len(files) == 1 and ".own" in files[0] and ".peer" not in files[0],
+           f"the replicas' run: expected own copies and no partner's (.peer) after launch 1: {files}")
     # ZeRO-1 shards the optimizer state, so each rank's part is its own: the partner's copies.
-    copies_job(ctx, "copies-zero1", "[parallel]\nzero = 1\n", "part-00001-*",
-               "1 part(s) from the partner's copy")
+    text = copies_job(ctx, "copies-zero1", "[parallel]\nzero = 1\n", "part-00001-*",
+                      "1 part(s) from the partner's copy", "step 350 lacks part 1")
+    files = re.findall(r"^== files after launch 1: (.*)$", text, re.M)
+    expect(len(files) == 1 and ".peer" in files[0], f"the ZeRO-1 run: no partner's copy (.peer) after launch 1: {files}")
 
 
 def scenario_cleanup(ctx):

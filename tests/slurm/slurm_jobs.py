@@ -551,6 +551,22 @@ def scenario_no_requeue(ctx):
            "abort order: the watchdog's exit 5 was not taken")
     print("watchdog report before the hung rank's kill: taken as a hang, exit 5", flush=True)
 
+    # (5c) two tasks per node, both of the first node's exit 1: srun names them together
+    # ("tasks 0-1: Exited with exit code 1"); the script still kills the rest of the step (the
+    # other node's tasks would wait forever) and takes exit 1.
+    d = fresh(os.path.join(ctx.work, "node-fails"))
+    cfg = os.path.join(d, "config.toml")
+    write_config(cfg, os.path.join(d, "out"), 200, ctx.data)
+    job, log = submit(ctx, "node-fails", cfg, strata=stub, sbatch_args=("--ntasks-per-node=2",),
+                      extra_env={"STUB_EXIT": "node-fails", "STRATA_MAX_NO_PROGRESS": "1"})
+    info = wait_job(ctx, job, timeout=60)
+    text = read(log)
+    expect(info.get("JobState") == "FAILED" and info.get("ExitCode") == "1:0",
+           f"node fails: job ended {info.get('JobState')} {info.get('ExitCode')}, expected FAILED 1:0")
+    expect("tasks 0-1: Exited with exit code 1" in text and "a rank failed: killing the rest of step" in text,
+           "node fails: srun's 'tasks 0-1' line was not seen, or the rest of the step was not killed")
+    print("two tasks of a node failed together: the rest of the step killed, exit 1", flush=True)
+
     # (6) scancel: strata checkpoints and exits 75 on the TERM, but a cancelled job stays
     # cancelled (the script must not requeue it).
     d = fresh(os.path.join(ctx.work, "cancelled"))

@@ -8,6 +8,8 @@
 #   STUB_EXIT=abort-order  a hang as srun may report it: rank 1 writes the watchdog's report
 #                    naming itself, then dies by SIGKILL (the watchdog's MPI_Abort killing the hung
 #                    rank) before rank 0 would exit 5, so srun names the killed rank first
+#   STUB_EXIT=node-fails   the tasks of the job's first node exit 1 at once, the others run
+#                    until killed (with 2 tasks per node srun names them together: "tasks 0-1")
 # The job script's questions are answered as strata would: no checkpoint ever.
 case ${1:-} in
   config) echo "${STUB_CKPT_DIR:-runs/stub/checkpoints}"; exit 0 ;;
@@ -22,6 +24,9 @@ case ${STUB_EXIT:-75} in
     printf 'job=%s rank=1 node=%s host=%s step=0 cause=heartbeats\n' "$SLURM_JOB_ID" \
       "$SLURMD_NODENAME" "$(hostname)" >"$STUB_CKPT_DIR/hung-rank"
     exit 5 ;;
+  node-fails)
+    [ "${SLURM_NODEID:-0}" = 0 ] && exit 1
+    exec sleep 600 ;;
   abort-order)
     if [ "${SLURM_PROCID:-0}" = 1 ]; then
       printf 'job=%s rank=1 node=%s host=%s step=0 cause=heartbeats\n' "$SLURM_JOB_ID" \

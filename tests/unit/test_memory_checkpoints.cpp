@@ -225,6 +225,59 @@ TEST_CASE("memory checkpoints: data-parallel replicas on two nodes are each othe
   }
 }
 
+TEST_CASE("memory checkpoints: two replicas per node: each rank takes its own part's copy first", "[memory]") {
+  // Four data-parallel replicas, two per node. Their parts differ in one float (as rank 0's
+  // carries the goodput ledger's time): a restore takes each part's own copy wherever one is
+  // (a node's ranks each scan a share of its directory), a replica's only when none is left.
+  strata::test::TempDir tmp;
+  const fs::path root = tmp.path;
+  static constexpr int64_t kN = 1000;
+  auto node = [](int r) { return r < 2 ? std::string("n1") : std::string("n2"); };
+  strata::run_ranks(4, [&](strata::Comm& c) {
+    const int r = c.rank();
+    MemoryCheckpoints m((root / node(r)).string(), c, kN, identity(), node(r), 0);
+    CHECK(m.replicated());
+    m.preflight();
+    for (int64_t step = 1; step <= 3; ++step) {
+      double wait = 0;
+      m.save(step, nullptr, [r, step](strata::PartWriter& w, int) {
+        std::vector<float> p(static_cast<size_t>(kN));
+        for (size_t i = 0; i < p.size(); ++i) p[i] = i == 0 ? float(r) : value(0, step, int64_t(i));
+        w.put(p.data(), p.size() * 4);
+      }, &wait);
+      m.fence();
+    }
+    m.drain();
+  });
+  CHECK(count(root / "n1", ".peer") + count(root / "n2", ".peer") == 0);
+  auto restore4 = [&] {
+    return on_ranks(4, [&](strata::Comm& c) {
+      const int r = c.rank();
+      MemoryCheckpoints m((root / node(r)).string(), c, kN, identity(), node(r), 0);
+      const auto f = m.find();
+      std::vector<float> out(static_cast<size_t>(kN), -1.0f);
+      if (f.step >= 0) m.take(f, out.data());
+      bool rest = true;
+      for (size_t i = 1; i < out.size(); ++i) rest = rest && out[i] == value(0, f.step, int64_t(i));
+      return std::array<int64_t, 5>{f.step, f.from_partner, f.from_replica, int64_t(out[0]), rest};
+    });
+  };
+  auto r = restore4();
+  for (int k = 0; k < 4; ++k) {
+    INFO("rank " << k);
+    CHECK(r[size_t(k)] == std::array<int64_t, 5>{3, 0, 0, k, 1});
+  }
+  fs::remove_all(root / "n1");  // ranks 0 and 1: a replica's copy from n2
+  r = restore4();
+  for (int k = 0; k < 4; ++k) {
+    INFO("rank " << k);
+    CHECK(r[size_t(k)][0] == 3);
+    CHECK(r[size_t(k)][2] == 2);
+    CHECK(r[size_t(k)][3] == (k < 2 ? 2 : k));  // n2's lowest rank provides
+    CHECK(r[size_t(k)][4] == 1);
+  }
+}
+
 TEST_CASE("memory checkpoints: replicas on one node only still copy to a partner", "[memory]") {
   // Ranks 0 and 1 on n1 hold one part, 2 and 3 on n2 another: a lost node would lose both
   // copies of its part, so every part goes to its partner as before.
