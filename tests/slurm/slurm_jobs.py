@@ -429,6 +429,22 @@ def scenario_time_limit(ctx):
     expect_bitwise(os.path.join(out, "model.h5"), ref)
 
 
+def stub_job(ctx, stub, mode, exit_code, sbatch_args=(), timeout=120):
+    """A job of the stub in STUB_EXIT=`mode` (its checkpoint directory for the watchdog's
+    report), one launch (STRATA_MAX_NO_PROGRESS=1); expects FAILED with `exit_code`."""
+    d = fresh(os.path.join(ctx.work, mode))
+    cfg = os.path.join(d, "config.toml")
+    ckpt = os.path.join(d, "ckpt")
+    os.makedirs(ckpt)
+    write_config(cfg, os.path.join(d, "out"), 200, ctx.data)
+    job, log = submit(ctx, mode, cfg, ckpt_dir=ckpt, strata=stub, sbatch_args=sbatch_args,
+                      extra_env={"STUB_EXIT": mode, "STUB_CKPT_DIR": ckpt, "STRATA_MAX_NO_PROGRESS": "1"})
+    info = wait_job(ctx, job, timeout=timeout)
+    expect(info.get("JobState") == "FAILED" and info.get("ExitCode") == exit_code,
+           f"{mode}: job ended {info.get('JobState')} {info.get('ExitCode')}, expected FAILED {exit_code}")
+    return info, read(log)
+
+
 def scenario_no_requeue(ctx):
     """Jobs that cannot succeed end FAILED instead of requeueing forever."""
     # (1) bad input: the data file is missing -> exit 2, no requeue.
@@ -514,57 +530,27 @@ def scenario_no_requeue(ctx):
     # (5) a rank exits with an error; while the script waits for the others to follow, a
     # short heartbeat timeout makes rank 0's watchdog name the gone rank: not a hang, so no
     # node is left out and the exit code is the failed rank's.
-    d = fresh(os.path.join(ctx.work, "late-report"))
-    cfg = os.path.join(d, "config.toml")
-    ckpt = os.path.join(d, "ckpt")
-    os.makedirs(ckpt)
-    write_config(cfg, os.path.join(d, "out"), 200, ctx.data)
-    job, log = submit(ctx, "late-report", cfg, ckpt_dir=ckpt, strata=stub,
-                      extra_env={"STUB_EXIT": "late-report", "STUB_CKPT_DIR": ckpt,
-                                 "STRATA_MAX_NO_PROGRESS": "1"})
-    info = wait_job(ctx, job, timeout=120)
-    text = read(log)
-    expect(info.get("JobState") == "FAILED" and info.get("ExitCode") == "1:0",
-           f"late report: job ended {info.get('JobState')} {info.get('ExitCode')}, expected FAILED 1:0")
-    expect("not a hang, no node left out" in text, "late report: the script did not set the report aside")
+    info, text = stub_job(ctx, stub, "late-report", "1:0")
+    expect("not a hang, no node left out" in text, "late-report: the script did not set the report aside")
     expect("leaving it out" not in text and "taking exit 5" not in text,
-           "late report: the gone rank's node was left out or its exit taken for a hang")
+           "late-report: the gone rank's node was left out or its exit taken for a hang")
     print("late watchdog report after a failed rank: no node left out, exit 1", flush=True)
 
     # (5b) a real hang as srun may report it: the watchdog's report is written first, then its
     # MPI_Abort kills the hung rank, whose "Killed" srun can print before the watchdog rank's
     # exit 5. The report came first, so it stands: the hung rank's node is left out, exit 5.
-    d = fresh(os.path.join(ctx.work, "abort-order"))
-    cfg = os.path.join(d, "config.toml")
-    ckpt = os.path.join(d, "ckpt")
-    os.makedirs(ckpt)
-    write_config(cfg, os.path.join(d, "out"), 200, ctx.data)
-    job, log = submit(ctx, "abort-order", cfg, ckpt_dir=ckpt, strata=stub,
-                      extra_env={"STUB_EXIT": "abort-order", "STUB_CKPT_DIR": ckpt,
-                                 "STRATA_MAX_NO_PROGRESS": "1"})
-    info = wait_job(ctx, job, timeout=120)
-    text = read(log)
-    expect(info.get("JobState") == "FAILED" and info.get("ExitCode") == "5:0",
-           f"abort order: job ended {info.get('JobState')} {info.get('ExitCode')}, expected FAILED 5:0")
-    expect("not a hang" not in text, "abort order: the script set a hang's report aside")
+    info, text = stub_job(ctx, stub, "abort-order", "5:0")
+    expect("not a hang" not in text, "abort-order: the script set a hang's report aside")
     expect("taking exit 5" in text or "strata exited with 5" in text,
-           "abort order: the watchdog's exit 5 was not taken")
+           "abort-order: the watchdog's exit 5 was not taken")
     print("watchdog report before the hung rank's kill: taken as a hang, exit 5", flush=True)
 
     # (5c) two tasks per node, both of the first node's exit 1: srun names them together
     # ("tasks 0-1: Exited with exit code 1"); the script still kills the rest of the step (the
     # other node's tasks would wait forever) and takes exit 1.
-    d = fresh(os.path.join(ctx.work, "node-fails"))
-    cfg = os.path.join(d, "config.toml")
-    write_config(cfg, os.path.join(d, "out"), 200, ctx.data)
-    job, log = submit(ctx, "node-fails", cfg, strata=stub, sbatch_args=("--ntasks-per-node=2",),
-                      extra_env={"STUB_EXIT": "node-fails", "STRATA_MAX_NO_PROGRESS": "1"})
-    info = wait_job(ctx, job, timeout=60)
-    text = read(log)
-    expect(info.get("JobState") == "FAILED" and info.get("ExitCode") == "1:0",
-           f"node fails: job ended {info.get('JobState')} {info.get('ExitCode')}, expected FAILED 1:0")
+    info, text = stub_job(ctx, stub, "node-fails", "1:0", sbatch_args=("--ntasks-per-node=2",), timeout=60)
     expect("tasks 0-1: Exited with exit code 1" in text and "a rank failed: killing the rest of step" in text,
-           "node fails: srun's 'tasks 0-1' line was not seen, or the rest of the step was not killed")
+           "node-fails: srun's 'tasks 0-1' line was not seen, or the rest of the step was not killed")
     print("two tasks of a node failed together: the rest of the step killed, exit 1", flush=True)
 
     # (6) scancel: strata checkpoints and exits 75 on the TERM, but a cancelled job stays

@@ -88,6 +88,13 @@ std::vector<Restored> restore(const fs::path& root, int64_t attempt = 0, Parts p
   });
 }
 
+// A byte of the payload changed, as a memory error would.
+void flip_byte(const fs::path& file) {
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekp(500);
+  f.put('\x5a');
+}
+
 size_t count(const fs::path& dir, const std::string& ending) {
   size_t n = 0;
   for (const auto& e : fs::directory_iterator(dir)) n += e.path().string().ends_with(ending);
@@ -137,11 +144,7 @@ TEST_CASE("memory checkpoints: own and partner copies, two generations, restored
   SECTION("a flipped byte: the copy is skipped and removed, the partner's taken") {
     const fs::path own = root / "n2" / "part-00001-000000000003.own";
     REQUIRE(fs::exists(own));
-    {
-      std::fstream f(own, std::ios::in | std::ios::out | std::ios::binary);
-      f.seekp(500);
-      f.put('\x5a');
-    }
+    flip_byte(own);
     r = restore(root);
     CHECK_FALSE(fs::exists(own));
     for (const auto& x : r) {
@@ -196,11 +199,7 @@ TEST_CASE("memory checkpoints: data-parallel replicas on two nodes are each othe
   SECTION("a flipped byte: the copy is skipped and removed, the replica's taken") {
     const fs::path own = root / "n2" / "part-00001-000000000003.own";
     REQUIRE(fs::exists(own));
-    {
-      std::fstream f(own, std::ios::in | std::ios::out | std::ios::binary);
-      f.seekp(500);
-      f.put('\x5a');
-    }
+    flip_byte(own);
     r = restore(root, 0, replicas);
     CHECK_FALSE(fs::exists(own));
     for (const auto& x : r) {
