@@ -107,7 +107,7 @@ class MemoryCheckpoints {
   struct Found {
     int64_t step = -1;
     int64_t from_partner = 0;  // parts whose own copy is gone: the partner's copy is taken
-    int64_t from_replica = 0;  // ... or a replica's own copy (replicated())
+    int64_t from_replica = 0;  // ... or a copy of a data-parallel replica's part (same_as)
     std::string why;
   };
   Found find();

@@ -71,7 +71,7 @@ std::string copies_taken(const MemoryCheckpoints::Found& f) {
   if (f.from_partner > 0)
     s = fmt::format("{} part(s) from the partner's copy", f.from_partner);
   if (f.from_replica > 0)
-    s += fmt::format("{}{} part(s) from a data-parallel replica's own copy", s.empty() ? "" : ", ",
+    s += fmt::format("{}{} part(s) from a data-parallel replica's copy", s.empty() ? "" : ", ",
                      f.from_replica);
   return s + " (their own copy is gone or damaged), the rest from their own";
 }

@@ -179,7 +179,7 @@ def copies_job(ctx, name, extra, gone, other, lacking):
 def scenario_copies(ctx):
     # Data-parallel replicas (no ZeRO) hold the same part: each node's own copies are the
     # other's second copy, no partner exchange; every copy of part 1 is then every part file.
-    text = copies_job(ctx, "copies", "", "part-*", "1 part(s) from a data-parallel replica's own copy",
+    text = copies_job(ctx, "copies", "", "part-*", "1 part(s) from a data-parallel replica's copy",
                       "no memory copies")
     expect("whose own copies are its second copy: no partner copies" in text,
            "the replicas' run did not say it keeps no partner copies")
