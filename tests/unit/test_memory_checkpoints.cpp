@@ -118,109 +118,69 @@ TEST_CASE("memory checkpoints: ranks pair with the same local rank on the next n
 }
 
 TEST_CASE("memory checkpoints: own and partner copies, two generations, restored exactly", "[memory]") {
+  // Each rank's part its own, kept also by the partner on the other node; or (replicas) both
+  // ranks holding the same part (same_as 0) on nodes n1 and n2: no partner exchange, and a part
+  // whose own copy is gone comes from the replica's own copy on the other node.
+  const Parts parts{.replicas = GENERATE(false, true)};
+  INFO((parts.replicas ? "data-parallel replicas" : "parts of their own"));
+  // Parts taken from another rank's copy: the partner's, or a replica's.
+  auto from_other = [&](const Restored& x) { return parts.replicas ? x.from_replica : x.from_partner; };
   strata::test::TempDir tmp;
   const fs::path root = tmp.path;
-  save_steps(root);
+  save_steps(root, 3, 0, parts);
   for (const char* node : {"n1", "n2"}) {
     CHECK(count(root / node, ".own") == 2);  // steps 2 and 3
-    CHECK(count(root / node, ".peer") == 2);
+    CHECK(count(root / node, ".peer") == (parts.replicas ? 0 : 2));
   }
-  auto r = restore(root);
-  for (const auto& x : r) {
-    CHECK(x.step == 3);
-    CHECK(x.from_partner == 0);
-    CHECK(x.exact);
-  }
-
-  SECTION("a node's directory gone: its part comes from the partner's copy") {
-    fs::remove_all(root / "n1");
-    r = restore(root);
-    for (const auto& x : r) {
-      CHECK(x.step == 3);
-      CHECK(x.from_partner == 1);
-      CHECK(x.exact);
-    }
-  }
-  SECTION("a flipped byte: the copy is skipped and removed, the partner's taken") {
-    const fs::path own = root / "n2" / "part-00001-000000000003.own";
-    REQUIRE(fs::exists(own));
-    flip_byte(own);
-    r = restore(root);
-    CHECK_FALSE(fs::exists(own));
-    for (const auto& x : r) {
-      CHECK(x.step == 3);
-      CHECK(x.from_partner == 1);
-      CHECK(x.exact);
-    }
-  }
-  SECTION("both copies of a part gone at the newest step: the step before") {
-    fs::remove(root / "n2" / "part-00001-000000000003.own");
-    fs::remove(root / "n1" / "part-00001-000000000003.peer");
-    r = restore(root);
-    for (const auto& x : r) {
-      CHECK(x.step == 2);
-      CHECK(x.exact);
-    }
-  }
-  SECTION("another attempt of the job (a requeue): removed, nothing taken") {
-    r = restore(root, /*attempt=*/1);
-    for (const auto& x : r) CHECK(x.step == -1);
-    CHECK(count(root / "n1", "") == 0);
-    CHECK(count(root / "n2", "") == 0);
-  }
-}
-
-TEST_CASE("memory checkpoints: data-parallel replicas on two nodes are each other's copy", "[memory]") {
-  // Both ranks hold the same part (same_as 0), on nodes n1 and n2: no partner exchange; a
-  // part whose own copy is gone comes from the replica's own copy on the other node.
-  strata::test::TempDir tmp;
-  const fs::path root = tmp.path;
-  const Parts replicas{.replicas = true};
-  save_steps(root, 3, 0, replicas);
-  for (const char* node : {"n1", "n2"}) {
-    CHECK(count(root / node, ".own") == 2);  // steps 2 and 3
-    CHECK(count(root / node, ".peer") == 0);
-  }
-  auto r = restore(root, 0, replicas);
+  auto r = restore(root, 0, parts);
   for (const auto& x : r) {
     CHECK(x.step == 3);
     CHECK(x.from_partner + x.from_replica == 0);
     CHECK(x.exact);
   }
-  SECTION("a node's directory gone: its rank's part from the replica on the other node") {
+
+  SECTION("a node's directory gone: its part comes from the other node") {
     fs::remove_all(root / "n1");
-    r = restore(root, 0, replicas);
+    r = restore(root, 0, parts);
     for (const auto& x : r) {
       CHECK(x.step == 3);
-      CHECK(x.from_replica == 1);
+      CHECK(from_other(x) == 1);
       CHECK(x.exact);
     }
   }
-  SECTION("a flipped byte: the copy is skipped and removed, the replica's taken") {
+  SECTION("a flipped byte: the copy is skipped and removed, the other node's taken") {
     const fs::path own = root / "n2" / "part-00001-000000000003.own";
     REQUIRE(fs::exists(own));
     flip_byte(own);
-    r = restore(root, 0, replicas);
+    r = restore(root, 0, parts);
     CHECK_FALSE(fs::exists(own));
     for (const auto& x : r) {
       CHECK(x.step == 3);
-      CHECK(x.from_replica == 1);
+      CHECK(from_other(x) == 1);
       CHECK(x.exact);
     }
   }
-  SECTION("every replica's copy of the newest step gone: the step before") {
-    fs::remove(root / "n1" / "part-00000-000000000003.own");
+  SECTION("both copies of a part gone at the newest step: the step before") {
     fs::remove(root / "n2" / "part-00001-000000000003.own");
-    r = restore(root, 0, replicas);
+    fs::remove(root / "n1" / (parts.replicas ? "part-00000-000000000003.own" : "part-00001-000000000003.peer"));
+    r = restore(root, 0, parts);
     for (const auto& x : r) {
       CHECK(x.step == 2);
       CHECK(x.exact);
     }
+  }
+  SECTION("every copy gone: nothing taken, and why") {
     fs::remove_all(root / "n1");
     fs::remove_all(root / "n2");
-    r = restore(root, 0, replicas);
+    r = restore(root, 0, parts);
     CHECK(r[0].step == -1);
     CHECK(r[0].why == "no memory copies");
+  }
+  SECTION("another attempt of the job (a requeue): removed, nothing taken") {
+    r = restore(root, /*attempt=*/1, parts);
+    for (const auto& x : r) CHECK(x.step == -1);
+    CHECK(count(root / "n1", "") == 0);
+    CHECK(count(root / "n2", "") == 0);
   }
 }
 
