@@ -308,12 +308,10 @@ int64_t newest_complete_step(Comm& comm, const std::vector<MemoryCopy>& copies,
     for (const MemoryCopy& c : copies)
       if (c.step == step) have[size_t(group[size_t(c.part)])] = 1;
     comm.allreduce_sum(have.data(), R);
-    int missing = -1;
-    for (int p = R - 1; p >= 0; --p)
-      if (have[size_t(group[size_t(p)])] == 0) missing = p;
-    if (missing < 0) return step;
-    const bool replicated = group[size_t(missing)] != missing ||
-                            std::count(group.begin(), group.end(), missing) > 1;
+    int missing = 0;  // the lowest part without a copy
+    while (missing < R && have[size_t(group[size_t(missing)])]) ++missing;
+    if (missing == R) return step;
+    const bool replicated = std::count(group.begin(), group.end(), group[size_t(missing)]) > 1;
     if (round == 0)
       *why = fmt::format("step {} lacks part {} ({} is on a node of this launch)", step, missing,
                          replicated ? "no copy of it or of its replicas' parts"
