@@ -8,6 +8,7 @@
 #endif
 
 #include "strata/kernels_cpu.h"
+#include "strata/lane_sums.h"
 
 namespace strata::cpu {
 
@@ -23,28 +24,50 @@ namespace {
 // the alignment of a range. Mul and add must never be fused: AVX-512F has FMA instructions, and
 // GCC's default -ffp-contract=fast fused some of them (body and tail then rounded differently,
 // so updating per layer in backward differed from one update after it); hence fp-contract=off.
-// SSE2 code did 4 per iteration and was about 11% of an MLP training step.
-__attribute__((target("avx512f"), optimize("fp-contract=off"))) void sgd_momentum_avx512(float* param, const float* grad,
-                                                            float* buf, int64_t n, float neg_lr,
-                                                            float momentum, float wd,
-                                                            bool nesterov, bool first_step) {
+// SSE2 code did 4 per iteration and was about 11% of an MLP training step. With `sums`, the
+// new values' lane sums (strata/lane_sums.h) are added in registers, as they are stored.
+__attribute__((target("avx512f"), optimize("fp-contract=off"))) void sgd_momentum_avx512(
+    const float* param, const float* grad, const float* buf, float* param_out, float* buf_out,
+    int64_t n, float neg_lr, float momentum, float wd, bool nesterov, bool first_step,
+    uint32_t* sums) {
   const __m512 vlr = _mm512_set1_ps(neg_lr), vm = _mm512_set1_ps(momentum),
                vwd = _mm512_set1_ps(wd);
+  __m512i p1 = _mm512_setzero_si512(), p2 = p1, b1 = p1, b2 = p1;
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
     const __m512 p = _mm512_loadu_ps(param + i);
     const __m512 g = _mm512_add_ps(_mm512_loadu_ps(grad + i), _mm512_mul_ps(vwd, p));
     const __m512 b =
         first_step ? g : _mm512_add_ps(_mm512_mul_ps(_mm512_loadu_ps(buf + i), vm), g);
-    _mm512_storeu_ps(buf + i, b);
+    _mm512_storeu_ps(buf_out + i, b);
     const __m512 step = nesterov ? _mm512_add_ps(g, _mm512_mul_ps(vm, b)) : b;
-    _mm512_storeu_ps(param + i, _mm512_add_ps(p, _mm512_mul_ps(vlr, step)));
+    const __m512 np = _mm512_add_ps(p, _mm512_mul_ps(vlr, step));
+    _mm512_storeu_ps(param_out + i, np);
+    if (sums) {
+      p1 = _mm512_add_epi32(p1, _mm512_castps_si512(np));
+      p2 = _mm512_add_epi32(p2, p1);
+      b1 = _mm512_add_epi32(b1, _mm512_castps_si512(b));
+      b2 = _mm512_add_epi32(b2, b1);
+    }
   }
+  if (sums) {
+    const __m512i run[4] = {p1, p2, b1, b2};
+    for (int k = 0; k < 4; ++k) {
+      alignas(64) uint32_t lanes[kSumLanes];
+      _mm512_store_si512(lanes, run[k]);
+      for (int l = 0; l < kSumLanes; ++l) sums[k * kSumLanes + l] += lanes[l];
+    }
+  }
+  const int64_t body = i;
   for (; i < n; ++i) {
     const float g = grad[i] + wd * param[i];
     const float b = first_step ? g : buf[i] * momentum + g;
-    buf[i] = b;
-    param[i] += neg_lr * (nesterov ? g + momentum * b : b);
+    buf_out[i] = b;
+    param_out[i] = param[i] + neg_lr * (nesterov ? g + momentum * b : b);
+  }
+  if (sums && body < n) {  // the last, partial block
+    lane_sums_run(param_out + body, n - body, sums);
+    lane_sums_run(buf_out + body, n - body, sums + kRunningWords);
   }
 }
 
@@ -58,26 +81,38 @@ bool have_avx512f() {
 
 void sgd_update(float* param, const float* grad, float* momentum_buf, int64_t n, float lr,
                 float momentum, float weight_decay, bool nesterov, bool first_step) {
+  sgd_update_to(param, grad, momentum_buf, param, momentum_buf, n, lr, momentum, weight_decay,
+                nesterov, first_step, nullptr);
+}
+
+void sgd_update_to(const float* param, const float* grad, const float* momentum_buf,
+                   float* param_out, float* momentum_out, int64_t n, float lr, float momentum,
+                   float weight_decay, bool nesterov, bool first_step, uint32_t* sums) {
   const float neg_lr = -lr;
 #if defined(__x86_64__)
-  if (momentum != 0.f && momentum_buf && have_avx512f()) {
-    sgd_momentum_avx512(param, grad, momentum_buf, n, neg_lr, momentum, weight_decay, nesterov,
-                        first_step);
+  if (momentum != 0.f && momentum_out && have_avx512f()) {
+    sgd_momentum_avx512(param, grad, momentum_buf, param_out, momentum_out, n, neg_lr, momentum,
+                        weight_decay, nesterov, first_step, sums);
     return;
   }
 #endif
-  if (momentum == 0.f || !momentum_buf) {
+  if (momentum == 0.f || !momentum_out) {
     for (int64_t i = 0; i < n; ++i) {
       const float g = grad[i] + weight_decay * param[i];
-      param[i] += neg_lr * g;
+      param_out[i] = param[i] + neg_lr * g;
     }
+    if (sums) lane_sums_run(param_out, n, sums);
     return;
   }
   for (int64_t i = 0; i < n; ++i) {
     const float g = grad[i] + weight_decay * param[i];
     const float buf = first_step ? g : momentum_buf[i] * momentum + g;
-    momentum_buf[i] = buf;
-    param[i] += neg_lr * (nesterov ? g + momentum * buf : buf);
+    momentum_out[i] = buf;
+    param_out[i] = param[i] + neg_lr * (nesterov ? g + momentum * buf : buf);
+  }
+  if (sums) {
+    lane_sums_run(param_out, n, sums);
+    lane_sums_run(momentum_out, n, sums + kRunningWords);
   }
 }
 
@@ -101,6 +136,14 @@ void sqrt_inplace(float* x, int n) {
 //   p -= lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps)
 void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n, float lr,
                   float beta1, float beta2, float eps, float weight_decay, int64_t t) {
+  adamw_update_to(param, grad, m, v, param, m, v, n, lr, beta1, beta2, eps, weight_decay, t,
+                  nullptr);
+}
+
+void adamw_update_to(const float* param, const float* grad, const float* m, const float* v,
+                     float* param_out, float* m_out, float* v_out, int64_t n, float lr,
+                     float beta1, float beta2, float eps, float weight_decay, int64_t t,
+                     uint32_t* sums) {
   const float decay = float(1.0 - double(lr) * weight_decay);
   const float w = float(1.0 - double(beta1));  // lerp weight
   const float one_minus_b2 = float(1.0 - double(beta2));
@@ -108,24 +151,31 @@ void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n
   const double bias_c2 = 1.0 - std::pow(double(beta2), double(t));
   const float neg_step = float(-(double(lr) / bias_c1));
   const float bias_c2_sqrt = float(std::sqrt(bias_c2));
-  // Blocks of three passes so each pass is a plain vectorisable loop (see sqrt_inplace).
+  // Blocks of three passes so each pass is a plain vectorisable loop (see sqrt_inplace); the
+  // block's lane sums while it is in cache (a whole number of the sums' blocks).
   constexpr int kBlock = 256;
+  static_assert(kBlock % kSumLanes == 0);
   float root[kBlock];
   for (int64_t i0 = 0; i0 < n; i0 += kBlock) {
     const int nb = int(std::min<int64_t>(kBlock, n - i0));
-    float *p = param + i0, *mb = m + i0, *vb = v + i0;
-    const float* g = grad + i0;
+    const float *pi = param + i0, *mi = m + i0, *vi = v + i0, *g = grad + i0;
+    float *p = param_out + i0, *mb = m_out + i0, *vb = v_out + i0;
     for (int i = 0; i < nb; ++i) {
-      p[i] *= decay;
+      p[i] = pi[i] * decay;
       // torch.lerp's formula: exact at both ends of the weight range.
-      mb[i] = w < 0.5f ? mb[i] + w * (g[i] - mb[i]) : g[i] - (g[i] - mb[i]) * (1.f - w);
-      vb[i] = vb[i] * beta2 + one_minus_b2 * g[i] * g[i];
+      mb[i] = w < 0.5f ? mi[i] + w * (g[i] - mi[i]) : g[i] - (g[i] - mi[i]) * (1.f - w);
+      vb[i] = vi[i] * beta2 + one_minus_b2 * g[i] * g[i];
       root[i] = vb[i];
     }
     sqrt_inplace(root, nb);
     for (int i = 0; i < nb; ++i) {
       const float denom = root[i] / bias_c2_sqrt + eps;
       p[i] += neg_step * mb[i] / denom;  // addcdiv: p + (value * m) / denom
+    }
+    if (sums) {
+      lane_sums_run(p, nb, sums);
+      lane_sums_run(mb, nb, sums + kRunningWords);
+      lane_sums_run(vb, nb, sums + 2 * kRunningWords);
     }
   }
 }

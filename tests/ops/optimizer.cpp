@@ -1,4 +1,5 @@
-// Optimizer ops: sgd_update and adamw_update over several steps, sum_squares, scale_inplace.
+// Optimizer ops: sgd_update and adamw_update over several steps (and their out-of-place forms,
+// the CPU only), sum_squares, scale_inplace.
 //
 // Tolerances:
 //  - SGD, AdamW 1e-6 after several steps: the CUDA kernels use the CPU's operations in its
@@ -12,8 +13,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "cpu_kernel.h"
+#include "strata/lane_sums.h"
 #include "harness.h"
 #include "table.h"
 
@@ -75,6 +78,43 @@ void check_adamw_update() {
                           k.eps, k.wd, t);
       });
     }
+}
+
+// The out-of-place forms (CPU only: their cases are hidden, table.cpp), three steps that
+// alternate between two sets of buffers, as a memory checkpoint's generations do.
+void check_sgd_update_to() {
+  for (int64_t n : kSizes) {
+    OpCase c(fmt::format("sgd_update_to n{} 3 steps, alternating", n));
+    const F32 p0 = c.inout("param", random_vector(81, size_t(n)), kUpdateTol);
+    const F32 p1 = c.inout("param'", std::vector<float>(size_t(n)), kUpdateTol);
+    const F32 b0 = c.inout("momentum", std::vector<float>(size_t(n)), kUpdateTol);
+    const F32 b1 = c.inout("momentum'", std::vector<float>(size_t(n)), kUpdateTol);
+    const F32 g = c.in(random_vector(82, size_t(n)));
+    c.run([&](const Backend& be, const Ptrs& p) {
+      for (int step = 0; step < 3; ++step) {
+        const bool odd = step % 2 != 0;
+        be.sgd_update_to(p[odd ? p1 : p0], p[g], p[odd ? b1 : b0], p[odd ? p0 : p1],
+                         p[odd ? b0 : b1], n, 0.05f, 0.9f, 1e-2f, false, step == 0, nullptr);
+      }
+    });
+  }
+}
+
+void check_adamw_update_to() {
+  for (int64_t n : kSizes) {
+    OpCase c(fmt::format("adamw_update_to n{} 2 steps, alternating", n));
+    const F32 p0 = c.inout("param", random_vector(91, size_t(n)), kUpdateTol);
+    const F32 p1 = c.inout("param'", std::vector<float>(size_t(n)), kUpdateTol);
+    F32 s[4];
+    for (F32& x : s) x = c.inout("state", std::vector<float>(size_t(n)), kUpdateTol);
+    const F32 g = c.in(random_vector(92, size_t(n)));
+    c.run([&](const Backend& be, const Ptrs& p) {
+      be.adamw_update_to(p[p0], p[g], p[s[0]], p[s[1]], p[p1], p[s[2]], p[s[3]], n, 1e-3f, 0.9f,
+                         0.999f, 1e-8f, 1e-2f, 1, nullptr);
+      be.adamw_update_to(p[p1], p[g], p[s[2]], p[s[3]], p[p0], p[s[0]], p[s[1]], n, 1e-3f, 0.9f,
+                         0.999f, 1e-8f, 1e-2f, 2, nullptr);
+    });
+  }
 }
 
 // Sizes across one block, several, and many (a two-level reduction); none at all.
@@ -193,6 +233,74 @@ TEST_CASE("sum_squares and scale_inplace", "[cpu_kernel][optim]") {
   const Vec x0 = x;
   scale_inplace(x.data(), int64_t(x.size()), 0.5f);
   for (size_t i = 0; i < x.size(); ++i) CHECK(x[i] == x0[i] * 0.5f);
+}
+
+// Out of place, the update writes the same bits it writes in place, and its lane sums are
+// those of lane_sums_run over what it wrote (the vector body's, the tail's, AdamW's blocks').
+TEST_CASE("sgd_update_to and adamw_update_to: the in-place bits, and lane sums of the outputs",
+          "[cpu_kernel][optim]") {
+  Rng rng(13);
+  for (int n : {1, 16, 600, 10007}) {
+    const Vec g = rand_vec(rng, n), p0 = rand_vec(rng, n), s0 = rand_vec(rng, n),
+              v0 = rand_vec(rng, n);
+    Vec v_abs(v0);
+    for (float& x : v_abs) x = std::fabs(x);
+    auto reference = [](const std::vector<const Vec*>& outs) {
+      std::vector<uint32_t> r(outs.size() * kRunningWords, 0);
+      for (size_t k = 0; k < outs.size(); ++k)
+        lane_sums_run(outs[k]->data(), int64_t(outs[k]->size()), r.data() + k * kRunningWords);
+      return r;
+    };
+    for (bool first : {true, false}) {
+      INFO("n " << n << " first step " << first);
+      Vec p = p0, b = s0, po(n), bo(n);
+      std::vector<uint32_t> sums(2 * kRunningWords, 0);
+      sgd_update(p.data(), g.data(), b.data(), n, 0.05f, 0.9f, 1e-2f, false, first);
+      sgd_update_to(p0.data(), g.data(), s0.data(), po.data(), bo.data(), n, 0.05f, 0.9f, 1e-2f,
+                    false, first, sums.data());
+      CHECK(std::memcmp(p.data(), po.data(), sizeof(float) * size_t(n)) == 0);
+      CHECK(std::memcmp(b.data(), bo.data(), sizeof(float) * size_t(n)) == 0);
+      CHECK(sums == reference({&po, &bo}));
+    }
+    Vec p = p0, m = s0, v = v_abs, po(n), mo(n), vo(n);
+    std::vector<uint32_t> sums(3 * kRunningWords, 0);
+    adamw_update(p.data(), g.data(), m.data(), v.data(), n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.1f, 3);
+    adamw_update_to(p0.data(), g.data(), s0.data(), v_abs.data(), po.data(), mo.data(),
+                    vo.data(), n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.1f, 3, sums.data());
+    INFO("adamw n " << n);
+    CHECK(std::memcmp(p.data(), po.data(), sizeof(float) * size_t(n)) == 0);
+    CHECK(std::memcmp(m.data(), mo.data(), sizeof(float) * size_t(n)) == 0);
+    CHECK(std::memcmp(v.data(), vo.data(), sizeof(float) * size_t(n)) == 0);
+    CHECK(sums == reference({&po, &mo, &vo}));
+  }
+}
+
+// The checksum's promises (lane_sums.h): a changed word or byte changes it, words swapped
+// between blocks change it, and pieces placed at their blocks add up to the whole's.
+TEST_CASE("lane sums: pieces add up, a flipped byte or swapped words change them", "[cpu_kernel][optim]") {
+  Rng rng(17);
+  const Vec x = rand_vec(rng, 1000);
+  auto whole = [](const Vec& v) {
+    uint32_t run[kRunningWords] = {}, total[kRunningWords] = {};
+    lane_sums_run(v.data(), int64_t(v.size()), run);
+    lane_sums_add(total, run, (int64_t(v.size()) + kSumLanes - 1) / kSumLanes, 0);
+    return std::vector<uint32_t>(total, total + kRunningWords);
+  };
+  const std::vector<uint32_t> want = whole(x);
+  uint32_t total[kRunningWords] = {};
+  for (int64_t at : {int64_t(320), int64_t(0), int64_t(640)}) {  // any order, the last partial
+    const int64_t n = at == 640 ? int64_t(x.size()) - at : 320;
+    uint32_t run[kRunningWords] = {};
+    lane_sums_run(x.data() + at, n, run);
+    lane_sums_add(total, run, (n + kSumLanes - 1) / kSumLanes, at / kSumLanes);
+  }
+  CHECK(std::vector<uint32_t>(total, total + kRunningWords) == want);
+  Vec flipped = x;
+  reinterpret_cast<unsigned char*>(flipped.data())[1234] ^= 0x10;
+  CHECK(whole(flipped) != want);
+  Vec swapped = x;
+  std::swap(swapped[3], swapped[3 + 5 * kSumLanes]);
+  CHECK(whole(swapped) != want);
 }
 
 }  // namespace strata::optest
