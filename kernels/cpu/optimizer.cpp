@@ -29,20 +29,31 @@ namespace {
 __attribute__((target("avx512f"), optimize("fp-contract=off"))) void sgd_momentum_avx512(
     const float* param, const float* grad, const float* buf, float* param_out, float* buf_out,
     int64_t n, float neg_lr, float momentum, float wd, bool nesterov, bool first_step,
-    uint32_t* sums) {
+    uint32_t* sums, bool stream) {
   const __m512 vlr = _mm512_set1_ps(neg_lr), vm = _mm512_set1_ps(momentum),
                vwd = _mm512_set1_ps(wd);
+  // The running sums go on from sums' (lane_sums.h: s2 adds s1 after every block).
   __m512i p1 = _mm512_setzero_si512(), p2 = p1, b1 = p1, b2 = p1;
+  if (sums) {
+    p1 = _mm512_loadu_si512(sums), p2 = _mm512_loadu_si512(sums + kSumLanes);
+    b1 = _mm512_loadu_si512(sums + kRunningWords);
+    b2 = _mm512_loadu_si512(sums + kRunningWords + kSumLanes);
+  }
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
     const __m512 p = _mm512_loadu_ps(param + i);
     const __m512 g = _mm512_add_ps(_mm512_loadu_ps(grad + i), _mm512_mul_ps(vwd, p));
     const __m512 b =
         first_step ? g : _mm512_add_ps(_mm512_mul_ps(_mm512_loadu_ps(buf + i), vm), g);
-    _mm512_storeu_ps(buf_out + i, b);
     const __m512 step = nesterov ? _mm512_add_ps(g, _mm512_mul_ps(vm, b)) : b;
     const __m512 np = _mm512_add_ps(p, _mm512_mul_ps(vlr, step));
-    _mm512_storeu_ps(param_out + i, np);
+    if (stream) {
+      _mm512_stream_ps(buf_out + i, b);
+      _mm512_stream_ps(param_out + i, np);
+    } else {
+      _mm512_storeu_ps(buf_out + i, b);
+      _mm512_storeu_ps(param_out + i, np);
+    }
     if (sums) {
       p1 = _mm512_add_epi32(p1, _mm512_castps_si512(np));
       p2 = _mm512_add_epi32(p2, p1);
@@ -52,12 +63,9 @@ __attribute__((target("avx512f"), optimize("fp-contract=off"))) void sgd_momentu
   }
   if (sums) {
     const __m512i run[4] = {p1, p2, b1, b2};
-    for (int k = 0; k < 4; ++k) {
-      alignas(64) uint32_t lanes[kSumLanes];
-      _mm512_store_si512(lanes, run[k]);
-      for (int l = 0; l < kSumLanes; ++l) sums[k * kSumLanes + l] += lanes[l];
-    }
+    for (int k = 0; k < 4; ++k) _mm512_storeu_si512(sums + k * kSumLanes, run[k]);
   }
+  if (stream) _mm_sfence();
   const int64_t body = i;
   for (; i < n; ++i) {
     const float g = grad[i] + wd * param[i];
@@ -71,28 +79,57 @@ __attribute__((target("avx512f"), optimize("fp-contract=off"))) void sgd_momentu
   }
 }
 
+// x[0, n) to out (unless out is x: in place), non-temporal with `stream`, its lane sums
+// continued in `run` on the way (null: none).
+__attribute__((target("avx512f"))) void emit_avx512(const float* x, float* out, int64_t n,
+                                                   uint32_t* run, bool stream) {
+  __m512i s1 = _mm512_setzero_si512(), s2 = s1;
+  if (run) s1 = _mm512_loadu_si512(run), s2 = _mm512_loadu_si512(run + kSumLanes);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 v = _mm512_loadu_ps(x + i);
+    if (out != x) {
+      if (stream) _mm512_stream_ps(out + i, v);
+      else _mm512_storeu_ps(out + i, v);
+    }
+    s1 = _mm512_add_epi32(s1, _mm512_castps_si512(v));
+    s2 = _mm512_add_epi32(s2, s1);
+  }
+  if (stream) _mm_sfence();
+  for (int64_t k = i; k < n; ++k) out[k] = x[k];
+  if (!run) return;
+  _mm512_storeu_si512(run, s1);
+  _mm512_storeu_si512(run + kSumLanes, s2);
+  if (i < n) lane_sums_run(x + i, n - i, run);
+}
+
 bool have_avx512f() {
   static const bool yes = __builtin_cpu_supports("avx512f");
   return yes;
 }
 #endif
 
+// Streaming stores need 64-byte aligned outputs (the flat buffers' are 256-byte aligned).
+bool aligned64(const float* p) { return reinterpret_cast<uintptr_t>(p) % 64 == 0; }
+
 }  // namespace
 
 void sgd_update(float* param, const float* grad, float* momentum_buf, int64_t n, float lr,
                 float momentum, float weight_decay, bool nesterov, bool first_step) {
   sgd_update_to(param, grad, momentum_buf, param, momentum_buf, n, lr, momentum, weight_decay,
-                nesterov, first_step, nullptr);
+                nesterov, first_step, nullptr, false);
 }
 
 void sgd_update_to(const float* param, const float* grad, const float* momentum_buf,
                    float* param_out, float* momentum_out, int64_t n, float lr, float momentum,
-                   float weight_decay, bool nesterov, bool first_step, uint32_t* sums) {
+                   float weight_decay, bool nesterov, bool first_step, uint32_t* sums,
+                   bool stream) {
   const float neg_lr = -lr;
 #if defined(__x86_64__)
   if (momentum != 0.f && momentum_out && have_avx512f()) {
+    stream = stream && aligned64(param_out) && aligned64(momentum_out);
     sgd_momentum_avx512(param, grad, momentum_buf, param_out, momentum_out, n, neg_lr, momentum,
-                        weight_decay, nesterov, first_step, sums);
+                        weight_decay, nesterov, first_step, sums, stream);
     return;
   }
 #endif
@@ -137,13 +174,13 @@ void sqrt_inplace(float* x, int n) {
 void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n, float lr,
                   float beta1, float beta2, float eps, float weight_decay, int64_t t) {
   adamw_update_to(param, grad, m, v, param, m, v, n, lr, beta1, beta2, eps, weight_decay, t,
-                  nullptr);
+                  nullptr, false);
 }
 
 void adamw_update_to(const float* param, const float* grad, const float* m, const float* v,
                      float* param_out, float* m_out, float* v_out, int64_t n, float lr,
                      float beta1, float beta2, float eps, float weight_decay, int64_t t,
-                     uint32_t* sums) {
+                     uint32_t* sums, bool stream) {
   const float decay = float(1.0 - double(lr) * weight_decay);
   const float w = float(1.0 - double(beta1));  // lerp weight
   const float one_minus_b2 = float(1.0 - double(beta2));
@@ -152,14 +189,24 @@ void adamw_update_to(const float* param, const float* grad, const float* m, cons
   const float neg_step = float(-(double(lr) / bias_c1));
   const float bias_c2_sqrt = float(std::sqrt(bias_c2));
   // Blocks of three passes so each pass is a plain vectorisable loop (see sqrt_inplace); the
-  // block's lane sums while it is in cache (a whole number of the sums' blocks).
+  // block's lane sums while it is in cache (a whole number of the sums' blocks). Streamed, a
+  // block is computed here and then stored past the cache.
+#if defined(__x86_64__)
+  stream = stream && have_avx512f() && aligned64(param_out) && aligned64(m_out) && aligned64(v_out);
+  const bool emit = stream || (sums && have_avx512f());
+#else
+  stream = false;
+  const bool emit = false;
+#endif
   constexpr int kBlock = 256;
   static_assert(kBlock % kSumLanes == 0);
-  float root[kBlock];
+  alignas(64) float root[kBlock], local[3][kBlock];
   for (int64_t i0 = 0; i0 < n; i0 += kBlock) {
     const int nb = int(std::min<int64_t>(kBlock, n - i0));
     const float *pi = param + i0, *mi = m + i0, *vi = v + i0, *g = grad + i0;
-    float *p = param_out + i0, *mb = m_out + i0, *vb = v_out + i0;
+    float* out[3] = {param_out + i0, m_out + i0, v_out + i0};
+    float *p = stream ? local[0] : out[0], *mb = stream ? local[1] : out[1],
+          *vb = stream ? local[2] : out[2];
     for (int i = 0; i < nb; ++i) {
       p[i] = pi[i] * decay;
       // torch.lerp's formula: exact at both ends of the weight range.
@@ -172,6 +219,14 @@ void adamw_update_to(const float* param, const float* grad, const float* m, cons
       const float denom = root[i] / bias_c2_sqrt + eps;
       p[i] += neg_step * mb[i] / denom;  // addcdiv: p + (value * m) / denom
     }
+#if defined(__x86_64__)
+    if (emit) {
+      const float* done[3] = {p, mb, vb};
+      for (int k = 0; k < 3; ++k)
+        emit_avx512(done[k], out[k], nb, sums ? sums + k * kRunningWords : nullptr, stream);
+      continue;
+    }
+#endif
     if (sums) {
       lane_sums_run(p, nb, sums);
       lane_sums_run(mb, nb, sums + kRunningWords);

@@ -28,6 +28,7 @@
 #include "base/stats.h"
 #include "checkpoint/checkpoint_cache.h"
 #include "checkpoint/crc32c.h"
+#include "strata/lane_sums.h"
 #include "strata/error.h"
 
 namespace strata {
@@ -36,19 +37,22 @@ namespace {
 
 constexpr int kTag = 0x6d63;  // the parts' messages on the world communicator
 constexpr int64_t kExchangeFloats = int64_t(1) << 17;  // 512 KiB pieces
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;
 
-// A part file's header; header_crc covers the bytes before it, payload_crc the payload.
+// A part file's header; header_crc covers the bytes before it, payload_crc the payload: its
+// CRC-32C, or with `checksum` kLaneSums the CRC-32C of its lane sums (strata/lane_sums.h: a
+// generation the optimizer's update wrote). The payload starts at kPayloadAt.
+enum : uint32_t { kCrc32c = 0, kLaneSums = 1 };
 struct Header {
   char magic[8] = {};
   uint32_t version = 0;
   int32_t part = 0, ranks = 0;
-  uint32_t reserved = 0;
+  uint32_t checksum = kCrc32c;
   int64_t step = 0, attempt = 0;
   uint64_t run = 0, job = 0, payload_bytes = 0;
   uint32_t payload_crc = 0, header_crc = 0;
 };
-static_assert(sizeof(Header) == 72);
+static_assert(sizeof(Header) == 72 && sizeof(Header) <= MemoryCheckpoints::kPayloadAt);
 constexpr char kMagic[8] = {'S', 'T', 'R', 'A', 'T', 'A', 'M', 'C'};
 
 uint64_t fnv1a(const std::string& s) {
@@ -58,6 +62,15 @@ uint64_t fnv1a(const std::string& s) {
 }
 
 uint32_t header_crc(const Header& h) { return crc32c(&h, offsetof(Header, payload_crc)); }
+
+// The checksum of a payload the update wrote: its lane sums a and b, through CRC-32C.
+uint32_t sums_digest(const uint32_t* total) { return crc32c(total, sizeof(uint32_t) * kRunningWords); }
+uint32_t lane_sums_digest(const float* payload, int64_t floats) {
+  uint32_t run[kRunningWords] = {}, total[kRunningWords] = {};
+  lane_sums_run(payload, floats, run);
+  lane_sums_add(total, run, (floats + kSumLanes - 1) / kSumLanes, 0);
+  return sums_digest(total);
+}
 
 std::string part_name(int part, int64_t step, bool own) {
   return fmt::format("part-{:05d}-{:012d}.{}", part, step, own ? "own" : "peer");
@@ -80,15 +93,19 @@ std::string read_part(const std::string& path, Header* h, std::vector<float>* pa
   std::ifstream in(path, std::ios::binary);
   if (!in.read(reinterpret_cast<char*>(h), sizeof *h)) return "shorter than its header";
   if (std::memcmp(h->magic, kMagic, 8) != 0 || h->version != kVersion)
-    return "not a strata memory checkpoint (version 1)";
+    return fmt::format("not a strata memory checkpoint (version {})", kVersion);
   if (header_crc(*h) != h->header_crc) return "its header's CRC-32 does not match";
   if (!payload) return "";
   payload->resize(h->payload_bytes / 4);
-  if (!in.read(reinterpret_cast<char*>(payload->data()), std::streamsize(h->payload_bytes)))
+  if (!in.seekg(MemoryCheckpoints::kPayloadAt) ||
+      !in.read(reinterpret_cast<char*>(payload->data()), std::streamsize(h->payload_bytes)))
     return fmt::format("truncated: fewer than the {} payload bytes its header names", h->payload_bytes);
-  const uint32_t crc = crc32c(payload->data(), payload->size() * 4);
+  const bool sums = h->checksum == kLaneSums;
+  const uint32_t crc = sums ? lane_sums_digest(payload->data(), int64_t(payload->size()))
+                            : crc32c(payload->data(), payload->size() * 4);
   if (crc != h->payload_crc)
-    return fmt::format("CRC-32C {:08x} of its payload, {:08x} in its header", crc, h->payload_crc);
+    return fmt::format("{} {:08x} of its payload, {:08x} in its header",
+                       sums ? "lane sums" : "CRC-32C", crc, h->payload_crc);
   return "";
 }
 
@@ -196,7 +213,7 @@ std::vector<int64_t> bytes_per_node(const MemoryPairing& pair, const std::vector
     const int src = replicated ? -1 : source_of(pair, int(r));
     const int64_t held = src >= 0 ? part_floats[size_t(src)] : 0;
     node_bytes[size_t(pair.node_of[r])] +=
-        2 * (4 * (part_floats[r] + held) + 2 * int64_t(sizeof(Header)));
+        2 * (4 * (part_floats[r] + held) + 2 * MemoryCheckpoints::kPayloadAt);
   }
   return node_bytes;
 }
@@ -373,6 +390,11 @@ void PartWriter::put(const void* src, size_t bytes) {
 }
 
 uint32_t PartWriter::finish() { return ~crc_; }
+
+void PartWriter::zeros(size_t bytes) {
+  static const char none[4096] = {};
+  for (size_t n; bytes > 0; bytes -= n) put(none, n = std::min(bytes, sizeof none));
+}
 
 MemoryPairing pair_ranks(const std::vector<std::string>& node_by_rank, int rank) {
   MemoryPairing p;
@@ -610,9 +632,9 @@ bool MemoryCheckpoints::publish(MappedFile& f, int part, int64_t step, bool own)
 // This rank's part: packed into the mapped file, then the CRCs and header, then its name.
 void MemoryCheckpoints::copy_own(const Save& s, std::chrono::steady_clock::time_point t0) {
   MappedFile& f = own_[s.slot];
-  const bool ready = prepare(f, comm_.rank(), s.step, true, sizeof(Header) + size_t(floats_) * 4);
+  const bool ready = prepare(f, comm_.rank(), s.step, true, kPayloadAt + size_t(floats_) * 4);
   const size_t payload = size_t(floats_) * 4;
-  PartWriter w(ready ? f.map + sizeof(Header) : nullptr, ready ? payload : 0);
+  PartWriter w(ready ? f.map + kPayloadAt : nullptr, ready ? payload : 0);
   bool filled = false;
   uint32_t crc = 0;
   // A fill that fails (a device error while waiting for a GPU's copy, the run stopping) loses
@@ -638,20 +660,52 @@ void MemoryCheckpoints::copy_own(const Save& s, std::chrono::steady_clock::time_
   publish(f, comm_.rank(), s.step, true);
 }
 
+float* MemoryCheckpoints::open_slot(int slot, int64_t step, double* wait_s) {
+  const auto t0 = std::chrono::steady_clock::now();
+  {
+    std::unique_lock<std::mutex> lk(mu_);
+    cv_.wait(lk, [&] { return busy_[slot] == 0; });
+  }
+  *wait_s = seconds_since(t0);
+  MappedFile& f = own_[slot];
+  // A file that keeps its name (a failed rename, warned) is still written: its checksum no
+  // longer matches, so a restart skips it as damaged.
+  prepare(f, comm_.rank(), step, true, kPayloadAt + size_t(floats_) * 4);
+  return f.map ? reinterpret_cast<float*>(f.map + kPayloadAt) : nullptr;
+}
+
+void MemoryCheckpoints::publish_slot(int slot, int64_t step, const uint32_t* sums) {
+  MappedFile& f = own_[slot];
+  if (f.map && sums) {  // (else the exchange still goes: its partner waits for it)
+    seal(f.map, {.part = comm_.rank(), .ranks = comm_.size(), .checksum = kLaneSums, .step = step,
+                  .attempt = id_.attempt, .run = run_, .job = job_,
+                  .payload_bytes = uint64_t(floats_) * 4, .payload_crc = sums_digest(sums)});
+    publish(f, comm_.rank(), step, true);
+  }
+  if (pair_.partner < 0 && pair_.source < 0) return;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    ++busy_[slot];  // until its exchange is done (done())
+    if (background_exchange_) exchange_q_.push_back({step, slot, nullptr});
+  }
+  cv_.notify_all();
+  if (!background_exchange_) timed_exchange({step, slot, nullptr, {}});
+}
+
 // The own file's bytes, header and CRCs included, to the partner; the source's into the held
 // file, published once its header verifies (the payload's CRC is the sender's: a restart
 // checks it before taking the copy). A part whose file could not be prepared is still
 // received, into scratch: the partner's send must complete. The bytes go in pieces of
 // kExchangeFloats, a few in flight (below).
 void MemoryCheckpoints::exchange(const Save& s) {
-  static_assert(sizeof(Header) % 4 == 0);
+  static_assert(kPayloadAt % 4 == 0);
   MappedFile& mine = own_[s.slot];
   MappedFile& held = held_[s.slot];
   // Without an own file (its first prepare failed) zeros go: the partner expects the bytes,
   // and a header of zeros names no step, so it keeps none of them.
-  const int64_t send_floats = pair_.partner >= 0 ? int64_t(sizeof(Header) / 4) + floats_ : 0;
+  const int64_t send_floats = pair_.partner >= 0 ? int64_t(kPayloadAt / 4) + floats_ : 0;
   std::vector<float> zeros(pair_.partner >= 0 && !mine.map ? size_t(send_floats) : 0);
-  const size_t held_bytes = sizeof(Header) + size_t(pair_.source >= 0 ? part_floats_[size_t(pair_.source)] : 0) * 4;
+  const size_t held_bytes = kPayloadAt + size_t(pair_.source >= 0 ? part_floats_[size_t(pair_.source)] : 0) * 4;
   const bool receiving = pair_.source >= 0 && prepare(held, pair_.source, s.step, false, held_bytes);
   std::vector<float> scratch;
   float* into = receiving ? reinterpret_cast<float*>(held.map) : nullptr;
@@ -668,7 +722,7 @@ void MemoryCheckpoints::exchange(const Save& s) {
     std::lock_guard<std::mutex> lk(mu_);
     if (!receiving || stop_) return;
   }
-  if (!header_names(held.map, pair_.source, s.step, held_bytes - sizeof(Header))) {
+  if (!header_names(held.map, pair_.source, s.step, held_bytes - kPayloadAt)) {
     fmt::print(stderr, "strata: warning: checkpoint.memory_dir {}: the copy of rank {}'s part "
                "for step {} arrived damaged: not kept\n", dir_, pair_.source, s.step);
     return;  // stays under its temporary name: the next save of the slot reuses the file

@@ -61,6 +61,7 @@ class PartWriter {
  public:
   explicit PartWriter(char* dst, size_t capacity) : dst_(dst), left_(capacity) {}
   void put(const void* src, size_t bytes);
+  void zeros(size_t bytes);
   // The payload's CRC-32C.
   uint32_t finish();
   size_t left() const { return left_; }
@@ -129,6 +130,21 @@ class MemoryCheckpoints {
   // Before the training thread changes the saved state (the optimizer's update): waits for
   // the copies of the saves in flight; returns the seconds waited.
   double fence();
+
+  // The payload's offset in a part file, after its header: 256 bytes, so a payload that the
+  // optimizer writes into keeps the flat buffers' alignment.
+  static constexpr size_t kPayloadAt = 256;
+  // Saves the training thread makes itself, in place of save()'s copy: the optimizer's update
+  // writes the next generation straight into a slot's file (run/memory_state.h). Before it
+  // writes into `slot`: waits for the slot's exchange (*wait_s), then gives the file a
+  // temporary name, as `step`'s, so a half-written generation is never taken (on first use,
+  // creates and maps it). The payload (part_floats, 256-byte aligned); null when the file
+  // could not be made (warned).
+  float* open_slot(int slot, int64_t step, double* wait_s);
+  // The slot's payload holds `step`'s part, with lane sums `sums` (a then b, as
+  // strata/lane_sums.h adds them): its header and its name, then the partner's copy (in the
+  // background where MPI allows). sums null: no part was written, only the exchange goes.
+  void publish_slot(int slot, int64_t step, const uint32_t* sums);
   // Waits for the exchange and the writes in flight.
   void drain();
   // The training thread's gate (comm/traffic_gate.h): the exchange posts no piece while it is

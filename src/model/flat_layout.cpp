@@ -177,6 +177,14 @@ void FlatLayout::place(const Backend& be) {
   push(be);
 }
 
+void FlatLayout::rebind_values(Tensor v) {
+  STRATA_CHECK(values_.data() == host_values_.data() && v.size() == values_.size() &&
+                   reinterpret_cast<uintptr_t>(v.data()) % 256 == 0,
+               "rebind_values: values on a device, or a buffer of another size or alignment");
+  values_ = host_values_ = std::move(v);
+  for (Param* p : params_) p->value = p->host = values_.data() + p->offset;
+}
+
 void FlatLayout::pull(const Backend& be) {
   if (values_.data() != host_values_.data())
     be.download(host_values_.data(), values_.data(), sizeof(float) * size_t(values_.size()));

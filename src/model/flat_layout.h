@@ -61,6 +61,10 @@ class FlatLayout {
   // Puts values and gradients in the backend's memory, uploading host_values(); a no-op for
   // host memory.
   void place(const Backend& be);
+  // Host memory only: values (and host values) from now on in `v` (num_params() floats on a
+  // 256-byte boundary, a view or owned: a memory checkpoint's generation the optimizer wrote,
+  // run/memory_state.h). Every parameter's pointers follow; the old buffer is left as it is.
+  void rebind_values(Tensor v);
   // host_values() <- values() (before a checkpoint or parameter file), and the reverse.
   void pull(const Backend& be);
   void push(const Backend& be);

@@ -1,6 +1,8 @@
 #include "model/optim.h"
 
 #include "model/layers.h"
+#include "strata/error.h"
+#include "strata/lane_sums.h"
 
 #include <algorithm>
 #include <cmath>
@@ -83,12 +85,50 @@ void Optimizer::apply(const Backend& be, Tensor& params, Tensor& grads, int64_t 
   float* p = params.data() + begin;
   const float* g = grads.data() + begin;
   const float lr = float(lr_at(c_, step));
+  if (target_) return apply_to(be, p, g, begin, n, at, lr);
   if (c_.kind == "adamw")
     be.adamw_update(p, g, s0_.data() + at, s1_.data() + at, n, lr, float(c_.beta1),
                     float(c_.beta2), float(c_.eps), float(c_.weight_decay), t_ + 1);
   else
     be.sgd_update(p, g, s0_.data() + at, n, lr, float(c_.momentum), float(c_.weight_decay),
                   c_.nesterov, t_ == 0);
+}
+
+bool Optimizer::can_update_to(const Backend& be) const {
+  const bool writes_state = c_.kind == "adamw" || c_.momentum != 0;
+  return !sharded_ && writes_state && be.supports(Op::sgd_update_to) &&
+         be.supports(Op::adamw_update_to);
+}
+
+// Out of place into target_, with each output's lane sums placed at its blocks.
+void Optimizer::apply_to(const Backend& be, const float* p, const float* g, int64_t begin,
+                         int64_t n, int64_t at, float lr) {
+  Target& t = *target_;
+  STRATA_CHECK(begin % kSumLanes == 0 && at == begin, "an out-of-place update of a range that "
+               "starts inside a block of the lane sums");
+  uint32_t run[3 * kRunningWords] = {};
+  // Past the cache when an update's writes are larger than the cache could keep until the next
+  // update reads them (measured: benchmarks/README.md, "Memory checkpoints").
+  const int64_t states = c_.kind == "adamw" ? 2 : 1;
+  const bool stream = int64_t(sizeof(float)) * n_ * (1 + states) > kStreamAbove;
+  if (c_.kind == "adamw")
+    be.adamw_update_to(p, g, s0_.data() + at, s1_.data() + at, t.values + begin,
+                       t.state[0] + at, t.state[1] + at, n, lr, float(c_.beta1), float(c_.beta2),
+                       float(c_.eps), float(c_.weight_decay), t_ + 1, run, stream);
+  else
+    be.sgd_update_to(p, g, s0_.data() + at, t.values + begin, t.state[0] + at, n, lr,
+                     float(c_.momentum), float(c_.weight_decay), c_.nesterov, t_ == 0, run, stream);
+  const int64_t blocks = (n + kSumLanes - 1) / kSumLanes;
+  lane_sums_add(t.sums, run, blocks, (t.values_at + begin) / kSumLanes);
+  for (int k = 0; k < states; ++k)
+    lane_sums_add(t.sums, run + (k + 1) * kRunningWords, blocks, (t.state_at[k] + at) / kSumLanes);
+  t.written += n;
+}
+
+void Optimizer::rebind_state(Tensor s0, Tensor s1) {
+  STRATA_CHECK(s0_.data() == h0_.data() && s0.size() == h0_.size(), "rebind_state: another size");
+  s0_ = h0_ = std::move(s0);
+  if (c_.kind == "adamw") s1_ = h1_ = std::move(s1);
 }
 
 }  // namespace strata

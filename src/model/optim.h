@@ -83,12 +83,31 @@ class Optimizer {
   void place(const Backend& be);
   // The buffers the updates use (the backend's memory), in state()'s order.
   std::vector<const Tensor*> used_state() const {
-    if (h1_.storage) return {&s0_, &s1_};
+    if (c_.kind == "adamw") return {&s0_, &s1_};
     return {&s0_};
   }
   void pull(const Backend& be);
   void push(const Backend& be);
   int64_t steps_taken() const { return t_; }
+
+  // Out of place (memory checkpoints that the update writes itself, run/memory_state.h): while
+  // a target is set, apply() reads the parameters and state where they are and writes the new
+  // ones into the target's buffers, adding their lane sums (strata/lane_sums.h) into `sums`,
+  // each output placed at its first word in the payload those buffers lie in (a multiple of
+  // 16). Counts the floats written, so the caller can tell a whole update from none. Only
+  // unsharded, on a backend that has the out-of-place ops, and with a state every update
+  // writes (SGD with momentum, AdamW): can_update_to().
+  struct Target {
+    float* values = nullptr;
+    float* state[2] = {nullptr, nullptr};
+    int64_t values_at = 0, state_at[2] = {0, 0};  // words into the payload
+    uint32_t* sums = nullptr;                      // the payload's lane sums (a, b)
+    int64_t written = 0;                           // floats of values written so far
+  };
+  bool can_update_to(const Backend& be) const;
+  void set_target(Target* t) { target_ = t; }
+  // The host buffers the updates use from now on, in state()'s order (a written target's).
+  void rebind_state(Tensor s0, Tensor s1);
   int64_t state_bytes() const { return int64_t(sizeof(float)) * (h0_.size() + h1_.size()); }
   void set_steps_taken(int64_t t) { t_ = t; }
 
@@ -101,6 +120,10 @@ class Optimizer {
   Tensor s0_, s1_;  // what the updates use
   Tensor h0_, h1_;  // their host copies (the same storage on the CPU)
   int64_t t_ = 0;
+  Target* target_ = nullptr;
+  static constexpr int64_t kStreamAbove = int64_t(8) << 20;  // bytes an update writes
+  void apply_to(const Backend& be, const float* p, const float* g, int64_t begin, int64_t n,
+                int64_t at, float lr);
 };
 
 }  // namespace strata

@@ -107,7 +107,7 @@ TrainingSession::TrainingSession(const RunConfig& cfg, Comm& comm)
   hooks_.add(checkpoint_hook(ckpt_->policy(), comm, *publisher_));
   if (mem_) {
     hooks_.add(memory_checkpoint_hook(*mem_, per_epoch_, be_, *goodput_));
-    step_->set_before_update([m = mem_.get()] { m->fence(); });
+    step_->set_update_hooks([m = mem_.get()] { m->fence(); }, [m = mem_.get()] { m->after_update(); });
     reducer_->set_gate(&gate_);
     mem_->set_gate(&gate_);
   }
@@ -180,7 +180,7 @@ void TrainingSession::resume() {
   // whole model for the file checkpoints when the plan gathers).
   // Data-parallel replicas without ZeRO hold the same parameters and optimizer state.
   const int64_t same_as = opt_->sharded() ? -1 : int64_t(grid_.stage) * grid_.tensors + grid_.tensor;
-  mem_ = MemoryState::make(cfg_, comm_, fmt::format("grid {} {} {} {} zero {}", plan_.ranks, plan_.D,
+  mem_ = MemoryState::make(cfg_, comm_, be_, fmt::format("grid {} {} {} {} zero {}", plan_.ranks, plan_.D,
                                                     plan_.P, plan_.T, cfg_.parallel.zero),
                            same_as, *model_, *opt_);
   if (mem_ && cfg_.resume == "auto") resumed = mem_->restore(ckpt_->newest_file_step());

@@ -48,6 +48,7 @@ void TrainStep::update(const Backend& be, int64_t step) {
       updated = ready;
     });
     opt_.end_step();
+    after_update();
     return;
   } else {
     {
@@ -62,6 +63,7 @@ void TrainStep::update(const Backend& be, int64_t step) {
     before_update();
     opt_.step(be, model_.values(), model_.grads(), step, norm_comm_, &norm_ranges_,
               shards_ ? grid_.stage_comm.get() : nullptr);
+    after_update();
   }
   if (shards_) {
     Tracer::Scope span(tracer_, "allreduce", "parameter all-gather (ZeRO)");

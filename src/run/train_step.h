@@ -43,8 +43,12 @@ class TrainStep {
   // The rest of step `step` (0-based), after every rank agreed the loss is finite.
   void update(const Backend& be, int64_t step);
   // Called before the update changes parameters or optimizer state (memory checkpoints copy
-  // them in the background until then).
-  void set_before_update(std::function<void()> f) { before_update_ = std::move(f); }
+  // them in the background until then, or point the update at their next generation), and
+  // after it.
+  void set_update_hooks(std::function<void()> before, std::function<void()> after) {
+    before_update_ = std::move(before);
+    after_update_ = std::move(after);
+  }
   // Seconds this rank has waited for pipeline neighbours so far (0 without a pipeline).
   double pipeline_wait_s() const { return pipe_ ? pipe_->stats().wait_s : 0.0; }
 
@@ -52,6 +56,9 @@ class TrainStep {
   void share_tied_gradient();
   void before_update() const {
     if (before_update_) before_update_();
+  }
+  void after_update() const {
+    if (after_update_) after_update_();
   }
   void allreduce_tied_gradient();
 
@@ -71,7 +78,7 @@ class TrainStep {
   BatchOnBackend on_be_;
   SoftmaxXentHead head_;
   Tensor dlogits_;
-  std::function<void()> before_update_;
+  std::function<void()> before_update_, after_update_;
 };
 
 }  // namespace strata

@@ -4,11 +4,16 @@ thread's downloads. On --device cpu-staged (separate memory, the GPU path's call
 two nodes, memory_every = 1, rank 1 killed (SIGKILL) after the memory checkpoint of step 25; the
 relaunch resumes from memory at step 25 and ends bitwise equal to the uninterrupted run.
 
-With --budget B (checkpoint.memory_budget, on --device cpu): the interval grows from 1 after the
-first 16 saves (the line saying so is checked), rank 1 is killed after step 60 of 80, and the
-relaunch resumes from memory at the newest save at or before it (step 16 at least), bitwise.
+On --device cpu the same run's generations are written by the optimizer's update itself (the
+state lives in the memory directory's files; the line saying so is checked), SGD and AdamW.
 
-    memory_device.py STRATA DATA WORKDIR [--device cpu-staged | --budget B]
+With --budget B (checkpoint.memory_budget, on --device cpu, saves copied: memory_every = 2):
+the interval grows from 2 after the first 16 saves (the line saying so is checked), rank 1 is
+killed after step 60 of 80 (the line may be the
+killed launch's), and the relaunch resumes from memory at the newest save at or
+before it (step 16 at least), bitwise.
+
+    memory_device.py STRATA DATA WORKDIR [--device cpu-staged | --device cpu | --budget B]
 """
 import os
 import re
@@ -40,24 +45,43 @@ def launch(args, env=None, expect=0):
     return p.stdout
 
 
-ref = os.path.join(work, "ref")
-launch(common + ["--output.dir", ref])
-memory = ["--checkpoint.memory_every", "1", "--checkpoint.memory_dir", os.path.join(work, "mem", "%n")]
-if budget:
-    memory += ["--checkpoint.memory_budget", budget]
-out_dir = os.path.join(work, "faulted")
-launch(common + memory + ["--output.dir", out_dir], env={"STRATA_TEST_KILL_AT_STEP": f"{KILL}:1"},
-       expect=1)
-out = launch(common + memory + ["--output.dir", out_dir, "--resume", "auto"])
-resumed = [l for l in out.splitlines() if l.startswith("resumed from memory")]
-at = int(resumed[0].split("at step ")[1].split(":")[0]) if resumed else -1
-if not (16 <= at <= KILL if budget else at == KILL):
-    fail(f"the relaunch did not resume from memory at step {'16..' if budget else ''}{KILL}:\n{out[-3000:]}")
-print(resumed[0])
-if budget:
-    grown = [l for l in out.splitlines() if re.match(r"memory checkpoints: every \d+ steps from step", l)]
-    if not grown:
-        fail(f"no line says the budget's interval:\n{out[-3000:]}")
-    print(grown[0])
-assert_bitwise(os.path.join(out_dir, "model.h5"), os.path.join(ref, "model.h5"),
-               f"resumed from memory on {device}")
+IN_UPDATE = "memory checkpoints: the optimizer's update writes each generation"
+
+
+def fault_and_resume(common, tag):
+    """The uninterrupted run, and a run killed at KILL whose relaunch resumes from memory, bitwise."""
+    ref = os.path.join(work, tag, "ref")
+    launch(common + ["--output.dir", ref])
+    memory = ["--checkpoint.memory_every", "2" if budget else "1",
+              "--checkpoint.memory_dir", os.path.join(work, tag, "mem", "%n")]
+    if budget:
+        memory += ["--checkpoint.memory_budget", budget]
+    out_dir = os.path.join(work, tag, "faulted")
+    first = launch(common + memory + ["--output.dir", out_dir],
+                   env={"STRATA_TEST_KILL_AT_STEP": f"{KILL}:1"}, expect=1)
+    if (IN_UPDATE in first) != (device == "cpu" and not budget):
+        fail(f"the update {'did not write' if device == 'cpu' else 'wrote'} the generations "
+             f"({tag} on {device}):\n{first[-3000:]}")
+    out = launch(common + memory + ["--output.dir", out_dir, "--resume", "auto"])
+    check_resumed(out, first)
+    assert_bitwise(os.path.join(out_dir, "model.h5"), os.path.join(ref, "model.h5"),
+                   f"{tag} resumed from memory on {device}")
+
+
+def check_resumed(out, first):
+    resumed = [l for l in out.splitlines() if l.startswith("resumed from memory")]
+    at = int(resumed[0].split("at step ")[1].split(":")[0]) if resumed else -1
+    if not (16 <= at <= KILL if budget else at == KILL):
+        fail(f"the relaunch did not resume from memory at step {'16..' if budget else ''}{KILL}:\n{out[-3000:]}")
+    print(resumed[0])
+    if budget:
+        grown = [l for l in (first + out).splitlines()
+                 if re.match(r"memory checkpoints: every \d+ steps from step", l)]
+        if not grown:
+            fail(f"no line says the budget's interval:\n{out[-3000:]}")
+        print(grown[0])
+
+
+fault_and_resume(common, "sgd")
+if device == "cpu" and not budget:
+    fault_and_resume(common + ["--train.optimizer", "adamw", "--train.lr", "0.001"], "adamw")

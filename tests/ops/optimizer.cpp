@@ -17,6 +17,7 @@
 
 #include "cpu_kernel.h"
 #include "strata/lane_sums.h"
+#include "strata/tensor.h"
 #include "harness.h"
 #include "table.h"
 
@@ -94,7 +95,8 @@ void check_sgd_update_to() {
       for (int step = 0; step < 3; ++step) {
         const bool odd = step % 2 != 0;
         be.sgd_update_to(p[odd ? p1 : p0], p[g], p[odd ? b1 : b0], p[odd ? p0 : p1],
-                         p[odd ? b0 : b1], n, 0.05f, 0.9f, 1e-2f, false, step == 0, nullptr);
+                         p[odd ? b0 : b1], n, 0.05f, 0.9f, 1e-2f, false, step == 0, nullptr,
+                         false);
       }
     });
   }
@@ -110,9 +112,9 @@ void check_adamw_update_to() {
     const F32 g = c.in(random_vector(92, size_t(n)));
     c.run([&](const Backend& be, const Ptrs& p) {
       be.adamw_update_to(p[p0], p[g], p[s[0]], p[s[1]], p[p1], p[s[2]], p[s[3]], n, 1e-3f, 0.9f,
-                         0.999f, 1e-8f, 1e-2f, 1, nullptr);
+                         0.999f, 1e-8f, 1e-2f, 1, nullptr, false);
       be.adamw_update_to(p[p1], p[g], p[s[2]], p[s[3]], p[p0], p[s[0]], p[s[1]], n, 1e-3f, 0.9f,
-                         0.999f, 1e-8f, 1e-2f, 2, nullptr);
+                         0.999f, 1e-8f, 1e-2f, 2, nullptr, false);
     });
   }
 }
@@ -236,41 +238,57 @@ TEST_CASE("sum_squares and scale_inplace", "[cpu_kernel][optim]") {
 }
 
 // Out of place, the update writes the same bits it writes in place, and its lane sums are
-// those of lane_sums_run over what it wrote (the vector body's, the tail's, AdamW's blocks').
+// those of lane_sums_run over what it wrote (the vector body's, the tail's, AdamW's blocks'),
+// with stores through the cache or past it (into 256-byte aligned outputs, as the flat
+// buffers are: streaming stores need 64).
 TEST_CASE("sgd_update_to and adamw_update_to: the in-place bits, and lane sums of the outputs",
           "[cpu_kernel][optim]") {
   Rng rng(13);
+  const bool stream = GENERATE(false, true);
   for (int n : {1, 16, 600, 10007}) {
     const Vec g = rand_vec(rng, n), p0 = rand_vec(rng, n), s0 = rand_vec(rng, n),
               v0 = rand_vec(rng, n);
     Vec v_abs(v0);
     for (float& x : v_abs) x = std::fabs(x);
-    auto reference = [](const std::vector<const Vec*>& outs) {
+    auto same = [n](const Vec& want, const Tensor& got) {
+      return std::memcmp(want.data(), got.data(), sizeof(float) * size_t(n)) == 0;
+    };
+    auto reference = [n](const std::vector<const Tensor*>& outs) {
       std::vector<uint32_t> r(outs.size() * kRunningWords, 0);
-      for (size_t k = 0; k < outs.size(); ++k)
-        lane_sums_run(outs[k]->data(), int64_t(outs[k]->size()), r.data() + k * kRunningWords);
+      for (size_t k = 0; k < outs.size(); ++k) lane_sums_run(outs[k]->data(), n, r.data() + k * kRunningWords);
       return r;
     };
     for (bool first : {true, false}) {
-      INFO("n " << n << " first step " << first);
-      Vec p = p0, b = s0, po(n), bo(n);
+      INFO("n " << n << " first step " << first << " stream " << stream);
+      Vec p = p0, b = s0;
+      Tensor po({n}), bo({n});
       std::vector<uint32_t> sums(2 * kRunningWords, 0);
       sgd_update(p.data(), g.data(), b.data(), n, 0.05f, 0.9f, 1e-2f, false, first);
       sgd_update_to(p0.data(), g.data(), s0.data(), po.data(), bo.data(), n, 0.05f, 0.9f, 1e-2f,
-                    false, first, sums.data());
-      CHECK(std::memcmp(p.data(), po.data(), sizeof(float) * size_t(n)) == 0);
-      CHECK(std::memcmp(b.data(), bo.data(), sizeof(float) * size_t(n)) == 0);
+                    false, first, sums.data(), stream);
+      CHECK(same(p, po));
+      CHECK(same(b, bo));
       CHECK(sums == reference({&po, &bo}));
+      // In two calls that go on from the sums (a whole number of blocks first), per output.
+      if (n < 4096) continue;
+      std::vector<uint32_t> halves(2 * kRunningWords, 0);
+      for (int64_t at : {int64_t(0), int64_t(4096)}) {
+        const int64_t k = at == 0 ? 4096 : n - 4096;
+        sgd_update_to(p0.data() + at, g.data() + at, s0.data() + at, po.data() + at, bo.data() + at,
+                      k, 0.05f, 0.9f, 1e-2f, false, first, halves.data(), stream);
+      }
+      CHECK(halves == sums);
     }
-    Vec p = p0, m = s0, v = v_abs, po(n), mo(n), vo(n);
+    Vec p = p0, m = s0, v = v_abs;
+    Tensor po({n}), mo({n}), vo({n});
     std::vector<uint32_t> sums(3 * kRunningWords, 0);
     adamw_update(p.data(), g.data(), m.data(), v.data(), n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.1f, 3);
     adamw_update_to(p0.data(), g.data(), s0.data(), v_abs.data(), po.data(), mo.data(),
-                    vo.data(), n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.1f, 3, sums.data());
-    INFO("adamw n " << n);
-    CHECK(std::memcmp(p.data(), po.data(), sizeof(float) * size_t(n)) == 0);
-    CHECK(std::memcmp(m.data(), mo.data(), sizeof(float) * size_t(n)) == 0);
-    CHECK(std::memcmp(v.data(), vo.data(), sizeof(float) * size_t(n)) == 0);
+                    vo.data(), n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.1f, 3, sums.data(), stream);
+    INFO("adamw n " << n << " stream " << stream);
+    CHECK(same(p, po));
+    CHECK(same(m, mo));
+    CHECK(same(v, vo));
     CHECK(sums == reference({&po, &mo, &vo}));
   }
 }
