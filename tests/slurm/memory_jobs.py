@@ -10,7 +10,8 @@ SCENARIO:
             skipped and said so, the other copy taken); node n1's directory deleted (a lost
             node: rank 0's part from the copy on n2); every copy of rank 1's part deleted (the
             checkpoint file at step 300); bitwise at the end. Twice: data-parallel replicas
-            (each the other's copy, no partner exchange) and ZeRO-1 (the partner's copies)
+            (each the other's copy, no partner exchange; generations the optimizer's update
+            writes, with lane sums) and ZeRO-1 (the partner's copies; copies, with CRC-32C)
   parallel  ZeRO-2 and a 2-stage pipeline through train.sbatch, a rank killed: resumed from
             memory, bitwise equal to their uninterrupted runs
   cleanup   a job that fails and one that is cancelled leave no memory directory on any node
@@ -149,7 +150,8 @@ def copies_job(ctx, name, extra, gone, other, lacking):
     text = read(log)
     exits = re.findall(r"^== launch exit (\d+)$", text, re.M)
     expect(len(exits) == 4 and exits[3] == "0", f"expected 4 launches, the last exiting 0: {exits}")
-    damaged = re.findall(r"memory checkpoint \S+/n2/part-00001-\d+\.own is damaged \(CRC-32C", text)
+    # (lane sums: a generation the optimizer's update wrote; CRC-32C: a copy)
+    damaged = re.findall(r"memory checkpoint \S+/n2/part-00001-\d+\.own is damaged \((?:CRC-32C|lane sums)", text)
     expect(len(damaged) == 2, f"expected the 2 damaged own copies of part 1 named: {damaged}")
     resumed = re.findall(r"^resumed from memory at step (\d+): (.*)$", text, re.M)
     expect(len(resumed) == 2, f"expected 2 resumes from memory: {resumed}")
@@ -183,6 +185,8 @@ def scenario_copies(ctx):
                       "no memory copies")
     expect("whose own copies are its second copy: no partner copies" in text,
            "the replicas' run did not say it keeps no partner copies")
+    expect("the optimizer's update writes each generation" in text and "is damaged (lane sums" in text,
+           "the replicas' run: its generations were not written by the update (lane sums)")
     files = re.findall(r"^== files after launch 1: (.*)$", text, re.M)
     expect(len(files) == 1 and ".own" in files[0] and ".peer" not in files[0],
            f"the replicas' run: expected own copies and no partner's (.peer) after launch 1: {files}")
@@ -191,6 +195,8 @@ def scenario_copies(ctx):
                       "1 part(s) from the partner's copy", "step 350 lacks part 1")
     files = re.findall(r"^== files after launch 1: (.*)$", text, re.M)
     expect(len(files) == 1 and ".peer" in files[0], f"the ZeRO-1 run: no partner's copy (.peer) after launch 1: {files}")
+    expect("the optimizer's update writes each generation" not in text and "is damaged (CRC-32C" in text,
+           "the ZeRO-1 run (a sharded optimizer): its saves were not copies")
 
 
 def scenario_cleanup(ctx):
