@@ -380,6 +380,55 @@ std::vector<int64_t> provider_keys(const std::vector<MemoryCopy>& copies, const 
   return key;
 }
 
+// Collective: how many parts (summed over the ranks, as find() chose their providers) come
+// from a partner's copy, and how many from a data-parallel replica's.
+std::pair<int64_t, int64_t> count_taken(Comm& comm, const std::vector<int64_t>& holder,
+                                        const std::map<int, MemoryCopy>& chosen) {
+  const int R = comm.size(), me = comm.rank();
+  std::vector<int64_t> taken(2 * size_t(R), 0);  // parts from a partner's copy, from a replica's
+  for (int p = 0; p < R; ++p) {
+    if (holder[size_t(p)] != (p == me ? -1 : me)) continue;
+    const MemoryCopy& c = chosen.at(p);
+    if (c.part != p) taken[size_t(R + p)] = 1;
+    else if (!c.own) taken[size_t(p)] = 1;
+  }
+  comm.allreduce_sum(taken.data(), 2 * R);
+  return {std::accumulate(taken.begin(), taken.begin() + R, int64_t(0)),
+          std::accumulate(taken.begin() + R, taken.end(), int64_t(0))};
+}
+
+// The payload of copy c, read (and verified again) once into `payloads`, by path.
+std::vector<float>& read_once(std::map<std::string, std::vector<float>>& payloads, const MemoryCopy& c) {
+  if (auto it = payloads.find(c.path); it != payloads.end()) return it->second;
+  std::vector<float>& p = payloads[c.path];
+  Header h{};
+  if (auto why = read_part(c.path, &h, &p); !why.empty())
+    fail_input("memory checkpoint {}: {} (it verified a moment ago)", c.path, why);
+  return p;
+}
+
+// Collective, as find() chose the providers (holder: by part, the rank that sends it, -1 its
+// own rank): each rank sends the parts it provides and gets its own (floats) into out.
+void deliver_parts(Comm& comm, const std::vector<int64_t>& holder,
+                   const std::map<int, MemoryCopy>& chosen, int64_t floats, float* out) {
+  const int me = comm.rank();
+  std::map<std::string, std::vector<float>> payloads;  // by path: each copy read once
+  std::vector<int> handles;
+  for (int p = 0; p < comm.size(); ++p) {
+    if (p == me || holder[size_t(p)] != me) continue;
+    const std::vector<float>& sending = read_once(payloads, chosen.at(p));
+    handles.push_back(comm.start_send(sending.data(), int64_t(sending.size()), p, kTag + 1));
+  }
+  const int64_t mine = holder[size_t(me)];
+  if (mine == -1) {
+    const std::vector<float>& payload = read_once(payloads, chosen.at(me));
+    std::copy(payload.begin(), payload.end(), out);
+  } else {
+    handles.push_back(comm.start_recv(out, floats, int(mine), kTag + 1));
+  }
+  for (int hd : handles) comm.wait(hd);
+}
+
 }  // namespace
 
 void PartWriter::put(const void* src, size_t bytes) {
@@ -765,46 +814,14 @@ MemoryCheckpoints::Found MemoryCheckpoints::find() {
   comm_.allreduce_min(key.data(), R);
   holder_.assign(size_t(R), -1);
   for (int p = 0; p < R; ++p) holder_[size_t(p)] = key[size_t(p)] % (R + 1) - 1;
-  std::vector<int64_t> taken(2 * size_t(R), 0);  // parts from a partner's copy, from a replica's
-  for (int p = 0; p < R; ++p) {
-    if (holder_[size_t(p)] != (p == me ? -1 : me)) continue;
-    const Copy& c = chosen_.at(p);
-    if (c.part != p) taken[size_t(R + p)] = 1;
-    else if (!c.own) taken[size_t(p)] = 1;
-  }
-  comm_.allreduce_sum(taken.data(), 2 * R);
-  f.from_partner = std::accumulate(taken.begin(), taken.begin() + R, int64_t(0));
-  f.from_replica = std::accumulate(taken.begin() + R, taken.end(), int64_t(0));
+  const auto [partner, replica] = count_taken(comm_, holder_, chosen_);
+  f.from_partner = partner, f.from_replica = replica;
   return f;
 }
 
 void MemoryCheckpoints::take(const Found& f, float* out) {
   STRATA_CHECK(f.step >= 0 && holder_.size() == size_t(comm_.size()), "take() without a found step");
-  const int me = comm_.rank();
-  std::map<std::string, std::vector<float>> payloads;  // by path: each copy read once
-  auto payload_of = [&](int part) -> std::vector<float>& {
-    const Copy& c = chosen_.at(part);
-    if (auto it = payloads.find(c.path); it != payloads.end()) return it->second;
-    std::vector<float>& p = payloads[c.path];
-    Header h{};
-    if (auto why = read_part(c.path, &h, &p); !why.empty())
-      fail_input("memory checkpoint {}: {} (it verified a moment ago)", c.path, why);
-    return p;
-  };
-  std::vector<int> handles;
-  for (int p = 0; p < comm_.size(); ++p) {
-    if (p == me || holder_[size_t(p)] != me) continue;
-    const std::vector<float>& sending = payload_of(p);
-    handles.push_back(comm_.start_send(sending.data(), int64_t(sending.size()), p, kTag + 1));
-  }
-  const int64_t mine = holder_[size_t(me)];
-  if (mine == -1) {
-    const std::vector<float>& payload = payload_of(me);
-    std::copy(payload.begin(), payload.end(), out);
-  } else {
-    handles.push_back(comm_.start_recv(out, floats_, int(mine), kTag + 1));
-  }
-  for (int hd : handles) comm_.wait(hd);
+  deliver_parts(comm_, holder_, chosen_, floats_, out);
 }
 
 void MemoryCheckpoints::remove_files() {

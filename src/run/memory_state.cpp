@@ -103,7 +103,7 @@ std::unique_ptr<MemoryState> MemoryState::make(const RunConfig& cfg, Comm& comm,
                cfg.checkpoint.memory_every == 1 ? "" : "s", m->mem_.dir(),
                format_bytes(double(per_node)),
                m->mem_.replicated() ? "" : " and of their partners' copies");
-    if (m->in_update_)
+    if (m->in_update())
       fmt::print("memory checkpoints: the optimizer's update writes each generation (the "
                  "parameters and its state live in the memory directory's files): no copy\n");
     if (p.node_names.size() < 2)
@@ -121,29 +121,18 @@ std::unique_ptr<MemoryState> MemoryState::make(const RunConfig& cfg, Comm& comm,
   return m;
 }
 
-MemoryState::Layout MemoryState::layout_of(Model& model, Optimizer& opt) {
-  Layout l;
-  l.values_at = flat_span(kStateFloats);
-  l.floats = l.values_at + flat_span(model.host_values().size());
-  int k = 0;
-  for (auto& [name, t] : opt.state()) {
-    l.state_at[k++] = l.floats;
-    l.floats += flat_span(t->size());
-  }
-  return l;
-}
-
 MemoryState::MemoryState(const RunConfig& cfg, Comm& comm, const Backend& be,
                          const std::string& grid, int64_t same_as, Model& model, Optimizer& opt)
     : state_bytes_(sizeof(float) * size_t(part_floats(model, opt, 0))),
-      layout_(layout_of(model, opt)),
+      layout_(part_layout(model, opt, kStateFloats)),
       mem_(expand_memory_dir(cfg.checkpoint.memory_dir), comm, layout_.floats,
            {.job = slurm_job_id(), .attempt = slurm_restart_count(), .run = cfg.to_toml() + grid},
            slurm_node_name(), same_as),
       comm_(comm), model_(model), opt_(opt), every_(cfg.checkpoint.memory_every),
-      budget_(cfg.checkpoint.memory_budget), first_every_(every_),
-      in_update_(every_ == 1 && model.values().data() == model.host_values().data() &&
-                 opt.can_update_to(be)) {}
+      budget_(cfg.checkpoint.memory_budget), first_every_(every_) {
+  if (every_ == 1 && model.values().data() == model.host_values().data() && opt.can_update_to(be))
+    gens_ = std::make_unique<UpdateGenerations>(mem_, model, opt, layout_);
+}
 
 std::optional<TrainState> MemoryState::restore(int64_t file_step) {
   const MemoryCheckpoints::Found f = mem_.find();
@@ -199,7 +188,15 @@ double MemoryState::save(int64_t steps_done, int64_t per_epoch, const Backend& b
     for (Pinned& st : staging_) st = Pinned(static_cast<char*>(be.alloc_pinned(state_bytes_)), be.free_pinned);
   const std::array<int64_t, 4> s = {steps_done, steps_done / per_epoch, steps_done % per_epoch,
                                     opt_.steps_taken()};
-  if (in_update_) return save_in_update(steps_done, s, useful_s);
+  if (gens_) {  // the head only: the update wrote the rest
+    std::array<float, kStateFloats> head{};
+    std::memcpy(head.data(), s.data(), sizeof s);
+    std::memcpy(head.data() + kUsefulAt, &useful_s, sizeof useful_s);
+    gens_->save(steps_done, head.data(), kStateFloats);
+    const double stall = seconds_since(t0);
+    stalls_.push_back(stall);
+    return stall;
+  }
   // On the copy thread, while the next step's forward and backward leave the state alone
   // (fence() before its update); a GPU's from the slot's buffer, once its copy is done.
   const Backend* bp = &be;
@@ -227,7 +224,7 @@ double MemoryState::save(int64_t steps_done, int64_t per_epoch, const Backend& b
         at += sizes[k];
       }
     }
-    // Each at its place in the layout (layout_of), the gaps zeros.
+    // Each at its place in the layout (part_layout), the gaps zeros.
     for (size_t k = 0; k < from.size(); ++k) {
       w.zeros(sizeof(float) * size_t(k == 0 ? layout_.values_at - kStateFloats : 0));
       w.put(from[k], sizeof(float) * size_t(sizes[k]));
@@ -246,85 +243,8 @@ double MemoryState::save(int64_t steps_done, int64_t per_epoch, const Backend& b
   return stall;
 }
 
-// The generation the update wrote: its head (lane sums added), then its header and name.
-double MemoryState::save_in_update(int64_t steps_done, const std::array<int64_t, 4>& head,
-                                   double useful_s) {
-  const auto t0 = std::chrono::steady_clock::now();
-  float* payload = written_ ? target_.values - layout_.values_at : nullptr;
-  if (payload) {
-    std::memcpy(payload, head.data(), sizeof head);
-    std::memcpy(payload + kUsefulAt, &useful_s, sizeof useful_s);
-    uint32_t run[kRunningWords] = {};
-    lane_sums_run(payload, layout_.values_at, run);
-    lane_sums_add(sums_, run, layout_.values_at / kSumLanes, 0);
-  }
-  // Without a generation written (its file could not be made: warned), the exchange still
-  // goes, since the partner waits for it; the copy it gets names no step and is not kept.
-  mem_.publish_slot(live_, steps_done, payload ? sums_ : nullptr);
-  written_ = false;
-  const double stall = seconds_since(t0);
-  stalls_.push_back(stall);
-  saved_ = std::chrono::steady_clock::now();
-  return stall;
-}
-
-// The first update's: the state moves into generation 0's file (once per launch, after a
-// restore took its copy), where the updates read it from.
-void MemoryState::start_in_update() {
-  double waited = 0;
-  float* payload = mem_.open_slot(0, opt_.steps_taken(), &waited);
-  if (!payload) {  // (warned) the updates stay in place and nothing is saved
-    in_update_ = false;
-    return;
-  }
-  home_[0] = model_.host_values();
-  std::copy_n(home_[0].data(), home_[0].size(), payload + layout_.values_at);
-  int k = 0;
-  for (auto& [name, t] : opt_.state()) {
-    home_[k + 1] = *t;
-    std::copy_n(t->data(), t->size(), payload + layout_.state_at[k++]);
-  }
-  rebind(payload);
-  live_ = 0;
-}
-
-void MemoryState::rebind(float* payload) {
-  model_.layout().rebind_values(Tensor::view(payload + layout_.values_at, {home_[0].size()}));
-  Tensor s[2];
-  for (int k = 0; k < 2; ++k)
-    if (home_[k + 1].ptr) s[k] = Tensor::view(payload + layout_.state_at[k], {home_[k + 1].size()});
-  opt_.rebind_state(s[0], s[1]);
-}
-
-void MemoryState::move_home() {
-  if (live_ < 0) return;
-  opt_.set_target(nullptr);
-  const float* payload = model_.host_values().data() - layout_.values_at;
-  for (int k = 0; k < 3; ++k)
-    if (home_[k].ptr)
-      std::copy_n(payload + (k == 0 ? layout_.values_at : layout_.state_at[k - 1]), home_[k].size(),
-                  home_[k].data());
-  model_.layout().rebind_values(home_[0]);
-  opt_.rebind_state(home_[1], home_[2]);
-  live_ = -1;
-  in_update_ = false;
-}
-
-MemoryState::~MemoryState() { move_home(); }
-
-void MemoryState::after_update() {
-  if (!in_update_ || live_ < 0) return;
-  opt_.set_target(nullptr);
-  if (target_.written == 0) return;  // no update ran
-  STRATA_CHECK(target_.written == model_.host_values().size(),
-               "memory checkpoint: the update wrote part of the parameters only");
-  rebind(target_.values - layout_.values_at);
-  live_ ^= 1;
-  written_ = true;
-}
-
 void MemoryState::after_step(int64_t steps_done, double step_s) {
-  if (budget_ <= 0 || stalls_.empty() || in_update_) return;
+  if (budget_ <= 0 || stalls_.empty() || gens_) return;
   steps_.push_back(step_s);
   if (stalls_.size() - window_ >= kAdaptSaves && steps_done % every_ == 0) adapt(steps_done);
 }
@@ -370,20 +290,9 @@ void MemoryState::adapt(int64_t steps_done) {
 }
 
 double MemoryState::fence() {
-  if (in_update_ && live_ < 0) start_in_update();
-  if (in_update_) {
+  if (gens_) {
     double waited = 0;
-    float* payload = mem_.open_slot(live_ ^ 1, opt_.steps_taken() + 1, &waited);
-    target_ = {};
-    std::fill(std::begin(sums_), std::end(sums_), 0u);
-    if (payload) {
-      target_ = {.values = payload + layout_.values_at,
-                 .state = {payload + layout_.state_at[0], payload + layout_.state_at[1]},
-                 .values_at = layout_.values_at,
-                 .state_at = {layout_.state_at[0], layout_.state_at[1]},
-                 .sums = sums_};
-      opt_.set_target(&target_);
-    }
+    if (!gens_->before_update(&waited)) gens_.reset();  // (warned) the updates stay in place
     fences_.push_back(waited);
     return waited;
   }
@@ -402,8 +311,8 @@ double MemoryState::fence() {
 void MemoryState::finish(bool remove) {
   if (finished_) return;
   finished_ = true;
-  const bool saved_in_update = in_update_;
-  move_home();
+  const bool saved_in_update = gens_ != nullptr;
+  if (gens_) gens_->move_home();
   if (remove) mem_.remove_files();
   else mem_.drain();
   if (comm_.rank() != 0 || stalls_.empty()) return;

@@ -21,9 +21,9 @@
 #include "model/optim.h"
 #include "run/goodput.h"
 #include "run/step_hooks.h"
+#include "run/update_generations.h"
 #include "strata/backend.h"
 #include "strata/comm.h"
-#include "strata/lane_sums.h"
 
 namespace strata {
 
@@ -55,7 +55,6 @@ class MemoryState {
                                            Optimizer& opt);
   MemoryState(const RunConfig& cfg, Comm& comm, const Backend& be, const std::string& grid,
               int64_t same_as, Model& model, Optimizer& opt);
-  ~MemoryState();  // the state back in the model's own buffers (move_home)
 
   // Collective, under --resume auto. Restores this rank's part of the newest complete memory
   // generation into the model and optimizer (host copies) when it is at least as new as
@@ -73,8 +72,10 @@ class MemoryState {
   // in_update(): makes the other generation's file the update's target instead.
   double fence();
   // After the update (in_update()): the parameters and state are the target's from now on.
-  void after_update();
-  bool in_update() const { return in_update_; }
+  void after_update() {
+    if (gens_) gens_->after_update();
+  }
+  bool in_update() const { return gens_ != nullptr; }
   // The run ends: the writes in flight finish, rank 0 prints the saves' stalls; `remove`:
   // this rank's copies are deleted (a finished run, or a stop whose checkpoint is in
   // checkpoint.dir).
@@ -96,19 +97,6 @@ class MemoryState {
                 (kStateFloats - kUsefulAt) * sizeof(float) == sizeof(double));
   static constexpr size_t kAdaptSaves = 16;    // saves measured before the budget sets the interval
   static constexpr double kMaxRecomputeS = 0.5;  // the steps a fault may redo, at most
-  // Where a part's pieces lie in its payload, in floats: the 4 int64 and the double first,
-  // then the values and each optimizer state, each on a 256-byte boundary (so the update can
-  // write a generation where it lies), zeros between.
-  struct Layout {
-    int64_t values_at = 0, state_at[2] = {0, 0}, floats = 0;
-  };
-  static Layout layout_of(Model& model, Optimizer& opt);
-  double save_in_update(int64_t steps_done, const std::array<int64_t, 4>& head, double useful_s);
-  void start_in_update();
-  // The state back from the live generation into the model's and optimizer's own buffers,
-  // before the files are unmapped.
-  void move_home();
-  void rebind(float* payload);  // the model and optimizer onto a generation's payload
   void print_in_update(bool remove);
   void adapt(int64_t steps_done);
   // A slot's pinned host buffer for a GPU's state (Backend::alloc_pinned/free_pinned).
@@ -117,7 +105,7 @@ class MemoryState {
   // Before mem_: its copy thread reads them until it is joined.
   Pinned staging_[2] = {Pinned(nullptr, nullptr), Pinned(nullptr, nullptr)};
   size_t state_bytes_;  // the model's values and the optimizer's state, as a GPU holds them
-  Layout layout_;
+  PartLayout layout_;  // (part_layout: the 4 int64 and the double first)
   MemoryCheckpoints mem_;
   Comm& comm_;
   Model& model_;
@@ -125,15 +113,7 @@ class MemoryState {
   int64_t every_;
   double budget_;              // checkpoint.memory_budget (0: every_ stays)
   int64_t first_every_;        // checkpoint.memory_every: the shortest interval
-  // in_update(): the generation the state lives in (-1 before the first update), the target
-  // of the update in progress and its payload's lane sums, whether it wrote a generation
-  // not yet saved, and each update's wait for its slot.
-  bool in_update_;
-  int live_ = -1;
-  Optimizer::Target target_;
-  uint32_t sums_[kRunningWords] = {};
-  bool written_ = false;
-  Tensor home_[3];  // the model's values and the optimizer's state buffers, kept for move_home
+  std::unique_ptr<UpdateGenerations> gens_;  // in_update(); after mem_: destroyed first
   double restored_useful_s_ = -1;
   size_t window_ = 0;          // the saves before this measuring window (stalls_'s indices)
   std::vector<double> steps_;  // the window's step times
