@@ -12,6 +12,7 @@
 
 #include "checkpoint/crc32c.h"
 #include "checkpoint/memory_checkpoints.h"
+#include "strata/lane_sums.h"
 #include "ranks_util.h"
 #include "test_util.h"
 
@@ -33,9 +34,12 @@ MemoryCheckpoints::Identity identity(int64_t attempt = 0) {
 }
 std::string node_of(int rank) { return rank == 0 ? "n1" : "n2"; }
 
-// Data-parallel replicas: both ranks hold rank 0's part (size and values), key 0.
+// Data-parallel replicas: both ranks hold rank 0's part (size and values), key 0. In place:
+// each save written straight into its slot's file (open_slot, publish_slot with the lane
+// sums), as the optimizer's update does, instead of copied by save().
 struct Parts {
   bool replicas = false;
+  bool in_place = false;
   int content(int rank) const { return replicas ? 0 : rank; }
   int64_t same_as() const { return replicas ? 0 : -1; }
 };
@@ -50,6 +54,17 @@ void save_steps(const fs::path& root, int64_t last = 3, int64_t failing = 0, Par
     m.preflight();
     for (int64_t step = 1; step <= last; ++step) {
       double wait = 0;
+      if (parts.in_place) {
+        float* p = m.open_slot(int(step % 2), step, &wait);
+        REQUIRE(p != nullptr);
+        const int64_t n = floats_of(rank);
+        for (int64_t i = 0; i < n; ++i) p[i] = value(rank, step, i);
+        uint32_t run[strata::kRunningWords] = {}, sums[strata::kRunningWords] = {};
+        strata::lane_sums_run(p, n, run);
+        strata::lane_sums_add(sums, run, (n + strata::kSumLanes - 1) / strata::kSumLanes, 0);
+        m.publish_slot(int(step % 2), step, sums);
+        continue;
+      }
       m.save(step, nullptr, [rank, step, failing](strata::PartWriter& w, int) {
         if (step == failing) throw std::runtime_error("a device error");
         std::vector<float> p(size_t(floats_of(rank)));
@@ -117,12 +132,15 @@ TEST_CASE("memory checkpoints: ranks pair with the same local rank on the next n
   CHECK(p.source == -1);
 }
 
-TEST_CASE("memory checkpoints: own and partner copies, two generations, restored exactly", "[memory]") {
+TEST_CASE("memory checkpoints: own and partner copies, two generations, restored exactly",
+          "[memory]") {
   // Each rank's part its own, kept also by the partner on the other node; or (replicas) both
   // ranks holding the same part (same_as 0) on nodes n1 and n2: no partner exchange, and a part
   // whose own copy is gone comes from the replica's own copy on the other node.
-  const Parts parts{.replicas = GENERATE(false, true)};
-  INFO((parts.replicas ? "data-parallel replicas" : "parts of their own"));
+  // Each saved by a copy or written in place (the generations the optimizer's update writes).
+  const Parts parts{.replicas = GENERATE(false, true), .in_place = GENERATE(false, true)};
+  INFO((parts.replicas ? "data-parallel replicas" : "parts of their own")
+       << (parts.in_place ? ", written in place" : ", copied"));
   // Parts taken from another rank's copy: the partner's, or a replica's.
   auto from_other = [&](const Restored& x) { return parts.replicas ? x.from_replica : x.from_partner; };
   strata::test::TempDir tmp;
