@@ -44,20 +44,21 @@ int main(int argc, char** argv) {
     std::vector<unsigned char> src(n);
     uint32_t x = 12345;
     for (auto& b : src) b = static_cast<unsigned char>((x = x * 1103515245u + 12345u) >> 24);
-    std::vector<char> dst(n + 72);
+    constexpr size_t at = strata::MemoryCheckpoints::kPayloadAt;  // a payload's place in its file
+    std::vector<char> dst(n + at);
     uint32_t base = 0, crc = 0, part = 0;
-    const double copy_ms = bench::best_ms(runs, [&] { std::memcpy(dst.data() + 72, src.data(), n); });
+    const double copy_ms = bench::best_ms(runs, [&] { std::memcpy(dst.data() + at, src.data(), n); });
     const double base_ms = bench::best_ms(runs, [&] { base = one_chain(src.data(), n); });
     const double crc_ms = bench::best_ms(runs, [&] { crc = strata::crc32c(src.data(), n); });
     const double part_ms = bench::best_ms(runs, [&] {
-      strata::PartWriter w(dst.data() + 72, n);  // 72: a part starts after its file's header
+      strata::PartWriter w(dst.data() + at, n);
       w.put(src.data(), n);
       part = w.finish();
     });
     auto gbs = [n](double ms) { return double(n) / ms / 1e6; };
     std::printf("%-9zu %9.1f %10.1f %9.1f %7.2fx %10.1f %9.1f %11.2fx%s\n", n, gbs(copy_ms), gbs(base_ms),
                 gbs(crc_ms), base_ms / crc_ms, gbs(part_ms), part_ms * 1e3, part_ms / copy_ms,
-                base == crc && crc == part && std::memcmp(dst.data() + 72, src.data(), n) == 0
+                base == crc && crc == part && std::memcmp(dst.data() + at, src.data(), n) == 0
                     ? "" : "   WRONG: the CRCs or the copy differ");
   }
 }

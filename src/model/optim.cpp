@@ -107,8 +107,6 @@ void Optimizer::apply_to(const Backend& be, const float* p, const float* g, int6
   STRATA_CHECK(begin % kSumLanes == 0 && at == begin, "an out-of-place update of a range that "
                "starts inside a block of the lane sums");
   uint32_t run[3 * kRunningWords] = {};
-  // Past the cache when an update's writes are larger than the cache could keep until the next
-  // update reads them (measured: benchmarks/README.md, "Memory checkpoints").
   const int64_t states = c_.kind == "adamw" ? 2 : 1;
   const bool stream = int64_t(sizeof(float)) * n_ * (1 + states) > kStreamAbove;
   if (c_.kind == "adamw")

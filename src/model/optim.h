@@ -105,6 +105,10 @@ class Optimizer {
     int64_t written = 0;                           // floats of values written so far
   };
   bool can_update_to(const Backend& be) const;
+  // Out of place, the stores go past the cache when an update writes more than this many
+  // bytes: the next update then reads them from memory anyway, and stores through the cache
+  // would first read every line they write (benchmarks/bench_update.cpp measures both).
+  static constexpr int64_t kStreamAbove = int64_t(6) << 20;
   void set_target(Target* t) { target_ = t; }
   // The host buffers the updates use from now on, in state()'s order (a written target's).
   void rebind_state(Tensor s0, Tensor s1);
@@ -121,7 +125,6 @@ class Optimizer {
   Tensor h0_, h1_;  // their host copies (the same storage on the CPU)
   int64_t t_ = 0;
   Target* target_ = nullptr;
-  static constexpr int64_t kStreamAbove = int64_t(8) << 20;  // bytes an update writes
   void apply_to(const Backend& be, const float* p, const float* g, int64_t begin, int64_t n,
                 int64_t at, float lr);
 };
