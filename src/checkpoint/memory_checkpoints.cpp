@@ -729,7 +729,10 @@ void MemoryCheckpoints::publish_slot(int slot, int64_t step, const uint32_t* sum
     seal(f.map, {.part = comm_.rank(), .ranks = comm_.size(), .checksum = kLaneSums, .step = step,
                   .attempt = id_.attempt, .run = run_, .job = job_,
                   .payload_bytes = uint64_t(floats_) * 4, .payload_crc = sums_digest(sums)});
-    publish(f, comm_.rank(), step, true);
+    // The first: an earlier launch's newest copy goes now (both slots' files were made before
+    // it was published, so neither removed it), leaving two generations.
+    if (publish(f, comm_.rank(), step, true) && !published_) remove_older(dir_, comm_.rank(), true);
+    published_ = true;
   }
   if (pair_.partner < 0 && pair_.source < 0) return;
   {

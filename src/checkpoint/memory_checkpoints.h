@@ -220,6 +220,7 @@ class MemoryCheckpoints {
   std::map<int, Copy> chosen_;        // find(): by part, the copy this rank would provide
   MappedFile own_[2], held_[2];  // by slot: saves alternate between two generations
   int next_ = 0;                  // the next save's slot
+  bool published_ = false;        // publish_slot() published a generation in this launch
   std::unique_ptr<Comm> xcomm_;   // the exchange thread's own communicator
   bool background_exchange_;      // MPI_THREAD_MULTIPLE (or in-process ranks): else inline
   GateWait gate_;

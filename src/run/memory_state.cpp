@@ -188,10 +188,10 @@ double MemoryState::save(int64_t steps_done, int64_t per_epoch, const Backend& b
     for (Pinned& st : staging_) st = Pinned(static_cast<char*>(be.alloc_pinned(state_bytes_)), be.free_pinned);
   const std::array<int64_t, 4> s = {steps_done, steps_done / per_epoch, steps_done % per_epoch,
                                     opt_.steps_taken()};
+  std::array<float, kStateFloats> head{};
+  std::memcpy(head.data(), s.data(), sizeof s);
+  std::memcpy(head.data() + kUsefulAt, &useful_s, sizeof useful_s);
   if (gens_) {  // the head only: the update wrote the rest
-    std::array<float, kStateFloats> head{};
-    std::memcpy(head.data(), s.data(), sizeof s);
-    std::memcpy(head.data() + kUsefulAt, &useful_s, sizeof useful_s);
     gens_->save(steps_done, head.data(), kStateFloats);
     const double stall = seconds_since(t0);
     stalls_.push_back(stall);
@@ -200,10 +200,7 @@ double MemoryState::save(int64_t steps_done, int64_t per_epoch, const Backend& b
   // On the copy thread, while the next step's forward and backward leave the state alone
   // (fence() before its update); a GPU's from the slot's buffer, once its copy is done.
   const Backend* bp = &be;
-  auto fill = [this, s, useful_s, device, bp](PartWriter& w, int slot) {
-    std::array<float, kStateFloats> head{};
-    std::memcpy(head.data(), s.data(), sizeof s);
-    std::memcpy(head.data() + kUsefulAt, &useful_s, sizeof useful_s);
+  auto fill = [this, head, device, bp](PartWriter& w, int slot) {
     w.put(head.data(), sizeof head);
     std::vector<const float*> from = {model_.host_values().data()};
     std::vector<int64_t> sizes = {model_.host_values().size()};

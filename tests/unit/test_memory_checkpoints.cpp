@@ -44,17 +44,21 @@ struct Parts {
   int64_t same_as() const { return replicas ? 0 : -1; }
 };
 
-// Saves steps 1..last on both ranks; the fill of step `failing` throws (a GPU's copy failed).
-void save_steps(const fs::path& root, int64_t last = 3, int64_t failing = 0, Parts parts = {}) {
+// Saves steps first..last on both ranks; the fill of step `failing` throws (a GPU's copy failed).
+void save_steps(const fs::path& root, int64_t last = 3, int64_t failing = 0, Parts parts = {},
+                int64_t first = 1) {
   strata::run_ranks(2, [&](strata::Comm& c) {
     const int rank = parts.content(c.rank());
     MemoryCheckpoints m((root / node_of(c.rank())).string(), c, floats_of(rank), identity(),
                         node_of(c.rank()), parts.same_as());
     CHECK(m.replicated() == parts.replicas);
     m.preflight();
-    for (int64_t step = 1; step <= last; ++step) {
+    for (int64_t step = first; step <= last; ++step) {
       double wait = 0;
       if (parts.in_place) {
+        // As UpdateGenerations does: the generation the state lives in first, then the
+        // update's target; both files exist before the launch's first publish.
+        if (step == first) REQUIRE(m.open_slot(int((step + 1) % 2), step - 1, &wait) != nullptr);
         float* p = m.open_slot(int(step % 2), step, &wait);
         REQUIRE(p != nullptr);
         const int64_t n = floats_of(rank);
@@ -157,6 +161,14 @@ TEST_CASE("memory checkpoints: own and partner copies, two generations, restored
     CHECK(x.exact);
   }
 
+  SECTION("a relaunch's saves leave two generations again") {
+    save_steps(root, 5, 0, parts, 4);
+    for (const char* node : {"n1", "n2"}) {
+      CHECK(count(root / node, ".own") == 2);  // steps 4 and 5: step 3's is gone
+      CHECK(count(root / node, ".peer") == (parts.replicas ? 0 : 2));
+    }
+    for (const auto& x : restore(root, 0, parts)) CHECK((x.step == 5 && x.exact));
+  }
   SECTION("a node's directory gone: its part comes from the other node") {
     fs::remove_all(root / "n1");
     r = restore(root, 0, parts);
