@@ -6,6 +6,9 @@
 // zeros. For lane l of every block J: a[l] = sum of the words, b[l] = sum of (J + 1) * word,
 // both mod 2^32 (Fletcher's two sums, per lane). A changed word changes a[l] (the difference
 // of two distinct 32-bit words is never 0 mod 2^32); words swapped between blocks change b[l].
+// Weaker than a CRC against several errors at once: two flipped bits of one lane can cancel
+// in both sums (the sign bits of blocks J and K with J + K even, say), which CRC-32C never
+// misses.
 // The sums add over pieces, in any order, so an update in ranges (during backward) adds each
 // range's as it goes.
 //

@@ -110,7 +110,7 @@ bool have_avx512f() {
 #endif
 
 // Streaming stores need 64-byte aligned outputs (the flat buffers' are 256-byte aligned).
-bool aligned64(const float* p) { return reinterpret_cast<uintptr_t>(p) % 64 == 0; }
+[[maybe_unused]] bool aligned64(const float* p) { return reinterpret_cast<uintptr_t>(p) % 64 == 0; }
 
 }  // namespace
 
@@ -196,7 +196,6 @@ void adamw_update_to(const float* param, const float* grad, const float* m, cons
   const bool emit = stream || (sums && have_avx512f());
 #else
   stream = false;
-  const bool emit = false;
 #endif
   constexpr int kBlock = 256;
   static_assert(kBlock % kSumLanes == 0);

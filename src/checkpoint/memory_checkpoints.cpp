@@ -429,6 +429,17 @@ void deliver_parts(Comm& comm, const std::vector<int64_t>& holder,
   for (int hd : handles) comm.wait(hd);
 }
 
+// The copies in `dir` of part `own` (its own) and of part `held` (a partner's), then `dir`
+// if that left it empty (the node's other ranks may still be writing).
+void remove_parts(const std::string& dir, int own, int held) {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const auto p = parse_name(e.path().filename().string());
+    if (p && ((p->own && p->part == own) || (!p->own && p->part == held))) fs::remove(e.path(), ec);
+  }
+  fs::remove(dir, ec);
+}
+
 }  // namespace
 
 void PartWriter::put(const void* src, size_t bytes) {
@@ -664,9 +675,10 @@ void MemoryCheckpoints::MappedFile::close() {
 }
 
 // Makes `f` ready for the copy of `part` at `step` under its temporary name (on first use, an
-// earlier launch's older copies of the part removed first).
-bool MemoryCheckpoints::prepare(MappedFile& f, int part, int64_t step, bool own, size_t bytes) {
-  if (f.fd < 0) remove_older(dir_, part, own);
+// earlier launch's older copies of the part removed first, unless not `prune`).
+bool MemoryCheckpoints::prepare(MappedFile& f, int part, int64_t step, bool own, size_t bytes,
+                                bool prune) {
+  if (f.fd < 0 && prune) remove_older(dir_, part, own);
   std::string at;
   const int err = f.prepare(fmt::format("{}/{}.tmp.{}", dir_, part_name(part, step, own), ::getpid()), bytes, &at);
   return err == 0 || (warn(at, err), false);
@@ -718,8 +730,9 @@ float* MemoryCheckpoints::open_slot(int slot, int64_t step, double* wait_s) {
   *wait_s = seconds_since(t0);
   MappedFile& f = own_[slot];
   // A file that keeps its name (a failed rename, warned) is still written: its checksum no
-  // longer matches, so a restart skips it as damaged.
-  prepare(f, comm_.rank(), step, true, kPayloadAt + size_t(floats_) * 4);
+  // longer matches, so a restart skips it as damaged. An earlier launch's copies stay until
+  // this launch's first publish: the one a restore took may not be their newest.
+  prepare(f, comm_.rank(), step, true, kPayloadAt + size_t(floats_) * 4, /*prune=*/false);
   return f.map ? reinterpret_cast<float*>(f.map + kPayloadAt) : nullptr;
 }
 
@@ -729,19 +742,23 @@ void MemoryCheckpoints::publish_slot(int slot, int64_t step, const uint32_t* sum
     seal(f.map, {.part = comm_.rank(), .ranks = comm_.size(), .checksum = kLaneSums, .step = step,
                   .attempt = id_.attempt, .run = run_, .job = job_,
                   .payload_bytes = uint64_t(floats_) * 4, .payload_crc = sums_digest(sums)});
-    // The first: an earlier launch's newest copy goes now (both slots' files were made before
-    // it was published, so neither removed it), leaving two generations.
-    if (publish(f, comm_.rank(), step, true) && !published_) remove_older(dir_, comm_.rank(), true);
-    published_ = true;
+    // The first: an earlier launch's copies go now (open_slot left them), leaving two
+    // generations.
+    if (publish(f, comm_.rank(), step, true) && !published_) {
+      remove_older(dir_, comm_.rank(), true);
+      published_ = true;
+    }
   }
   if (pair_.partner < 0 && pair_.source < 0) return;
+  const Save s{.step = step, .slot = slot, .fill = nullptr, .blank = !(f.map && sums)};
   {
-    std::lock_guard<std::mutex> lk(mu_);
+    std::unique_lock<std::mutex> lk(mu_);
+    cv_.wait(lk, [&] { return busy_[slot] == 0; });  // (a blank save may repeat a slot)
     ++busy_[slot];  // until its exchange is done (done())
-    if (background_exchange_) exchange_q_.push_back({step, slot, nullptr});
+    if (background_exchange_) exchange_q_.push_back(s);
   }
   cv_.notify_all();
-  if (!background_exchange_) timed_exchange({step, slot, nullptr, {}});
+  if (!background_exchange_) timed_exchange(s);
 }
 
 // The own file's bytes, header and CRCs included, to the partner; the source's into the held
@@ -753,10 +770,11 @@ void MemoryCheckpoints::exchange(const Save& s) {
   static_assert(kPayloadAt % 4 == 0);
   MappedFile& mine = own_[s.slot];
   MappedFile& held = held_[s.slot];
-  // Without an own file (its first prepare failed) zeros go: the partner expects the bytes,
-  // and a header of zeros names no step, so it keeps none of them.
+  // Without an own file (its first prepare failed) or a save (blank) zeros go: the partner
+  // expects the bytes, and a header of zeros names no step, so it keeps none of them.
   const int64_t send_floats = pair_.partner >= 0 ? int64_t(kPayloadAt / 4) + floats_ : 0;
-  std::vector<float> zeros(pair_.partner >= 0 && !mine.map ? size_t(send_floats) : 0);
+  const bool sending = mine.map && !s.blank;
+  std::vector<float> zeros(pair_.partner >= 0 && !sending ? size_t(send_floats) : 0);
   const size_t held_bytes = kPayloadAt + size_t(pair_.source >= 0 ? part_floats_[size_t(pair_.source)] : 0) * 4;
   const bool receiving = pair_.source >= 0 && prepare(held, pair_.source, s.step, false, held_bytes);
   std::vector<float> scratch;
@@ -766,7 +784,7 @@ void MemoryCheckpoints::exchange(const Save& s) {
     into = scratch.data();
   }
   const int64_t recv_floats = pair_.source >= 0 ? int64_t(held_bytes / 4) : 0;
-  const auto* from = mine.map ? reinterpret_cast<const float*>(mine.map) : zeros.data();
+  const auto* from = sending ? reinterpret_cast<const float*>(mine.map) : zeros.data();
   if (!send_and_receive(*xcomm_, {from, send_floats, pair_.partner}, {into, recv_floats, pair_.source},
                         gate_, stop_, mu_))
     return;
@@ -835,12 +853,7 @@ void MemoryCheckpoints::remove_files() {
     if (!f->path.empty()) fs::remove(f->path, ec);
     *f = MappedFile{};
   }
-  for (const auto& e : fs::directory_iterator(dir_, ec)) {
-    const auto p = parse_name(e.path().filename().string());
-    if (p && ((p->own && p->part == comm_.rank()) || (!p->own && p->part == pair_.source)))
-      fs::remove(e.path(), ec);
-  }
-  fs::remove(dir_, ec);  // only when empty: the node's other ranks may still be writing
+  remove_parts(dir_, comm_.rank(), pair_.source);
 }
 
 }  // namespace strata

@@ -192,6 +192,7 @@ class MemoryCheckpoints {
     int slot;
     Fill fill;
     std::chrono::steady_clock::time_point queued{};
+    bool blank = false;  // nothing was saved: the exchange sends zeros (its partner waits)
   };
   using Copy = MemoryCopy;
   void group_parts(int64_t same_as);
@@ -201,7 +202,7 @@ class MemoryCheckpoints {
   void copy_own(const Save& s, std::chrono::steady_clock::time_point t0);
   void exchange(const Save& s);
   void timed_exchange(const Save& s);  // exchange(), its time noted, the slot released
-  bool prepare(MappedFile& f, int part, int64_t step, bool own, size_t bytes);
+  bool prepare(MappedFile& f, int part, int64_t step, bool own, size_t bytes, bool prune = true);
   bool publish(MappedFile& f, int part, int64_t step, bool own);
   void warn(const std::string& path, int err);
   void note_failure(const std::string& path, const std::string& why);

@@ -64,6 +64,11 @@ class MemoryHook final : public StepHook {
   std::pair<int64_t, int> kill_ = test_kill_at();
 };
 
+// The partner exchange's median time per save, in words.
+std::string exchange_words(const MemoryCheckpoints::Timings& t) {
+  return t.exchange_s.empty() ? "no partner" : fmt::format("exchange {:.2f} ms", 1e3 * median(t.exchange_s));
+}
+
 // Whose copies a restore took, in words.
 std::string copies_taken(const MemoryCheckpoints::Found& f) {
   if (f.from_partner == 0 && f.from_replica == 0) return "every rank's own copy";
@@ -287,9 +292,19 @@ void MemoryState::adapt(int64_t steps_done) {
 }
 
 double MemoryState::fence() {
+  if (gens_ && !gens_->started()) {
+    // Every rank or none (a file that cannot be made is warned): a rank saving copies beside
+    // ranks that do not would call the budget's collectives alone.
+    int64_t ok = gens_->start() ? 1 : 0;
+    comm_.allreduce_min(&ok, 1);
+    if (!ok) {
+      gens_->move_home();
+      gens_.reset();
+    }
+  }
   if (gens_) {
     double waited = 0;
-    if (!gens_->before_update(&waited)) gens_.reset();  // (warned) the updates stay in place
+    gens_->before_update(&waited);
     fences_.push_back(waited);
     return waited;
   }
@@ -313,12 +328,11 @@ void MemoryState::finish(bool remove) {
   if (remove) mem_.remove_files();
   else mem_.drain();
   if (comm_.rank() != 0 || stalls_.empty()) return;
-  if (saved_in_update) return print_in_update(remove);
+  const MemoryCheckpoints::Timings t = mem_.timings();
+  const std::string exchange = exchange_words(t);
+  if (saved_in_update) return print_in_update(exchange, remove);
   // Where a save's time goes off the training thread: with a spare core the copy and the
   // exchange cost the step only through what they share with it (memory bandwidth, MPI).
-  const MemoryCheckpoints::Timings t = mem_.timings();
-  const std::string exchange =
-      t.exchange_s.empty() ? "no partner" : fmt::format("exchange {:.2f} ms", 1e3 * median(t.exchange_s));
   fmt::print("memory checkpoints: {} saves in this launch, stall per save: median {:.2f} ms, "
              "max {:.2f} ms (medians: {:.2f} ms queueing, {:.2f} ms waking the copy, {:.2f} ms "
              "at the update); off the training thread per save: copy {:.2f} ms, {} (medians: "
@@ -331,10 +345,7 @@ void MemoryState::finish(bool remove) {
              1e3 * median(windows_), remove ? "; this run's copies removed" : "");
 }
 
-void MemoryState::print_in_update(bool remove) {
-  const MemoryCheckpoints::Timings t = mem_.timings();
-  const std::string exchange =
-      t.exchange_s.empty() ? "no partner" : fmt::format("exchange {:.2f} ms", 1e3 * median(t.exchange_s));
+void MemoryState::print_in_update(const std::string& exchange, bool remove) {
   fmt::print("memory checkpoints: {} saves in this launch, written by the optimizer's update; "
              "stall per save: median {:.2f} ms, max {:.2f} ms (sealing and naming it), and "
              "{:.2f} ms median before each update (its file renamed, its exchange awaited); off "

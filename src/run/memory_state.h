@@ -69,7 +69,8 @@ class MemoryState {
   double save(int64_t steps_done, int64_t per_epoch, const Backend& be, double useful_s);
   // Before the optimizer's update changes the state: waits for the last save's copy to be
   // taken (normally done during the step's forward and backward). Returns the wait. In
-  // in_update(): makes the other generation's file the update's target instead.
+  // in_update(): makes the other generation's file the update's target instead (the first
+  // time collectively: every rank moves its state into the files, or none does).
   double fence();
   // After the update (in_update()): the parameters and state are the target's from now on.
   void after_update() {
@@ -97,7 +98,7 @@ class MemoryState {
                 (kStateFloats - kUsefulAt) * sizeof(float) == sizeof(double));
   static constexpr size_t kAdaptSaves = 16;    // saves measured before the budget sets the interval
   static constexpr double kMaxRecomputeS = 0.5;  // the steps a fault may redo, at most
-  void print_in_update(bool remove);
+  void print_in_update(const std::string& exchange, bool remove);
   void adapt(int64_t steps_done);
   // A slot's pinned host buffer for a GPU's state (Backend::alloc_pinned/free_pinned).
   using Pinned = std::unique_ptr<char, void (*)(void*)>;

@@ -22,35 +22,41 @@ UpdateGenerations::UpdateGenerations(MemoryCheckpoints& mem, Model& model, Optim
                                      const PartLayout& l)
     : mem_(mem), model_(model), opt_(opt), layout_(l) {}
 
-bool UpdateGenerations::before_update(double* wait_s) {
-  *wait_s = 0;
-  if (live_ < 0) {
-    float* payload = mem_.open_slot(0, opt_.steps_taken(), wait_s);
-    if (!payload) return false;
-    home_[0] = model_.host_values();
-    std::copy_n(home_[0].data(), home_[0].size(), payload + layout_.values_at);
-    int k = 0;
-    for (auto& [name, t] : opt_.state()) {
-      home_[k + 1] = *t;
-      std::copy_n(t->data(), t->size(), payload + layout_.state_at[k++]);
-    }
-    rebind(payload);
-    live_ = 0;
+bool UpdateGenerations::start() {
+  double waited = 0;
+  float* payload = mem_.open_slot(0, opt_.steps_taken(), &waited);
+  if (!payload) return false;
+  home_[0] = model_.host_values();
+  std::copy_n(home_[0].data(), home_[0].size(), payload + layout_.values_at);
+  int k = 0;
+  for (auto& [name, t] : opt_.state()) {
+    home_[k + 1] = *t;
+    std::copy_n(t->data(), t->size(), payload + layout_.state_at[k++]);
   }
-  // A target that cannot be made (warned) leaves this update in place; its save sends the
-  // partner nothing it keeps.
+  rebind(payload);
+  live_ = 0;
+  return true;
+}
+
+void UpdateGenerations::before_update(double* wait_s) {
+  STRATA_CHECK(live_ >= 0, "UpdateGenerations: an update before start()");
   float* payload = mem_.open_slot(live_ ^ 1, opt_.steps_taken() + 1, wait_s);
   target_ = {};
   std::fill(std::begin(sums_), std::end(sums_), 0u);
-  if (payload) {
-    target_ = {.values = payload + layout_.values_at,
-               .state = {payload + layout_.state_at[0], payload + layout_.state_at[1]},
-               .values_at = layout_.values_at,
-               .state_at = {layout_.state_at[0], layout_.state_at[1]},
-               .sums = sums_};
-    opt_.set_target(&target_);
+  if (!payload) {
+    // A target that cannot be made (warned) leaves this update in place: the live file first
+    // waits for its exchange and loses its name; the save sends the partner nothing it keeps.
+    double more = 0;
+    mem_.open_slot(live_, opt_.steps_taken() + 1, &more);
+    *wait_s += more;
+    return;
   }
-  return true;
+  target_ = {.values = payload + layout_.values_at,
+             .state = {payload + layout_.state_at[0], payload + layout_.state_at[1]},
+             .values_at = layout_.values_at,
+             .state_at = {layout_.state_at[0], layout_.state_at[1]},
+             .sums = sums_};
+  opt_.set_target(&target_);
 }
 
 void UpdateGenerations::after_update() {

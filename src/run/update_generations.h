@@ -28,10 +28,13 @@ class UpdateGenerations {
   UpdateGenerations(const UpdateGenerations&) = delete;
   UpdateGenerations& operator=(const UpdateGenerations&) = delete;
 
-  // Before an update: the other generation's file becomes its target (*wait_s: the wait for
-  // the file's exchange). The first time, the state moves into generation 0's file (after a
-  // restore took its copy); false when that file cannot be made (warned: nothing is saved).
-  bool before_update(double* wait_s);
+  // Before the first update (after a restore took its copy): the state moves into generation
+  // 0's file; false when that file cannot be made (warned). started(): it moved.
+  bool start();
+  bool started() const { return live_ >= 0; }
+  // Before each update, once started: the other generation's file becomes its target
+  // (*wait_s: the wait for the file's exchange).
+  void before_update(double* wait_s);
   // After it: the parameters and the state are the target's from now on.
   void after_update();
   // A save after `step` steps: `head` (the layout's head floats) into the generation the last

@@ -44,6 +44,12 @@ struct Parts {
   int64_t same_as() const { return replicas ? 0 : -1; }
 };
 
+size_t count(const fs::path& dir, const std::string& ending) {
+  size_t n = 0;
+  for (const auto& e : fs::directory_iterator(dir)) n += e.path().string().ends_with(ending);
+  return n;
+}
+
 // Saves steps first..last on both ranks; the fill of step `failing` throws (a GPU's copy failed).
 void save_steps(const fs::path& root, int64_t last = 3, int64_t failing = 0, Parts parts = {},
                 int64_t first = 1) {
@@ -60,6 +66,9 @@ void save_steps(const fs::path& root, int64_t last = 3, int64_t failing = 0, Par
         // update's target; both files exist before the launch's first publish.
         if (step == first) REQUIRE(m.open_slot(int((step + 1) % 2), step - 1, &wait) != nullptr);
         float* p = m.open_slot(int(step % 2), step, &wait);
+        // An earlier launch's copies stay until this launch publishes (a restore may have taken
+        // one older than their newest).
+        if (step == first && first > 1) CHECK(count(root / node_of(c.rank()), ".own") == 2);
         REQUIRE(p != nullptr);
         const int64_t n = floats_of(rank);
         for (int64_t i = 0; i < n; ++i) p[i] = value(rank, step, i);
@@ -114,11 +123,6 @@ void flip_byte(const fs::path& file) {
   f.put('\x5a');
 }
 
-size_t count(const fs::path& dir, const std::string& ending) {
-  size_t n = 0;
-  for (const auto& e : fs::directory_iterator(dir)) n += e.path().string().ends_with(ending);
-  return n;
-}
 
 }  // namespace
 
