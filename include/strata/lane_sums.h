@@ -49,4 +49,15 @@ inline void lane_sums_add(uint32_t* total, const uint32_t* run, int64_t blocks, 
   }
 }
 
+// The blocks of n words, a last partial one included.
+inline int64_t lane_blocks(int64_t n) { return (n + kSumLanes - 1) / kSumLanes; }
+
+// The sums of x[0, n) whose first word is at block `first` of the whole, into the whole's
+// `total` (a, b).
+inline void lane_sums_place(uint32_t* total, const float* x, int64_t n, int64_t first) {
+  uint32_t run[kRunningWords] = {};
+  lane_sums_run(x, n, run);
+  lane_sums_add(total, run, lane_blocks(n), first);
+}
+
 }  // namespace strata

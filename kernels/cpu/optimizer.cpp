@@ -96,7 +96,7 @@ __attribute__((target("avx512f"))) void emit_avx512(const float* x, float* out, 
     s2 = _mm512_add_epi32(s2, s1);
   }
   if (stream) _mm_sfence();
-  for (int64_t k = i; k < n; ++k) out[k] = x[k];
+  if (out != x) std::copy(x + i, x + n, out + i);
   if (!run) return;
   _mm512_storeu_si512(run, s1);
   _mm512_storeu_si512(run + kSumLanes, s2);

@@ -66,9 +66,8 @@ uint32_t header_crc(const Header& h) { return crc32c(&h, offsetof(Header, payloa
 // The checksum of a payload the update wrote: its lane sums a and b, through CRC-32C.
 uint32_t sums_digest(const uint32_t* total) { return crc32c(total, sizeof(uint32_t) * kRunningWords); }
 uint32_t lane_sums_digest(const float* payload, int64_t floats) {
-  uint32_t run[kRunningWords] = {}, total[kRunningWords] = {};
-  lane_sums_run(payload, floats, run);
-  lane_sums_add(total, run, (floats + kSumLanes - 1) / kSumLanes, 0);
+  uint32_t total[kRunningWords] = {};
+  lane_sums_place(total, payload, floats, 0);
   return sums_digest(total);
 }
 

@@ -109,14 +109,16 @@ void Optimizer::apply_to(const Backend& be, const float* p, const float* g, int6
   uint32_t run[3 * kRunningWords] = {};
   const int64_t states = c_.kind == "adamw" ? 2 : 1;
   const bool stream = int64_t(sizeof(float)) * n_ * (1 + states) > kStreamAbove;
+  float* values = t.payload + t.values_at + begin;
+  float* s0 = t.payload + t.state_at[0] + at;
   if (c_.kind == "adamw")
-    be.adamw_update_to(p, g, s0_.data() + at, s1_.data() + at, t.values + begin,
-                       t.state[0] + at, t.state[1] + at, n, lr, float(c_.beta1), float(c_.beta2),
+    be.adamw_update_to(p, g, s0_.data() + at, s1_.data() + at, values, s0,
+                       t.payload + t.state_at[1] + at, n, lr, float(c_.beta1), float(c_.beta2),
                        float(c_.eps), float(c_.weight_decay), t_ + 1, run, stream);
   else
-    be.sgd_update_to(p, g, s0_.data() + at, t.values + begin, t.state[0] + at, n, lr,
-                     float(c_.momentum), float(c_.weight_decay), c_.nesterov, t_ == 0, run, stream);
-  const int64_t blocks = (n + kSumLanes - 1) / kSumLanes;
+    be.sgd_update_to(p, g, s0_.data() + at, values, s0, n, lr, float(c_.momentum),
+                     float(c_.weight_decay), c_.nesterov, t_ == 0, run, stream);
+  const int64_t blocks = lane_blocks(n);
   lane_sums_add(t.sums, run, blocks, (t.values_at + begin) / kSumLanes);
   for (int k = 0; k < states; ++k)
     lane_sums_add(t.sums, run + (k + 1) * kRunningWords, blocks, (t.state_at[k] + at) / kSumLanes);

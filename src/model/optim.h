@@ -92,15 +92,14 @@ class Optimizer {
 
   // Out of place (memory checkpoints that the update writes itself, run/memory_state.h): while
   // a target is set, apply() reads the parameters and state where they are and writes the new
-  // ones into the target's buffers, adding their lane sums (strata/lane_sums.h) into `sums`,
-  // each output placed at its first word in the payload those buffers lie in (a multiple of
-  // 16). Counts the floats written, so the caller can tell a whole update from none. Only
+  // ones into the target's payload (values and each state at their offsets, multiples of 16
+  // floats), adding their lane sums (strata/lane_sums.h) into `sums`, each placed at its
+  // block. Counts the floats written, so the caller can tell a whole update from none. Only
   // unsharded, on a backend that has the out-of-place ops, and with a state every update
   // writes (SGD with momentum, AdamW): can_update_to().
   struct Target {
-    float* values = nullptr;
-    float* state[2] = {nullptr, nullptr};
-    int64_t values_at = 0, state_at[2] = {0, 0};  // words into the payload
+    float* payload = nullptr;
+    int64_t values_at = 0, state_at[2] = {0, 0};  // floats into the payload
     uint32_t* sums = nullptr;                      // the payload's lane sums (a, b)
     int64_t written = 0;                           // floats of values written so far
   };

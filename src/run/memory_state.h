@@ -5,7 +5,6 @@
 // (seed, epoch, step, sample), so the position in the data order is all of the loader and RNG
 // state a resumed run needs.
 #pragma once
-#include <array>
 #include <chrono>
 #include <cstdint>
 #include <memory>

@@ -51,8 +51,7 @@ void UpdateGenerations::before_update(double* wait_s) {
     *wait_s += more;
     return;
   }
-  target_ = {.values = payload + layout_.values_at,
-             .state = {payload + layout_.state_at[0], payload + layout_.state_at[1]},
+  target_ = {.payload = payload,
              .values_at = layout_.values_at,
              .state_at = {layout_.state_at[0], layout_.state_at[1]},
              .sums = sums_};
@@ -65,18 +64,16 @@ void UpdateGenerations::after_update() {
   if (target_.written == 0) return;  // no update ran
   STRATA_CHECK(target_.written == model_.host_values().size(),
                "memory checkpoint: the update wrote part of the parameters only");
-  rebind(target_.values - layout_.values_at);
+  rebind(target_.payload);
   live_ ^= 1;
   written_ = true;
 }
 
 void UpdateGenerations::save(int64_t step, const float* head, int64_t head_floats) {
-  float* payload = written_ ? target_.values - layout_.values_at : nullptr;
-  if (payload) {
+  float* payload = written_ ? target_.payload : nullptr;
+  if (payload) {  // the head and the zeros after it, block 0 on
     std::copy_n(head, head_floats, payload);
-    uint32_t run[kRunningWords] = {};
-    lane_sums_run(payload, layout_.values_at, run);
-    lane_sums_add(sums_, run, layout_.values_at / kSumLanes, 0);
+    lane_sums_place(sums_, payload, layout_.values_at, 0);
   }
   // Without a generation written, the exchange still goes, since the partner waits for it;
   // the copy it gets names no step and is not kept.

@@ -299,18 +299,15 @@ TEST_CASE("lane sums: pieces add up, a flipped byte or swapped words change them
   Rng rng(17);
   const Vec x = rand_vec(rng, 1000);
   auto whole = [](const Vec& v) {
-    uint32_t run[kRunningWords] = {}, total[kRunningWords] = {};
-    lane_sums_run(v.data(), int64_t(v.size()), run);
-    lane_sums_add(total, run, (int64_t(v.size()) + kSumLanes - 1) / kSumLanes, 0);
+    uint32_t total[kRunningWords] = {};
+    lane_sums_place(total, v.data(), int64_t(v.size()), 0);
     return std::vector<uint32_t>(total, total + kRunningWords);
   };
   const std::vector<uint32_t> want = whole(x);
   uint32_t total[kRunningWords] = {};
   for (int64_t at : {int64_t(320), int64_t(0), int64_t(640)}) {  // any order, the last partial
     const int64_t n = at == 640 ? int64_t(x.size()) - at : 320;
-    uint32_t run[kRunningWords] = {};
-    lane_sums_run(x.data() + at, n, run);
-    lane_sums_add(total, run, (n + kSumLanes - 1) / kSumLanes, at / kSumLanes);
+    lane_sums_place(total, x.data() + at, n, at / kSumLanes);
   }
   CHECK(std::vector<uint32_t>(total, total + kRunningWords) == want);
   Vec flipped = x;

@@ -72,9 +72,8 @@ void save_steps(const fs::path& root, int64_t last = 3, int64_t failing = 0, Par
         REQUIRE(p != nullptr);
         const int64_t n = floats_of(rank);
         for (int64_t i = 0; i < n; ++i) p[i] = value(rank, step, i);
-        uint32_t run[strata::kRunningWords] = {}, sums[strata::kRunningWords] = {};
-        strata::lane_sums_run(p, n, run);
-        strata::lane_sums_add(sums, run, (n + strata::kSumLanes - 1) / strata::kSumLanes, 0);
+        uint32_t sums[strata::kRunningWords] = {};
+        strata::lane_sums_place(sums, p, n, 0);
         m.publish_slot(int(step % 2), step, sums);
         continue;
       }
