@@ -44,7 +44,7 @@ class MemoryHook final : public StepHook {
       : m_(m), per_epoch_(per_epoch), be_(be), goodput_(g), rank_(rank) {}
   std::optional<int> end(const StepEnd& e) override {
     const int64_t done = e.step + 1;
-    if (done % m_.every() == 0)
+    if (m_.saves_at(done))
       goodput_.checkpoint(done, m_.save(done, per_epoch_, be_, goodput_.useful_s()), /*write_now=*/false);
     m_.after_step(done, e.seconds);
     if (kill_.first == done && kill_.second == rank_) {
@@ -110,7 +110,11 @@ std::unique_ptr<MemoryState> MemoryState::make(const RunConfig& cfg, Comm& comm,
                m->mem_.replicated() ? "" : " and of their partners' copies");
     if (m->in_update())
       fmt::print("memory checkpoints: the optimizer's update writes each generation (the "
-                 "parameters and its state live in the memory directory's files): no copy\n");
+                 "parameters and its state live in the memory directory's files): no copy{}\n",
+                 m->probe_ == Probe::off ? ""
+                 : fmt::format("; checkpoint.memory_budget: the update is timed in place for {0} "
+                               "steps without saves, then writing the generations for {0}, and "
+                               "copies take over if that costs more than the budget", kAdaptSaves));
     if (p.node_names.size() < 2)
       fmt::print(stderr, "strata: warning: checkpoint.memory_every: every rank runs on node {}: "
                  "memory checkpoints have no partner copy, so a lost node means resuming from "
@@ -137,6 +141,7 @@ MemoryState::MemoryState(const RunConfig& cfg, Comm& comm, const Backend& be,
       budget_(cfg.checkpoint.memory_budget), first_every_(every_) {
   if (every_ == 1 && model.values().data() == model.host_values().data() && opt.can_update_to(be))
     gens_ = std::make_unique<UpdateGenerations>(mem_, model, opt, layout_);
+  if (gens_ && budget_ > 0) probe_ = Probe::in_place;
 }
 
 std::optional<TrainState> MemoryState::restore(int64_t file_step) {
@@ -246,6 +251,7 @@ double MemoryState::save(int64_t steps_done, int64_t per_epoch, const Backend& b
 }
 
 void MemoryState::after_step(int64_t steps_done, double step_s) {
+  if (probe_ != Probe::off) return probe(steps_done, step_s);
   if (budget_ <= 0 || stalls_.empty() || gens_) return;
   steps_.push_back(step_s);
   if (stalls_.size() - window_ >= kAdaptSaves && steps_done % every_ == 0) adapt(steps_done);
@@ -291,7 +297,53 @@ void MemoryState::adapt(int64_t steps_done) {
                            : "");
 }
 
+void MemoryState::probe(int64_t steps_done, double step_s) {
+  const bool in_place = probe_ == Probe::in_place;
+  if (in_place) steps_.push_back(step_s);  // the steps without memory checkpoints
+  if (updates_[in_place ? 0 : 1].size() < kAdaptSaves) return;
+  if (in_place) probe_ = Probe::in_update;  // the generations start at the next update
+  else decide(steps_done);
+}
+
+// The update's cost in writing the generations, against the steps without memory checkpoints;
+// over the budget on any rank, the state moves home and copies take over.
+void MemoryState::decide(int64_t steps_done) {
+  const double in_place = median(updates_[0]), writing = median(updates_[1]);
+  const double saves = median(stalls_) + median(fences_);
+  const double step = std::max(median(steps_), 1e-9);
+  double worst = (std::max(writing - in_place, 0.0) + saves) / step;
+  comm_.allreduce_max(&worst, 1);  // the rank that pays the most decides
+  probe_ = Probe::off;
+  steps_.clear();
+  const bool keep = worst <= budget_;
+  if (comm_.rank() == 0)
+    fmt::print("memory checkpoints: {} from step {} (checkpoint.memory_budget {:g} %: writing "
+               "every generation costs {:.1f} % of a step at most, on rank 0 {:.3f} ms a step: "
+               "the update {:.3f} ms against {:.3f} ms in place, the save {:.3f} ms, steps of "
+               "{:.2f} ms)\n", keep ? "the update goes on writing every generation" : "copies",
+               steps_done, 100 * budget_, 100 * worst, 1e3 * (std::max(writing - in_place, 0.0) + saves),
+               1e3 * writing, 1e3 * in_place, 1e3 * saves, 1e3 * step);
+  if (keep) return;
+  gens_->move_home();
+  gens_.reset();
+  // The copies' own statistics from here (fence() pairs each save with the update after it).
+  earlier_saves_ = int64_t(stalls_.size());
+  stalls_.clear(), fences_.clear(), windows_.clear();
+  window_ = 0;
+}
+
+void MemoryState::after_update() {
+  if (probe_ == Probe::in_place) return updates_[0].push_back(seconds_since(update_t0_));
+  if (!gens_) return;
+  gens_->after_update();
+  if (probe_ == Probe::in_update) updates_[1].push_back(seconds_since(update_t0_));
+}
+
 double MemoryState::fence() {
+  if (probe_ == Probe::in_place) {  // timed in place: no generations yet
+    update_t0_ = std::chrono::steady_clock::now();
+    return 0;
+  }
   if (gens_ && !gens_->started()) {
     // Every rank or none (a file that cannot be made is warned): a rank saving copies beside
     // ranks that do not would call the budget's collectives alone.
@@ -306,6 +358,7 @@ double MemoryState::fence() {
     double waited = 0;
     gens_->before_update(&waited);
     fences_.push_back(waited);
+    update_t0_ = std::chrono::steady_clock::now();
     return waited;
   }
   const bool first = !stalls_.empty() && windows_.size() < stalls_.size();  // since the save
@@ -333,12 +386,14 @@ void MemoryState::finish(bool remove) {
   if (saved_in_update) return print_in_update(exchange, remove);
   // Where a save's time goes off the training thread: with a spare core the copy and the
   // exchange cost the step only through what they share with it (memory bandwidth, MPI).
-  fmt::print("memory checkpoints: {} saves in this launch, stall per save: median {:.2f} ms, "
+  fmt::print("memory checkpoints: {} saves in this launch{}, stall per save: median {:.2f} ms, "
              "max {:.2f} ms (medians: {:.2f} ms queueing, {:.2f} ms waking the copy, {:.2f} ms "
              "at the update); off the training thread per save: copy {:.2f} ms, {} (medians: "
              "{:.2f} ms from the save to the copy's start, {:.2f} ms packing, {:.2f} ms from the "
              "save to the update that waits for it){}\n",
-             stalls_.size(), 1e3 * median(stalls_),
+             stalls_.size(),
+             earlier_saves_ ? fmt::format(" copied, after {} the update wrote", earlier_saves_) : "",
+             1e3 * median(stalls_),
              1e3 * *std::max_element(stalls_.begin(), stalls_.end()), 1e3 * median(t.queue_s),
              1e3 * median(t.wake_s), 1e3 * median(fences_), 1e3 * median(t.copy_s),
              exchange, 1e3 * median(t.start_s), 1e3 * median(t.fill_s),

@@ -72,10 +72,13 @@ class MemoryState {
   // time collectively: every rank moves its state into the files, or none does).
   double fence();
   // After the update (in_update()): the parameters and state are the target's from now on.
-  void after_update() {
-    if (gens_) gens_->after_update();
-  }
+  void after_update();
   bool in_update() const { return gens_ != nullptr; }
+  // Whether a save follows the step that made `steps_done` (none while the budget's probe
+  // times the update in place).
+  bool saves_at(int64_t steps_done) const {
+    return probe_ != Probe::in_place && steps_done % every_ == 0;
+  }
   // The run ends: the writes in flight finish, rank 0 prints the saves' stalls; `remove`:
   // this rank's copies are deleted (a finished run, or a stop whose checkpoint is in
   // checkpoint.dir).
@@ -85,7 +88,8 @@ class MemoryState {
   void set_gate(const TrafficGate* g) { mem_.set_gate(g); }
   // Collective (every rank calls it after the same steps). Notes a step's wall time and, with
   // checkpoint.memory_budget, after every kAdaptSaves saves sets the interval from their times
-  // (the longest any rank needs); rank 0 prints a change and why.
+  // (the longest any rank needs), or first decides whether the update may write every
+  // generation (Probe); rank 0 prints a change and why.
   void after_step(int64_t steps_done, double step_s);
   int rank() const { return comm_.rank(); }
 
@@ -99,6 +103,14 @@ class MemoryState {
   static constexpr double kMaxRecomputeS = 0.5;  // the steps a fault may redo, at most
   void print_in_update(const std::string& exchange, bool remove);
   void adapt(int64_t steps_done);
+  // checkpoint.memory_budget where the update can write the generations: what that costs is in
+  // the update's own time, not in a save's, so the update is timed in place over the first
+  // kAdaptSaves steps (no saves yet), then writing the generations over as many; if the
+  // difference and the saves' stalls exceed the budget (on any rank), copies take over
+  // (decide()), whose interval adapt() sets as without generations.
+  enum class Probe { off, in_place, in_update };
+  void probe(int64_t steps_done, double step_s);
+  void decide(int64_t steps_done);
   // A slot's pinned host buffer for a GPU's state (Backend::alloc_pinned/free_pinned).
   using Pinned = std::unique_ptr<char, void (*)(void*)>;
   void start_device_copy(const Backend& be, int slot);
@@ -114,6 +126,10 @@ class MemoryState {
   double budget_;              // checkpoint.memory_budget (0: every_ stays)
   int64_t first_every_;        // checkpoint.memory_every: the shortest interval
   std::unique_ptr<UpdateGenerations> gens_;  // in_update(); after mem_: destroyed first
+  Probe probe_ = Probe::off;
+  std::vector<double> updates_[2];  // the update's time: in place, writing a generation
+  std::chrono::steady_clock::time_point update_t0_;
+  int64_t earlier_saves_ = 0;  // the saves the update wrote before copies took over
   double restored_useful_s_ = -1;
   size_t window_ = 0;          // the saves before this measuring window (stalls_'s indices)
   std::vector<double> steps_;  // the window's step times

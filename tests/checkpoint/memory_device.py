@@ -13,7 +13,14 @@ killed after step 60 of 80 (the line may be the
 killed launch's), and the relaunch resumes from memory at the newest save at or
 before it (step 16 at least), bitwise.
 
-    memory_device.py STRATA DATA WORKDIR [--device cpu-staged | --device cpu | --budget B]
+With --budget B --every 1 (on --device cpu, where the update can write the generations) the
+budget judges the update's own cost: timed in place over steps 1-16 (no saves), then writing
+the generations over steps 17-32. B = 0.99 (any cost fits): the update goes on writing every
+generation (the line saying so is checked) and the relaunch resumes at step 60 itself; B =
+0.000001 (no cost fits): copies from step 32 (checked), whose interval then grows (checked),
+and the relaunch resumes at the newest copy, bitwise both.
+
+    memory_device.py STRATA DATA WORKDIR [--device cpu-staged | --device cpu | --budget B [--every 1]]
 """
 import os
 import re
@@ -26,7 +33,11 @@ strata, data, work = sys.argv[1], sys.argv[2], sys.argv[3]
 opt = dict(zip(sys.argv[4::2], sys.argv[5::2]))
 budget = opt.get("--budget")
 device = opt.get("--device", "cpu" if budget else "cpu-staged")
-work = fresh(os.path.join(work, f"memory-{'budget' if budget else 'device-' + device}"))
+every = opt.get("--every", "2" if budget else "1")
+# The budget's probe decides whether the update goes on writing the generations.
+probe = budget is not None and every == "1"
+kept = probe and float(budget) >= 0.5
+work = fresh(os.path.join(work, f"memory-{'budget-' + budget + '-every-' + every if budget else 'device-' + device}"))
 STEPS, KILL = (80, 60) if budget else (40, 25)
 common = ["train", "--data.path", data, "--device", device, "--train.max_steps", str(STEPS),
           "--train.seed", "3", "--train.log_every", "10", "--progress", "off",
@@ -52,14 +63,14 @@ def fault_and_resume(common, tag):
     """The uninterrupted run, and a run killed at KILL whose relaunch resumes from memory, bitwise."""
     ref = os.path.join(work, tag, "ref")
     launch(common + ["--output.dir", ref])
-    memory = ["--checkpoint.memory_every", "2" if budget else "1",
+    memory = ["--checkpoint.memory_every", every,
               "--checkpoint.memory_dir", os.path.join(work, tag, "mem", "%n")]
     if budget:
         memory += ["--checkpoint.memory_budget", budget]
     out_dir = os.path.join(work, tag, "faulted")
     first = launch(common + memory + ["--output.dir", out_dir],
                    env={"STRATA_TEST_KILL_AT_STEP": f"{KILL}:1"}, expect=1)
-    if (IN_UPDATE in first) != (device == "cpu" and not budget):
+    if (IN_UPDATE in first) != (device == "cpu" and (probe or not budget)):
         fail(f"the update {'did not write' if device == 'cpu' else 'wrote'} the generations "
              f"({tag} on {device}):\n{first[-3000:]}")
     out = launch(common + memory + ["--output.dir", out_dir, "--resume", "auto"])
@@ -71,10 +82,16 @@ def fault_and_resume(common, tag):
 def check_resumed(out, first):
     resumed = [l for l in out.splitlines() if l.startswith("resumed from memory")]
     at = int(resumed[0].split("at step ")[1].split(":")[0]) if resumed else -1
-    if not (16 <= at <= KILL if budget else at == KILL):
-        fail(f"the relaunch did not resume from memory at step {'16..' if budget else ''}{KILL}:\n{out[-3000:]}")
+    if not (16 <= at <= KILL if budget and not kept else at == KILL):
+        fail(f"the relaunch did not resume from memory at step {'16..' if budget and not kept else ''}{KILL}:\n{out[-3000:]}")
     print(resumed[0])
-    if budget:
+    if probe:
+        said = "the update goes on writing every generation from step 32" if kept else "copies from step 32"
+        line = [l for l in first.splitlines() if l.startswith("memory checkpoints: " + said)]
+        if not line:
+            fail(f"no line says '{said}' (checkpoint.memory_budget {budget}):\n{first[-3000:]}")
+        print(line[0])
+    if budget and not kept:
         grown = [l for l in (first + out).splitlines()
                  if re.match(r"memory checkpoints: every \d+ steps from step", l)]
         if not grown:
