@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cerrno>
 #include <climits>
@@ -54,6 +55,8 @@ struct Header {
 };
 static_assert(sizeof(Header) == 72 && sizeof(Header) <= MemoryCheckpoints::kPayloadAt);
 constexpr char kMagic[8] = {'S', 'T', 'R', 'A', 'T', 'A', 'M', 'C'};
+// In place of kMagic while the optimizer's update writes the file (MappedFile::mark_writing).
+constexpr char kWriting[8] = {'S', 'T', 'R', 'A', 'T', 'A', 'W', 'R'};
 
 uint64_t fnv1a(const std::string& s) {
   uint64_t h = 1469598103934665603ull;
@@ -247,6 +250,10 @@ std::vector<MemoryCopy> scan(const ScanFor& w, int64_t* stale) {
     Header h{};
     std::vector<float> payload;
     std::string why = read_part(path, &h, nullptr);
+    if (std::memcmp(h.magic, kWriting, 8) == 0) {
+      fs::remove(path, ec);  // an update a killed rank left unfinished
+      continue;
+    }
     if (why.empty() && h.job != w.job) continue;  // another job's: not ours to judge
     if (why.empty() && h.attempt != w.attempt) {
       fs::remove(path, ec);  // an earlier attempt's: a requeue starts from checkpoint.dir
@@ -666,6 +673,11 @@ int MemoryCheckpoints::MappedFile::rename_to(const std::string& to) {
   return 0;
 }
 
+void MemoryCheckpoints::MappedFile::mark_writing() {
+  std::memcpy(map, kWriting, sizeof kWriting);
+  std::atomic_thread_fence(std::memory_order_seq_cst);  // before the update's stores, streamed ones too
+}
+
 void MemoryCheckpoints::MappedFile::close() {
   if (map) ::munmap(map, bytes);
   if (fd >= 0) ::close(fd);
@@ -728,10 +740,11 @@ float* MemoryCheckpoints::open_slot(int slot, int64_t step, double* wait_s) {
   }
   *wait_s = seconds_since(t0);
   MappedFile& f = own_[slot];
-  // A file that keeps its name (a failed rename, warned) is still written: its checksum no
-  // longer matches, so a restart skips it as damaged. An earlier launch's copies stay until
-  // this launch's first publish: the one a restore took may not be their newest.
-  prepare(f, comm_.rank(), step, true, kPayloadAt + size_t(floats_) * 4, /*prune=*/false);
+  // A mapped file keeps its name while written: marked in its header, which a restart then
+  // removes. An earlier launch's copies stay until this launch's first publish: the one a
+  // restore took may not be their newest.
+  if (f.map) f.mark_writing();
+  else prepare(f, comm_.rank(), step, true, kPayloadAt + size_t(floats_) * 4, /*prune=*/false);
   return f.map ? reinterpret_cast<float*>(f.map + kPayloadAt) : nullptr;
 }
 

@@ -13,6 +13,9 @@
 // "<name>.tmp.<pid>" and renamed: a half-written copy never has a final name. At most two per
 // part and kind, the temporary one included: a rank's saves alternate between two files,
 // each renamed to a temporary name, rewritten in place and renamed back under its new step.
+// A generation the optimizer's update writes (open_slot) keeps its name while written: its
+// header is marked as being written instead (a store, not a rename on the training thread),
+// and a restart removes such a file as it removes a temporary one.
 #pragma once
 #include <chrono>
 #include <condition_variable>
@@ -136,9 +139,9 @@ class MemoryCheckpoints {
   static constexpr size_t kPayloadAt = 256;
   // Saves the training thread makes itself, in place of save()'s copy: the optimizer's update
   // writes the next generation straight into a slot's file (run/memory_state.h). Before it
-  // writes into `slot`: waits for the slot's exchange (*wait_s), then gives the file a
-  // temporary name, as `step`'s, so a half-written generation is never taken (on first use,
-  // creates and maps it). The payload (part_floats, 256-byte aligned); null when the file
+  // writes into `slot`: waits for the slot's exchange (*wait_s), then marks the file's header
+  // as being written, so a half-written generation is never taken (on first use, creates and
+  // maps it under a temporary name, as `step`'s). The payload (part_floats, 256-byte aligned); null when the file
   // could not be made (warned).
   float* open_slot(int slot, int64_t step, double* wait_s);
   // The slot's payload holds `step`'s part, with lane sums `sums` (a then b, as
@@ -185,6 +188,7 @@ class MemoryCheckpoints {
     // into the mapping) and mapped. 0 or errno; *at: the path that failed.
     int prepare(const std::string& tmp, size_t bytes, std::string* at);
     int rename_to(const std::string& to);  // 0 or errno
+    void mark_writing();  // the header says "being written" (a mapped file)
     void close();  // unmaps; the file stays
   };
   struct Save {

@@ -403,7 +403,7 @@ void MemoryState::finish(bool remove) {
 void MemoryState::print_in_update(const std::string& exchange, bool remove) {
   fmt::print("memory checkpoints: {} saves in this launch, written by the optimizer's update; "
              "stall per save: median {:.2f} ms, max {:.2f} ms (sealing and naming it), and "
-             "{:.2f} ms median before each update (its file renamed, its exchange awaited); off "
+             "{:.2f} ms median before each update (its file marked as being written, its exchange awaited); off "
              "the training thread per save: copy 0.00 ms, {}{}\n",
              stalls_.size(), 1e3 * median(stalls_),
              1e3 * *std::max_element(stalls_.begin(), stalls_.end()), 1e3 * median(fences_),

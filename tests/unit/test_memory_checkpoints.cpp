@@ -51,8 +51,10 @@ size_t count(const fs::path& dir, const std::string& ending) {
 }
 
 // Saves steps first..last on both ranks; the fill of step `failing` throws (a GPU's copy failed).
+// killed_in_update (in place): then the next update's target is opened and the launch ends
+// there, as a rank killed before the update wrote a byte.
 void save_steps(const fs::path& root, int64_t last = 3, int64_t failing = 0, Parts parts = {},
-                int64_t first = 1) {
+                int64_t first = 1, bool killed_in_update = false) {
   strata::run_ranks(2, [&](strata::Comm& c) {
     const int rank = parts.content(c.rank());
     MemoryCheckpoints m((root / node_of(c.rank())).string(), c, floats_of(rank), identity(),
@@ -85,6 +87,8 @@ void save_steps(const fs::path& root, int64_t last = 3, int64_t failing = 0, Par
       }, &wait);
       m.fence();
     }
+    double wait = 0;
+    if (killed_in_update) REQUIRE(m.open_slot(int((last + 1) % 2), last + 1, &wait) != nullptr);
     m.drain();
   });
 }
@@ -171,6 +175,23 @@ TEST_CASE("memory checkpoints: own and partner copies, two generations, restored
       CHECK(count(root / node, ".peer") == (parts.replicas ? 0 : 2));
     }
     for (const auto& x : restore(root, 0, parts)) CHECK((x.step == 5 && x.exact));
+  }
+  if (parts.in_place) {
+    SECTION("an update killed before it wrote: its target, whole, is never taken") {
+      // Steps 4 and 5, then step 6's update opens step 4's own file and stops: with step 5
+      // gone, a restart must not take that file, though its bytes are all step 4's: the
+      // partner's copy of step 4 is taken instead, or (replicas: none) nothing.
+      save_steps(root, 5, 0, parts, 4, /*killed_in_update=*/true);
+      for (const char* node : {"n1", "n2"})
+        for (const auto& e : fs::directory_iterator(root / node))
+          if (e.path().string().find("000000000005.") != std::string::npos) fs::remove(e.path());
+      for (const auto& x : restore(root, 0, parts)) {
+        CHECK(x.step == (parts.replicas ? -1 : 4));
+        CHECK(x.from_partner == (parts.replicas ? 0 : 2));  // both parts
+        CHECK(x.exact == !parts.replicas);
+      }
+      CHECK(count(root / "n1", ".own") + count(root / "n2", ".own") == 0);  // removed
+    }
   }
   SECTION("a node's directory gone: its part comes from the other node") {
     fs::remove_all(root / "n1");
