@@ -133,7 +133,7 @@ PlanResult search_grids(const RunConfig& cfg, const PlanModel& model, const Plan
                                                   : ScheduleTheory{}).first;
     Candidate cand;
     cand.grid = g;
-    cand.memory = plan_memory(c, plan, it->second, req.gpu);
+    cand.memory = plan_memory(c, plan, it->second, req.gpu, req.nodes, req.ranks_per_node);
     cand.fits = cand.memory.peak <= req.memory.bytes;
     cand.shortfall = cand.fits ? 0 : cand.memory.peak - req.memory.bytes;
     if (r.timed) {

@@ -7,6 +7,7 @@
 
 #include "base/memory.h"
 #include "base/parse.h"
+#include "parallel/grid.h"
 #include "parallel/pipeline.h"
 #include "strata/error.h"
 
@@ -62,10 +63,36 @@ RunPlan candidate_plan(const RunConfig& cfg, const PlanModel& m, int ranks) {
   return p;
 }
 
-PlanMemory plan_memory(const RunConfig& cfg, const RunPlan& plan, const ScheduleTheory& theory, bool gpu) {
+namespace {
+
+// Whether every part has data-parallel replicas on two nodes or more, whose own memory copies
+// are then each other's second copy (MemoryCheckpoints::replicated(): no partner copies).
+bool replicas_span_nodes(const RunConfig& cfg, const RunPlan& plan, int nodes, int ranks_per_node) {
+  if (cfg.parallel.zero > 0 || plan.D < 2 || nodes < 2) return false;
+  ProcessGrid g;  // world_rank() of this placement
+  g.stages = plan.P, g.replicas = plan.D, g.tensors = plan.T, g.placement = cfg.parallel.placement;
+  for (int s = 0; s < plan.P; ++s)
+    for (int t = 0; t < plan.T; ++t) {
+      const int node = g.world_rank(s, 0, t) / ranks_per_node;
+      bool other = false;
+      for (int r = 1; r < plan.D && !other; ++r) other = g.world_rank(s, r, t) / ranks_per_node != node;
+      if (!other) return false;
+    }
+  return true;
+}
+
+}  // namespace
+
+PlanMemory plan_memory(const RunConfig& cfg, const RunPlan& plan, const ScheduleTheory& theory, bool gpu,
+                       int nodes, int ranks_per_node) {
   PlanMemory out;
   out.planned = estimate_run_memory(cfg, plan, theory, gpu);
-  out.peak = out.planned.estimate.total();
+  const MemoryEstimate& e = out.planned.estimate;
+  if (cfg.checkpoint.memory_every > 0) {
+    const bool partner = nodes > 1 && !replicas_span_nodes(cfg, plan, nodes, ranks_per_node);
+    out.memory_checkpoints = 2 * (e.parameters + e.optimizer) * (partner ? 2 : 1);
+  }
+  out.peak = e.total() + (gpu ? 0 : out.memory_checkpoints);
   return out;
 }
 

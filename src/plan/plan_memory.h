@@ -46,8 +46,14 @@ RunPlan candidate_plan(const RunConfig& cfg, const PlanModel& m, int ranks);
 // gathered for checkpoints is host memory there, left out).
 struct PlanMemory {
   PlannedMemory planned;
+  // checkpoint.memory_every: the rank's share of its node's memory directory (two generations
+  // of its part, and of its partner's where parts have no replica on another node); host
+  // memory, in `peak` on the CPU.
+  double memory_checkpoints = 0;
   double peak = 0;  // what must fit in the rank's memory
 };
-PlanMemory plan_memory(const RunConfig& cfg, const RunPlan& plan, const ScheduleTheory& theory, bool gpu);
+// `nodes` x `ranks_per_node` ranks as Slurm fills nodes (consecutive ranks share one).
+PlanMemory plan_memory(const RunConfig& cfg, const RunPlan& plan, const ScheduleTheory& theory, bool gpu,
+                       int nodes = 1, int ranks_per_node = 1);
 
 }  // namespace strata

@@ -18,13 +18,18 @@ std::string rate(double v) {
                                                                 : fmt::format("{:.1f}", v);
 }
 
-std::string memory_parts(const MemoryEstimate& e) {
+std::string memory_parts(const PlanMemory& m, bool gpu) {
+  const MemoryEstimate& e = m.planned.estimate;
   std::string s = fmt::format("parameters {} + gradients {} + optimizer {} + activations {} + "
                               "workspace {}", gb(e.parameters), gb(e.gradients), gb(e.optimizer),
                               gb(e.activations), gb(e.workspace));
   if (e.communication > 0) s += " + communication buffers " + gb(e.communication);
   if (e.whole_model > 0) s += " + whole model gathered " + gb(e.whole_model);
-  return s + " GB";
+  s += " GB";
+  if (m.memory_checkpoints > 0)  // the node's memory directory (tmpfs): host memory
+    s += fmt::format(" {} memory checkpoints {} GB{}", gpu ? "; and in host memory," : "+",
+                     gb(m.memory_checkpoints), gpu ? "" : " (the node's memory directory)");
+  return s;
 }
 
 std::string time_parts(const StepTime& t) {
@@ -55,10 +60,11 @@ std::string candidate_json(const Candidate& c) {
       "{{\"keys\": {}, \"data_parallel\": {}, \"fits\": {}, \"shortfall_bytes\": {:.0f}, "
       "\"memory\": {{\"peak_bytes\": {:.0f}, \"stage\": {}, \"parameters\": {:.0f}, \"gradients\": {:.0f}, "
       "\"optimizer\": {:.0f}, \"activations\": {:.0f}, \"workspace\": {:.0f}, \"communication\": {:.0f}, "
-      "\"whole_model\": {:.0f}}}, \"step_time\": {}, \"throughput\": {}, \"reason\": {}}}",
+      "\"whole_model\": {:.0f}, \"memory_checkpoints\": {:.0f}}}, \"step_time\": {}, \"throughput\": {}, "
+      "\"reason\": {}}}",
       grid_keys_json(c.grid), c.grid.data, c.fits ? "true" : "false", c.shortfall, c.memory.peak,
       c.memory.planned.stage, e.parameters, e.gradients, e.optimizer, e.activations, e.workspace,
-      e.communication, e.whole_model, time, c.timed ? json_number(c.throughput) : "null",
+      e.communication, e.whole_model, c.memory.memory_checkpoints, time, c.timed ? json_number(c.throughput) : "null",
       json_string(c.reason));
 }
 
@@ -92,7 +98,7 @@ std::string plan_text(const PlanResult& r, const PlanRequest& req, const PlanHea
   }
   if (const Candidate* b = r.best()) {
     out += fmt::format("\nbest: {}\n  memory per rank {} GB (stage {}) = {}\n", describe_grid(b->grid),
-                       gb(b->memory.peak), b->memory.planned.stage, memory_parts(b->memory.planned.estimate));
+                       gb(b->memory.peak), b->memory.planned.stage, memory_parts(b->memory, req.gpu));
     if (b->timed) out += fmt::format("  step {:.4f} s = {}\n", b->time.total_s, time_parts(b->time));
   } else {
     out += "\nno grid fits: the list is by shortfall\n";

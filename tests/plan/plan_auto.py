@@ -69,7 +69,7 @@ def main():
     for g in grids:
         m = g["memory"]
         parts = sum(m[k] for k in ("parameters", "gradients", "optimizer", "activations", "workspace",
-                                   "communication", "whole_model"))
+                                   "communication", "whole_model", "memory_checkpoints"))
         if abs(parts - m["peak_bytes"]) > 2:
             sys.exit(f"FAIL: memory parts {parts} do not sum to the peak {m['peak_bytes']}: {g}")
     for g in grids[:: max(1, len(grids) // 6)]:  # a spread of them: train's own check accepts each

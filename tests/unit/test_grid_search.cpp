@@ -104,3 +104,44 @@ TEST_CASE("a limit no grid fits names the smallest grid", "[plan]") {
   REQUIRE_THAT(msg, Catch::Matchers::Contains(fmt::format("{:.0f} MB", least / 1e6)));
   REQUIRE_THAT(msg, Catch::Matchers::EndsWith("give more ranks or memory"));
 }
+
+TEST_CASE("memory checkpoints count against the rank's memory: two generations of its part, and "
+          "of its partner's unless replicas on other nodes hold it", "[plan]") {
+  RunConfig cfg = small_gpt();
+  cfg.checkpoint.memory_every = 1;
+  const PlanModel m = describe_plan_model(cfg);
+  PlanRequest two_nodes = four_ranks(1e12);
+  two_nodes.nodes = 2, two_nodes.ranks_per_node = 2;
+  // The memory-checkpoint bytes of grid g on `req`, against its part (parameters, optimizer).
+  auto copies = [&](const PlanRequest& req, GridChoice g, const std::string& placement = "") {
+    RunConfig c = cfg;
+    if (!placement.empty()) c.parallel.placement = placement;
+    const PlanResult r = search_grids(c, m, req, MachineProfile{}, CommModel{});
+    g.ranks_per_node = req.ranks_per_node;
+    const Candidate* x = find(r, g);
+    REQUIRE(x != nullptr);
+    const MemoryEstimate& e = x->memory.planned.estimate;
+    CHECK(x->memory.peak == Approx(e.total() + x->memory.memory_checkpoints));  // the CPU's
+    return x->memory.memory_checkpoints / (e.parameters + e.optimizer);
+  };
+  // D = 4 over 2 nodes: the replicas hold each part on both nodes, no partner copies.
+  CHECK(copies(two_nodes, {.data = 4}) == Approx(2));
+  // ZeRO-1: shards of their own, each also kept by a partner.
+  CHECK(copies(two_nodes, {.data = 4, .zero = 1}) == Approx(4));
+  // P = 2 x D = 2: a stage's replicas are neighbours on one node by default; with the pipeline
+  // in the node, on both nodes.
+  CHECK(copies(two_nodes, {.data = 2, .pipeline = 2}) == Approx(4));
+  CHECK(copies(two_nodes, {.data = 2, .pipeline = 2}, "pipeline_in_node") == Approx(2));
+  // One node: no partner to copy to.
+  CHECK(copies(four_ranks(1e12), {.data = 1, .pipeline = 4}) == Approx(2));
+  // A GPU's device memory does not hold them.
+  PlanRequest gpu = two_nodes;
+  gpu.gpu = true;
+  const PlanResult r = search_grids(cfg, m, gpu, MachineProfile{}, CommModel{});
+  REQUIRE(!r.candidates.empty());
+  const Candidate& c = r.candidates.front();
+  CHECK(c.memory.memory_checkpoints > 0);
+  CHECK(c.memory.peak == Approx(c.memory.planned.estimate.total()));
+  cfg.checkpoint.memory_every = 0;
+  CHECK(copies(two_nodes, {.data = 4}) == Approx(0));
+}
