@@ -192,6 +192,7 @@ void MemoryState::start_device_copy(const Backend& be, int slot) {
 
 double MemoryState::save(int64_t steps_done, int64_t per_epoch, const Backend& be, double useful_s) {
   const auto t0 = std::chrono::steady_clock::now();
+  save_before_ = std::exchange(last_save_, steps_done);
   const bool device = be.snapshot_copy != nullptr;
   device_ = device ? &be : nullptr;
   if (device && !staging_[0])  // (the preflight counted them)
@@ -254,6 +255,8 @@ void MemoryState::after_step(int64_t steps_done, double step_s) {
   if (probe_ != Probe::off) return probe(steps_done, step_s);
   if (budget_ <= 0 || stalls_.empty() || gens_) return;
   steps_.push_back(step_s);
+  const int64_t previous = last_save_ == steps_done ? save_before_ : last_save_;
+  (previous == steps_done - 1 ? after_save_ : other_steps_).push_back(step_s);
   if (stalls_.size() - window_ >= kAdaptSaves && steps_done % every_ == 0) adapt(steps_done);
 }
 
@@ -276,8 +279,16 @@ void MemoryState::adapt(int64_t steps_done) {
   const double exchange = median_of_last(t.exchange_s, kAdaptSaves);
   const double step = std::max(median(steps_) - stall * double(stalls_.size() - window_) /
                                                     double(steps_.size()), 1e-9);
-  const MemoryInterval mine = memory_interval(stall + copy + exchange, step, budget_, first_every_,
-                                              kMaxRecomputeS);
+  // What the copy costs the steps beside it can exceed its own time (the update then takes back
+  // the lines the copying core read): measured where the window has steps without a save
+  // before them, interleaved with those after one, so a slow phase of the machine slows both.
+  double per_save = stall + copy + exchange, slower = -1;
+  if (after_save_.size() >= kMinSteps && other_steps_.size() >= kMinSteps) {
+    slower = std::max(median(after_save_) - median(other_steps_), 0.0);
+    per_save = std::max(per_save, stall + slower);
+  }
+  after_save_.clear(), other_steps_.clear();
+  const MemoryInterval mine = memory_interval(per_save, step, budget_, first_every_, kMaxRecomputeS);
   double agreed[2] = {double(mine.every), mine.capped ? 1.0 : 0.0};
   comm_.allreduce_max(agreed, 2);  // the rank that needs the longest interval sets it
   const int64_t before = every_, wanted = int64_t(agreed[0]);
@@ -288,10 +299,12 @@ void MemoryState::adapt(int64_t steps_done) {
   every_ = wanted;
   if (comm_.rank() != 0) return;
   fmt::print("memory checkpoints: every {} step{} from step {} (checkpoint.memory_budget {:g} %: a "
-             "save takes {:.2f} ms, medians on rank 0: stall {:.2f}, copy {:.2f}, exchange {:.2f}, "
+             "save takes {:.2f} ms, medians on rank 0: stall {:.2f}, copy {:.2f}, exchange {:.2f}{}, "
              "against steps of {:.2f} ms){}\n",
-             every_, every_ == 1 ? "" : "s", steps_done, 100 * budget_,
-             1e3 * (stall + copy + exchange), 1e3 * stall, 1e3 * copy, 1e3 * exchange, 1e3 * step,
+             every_, every_ == 1 ? "" : "s", steps_done, 100 * budget_, 1e3 * per_save, 1e3 * stall,
+             1e3 * copy, 1e3 * exchange,
+             slower < 0 ? "" : fmt::format(", the step after it {:.2f} slower than the others", 1e3 * slower),
+             1e3 * step,
              agreed[1] > 0 ? fmt::format("; capped so that a fault redoes at most {:g} s of steps",
                                          kMaxRecomputeS)
                            : "");
