@@ -87,9 +87,14 @@ def run(model, arm):
     if memory:
         print("  " + next(l for l in p.stdout.splitlines() if "stall per save" in l), flush=True)
     side = re.search(r"per save: copy ([0-9.]+) ms, (?:exchange ([0-9.]+) ms|no partner)", p.stdout)
-    interval = re.search(r"memory checkpoints: every (\d+) steps? from step", p.stdout)
+    interval = re.search(r"memory checkpoints: every (\d+) steps? from step.*", p.stdout)
     if arm == "budget":
-        print("  " + (interval.group(0) if interval else "(the interval was not set: too few steps)"), flush=True)
+        decided = re.search(r"memory checkpoints: (copies|the update goes on).*", p.stdout)
+        for m in (decided, interval):
+            if m:
+                print("  " + m.group(0), flush=True)
+        if not interval and not decided:
+            print("  (the interval was not set: too few steps)", flush=True)
     per_step = lambda k: 1e3 * done.get(k, 0.0) / done["step"]
     return {"step_s": done["train_time_s"] / done["step"],
             "sums_ms": per_step("allreduce_exposed_s"), "stall_step_ms": per_step("lost_checkpoint_stall_s"),

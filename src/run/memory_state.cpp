@@ -69,6 +69,18 @@ std::string exchange_words(const MemoryCheckpoints::Timings& t) {
   return t.exchange_s.empty() ? "no partner" : fmt::format("exchange {:.2f} ms", 1e3 * median(t.exchange_s));
 }
 
+// The line at the end of a launch whose generations the update wrote.
+void print_in_update(const std::vector<double>& stalls, const std::vector<double>& fences,
+                     const std::string& exchange, bool remove) {
+  fmt::print("memory checkpoints: {} saves in this launch, written by the optimizer's update; "
+             "stall per save: median {:.2f} ms, max {:.2f} ms (sealing and naming it), and "
+             "{:.2f} ms median before each update (its file marked as being written, its exchange awaited); off "
+             "the training thread per save: copy 0.00 ms, {}{}\n",
+             stalls.size(), 1e3 * median(stalls),
+             1e3 * *std::max_element(stalls.begin(), stalls.end()), 1e3 * median(fences),
+             exchange, remove ? "; this run's copies removed" : "");
+}
+
 // Whose copies a restore took, in words.
 std::string copies_taken(const MemoryCheckpoints::Found& f) {
   if (f.from_partner == 0 && f.from_replica == 0) return "every rank's own copy";
@@ -192,7 +204,7 @@ void MemoryState::start_device_copy(const Backend& be, int slot) {
 
 double MemoryState::save(int64_t steps_done, int64_t per_epoch, const Backend& be, double useful_s) {
   const auto t0 = std::chrono::steady_clock::now();
-  save_before_ = std::exchange(last_save_, steps_done);
+  window_steps_.saved(steps_done);
   const bool device = be.snapshot_copy != nullptr;
   device_ = device ? &be : nullptr;
   if (device && !staging_[0])  // (the preflight counted them)
@@ -254,9 +266,7 @@ double MemoryState::save(int64_t steps_done, int64_t per_epoch, const Backend& b
 void MemoryState::after_step(int64_t steps_done, double step_s) {
   if (probe_ != Probe::off) return probe(steps_done, step_s);
   if (budget_ <= 0 || stalls_.empty() || gens_) return;
-  steps_.push_back(step_s);
-  const int64_t previous = last_save_ == steps_done ? save_before_ : last_save_;
-  (previous == steps_done - 1 ? after_save_ : other_steps_).push_back(step_s);
+  window_steps_.step(steps_done, step_s);
   if (stalls_.size() - window_ >= kAdaptSaves && steps_done % every_ == 0) adapt(steps_done);
 }
 
@@ -277,23 +287,17 @@ void MemoryState::adapt(int64_t steps_done) {
   const double stall = median_of_last(stalls_, stalls_.size() - window_);
   const double copy = median_of_last(t.copy_s, kAdaptSaves);
   const double exchange = median_of_last(t.exchange_s, kAdaptSaves);
-  const double step = std::max(median(steps_) - stall * double(stalls_.size() - window_) /
-                                                    double(steps_.size()), 1e-9);
-  // What the copy costs the steps beside it can exceed its own time (the update then takes back
-  // the lines the copying core read): measured where the window has steps without a save
-  // before them, interleaved with those after one, so a slow phase of the machine slows both.
-  double per_save = stall + copy + exchange, slower = -1;
-  if (after_save_.size() >= kMinSteps && other_steps_.size() >= kMinSteps) {
-    slower = std::max(median(after_save_) - median(other_steps_), 0.0);
-    per_save = std::max(per_save, stall + slower);
-  }
-  after_save_.clear(), other_steps_.clear();
+  const double step = std::max(window_steps_.median_step() - stall * double(stalls_.size() - window_) /
+                                                    double(window_steps_.steps()), 1e-9);
+  // What the copy costs the step after it, where that exceeds its own time (SaveWindow).
+  const double slower = window_steps_.slowdown();
+  const double per_save = std::max(stall + copy + exchange, stall + slower);
   const MemoryInterval mine = memory_interval(per_save, step, budget_, first_every_, kMaxRecomputeS);
   double agreed[2] = {double(mine.every), mine.capped ? 1.0 : 0.0};
   comm_.allreduce_max(agreed, 2);  // the rank that needs the longest interval sets it
   const int64_t before = every_, wanted = int64_t(agreed[0]);
   window_ = stalls_.size();
-  steps_.clear();
+  window_steps_.clear();
   // Within a quarter of the interval kept: no change (nor a line) for the windows' noise.
   if (4 * wanted >= 3 * before && 4 * wanted <= 5 * before) return;
   every_ = wanted;
@@ -312,7 +316,7 @@ void MemoryState::adapt(int64_t steps_done) {
 
 void MemoryState::probe(int64_t steps_done, double step_s) {
   const bool in_place = probe_ == Probe::in_place;
-  if (in_place) steps_.push_back(step_s);  // the steps without memory checkpoints
+  if (in_place) window_steps_.step(steps_done, step_s);  // the steps without memory checkpoints
   if (updates_[in_place ? 0 : 1].size() < kAdaptSaves) return;
   if (in_place) probe_ = Probe::in_update;  // the generations start at the next update
   else decide(steps_done);
@@ -323,11 +327,11 @@ void MemoryState::probe(int64_t steps_done, double step_s) {
 void MemoryState::decide(int64_t steps_done) {
   const double in_place = median(updates_[0]), writing = median(updates_[1]);
   const double saves = median(stalls_) + median(fences_);
-  const double step = std::max(median(steps_), 1e-9);
+  const double step = std::max(window_steps_.median_step(), 1e-9);
   double worst = (std::max(writing - in_place, 0.0) + saves) / step;
   comm_.allreduce_max(&worst, 1);  // the rank that pays the most decides
   probe_ = Probe::off;
-  steps_.clear();
+  window_steps_.clear();
   const bool keep = worst <= budget_;
   if (comm_.rank() == 0)
     fmt::print("memory checkpoints: {} from step {} (checkpoint.memory_budget {:g} %: writing "
@@ -396,7 +400,7 @@ void MemoryState::finish(bool remove) {
   if (comm_.rank() != 0 || stalls_.empty()) return;
   const MemoryCheckpoints::Timings t = mem_.timings();
   const std::string exchange = exchange_words(t);
-  if (saved_in_update) return print_in_update(exchange, remove);
+  if (saved_in_update) return print_in_update(stalls_, fences_, exchange, remove);
   // Where a save's time goes off the training thread: with a spare core the copy and the
   // exchange cost the step only through what they share with it (memory bandwidth, MPI).
   fmt::print("memory checkpoints: {} saves in this launch{}, stall per save: median {:.2f} ms, "
@@ -413,15 +417,6 @@ void MemoryState::finish(bool remove) {
              1e3 * median(windows_), remove ? "; this run's copies removed" : "");
 }
 
-void MemoryState::print_in_update(const std::string& exchange, bool remove) {
-  fmt::print("memory checkpoints: {} saves in this launch, written by the optimizer's update; "
-             "stall per save: median {:.2f} ms, max {:.2f} ms (sealing and naming it), and "
-             "{:.2f} ms median before each update (its file marked as being written, its exchange awaited); off "
-             "the training thread per save: copy 0.00 ms, {}{}\n",
-             stalls_.size(), 1e3 * median(stalls_),
-             1e3 * *std::max_element(stalls_.begin(), stalls_.end()), 1e3 * median(fences_),
-             exchange, remove ? "; this run's copies removed" : "");
-}
 
 std::unique_ptr<StepHook> memory_checkpoint_hook(MemoryState& m, int64_t per_epoch,
                                                  const Backend& be, GoodputLedger& goodput) {

@@ -19,6 +19,7 @@
 #include "model/model.h"
 #include "model/optim.h"
 #include "run/goodput.h"
+#include "run/save_window.h"
 #include "run/step_hooks.h"
 #include "run/update_generations.h"
 #include "strata/backend.h"
@@ -101,8 +102,6 @@ class MemoryState {
                 (kStateFloats - kUsefulAt) * sizeof(float) == sizeof(double));
   static constexpr size_t kAdaptSaves = 16;    // saves measured before the budget sets the interval
   static constexpr double kMaxRecomputeS = 0.5;  // the steps a fault may redo, at most
-  static constexpr size_t kMinSteps = 4;  // of each kind, for the step after a save's slowdown
-  void print_in_update(const std::string& exchange, bool remove);
   void adapt(int64_t steps_done);
   // checkpoint.memory_budget where the update can write the generations: what that costs is in
   // the update's own time, not in a save's, so the update is timed in place over the first
@@ -133,9 +132,7 @@ class MemoryState {
   int64_t earlier_saves_ = 0;  // the saves the update wrote before copies took over
   double restored_useful_s_ = -1;
   size_t window_ = 0;          // the saves before this measuring window (stalls_'s indices)
-  std::vector<double> steps_;  // the window's step times
-  std::vector<double> after_save_, other_steps_;  // the same, split: right after a save or not
-  int64_t last_save_ = -1, save_before_ = -1;     // the steps the last two saves followed
+  SaveWindow window_steps_;    // the window's step times
   std::vector<double> stalls_;
   std::vector<double> windows_;  // from each save to the update that waits for its copy
   std::vector<double> fences_;   // that update's wait

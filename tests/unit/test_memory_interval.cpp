@@ -25,3 +25,25 @@ TEST_CASE("memory checkpoints: the budget's interval", "[memory]") {
   CHECK(k.every == 3);
   CHECK(k.capped);
 }
+
+TEST_CASE("memory budget: the step after a save against the others of the window", "[memory]") {
+  strata::SaveWindow w;
+  // A save every 3 steps; the step after each 0.25 ms slower; the machine slower from step 20
+  // on (both kinds alike), which the difference leaves out.
+  for (int64_t done = 1; done <= 40; ++done) {
+    const double base = done < 20 ? 1e-3 : 1.5e-3;
+    const bool after = done > 1 && (done - 1) % 3 == 0;
+    if (done % 3 == 0) w.saved(done);  // at the step's end, before its time is noted
+    w.step(done, base + (after ? 0.25e-3 : 0.0));
+  }
+  CHECK(w.steps() == 40);
+  CHECK(w.slowdown() == Approx(0.25e-3));
+  w.clear();
+  // A save after every step: no step without one before it, nothing to compare.
+  for (int64_t done = 41; done <= 60; ++done) {
+    w.saved(done);
+    w.step(done, 1e-3);
+  }
+  CHECK(w.slowdown() == -1);
+  CHECK(w.median_step() == Approx(1e-3));
+}
