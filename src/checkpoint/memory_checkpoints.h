@@ -141,8 +141,8 @@ class MemoryCheckpoints {
   // writes the next generation straight into a slot's file (run/memory_state.h). Before it
   // writes into `slot`: waits for the slot's exchange (*wait_s), then marks the file's header
   // as being written, so a half-written generation is never taken (on first use, creates and
-  // maps it under a temporary name, as `step`'s). The payload (part_floats, 256-byte aligned); null when the file
-  // could not be made (warned).
+  // maps it under a temporary name, as `step`'s). The payload (part_floats, 256-byte
+  // aligned); null when the file could not be made (warned).
   float* open_slot(int slot, int64_t step, double* wait_s);
   // The slot's payload holds `step`'s part, with lane sums `sums` (a then b, as
   // strata/lane_sums.h adds them): its header and its name, then the partner's copy (in the
@@ -177,7 +177,8 @@ class MemoryCheckpoints {
 
  private:
   // A part file, mapped: the copy of one part at one step, under `path` (its final name once
-  // published, the temporary name while written).
+  // published; while written the temporary name, or for a generation the update writes the
+  // name it had, its header marked).
   struct MappedFile {
     int fd = -1;
     char* map = nullptr;

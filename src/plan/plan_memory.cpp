@@ -89,8 +89,10 @@ PlanMemory plan_memory(const RunConfig& cfg, const RunPlan& plan, const Schedule
   out.planned = estimate_run_memory(cfg, plan, theory, gpu);
   const MemoryEstimate& e = out.planned.estimate;
   if (cfg.checkpoint.memory_every > 0) {
+    // (the partner's part taken as large as this rank's: another stage's may differ)
     const bool partner = nodes > 1 && !replicas_span_nodes(cfg, plan, nodes, ranks_per_node);
-    out.memory_checkpoints = 2 * (e.parameters + e.optimizer) * (partner ? 2 : 1);
+    const double part = e.parameters + e.optimizer;
+    out.memory_checkpoints = 2 * part * (partner ? 2 : 1) + (gpu ? 2 * part : 0);  // + a GPU's pinned buffers
   }
   out.peak = e.total() + (gpu ? 0 : out.memory_checkpoints);
   return out;

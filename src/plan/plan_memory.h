@@ -47,8 +47,8 @@ RunPlan candidate_plan(const RunConfig& cfg, const PlanModel& m, int ranks);
 struct PlanMemory {
   PlannedMemory planned;
   // checkpoint.memory_every: the rank's share of its node's memory directory (two generations
-  // of its part, and of its partner's where parts have no replica on another node); host
-  // memory, in `peak` on the CPU.
+  // of its part, and of its partner's where parts have no replica on another node), and on a
+  // GPU its two pinned staging buffers; host memory, in `peak` on the CPU only.
   double memory_checkpoints = 0;
   double peak = 0;  // what must fit in the rank's memory
 };

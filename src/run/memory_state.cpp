@@ -74,8 +74,8 @@ void print_in_update(const std::vector<double>& stalls, const std::vector<double
                      const std::string& exchange, bool remove) {
   fmt::print("memory checkpoints: {} saves in this launch, written by the optimizer's update; "
              "stall per save: median {:.2f} ms, max {:.2f} ms (sealing and naming it), and "
-             "{:.2f} ms median before each update (its file marked as being written, its exchange awaited); off "
-             "the training thread per save: copy 0.00 ms, {}{}\n",
+             "{:.2f} ms median before each update (its file marked as being written, its "
+             "exchange awaited); off the training thread per save: copy 0.00 ms, {}{}\n",
              stalls.size(), 1e3 * median(stalls),
              1e3 * *std::max_element(stalls.begin(), stalls.end()), 1e3 * median(fences),
              exchange, remove ? "; this run's copies removed" : "");
@@ -123,7 +123,7 @@ std::unique_ptr<MemoryState> MemoryState::make(const RunConfig& cfg, Comm& comm,
     if (m->in_update())
       fmt::print("memory checkpoints: the optimizer's update writes each generation (the "
                  "parameters and its state live in the memory directory's files): no copy{}\n",
-                 m->probe_ == Probe::off ? ""
+                 m->probe_.phase() == UpdateProbe::Phase::off ? ""
                  : fmt::format("; checkpoint.memory_budget: the update is timed in place for {0} "
                                "steps without saves, then writing the generations for {0}, and "
                                "copies take over if that costs more than the budget", kAdaptSaves));
@@ -153,7 +153,7 @@ MemoryState::MemoryState(const RunConfig& cfg, Comm& comm, const Backend& be,
       budget_(cfg.checkpoint.memory_budget), first_every_(every_) {
   if (every_ == 1 && model.values().data() == model.host_values().data() && opt.can_update_to(be))
     gens_ = std::make_unique<UpdateGenerations>(mem_, model, opt, layout_);
-  if (gens_ && budget_ > 0) probe_ = Probe::in_place;
+  if (gens_ && budget_ > 0) probe_ = UpdateProbe(true, kAdaptSaves);
 }
 
 std::optional<TrainState> MemoryState::restore(int64_t file_step) {
@@ -204,7 +204,7 @@ void MemoryState::start_device_copy(const Backend& be, int slot) {
 
 double MemoryState::save(int64_t steps_done, int64_t per_epoch, const Backend& be, double useful_s) {
   const auto t0 = std::chrono::steady_clock::now();
-  window_steps_.saved(steps_done);
+  step_times_.saved(steps_done);
   const bool device = be.snapshot_copy != nullptr;
   device_ = device ? &be : nullptr;
   if (device && !staging_[0])  // (the preflight counted them)
@@ -264,9 +264,12 @@ double MemoryState::save(int64_t steps_done, int64_t per_epoch, const Backend& b
 }
 
 void MemoryState::after_step(int64_t steps_done, double step_s) {
-  if (probe_ != Probe::off) return probe(steps_done, step_s);
+  if (probe_.phase() != UpdateProbe::Phase::off) {
+    if (probe_.step_ends(step_s)) decide(steps_done);
+    return;
+  }
   if (budget_ <= 0 || stalls_.empty() || gens_) return;
-  window_steps_.step(steps_done, step_s);
+  step_times_.step(steps_done, step_s);
   if (stalls_.size() - window_ >= kAdaptSaves && steps_done % every_ == 0) adapt(steps_done);
 }
 
@@ -284,20 +287,24 @@ double median_of_last(const std::vector<double>& v, size_t n) {
 void MemoryState::adapt(int64_t steps_done) {
   // The copy and exchange threads note a save when they finish it: the newest may be missing.
   const MemoryCheckpoints::Timings t = mem_.timings();
-  const double stall = median_of_last(stalls_, stalls_.size() - window_);
+  const size_t saves = stalls_.size() - window_;
+  const double stall = median_of_last(stalls_, saves);
   const double copy = median_of_last(t.copy_s, kAdaptSaves);
   const double exchange = median_of_last(t.exchange_s, kAdaptSaves);
-  const double step = std::max(window_steps_.median_step() - stall * double(stalls_.size() - window_) /
-                                                    double(window_steps_.steps()), 1e-9);
+  // A save's stall holds the next update's wait for its copy (fence()), which the step after
+  // it took: only that part of the stall is in the steps' times, and in SaveWindow's slowdown.
+  const double waited = std::min(median_of_last(fences_, saves), stall);
+  const double step = std::max(step_times_.median_step() - waited * double(saves) /
+                                                    double(step_times_.steps()), 1e-9);
   // What the copy costs the step after it, where that exceeds its own time (SaveWindow).
-  const double slower = window_steps_.slowdown();
-  const double per_save = std::max(stall + copy + exchange, stall + slower);
+  const double slower = step_times_.slowdown();
+  const double per_save = std::max(stall + copy + exchange, stall - waited + slower);
   const MemoryInterval mine = memory_interval(per_save, step, budget_, first_every_, kMaxRecomputeS);
   double agreed[2] = {double(mine.every), mine.capped ? 1.0 : 0.0};
   comm_.allreduce_max(agreed, 2);  // the rank that needs the longest interval sets it
   const int64_t before = every_, wanted = int64_t(agreed[0]);
   window_ = stalls_.size();
-  window_steps_.clear();
+  step_times_.clear();
   // Within a quarter of the interval kept: no change (nor a line) for the windows' noise.
   if (4 * wanted >= 3 * before && 4 * wanted <= 5 * before) return;
   every_ = wanted;
@@ -314,32 +321,23 @@ void MemoryState::adapt(int64_t steps_done) {
                            : "");
 }
 
-void MemoryState::probe(int64_t steps_done, double step_s) {
-  const bool in_place = probe_ == Probe::in_place;
-  if (in_place) window_steps_.step(steps_done, step_s);  // the steps without memory checkpoints
-  if (updates_[in_place ? 0 : 1].size() < kAdaptSaves) return;
-  if (in_place) probe_ = Probe::in_update;  // the generations start at the next update
-  else decide(steps_done);
-}
-
-// The update's cost in writing the generations, against the steps without memory checkpoints;
-// over the budget on any rank, the state moves home and copies take over.
+// The update's cost in writing the generations (UpdateProbe) against the steps without memory
+// checkpoints; over the budget on any rank, the state moves home and copies take over.
 void MemoryState::decide(int64_t steps_done) {
-  const double in_place = median(updates_[0]), writing = median(updates_[1]);
   const double saves = median(stalls_) + median(fences_);
-  const double step = std::max(window_steps_.median_step(), 1e-9);
-  double worst = (std::max(writing - in_place, 0.0) + saves) / step;
+  const MemoryPairing& p = mem_.pairing();
+  const UpdateProbe::Cost c = probe_.cost(saves, p.partner >= 0 || p.source >= 0);
+  double worst = c.per_step / c.step;
   comm_.allreduce_max(&worst, 1);  // the rank that pays the most decides
-  probe_ = Probe::off;
-  window_steps_.clear();
+  probe_.stop();
   const bool keep = worst <= budget_;
   if (comm_.rank() == 0)
     fmt::print("memory checkpoints: {} from step {} (checkpoint.memory_budget {:g} %: writing "
                "every generation costs {:.1f} % of a step at most, on rank 0 {:.3f} ms a step: "
                "the update {:.3f} ms against {:.3f} ms in place, the save {:.3f} ms, steps of "
                "{:.2f} ms)\n", keep ? "the update goes on writing every generation" : "copies",
-               steps_done, 100 * budget_, 100 * worst, 1e3 * (std::max(writing - in_place, 0.0) + saves),
-               1e3 * writing, 1e3 * in_place, 1e3 * saves, 1e3 * step);
+               steps_done + (keep ? 0 : 1), 100 * budget_, 100 * worst, 1e3 * c.per_step,
+               1e3 * c.writing, 1e3 * c.in_place, 1e3 * saves, 1e3 * c.step);
   if (keep) return;
   gens_->move_home();
   gens_.reset();
@@ -350,15 +348,13 @@ void MemoryState::decide(int64_t steps_done) {
 }
 
 void MemoryState::after_update() {
-  if (probe_ == Probe::in_place) return updates_[0].push_back(seconds_since(update_t0_));
-  if (!gens_) return;
-  gens_->after_update();
-  if (probe_ == Probe::in_update) updates_[1].push_back(seconds_since(update_t0_));
+  if (gens_ && probe_.phase() != UpdateProbe::Phase::in_place) gens_->after_update();
+  if (probe_.phase() != UpdateProbe::Phase::off) probe_.update_ends();
 }
 
 double MemoryState::fence() {
-  if (probe_ == Probe::in_place) {  // timed in place: no generations yet
-    update_t0_ = std::chrono::steady_clock::now();
+  if (probe_.phase() == UpdateProbe::Phase::in_place) {  // timed in place: no generations yet
+    probe_.update_starts();
     return 0;
   }
   if (gens_ && !gens_->started()) {
@@ -369,13 +365,14 @@ double MemoryState::fence() {
     if (!ok) {
       gens_->move_home();
       gens_.reset();
+      probe_.stop();  // copies from here, the budget's interval as theirs
     }
   }
   if (gens_) {
     double waited = 0;
     gens_->before_update(&waited);
     fences_.push_back(waited);
-    update_t0_ = std::chrono::steady_clock::now();
+    probe_.update_starts();
     return waited;
   }
   const bool first = !stalls_.empty() && windows_.size() < stalls_.size();  // since the save
@@ -416,7 +413,6 @@ void MemoryState::finish(bool remove) {
              exchange, 1e3 * median(t.start_s), 1e3 * median(t.fill_s),
              1e3 * median(windows_), remove ? "; this run's copies removed" : "");
 }
-
 
 std::unique_ptr<StepHook> memory_checkpoint_hook(MemoryState& m, int64_t per_epoch,
                                                  const Backend& be, GoodputLedger& goodput) {

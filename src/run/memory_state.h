@@ -20,6 +20,7 @@
 #include "model/optim.h"
 #include "run/goodput.h"
 #include "run/save_window.h"
+#include "run/update_probe.h"
 #include "run/step_hooks.h"
 #include "run/update_generations.h"
 #include "strata/backend.h"
@@ -78,7 +79,7 @@ class MemoryState {
   // Whether a save follows the step that made `steps_done` (none while the budget's probe
   // times the update in place).
   bool saves_at(int64_t steps_done) const {
-    return probe_ != Probe::in_place && steps_done % every_ == 0;
+    return probe_.phase() != UpdateProbe::Phase::in_place && steps_done % every_ == 0;
   }
   // The run ends: the writes in flight finish, rank 0 prints the saves' stalls; `remove`:
   // this rank's copies are deleted (a finished run, or a stop whose checkpoint is in
@@ -103,13 +104,9 @@ class MemoryState {
   static constexpr size_t kAdaptSaves = 16;    // saves measured before the budget sets the interval
   static constexpr double kMaxRecomputeS = 0.5;  // the steps a fault may redo, at most
   void adapt(int64_t steps_done);
-  // checkpoint.memory_budget where the update can write the generations: what that costs is in
-  // the update's own time, not in a save's, so the update is timed in place over the first
-  // kAdaptSaves steps (no saves yet), then writing the generations over as many; if the
-  // difference and the saves' stalls exceed the budget (on any rank), copies take over
-  // (decide()), whose interval adapt() sets as without generations.
-  enum class Probe { off, in_place, in_update };
-  void probe(int64_t steps_done, double step_s);
+  // checkpoint.memory_budget where the update can write the generations (UpdateProbe): if
+  // that costs more than the budget on any rank, copies take over, whose interval adapt()
+  // sets as without generations.
   void decide(int64_t steps_done);
   // A slot's pinned host buffer for a GPU's state (Backend::alloc_pinned/free_pinned).
   using Pinned = std::unique_ptr<char, void (*)(void*)>;
@@ -126,13 +123,11 @@ class MemoryState {
   double budget_;              // checkpoint.memory_budget (0: every_ stays)
   int64_t first_every_;        // checkpoint.memory_every: the shortest interval
   std::unique_ptr<UpdateGenerations> gens_;  // in_update(); after mem_: destroyed first
-  Probe probe_ = Probe::off;
-  std::vector<double> updates_[2];  // the update's time: in place, writing a generation
-  std::chrono::steady_clock::time_point update_t0_;
+  UpdateProbe probe_{false, kAdaptSaves};
   int64_t earlier_saves_ = 0;  // the saves the update wrote before copies took over
   double restored_useful_s_ = -1;
   size_t window_ = 0;          // the saves before this measuring window (stalls_'s indices)
-  SaveWindow window_steps_;    // the window's step times
+  SaveWindow step_times_;      // the window's step times
   std::vector<double> stalls_;
   std::vector<double> windows_;  // from each save to the update that waits for its copy
   std::vector<double> fences_;   // that update's wait
@@ -142,7 +137,7 @@ class MemoryState {
   bool finished_ = false;
 };
 
-// Saves every MemoryState::every() steps (the session also calls fence() before each update).
+// Saves where MemoryState::saves_at() says (the session also calls fence() before each update).
 // The stall counts in the goodput ledger as a checkpoint's (its step is a resume point).
 std::unique_ptr<StepHook> memory_checkpoint_hook(MemoryState& m, int64_t per_epoch,
                                                  const Backend& be, GoodputLedger& goodput);

@@ -45,7 +45,8 @@ void UpdateGenerations::before_update(double* wait_s) {
   std::fill(std::begin(sums_), std::end(sums_), 0u);
   if (!payload) {
     // A target that cannot be made (warned) leaves this update in place: the live file first
-    // waits for its exchange and loses its name; the save sends the partner nothing it keeps.
+    // waits for its exchange and is marked as being written; the save sends the partner
+    // nothing it keeps.
     double more = 0;
     mem_.open_slot(live_, opt_.steps_taken() + 1, &more);
     *wait_s += more;

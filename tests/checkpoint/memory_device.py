@@ -17,7 +17,7 @@ With --budget B --every 1 (on --device cpu, where the update can write the gener
 budget judges the update's own cost: timed in place over steps 1-16 (no saves), then writing
 the generations over steps 17-32. B = 0.99 (any cost fits): the update goes on writing every
 generation (the line saying so is checked) and the relaunch resumes at step 60 itself; B =
-0.000001 (no cost fits): copies from step 32 (checked), whose interval then grows (checked),
+0.000001 (no cost fits): copies from step 33 (checked), whose interval then grows (checked),
 and the relaunch resumes at the newest copy, bitwise both.
 
     memory_device.py STRATA DATA WORKDIR [--device cpu-staged | --device cpu | --budget B [--every 1]]
@@ -86,7 +86,7 @@ def check_resumed(out, first):
         fail(f"the relaunch did not resume from memory at step {'16..' if budget and not kept else ''}{KILL}:\n{out[-3000:]}")
     print(resumed[0])
     if probe:
-        said = "the update goes on writing every generation from step 32" if kept else "copies from step 32"
+        said = "the update goes on writing every generation from step 32" if kept else "copies from step 33"
         line = [l for l in first.splitlines() if l.startswith("memory checkpoints: " + said)]
         if not line:
             fail(f"no line says '{said}' (checkpoint.memory_budget {budget}):\n{first[-3000:]}")
