@@ -750,6 +750,7 @@ float* MemoryCheckpoints::open_slot(int slot, int64_t step, double* wait_s) {
 
 void MemoryCheckpoints::publish_slot(int slot, int64_t step, const uint32_t* sums) {
   MappedFile& f = own_[slot];
+  next_ = slot ^ 1;  // a copied save after these (the budget's) replaces the older generation
   if (f.map && sums) {  // (else the exchange still goes: its partner waits for it)
     seal(f.map, {.part = comm_.rank(), .ranks = comm_.size(), .checksum = kLaneSums, .step = step,
                   .attempt = id_.attempt, .run = run_, .job = job_,

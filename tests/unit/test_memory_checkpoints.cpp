@@ -2,6 +2,7 @@
 // their own: the pairing across nodes, the partner's copy, and what a restart finds when a
 // node's directory is gone, a copy is damaged, or the copies are another attempt's.
 #include <catch2/catch.hpp>
+#include <fmt/format.h>
 
 #include <array>
 #include <chrono>
@@ -52,9 +53,10 @@ size_t count(const fs::path& dir, const std::string& ending) {
 
 // Saves steps first..last on both ranks; the fill of step `failing` throws (a GPU's copy failed).
 // killed_in_update (in place): then the next update's target is opened and the launch ends
-// there, as a rank killed before the update wrote a byte.
+// there, as a rank killed before the update wrote a byte. copied_from (in place): that step and
+// later ones copied, as when the budget's copies take over.
 void save_steps(const fs::path& root, int64_t last = 3, int64_t failing = 0, Parts parts = {},
-                int64_t first = 1, bool killed_in_update = false) {
+                int64_t first = 1, bool killed_in_update = false, int64_t copied_from = 0) {
   strata::run_ranks(2, [&](strata::Comm& c) {
     const int rank = parts.content(c.rank());
     MemoryCheckpoints m((root / node_of(c.rank())).string(), c, floats_of(rank), identity(),
@@ -63,7 +65,7 @@ void save_steps(const fs::path& root, int64_t last = 3, int64_t failing = 0, Par
     m.preflight();
     for (int64_t step = first; step <= last; ++step) {
       double wait = 0;
-      if (parts.in_place) {
+      if (parts.in_place && (copied_from == 0 || step < copied_from)) {
         // As UpdateGenerations does: the generation the state lives in first, then the
         // update's target; both files exist before the launch's first publish.
         if (step == first) REQUIRE(m.open_slot(int((step + 1) % 2), step - 1, &wait) != nullptr);
@@ -372,6 +374,21 @@ TEST_CASE("memory checkpoints: the CRC in three chains is the CRC, at every leng
       CHECK(w.finish() == want);
       CHECK(std::memcmp(file.data() + 1, src.data() + at, n) == 0);
     }
+}
+
+TEST_CASE("memory checkpoints: copies after the update's generations replace the older one", "[memory]") {
+  // Steps 1-4 written in place (step 4 in slot 0), then step 5 copied: it must replace step 3's
+  // files, so that step 4's stays whole while step 5's copy is written.
+  strata::test::TempDir tmp;
+  save_steps(tmp.path, 5, 0, Parts{.in_place = true}, 1, false, /*copied_from=*/5);
+  for (int rank : {0, 1}) {
+    const fs::path dir = tmp.path / node_of(rank);
+    const std::string part = fmt::format("part-{:05d}-", rank);
+    CHECK(fs::exists(dir / (part + "000000000004.own")));
+    CHECK(fs::exists(dir / (part + "000000000005.own")));
+    CHECK_FALSE(fs::exists(dir / (part + "000000000003.own")));
+  }
+  for (const auto& x : restore(tmp.path)) CHECK((x.step == 5 && x.exact));
 }
 
 TEST_CASE("memory checkpoints: a fill that fails loses its save, not the run", "[memory]") {
