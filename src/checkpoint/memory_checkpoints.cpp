@@ -356,16 +356,6 @@ std::vector<int> content_groups(const std::vector<int64_t>& key, const std::vect
   return group;
 }
 
-// Whether every group has members on two nodes or more.
-bool every_group_spans_nodes(const std::vector<int>& group, const MemoryPairing& pair) {
-  if (pair.node_names.size() < 2) return false;
-  std::vector<std::set<int>> nodes(group.size());  // by group
-  for (size_t r = 0; r < group.size(); ++r) nodes[size_t(group[r])].insert(pair.node_of[r]);
-  for (int g : group)
-    if (nodes[size_t(g)].size() < 2) return false;
-  return true;
-}
-
 // Who would provide each part p of `step` from this rank's copies, as a key to minimise over
 // the ranks: score * (R + 1) + provider (0: p's own rank, else rank + 1); INT64_MAX: none. A
 // copy of p itself scores before one of a part with the same contents (a replica's: its
@@ -462,6 +452,15 @@ void PartWriter::zeros(size_t bytes) {
   for (size_t n; bytes > 0; bytes -= n) put(none, n = std::min(bytes, sizeof none));
 }
 
+bool parts_span_nodes(const std::vector<int64_t>& same_as, const std::vector<int>& node_of) {
+  std::map<int64_t, std::set<int>> nodes;  // by key
+  for (size_t r = 0; r < same_as.size(); ++r) {
+    if (same_as[r] < 0) return false;  // a part of its own: one node holds it
+    nodes[same_as[r]].insert(node_of[r]);
+  }
+  return std::all_of(nodes.begin(), nodes.end(), [](const auto& n) { return n.second.size() >= 2; });
+}
+
 MemoryPairing pair_ranks(const std::vector<std::string>& node_by_rank, int rank) {
   MemoryPairing p;
   std::vector<std::vector<int>> ranks_of;  // by node index
@@ -535,7 +534,7 @@ void MemoryCheckpoints::group_parts(int64_t same_as) {
   key[size_t(comm_.rank())] = same_as;
   comm_.allreduce_sum(key.data(), comm_.size());
   group_ = content_groups(key, part_floats_);
-  replicated_ = every_group_spans_nodes(group_, pair_);
+  replicated_ = parts_span_nodes(key, pair_.node_of);
   if (replicated_) pair_.partner = pair_.source = -1;
 }
 

@@ -44,6 +44,10 @@ struct MemoryPairing {
   int local_rank = 0, local_size = 1;   // among the ranks of this rank's node
 };
 MemoryPairing pair_ranks(const std::vector<std::string>& node_by_rank, int rank);
+// Whether every part has holders on two nodes or more, so that their own copies are each
+// other's second copy (MemoryCheckpoints::replicated()): ranks passing the same key >= 0 hold
+// the same part (the constructor's same_as; -1 a part of its own), node_of their node's index.
+bool parts_span_nodes(const std::vector<int64_t>& same_as, const std::vector<int>& node_of);
 
 // checkpoint.memory_dir as this rank uses it: "" means /dev/shm/strata-<job> ("local-<uid>"
 // outside Slurm); every "%n" becomes the node's name.

@@ -7,6 +7,7 @@
 
 #include "base/memory.h"
 #include "base/parse.h"
+#include "checkpoint/memory_checkpoints.h"
 #include "parallel/grid.h"
 #include "parallel/pipeline.h"
 #include "strata/error.h"
@@ -66,19 +67,21 @@ RunPlan candidate_plan(const RunConfig& cfg, const PlanModel& m, int ranks) {
 namespace {
 
 // Whether every part has data-parallel replicas on two nodes or more, whose own memory copies
-// are then each other's second copy (MemoryCheckpoints::replicated(): no partner copies).
-bool replicas_span_nodes(const RunConfig& cfg, const RunPlan& plan, int nodes, int ranks_per_node) {
-  if (cfg.parallel.zero > 0 || plan.D < 2 || nodes < 2) return false;
+// are then each other's second copy (no partner copies): the runtime's parts_span_nodes() over
+// the grid's ranks, keyed as the session keys them, on nodes filled as Slurm fills them.
+bool replicas_span_nodes(const RunConfig& cfg, const RunPlan& plan, int ranks_per_node) {
   ProcessGrid g;  // world_rank() of this placement
   g.stages = plan.P, g.replicas = plan.D, g.tensors = plan.T, g.placement = cfg.parallel.placement;
+  std::vector<int64_t> same_as(size_t(plan.P) * plan.D * plan.T);
+  std::vector<int> node_of(same_as.size());
   for (int s = 0; s < plan.P; ++s)
-    for (int t = 0; t < plan.T; ++t) {
-      const int node = g.world_rank(s, 0, t) / ranks_per_node;
-      bool other = false;
-      for (int r = 1; r < plan.D && !other; ++r) other = g.world_rank(s, r, t) / ranks_per_node != node;
-      if (!other) return false;
-    }
-  return true;
+    for (int r = 0; r < plan.D; ++r)
+      for (int t = 0; t < plan.T; ++t) {
+        const size_t rank = size_t(g.world_rank(s, r, t));
+        same_as[rank] = cfg.parallel.zero > 0 ? -1 : int64_t(s) * plan.T + t;
+        node_of[rank] = int(rank) / ranks_per_node;
+      }
+  return parts_span_nodes(same_as, node_of);
 }
 
 }  // namespace
@@ -90,7 +93,7 @@ PlanMemory plan_memory(const RunConfig& cfg, const RunPlan& plan, const Schedule
   const MemoryEstimate& e = out.planned.estimate;
   if (cfg.checkpoint.memory_every > 0) {
     // (the partner's part taken as large as this rank's: another stage's may differ)
-    const bool partner = nodes > 1 && !replicas_span_nodes(cfg, plan, nodes, ranks_per_node);
+    const bool partner = nodes > 1 && !replicas_span_nodes(cfg, plan, ranks_per_node);
     const double part = e.parameters + e.optimizer;
     out.memory_checkpoints = 2 * part * (partner ? 2 : 1) + (gpu ? 2 * part : 0);  // + a GPU's pinned buffers
   }
