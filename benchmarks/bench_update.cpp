@@ -7,7 +7,6 @@
 //   usage: bench_update [runs (default 50)]
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <vector>
 
 #include "model/optim.h"

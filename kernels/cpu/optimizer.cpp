@@ -107,10 +107,10 @@ bool have_avx512f() {
   static const bool yes = __builtin_cpu_supports("avx512f");
   return yes;
 }
-#endif
 
 // Streaming stores need 64-byte aligned outputs (the flat buffers' are 256-byte aligned).
-[[maybe_unused]] bool aligned64(const float* p) { return reinterpret_cast<uintptr_t>(p) % 64 == 0; }
+bool aligned64(const float* p) { return reinterpret_cast<uintptr_t>(p) % 64 == 0; }
+#endif
 
 }  // namespace
 

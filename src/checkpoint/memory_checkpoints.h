@@ -48,6 +48,11 @@ MemoryPairing pair_ranks(const std::vector<std::string>& node_by_rank, int rank)
 // other's second copy (MemoryCheckpoints::replicated()): ranks passing the same key >= 0 hold
 // the same part (the constructor's same_as; -1 a part of its own), node_of their node's index.
 bool parts_span_nodes(const std::vector<int64_t>& same_as, const std::vector<int>& node_of);
+// A rank's same_as key: data-parallel replicas without ZeRO (not `sharded`) hold the same part,
+// that of their stage and tensor part.
+inline int64_t memory_part_key(int stage, int tensor, int tensors, bool sharded) {
+  return sharded ? -1 : int64_t(stage) * tensors + tensor;
+}
 
 // checkpoint.memory_dir as this rank uses it: "" means /dev/shm/strata-<job> ("local-<uid>"
 // outside Slurm); every "%n" becomes the node's name.

@@ -78,7 +78,7 @@ bool replicas_span_nodes(const RunConfig& cfg, const RunPlan& plan, int ranks_pe
     for (int r = 0; r < plan.D; ++r)
       for (int t = 0; t < plan.T; ++t) {
         const size_t rank = size_t(g.world_rank(s, r, t));
-        same_as[rank] = cfg.parallel.zero > 0 ? -1 : int64_t(s) * plan.T + t;
+        same_as[rank] = memory_part_key(s, t, plan.T, cfg.parallel.zero > 0);
         node_of[rank] = int(rank) / ranks_per_node;
       }
   return parts_span_nodes(same_as, node_of);

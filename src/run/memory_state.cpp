@@ -348,7 +348,7 @@ void MemoryState::decide(int64_t steps_done) {
 }
 
 void MemoryState::after_update() {
-  if (gens_ && probe_.phase() != UpdateProbe::Phase::in_place) gens_->after_update();
+  if (gens_) gens_->after_update();  // (nothing before its start(): the in-place phase)
   if (probe_.phase() != UpdateProbe::Phase::off) probe_.update_ends();
 }
 
@@ -372,7 +372,7 @@ double MemoryState::fence() {
     double waited = 0;
     gens_->before_update(&waited);
     fences_.push_back(waited);
-    probe_.update_starts();
+    if (probe_.phase() != UpdateProbe::Phase::off) probe_.update_starts();
     return waited;
   }
   const bool first = !stalls_.empty() && windows_.size() < stalls_.size();  // since the save

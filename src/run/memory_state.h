@@ -85,7 +85,6 @@ class MemoryState {
   // this rank's copies are deleted (a finished run, or a stop whose checkpoint is in
   // checkpoint.dir).
   void finish(bool remove);
-  int64_t every() const { return every_; }
   // The exchange yields to the training thread's gradient sums (comm/traffic_gate.h).
   void set_gate(const TrafficGate* g) { mem_.set_gate(g); }
   // Collective (every rank calls it after the same steps). Notes a step's wall time and, with

@@ -23,7 +23,7 @@ class SaveWindow {
     (previous == steps_done - 1 ? after_ : others_).push_back(seconds);
   }
   size_t steps() const { return all_.size(); }
-  double median_step() const { return all_.empty() ? 0.0 : median(all_); }
+  double median_step() const { return median(all_); }
   // The median step after a save less the median other step, at least 0; -1 while either kind
   // has fewer than kMin steps (a save every step has no others).
   double slowdown() const {

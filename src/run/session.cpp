@@ -179,7 +179,7 @@ void TrainingSession::resume() {
   // at least as new as the files (each rank restores its own part; rank 0 still assembles the
   // whole model for the file checkpoints when the plan gathers).
   // Data-parallel replicas without ZeRO hold the same parameters and optimizer state.
-  const int64_t same_as = opt_->sharded() ? -1 : int64_t(grid_.stage) * grid_.tensors + grid_.tensor;
+  const int64_t same_as = memory_part_key(grid_.stage, grid_.tensor, grid_.tensors, opt_->sharded());
   mem_ = MemoryState::make(cfg_, comm_, be_, fmt::format("grid {} {} {} {} zero {}", plan_.ranks, plan_.D,
                                                     plan_.P, plan_.T, cfg_.parallel.zero),
                            same_as, *model_, *opt_);
