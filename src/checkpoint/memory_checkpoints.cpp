@@ -77,17 +77,22 @@ uint32_t lane_sums_digest(const float* payload, int64_t floats) {
 std::string part_name(int part, int64_t step, bool own) {
   return fmt::format("part-{:05d}-{:012d}.{}", part, step, own ? "own" : "peer");
 }
+// A generation the optimizer's update writes keeps one name, its step in its header only: a
+// rename at each step cost the MLP's step about 2 % (benchmarks/memory_update_cost.sh).
+std::string generation_name(int part, int slot) { return fmt::format("part-{:05d}-gen{}.own", part, slot); }
 
 struct Parsed {
   int part;
-  int64_t step;
+  int64_t step;  // -1: a generation's (generation_name), whose step is in its header
   bool own;
 };
 std::optional<Parsed> parse_name(const std::string& name) {
-  static const std::regex re(R"(part-(\d{5})-(\d{12})\.(own|peer))");
+  static const std::regex named(R"(part-(\d{5})-(\d{12})\.(own|peer))"),
+      generation(R"(part-(\d{5})-gen[01]\.own)");
   std::smatch m;
-  if (!std::regex_match(name, m, re)) return std::nullopt;
-  return Parsed{std::stoi(m[1]), std::stoll(m[2]), m[3] == "own"};
+  if (std::regex_match(name, m, named)) return Parsed{std::stoi(m[1]), std::stoll(m[2]), m[3] == "own"};
+  if (std::regex_match(name, m, generation)) return Parsed{std::stoi(m[1]), -1, true};
+  return std::nullopt;
 }
 
 // The payload of a part file after its header, or why it cannot be taken.
@@ -128,6 +133,13 @@ bool header_names(const char* file, int part, int64_t step, uint64_t payload) {
          h.step == step && h.payload_bytes == payload;
 }
 
+// The step a copy holds: its name's, or a generation's header's (-1 if that does not verify).
+int64_t step_of(const fs::path& path, const Parsed& p) {
+  if (p.step >= 0) return p.step;
+  Header h;
+  return read_part(path.string(), &h, nullptr).empty() ? h.step : -1;
+}
+
 // Removes the copies of `part` and kind in `dir` but the newest (an earlier launch's), so a
 // save's new file makes at most two.
 void remove_older(const std::string& dir, int part, bool own) {
@@ -135,7 +147,7 @@ void remove_older(const std::string& dir, int part, bool own) {
   std::vector<std::pair<int64_t, fs::path>> olds;
   for (const auto& e : fs::directory_iterator(dir, ec))
     if (auto p = parse_name(e.path().filename().string()); p && p->part == part && p->own == own)
-      olds.emplace_back(p->step, e.path());
+      olds.emplace_back(step_of(e.path(), *p), e.path());
   std::sort(olds.begin(), olds.end());
   for (size_t k = 0; k + 1 < olds.size(); ++k) fs::remove(olds[k].second, ec);
 }
@@ -266,7 +278,7 @@ std::vector<MemoryCopy> scan(const ScanFor& w, int64_t* stale) {
                    "were written by a run with another config or grid; not taken\n", w.dir, path);
       continue;
     }
-    if (why.empty() && (h.part != p->part || h.step != p->step ||
+    if (why.empty() && (h.part != p->part || (p->step >= 0 && h.step != p->step) ||
                         h.payload_bytes != uint64_t(w.part_floats[size_t(p->part)]) * 4))
       why = "its header does not match its name or this run's part size";
     if (why.empty()) why = read_part(path, &h, &payload);
@@ -276,7 +288,7 @@ std::vector<MemoryCopy> scan(const ScanFor& w, int64_t* stale) {
       fs::remove(path, ec);
       continue;
     }
-    copies.push_back({p->part, p->step, p->own, path});
+    copies.push_back({p->part, h.step, p->own, path});
   }
   return copies;
 }
@@ -667,6 +679,7 @@ int MemoryCheckpoints::MappedFile::prepare(const std::string& tmp, size_t n, std
 }
 
 int MemoryCheckpoints::MappedFile::rename_to(const std::string& to) {
+  if (to == path) return 0;
   if (::rename(path.c_str(), to.c_str()) != 0) return errno;
   path = to;
   return 0;
@@ -694,10 +707,9 @@ bool MemoryCheckpoints::prepare(MappedFile& f, int part, int64_t step, bool own,
   return err == 0 || (warn(at, err), false);
 }
 
-bool MemoryCheckpoints::publish(MappedFile& f, int part, int64_t step, bool own) {
-  const std::string from = f.path;
-  const int err = f.rename_to(dir_ + "/" + part_name(part, step, own));
-  return err == 0 || (warn(from, err), false);
+bool MemoryCheckpoints::publish(MappedFile& f, const std::string& name) {
+  const int err = f.rename_to(dir_ + "/" + name);  // (f.path unchanged if it fails)
+  return err == 0 || (warn(f.path, err), false);
 }
 
 // This rank's part: packed into the mapped file, then the CRCs and header, then its name.
@@ -728,7 +740,7 @@ void MemoryCheckpoints::copy_own(const Save& s, std::chrono::steady_clock::time_
   if (!filled) return;
   seal(f.map, {.part = comm_.rank(), .ranks = comm_.size(), .step = s.step, .attempt = id_.attempt,
                 .run = run_, .job = job_, .payload_bytes = payload, .payload_crc = crc});
-  publish(f, comm_.rank(), s.step, true);
+  publish(f, part_name(comm_.rank(), s.step, true));
 }
 
 float* MemoryCheckpoints::open_slot(int slot, int64_t step, double* wait_s) {
@@ -754,9 +766,9 @@ void MemoryCheckpoints::publish_slot(int slot, int64_t step, const uint32_t* sum
     seal(f.map, {.part = comm_.rank(), .ranks = comm_.size(), .checksum = kLaneSums, .step = step,
                   .attempt = id_.attempt, .run = run_, .job = job_,
                   .payload_bytes = uint64_t(floats_) * 4, .payload_crc = sums_digest(sums)});
-    // The first: an earlier launch's copies go now (open_slot left them), leaving two
-    // generations.
-    if (publish(f, comm_.rank(), step, true) && !published_) {
+    // Named once, then only sealed. The first: an earlier launch's copies go now (open_slot
+    // left them), leaving two generations.
+    if (publish(f, generation_name(comm_.rank(), slot)) && !published_) {
       remove_older(dir_, comm_.rank(), true);
       published_ = true;
     }
@@ -809,7 +821,7 @@ void MemoryCheckpoints::exchange(const Save& s) {
                "for step {} arrived damaged: not kept\n", dir_, pair_.source, s.step);
     return;  // stays under its temporary name: the next save of the slot reuses the file
   }
-  publish(held, pair_.source, s.step, false);
+  publish(held, part_name(pair_.source, s.step, false));
 }
 
 // A failure is a warning (the first one of a run) and training goes on.
@@ -828,16 +840,34 @@ bool MemoryCheckpoints::stopping() {
   return stop_;
 }
 
+namespace {
+
+// The copies of an earlier attempt that the ranks' scans removed: rank 0 says how many.
+void say_stale(Comm& comm, int64_t stale) {
+  comm.allreduce_sum(&stale, 1);
+  if (stale > 0 && comm.rank() == 0)
+    fmt::print("memory checkpoints: removed {} cop{} left by an earlier attempt of this job (a "
+               "requeue starts from checkpoint.dir)\n", stale, stale == 1 ? "y" : "ies");
+}
+
+}  // namespace
+
+std::string memory_copy_file(const std::string& dir, int part, int64_t step, bool own) {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec))
+    if (auto p = parse_name(e.path().filename().string());
+        p && p->part == part && p->own == own && step_of(e.path(), *p) == step)
+      return e.path().string();
+  return "";
+}
+
 MemoryCheckpoints::Found MemoryCheckpoints::find() {
   int64_t stale = 0;
   const std::vector<Copy> copies =
       scan({dir_, pair_.local_rank, pair_.local_size, comm_.size(), job_, run_, id_.attempt, part_floats_},
            &stale);
-  comm_.allreduce_sum(&stale, 1);
+  say_stale(comm_, stale);
   Found f;
-  if (stale > 0 && comm_.rank() == 0)
-    fmt::print("memory checkpoints: removed {} cop{} left by an earlier attempt of this job (a "
-               "requeue starts from checkpoint.dir)\n", stale, stale == 1 ? "y" : "ies");
   const int R = comm_.size(), me = comm_.rank();
   f.step = newest_complete_step(comm_, copies, group_, &f.why);
   if (f.step < 0) return f;

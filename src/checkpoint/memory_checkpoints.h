@@ -13,9 +13,11 @@
 // "<name>.tmp.<pid>" and renamed: a half-written copy never has a final name. At most two per
 // part and kind, the temporary one included: a rank's saves alternate between two files,
 // each renamed to a temporary name, rewritten in place and renamed back under its new step.
-// A generation the optimizer's update writes (open_slot) keeps its name while written: its
-// header is marked as being written instead (a store, not a rename on the training thread),
-// and a restart removes such a file as it removes a temporary one.
+// A generation the optimizer's update writes (open_slot) is named for its slot instead,
+//   part-<rank>-gen<0|1>.own  its step in its header only
+// and keeps that name: while written, its header is marked as being written (a store, not a
+// rename on the training thread), and a restart removes such a file as it removes a
+// temporary one.
 #pragma once
 #include <chrono>
 #include <condition_variable>
@@ -83,6 +85,11 @@ class PartWriter {
   size_t left_;
   uint32_t crc_ = ~0u;
 };
+
+// The file in `dir` holding `part`'s copy of `step` (own, or a partner's), by its name or, for
+// a generation the optimizer's update writes (named for its slot), by its header; empty if
+// none. For tests and tools: MemoryCheckpoints::find() is the restore's way.
+std::string memory_copy_file(const std::string& dir, int part, int64_t step, bool own);
 
 class MemoryCheckpoints {
  public:
@@ -153,9 +160,14 @@ class MemoryCheckpoints {
   // maps it under a temporary name, as `step`'s). The payload (part_floats, 256-byte
   // aligned); null when the file could not be made (warned).
   float* open_slot(int slot, int64_t step, double* wait_s);
+  // Whether open_slot(slot) would not wait: no exchange of the slot in flight.
+  bool slot_free(int slot) {
+    std::lock_guard<std::mutex> lk(mu_);
+    return busy_[slot] == 0;
+  }
   // The slot's payload holds `step`'s part, with lane sums `sums` (a then b, as
-  // strata/lane_sums.h adds them): its header and its name, then the partner's copy (in the
-  // background where MPI allows). sums null: no part was written, only the exchange goes.
+  // strata/lane_sums.h adds them): its header (and its name, the first time), then the
+  // partner's copy (in the background where MPI allows). sums null: no part was written, only the exchange goes.
   void publish_slot(int slot, int64_t step, const uint32_t* sums);
   // Waits for the exchange and the writes in flight.
   void drain();
@@ -217,7 +229,7 @@ class MemoryCheckpoints {
   void exchange(const Save& s);
   void timed_exchange(const Save& s);  // exchange(), its time noted, the slot released
   bool prepare(MappedFile& f, int part, int64_t step, bool own, size_t bytes, bool prune = true);
-  bool publish(MappedFile& f, int part, int64_t step, bool own);
+  bool publish(MappedFile& f, const std::string& name);  // renamed to `name` in dir_ (if not yet)
   void warn(const std::string& path, int err);
   void note_failure(const std::string& path, const std::string& why);
   void done(int slot);

@@ -185,6 +185,14 @@ void FlatLayout::rebind_values(Tensor v) {
   for (Param* p : params_) p->value = p->host = values_.data() + p->offset;
 }
 
+void FlatLayout::rebind_grads(Tensor g) {
+  STRATA_CHECK(values_.data() == host_values_.data() && g.size() == grads_.size() &&
+                   reinterpret_cast<uintptr_t>(g.data()) % 256 == 0,
+               "rebind_grads: gradients on a device, or a buffer of another size or alignment");
+  grads_ = std::move(g);
+  for (Param* p : params_) p->grad = grads_.data() + p->offset;
+}
+
 void FlatLayout::pull(const Backend& be) {
   if (values_.data() != host_values_.data())
     be.download(host_values_.data(), values_.data(), sizeof(float) * size_t(values_.size()));

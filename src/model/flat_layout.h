@@ -65,6 +65,10 @@ class FlatLayout {
   // 256-byte boundary, a view or owned: a memory checkpoint's generation the optimizer wrote,
   // run/memory_state.h). Every parameter's pointers follow; the old buffer is left as it is.
   void rebind_values(Tensor v);
+  // The same for the gradients (num_params() floats on a 256-byte boundary): the next
+  // generation's state the update writes over its gradient (run/update_generations.h).
+  // Whatever held them is left as it is; backward writes every gradient before it is read.
+  void rebind_grads(Tensor g);
   // host_values() <- values() (before a checkpoint or parameter file), and the reverse.
   void pull(const Backend& be);
   void push(const Backend& be);

@@ -104,6 +104,10 @@ class Optimizer {
     int64_t written = 0;                           // floats of values written so far
   };
   bool can_update_to(const Backend& be) const;
+  // The state (in state()'s order) an out-of-place update may write over its gradient: each
+  // element of it is stored after the gradient's element was last read (SGD's momentum,
+  // AdamW's exp_avg_sq; ops.def).
+  int state_over_grad() const { return c_.kind == "adamw" ? 1 : 0; }
   // Out of place, the stores go past the cache when an update writes more than this many
   // bytes: the next update then reads them from memory anyway, and stores through the cache
   // would first read every line they write (benchmarks/bench_update.cpp measures both).

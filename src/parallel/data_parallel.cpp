@@ -14,7 +14,7 @@ std::vector<int64_t> bucket_bounds(const std::vector<int64_t>& ends, int64_t cap
   return bounds;
 }
 
-GradientAllreducer::GradientAllreducer(Comm& comm, const Model& model, float* grads,
+GradientAllreducer::GradientAllreducer(Comm& comm, const Model& model, Tensor& grads,
                                        double bucket_bytes, bool overlap,
                                        const std::vector<int64_t>* shards)
     : comm_(comm), grads_(grads), overlap_(overlap), scatters_(shards != nullptr) {
@@ -32,9 +32,9 @@ GradientAllreducer::GradientAllreducer(Comm& comm, const Model& model, float* gr
 
 void GradientAllreducer::start(size_t b) {
   if (gate_ && !closed_) gate_->close(), closed_ = true;
-  handles_[b] = !scatters_ || whole(b)
-                    ? comm_.start_allreduce_sum(grads_ + bounds_[b], bounds_[b + 1] - bounds_[b])
-                    : comm_.start_reduce_scatter_sum(grads_ + bounds_[b], scatter_[b]);
+  float* g = grads_.data() + bounds_[b];
+  handles_[b] = !scatters_ || whole(b) ? comm_.start_allreduce_sum(g, bounds_[b + 1] - bounds_[b])
+                                       : comm_.start_reduce_scatter_sum(g, scatter_[b]);
   stats_.buckets++;
   stats_.bytes += (bounds_[b + 1] - bounds_[b]) * int64_t(sizeof(float));
 }

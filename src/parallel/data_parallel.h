@@ -39,7 +39,8 @@ std::vector<int64_t> bucket_bounds(const std::vector<int64_t>& ends, int64_t cap
 class GradientAllreducer {
  public:
   // shards: ZeRO-2's shard sizes, one per rank of comm (zero_counts); null: allreduce.
-  GradientAllreducer(Comm& comm, const Model& model, float* grads, double bucket_bytes,
+  // grads: the model's gradient buffer, read at each bucket (memory checkpoints move it).
+  GradientAllreducer(Comm& comm, const Model& model, Tensor& grads, double bucket_bytes,
                      bool overlap, const std::vector<int64_t>* shards = nullptr);
   // With shards: buckets overlapping grads[begin, end) are all-reduced all the same (ZeRO-2 in a
   // pipeline: the token table's sum over replicas is then added to its other copy's, on the
@@ -68,7 +69,7 @@ class GradientAllreducer {
   bool sums() const { return comm_.size() > 1 || comm_.sums_alone(); }
   bool whole(size_t b) const { return bounds_[b + 1] > whole_begin_ && bounds_[b] < whole_end_; }
   Comm& comm_;
-  float* grads_;
+  Tensor& grads_;
   bool overlap_;
   std::vector<int64_t> bounds_;  // bucket b = [bounds_[b], bounds_[b+1])
   bool scatters_;

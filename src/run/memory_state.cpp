@@ -71,12 +71,13 @@ std::string exchange_words(const MemoryCheckpoints::Timings& t) {
 
 // The line at the end of a launch whose generations the update wrote.
 void print_in_update(const std::vector<double>& stalls, const std::vector<double>& fences,
-                     const std::string& exchange, bool remove) {
-  fmt::print("memory checkpoints: {} saves in this launch, written by the optimizer's update; "
-             "stall per save: median {:.2f} ms, max {:.2f} ms (sealing and naming it), and "
-             "{:.2f} ms median before each update (its file marked as being written, its "
-             "exchange awaited); off the training thread per save: copy 0.00 ms, {}{}\n",
-             stalls.size(), 1e3 * median(stalls),
+                     const UpdateGenerations& gens, const std::string& exchange, bool remove) {
+  fmt::print("memory checkpoints: {} saves in this launch, written by the optimizer's update "
+             "({} of {} updates over the gradients, their target's exchange done before the "
+             "backward); stall per save: median {:.2f} ms, max {:.2f} ms (sealing and naming "
+             "it), and {:.2f} ms median before each update (its file marked as being written, "
+             "its exchange awaited); off the training thread per save: copy 0.00 ms, {}{}\n",
+             stalls.size(), gens.over_grads(), gens.updates(), 1e3 * median(stalls),
              1e3 * *std::max_element(stalls.begin(), stalls.end()), 1e3 * median(fences),
              exchange, remove ? "; this run's copies removed" : "");
 }
@@ -397,7 +398,7 @@ void MemoryState::finish(bool remove) {
   if (comm_.rank() != 0 || stalls_.empty()) return;
   const MemoryCheckpoints::Timings t = mem_.timings();
   const std::string exchange = exchange_words(t);
-  if (saved_in_update) return print_in_update(stalls_, fences_, exchange, remove);
+  if (saved_in_update) return print_in_update(stalls_, fences_, *gens_, exchange, remove);
   // Where a save's time goes off the training thread: with a spare core the copy and the
   // exchange cost the step only through what they share with it (memory bandwidth, MPI).
   fmt::print("memory checkpoints: {} saves in this launch{}, stall per save: median {:.2f} ms, "

@@ -75,6 +75,11 @@ class MemoryState {
   double fence();
   // After the update (in_update()): the parameters and state are the target's from now on.
   void after_update();
+  // Before the step's first backward (in_update()): the gradients into the next target, if
+  // its exchange is done (UpdateGenerations::before_backward).
+  void before_backward() {
+    if (gens_ && gens_->started()) gens_->before_backward();
+  }
   bool in_update() const { return gens_ != nullptr; }
   // Whether a save follows the step that made `steps_done` (none while the budget's probe
   // times the update in place).

@@ -89,7 +89,7 @@ TrainingSession::TrainingSession(const RunConfig& cfg, Comm& comm)
       cfg, comm, plan_, grid_, *ckpt_, PublishedState{*model_, *opt_, whole_.get(), whole_opt_.get()},
       CheckpointReports{metrics_.get(), prom_, *goodput_}, *progress_, *watchdog_, std::move(prov), per_epoch_, ckpt_bytes_, start_step_);
   // Data parallelism within a stage: gradients are averaged over the stage's replicas.
-  reducer_ = std::make_unique<GradientAllreducer>(*grid_.stage_comm, *model_, model_->grads().data(),
+  reducer_ = std::make_unique<GradientAllreducer>(*grid_.stage_comm, *model_, model_->grads(),
                                                   cfg.dp.bucket_mb * 1048576.0, cfg.dp.overlap,
                                                   zero == 2 ? &shards_ : nullptr);
   tracer_ = std::make_unique<Tracer>(cfg.trace.empty() ? Tracer() : Tracer(start_step_ + 1, cfg.trace_steps));
@@ -107,7 +107,9 @@ TrainingSession::TrainingSession(const RunConfig& cfg, Comm& comm)
   hooks_.add(checkpoint_hook(ckpt_->policy(), comm, *publisher_));
   if (mem_) {
     hooks_.add(memory_checkpoint_hook(*mem_, per_epoch_, be_, *goodput_));
-    step_->set_update_hooks([m = mem_.get()] { m->fence(); }, [m = mem_.get()] { m->after_update(); });
+    step_->set_update_hooks({.before_backward = [m = mem_.get()] { m->before_backward(); },
+                             .before_update = [m = mem_.get()] { (void)m->fence(); },
+                             .after_update = [m = mem_.get()] { m->after_update(); }});
     reducer_->set_gate(&gate_);
     mem_->set_gate(&gate_);
   }

@@ -23,6 +23,7 @@ double TrainStep::compute(const Backend& be, const Loader::Batch& batch, const S
   if (pipe_) {
     // Every micro-batch's forward and backward, in schedule order; the data-parallel
     // allreduce starts during the last backward.
+    call(hooks_.before_backward);
     const double loss = pipe_->run(be, b.x, b.y, samples, si, global_batch_,
                                    [&](int64_t ready) { reducer_.on_grads_ready(ready); });
     Tracer::Scope span(tracer_, "allreduce", "gradient allreduce (stage replicas)");
@@ -42,17 +43,19 @@ void TrainStep::update(const Backend& be, int64_t step) {
     // The layer's own backward is done with its weights and earlier layers do not read them:
     // the same arithmetic as one update at the end.
     int64_t updated = 0;
-    before_update();
+    call(hooks_.before_backward);
+    call(hooks_.before_update);
     model_.backward(be, dlogits_, 0, [&](int64_t ready) {
       opt_.apply(be, model_.values(), model_.grads(), updated, ready, step);
       updated = ready;
     });
     opt_.end_step();
-    after_update();
+    call(hooks_.after_update);
     return;
   } else {
     {
       Tracer::Scope span(tracer_, "compute", "backward");
+      call(hooks_.before_backward);
       model_.backward(be, dlogits_, 0, [&](int64_t ready) { reducer_.on_grads_ready(ready); });
     }
     Tracer::Scope span(tracer_, "allreduce", "gradient allreduce");
@@ -60,10 +63,10 @@ void TrainStep::update(const Backend& be, int64_t step) {
   }
   {
     Tracer::Scope span(tracer_, "optimizer", "optimizer step");
-    before_update();
+    call(hooks_.before_update);
     opt_.step(be, model_.values(), model_.grads(), step, norm_comm_, &norm_ranges_,
               shards_ ? grid_.stage_comm.get() : nullptr);
-    after_update();
+    call(hooks_.after_update);
   }
   if (shards_) {
     Tracer::Scope span(tracer_, "allreduce", "parameter all-gather (ZeRO)");

@@ -42,23 +42,21 @@ class TrainStep {
   double compute(const Backend& be, const Loader::Batch& batch, const StepInfo& si);
   // The rest of step `step` (0-based), after every rank agreed the loss is finite.
   void update(const Backend& be, int64_t step);
-  // Called before the update changes parameters or optimizer state (memory checkpoints copy
-  // them in the background until then, or point the update at their next generation), and
-  // after it.
-  void set_update_hooks(std::function<void()> before, std::function<void()> after) {
-    before_update_ = std::move(before);
-    after_update_ = std::move(after);
-  }
+  // Memory checkpoints' hooks: before the step's first backward writes a gradient (where
+  // they may move the gradients to), before the update changes parameters or optimizer state
+  // (they copy them in the background until then, or point the update at their next
+  // generation), and after it.
+  struct UpdateHooks {
+    std::function<void()> before_backward, before_update, after_update;
+  };
+  void set_update_hooks(UpdateHooks h) { hooks_ = std::move(h); }
   // Seconds this rank has waited for pipeline neighbours so far (0 without a pipeline).
   double pipeline_wait_s() const { return pipe_ ? pipe_->stats().wait_s : 0.0; }
 
  private:
   void share_tied_gradient();
-  void before_update() const {
-    if (before_update_) before_update_();
-  }
-  void after_update() const {
-    if (after_update_) after_update_();
+  static void call(const std::function<void()>& hook) {
+    if (hook) hook();
   }
   void allreduce_tied_gradient();
 
@@ -78,7 +76,7 @@ class TrainStep {
   BatchOnBackend on_be_;
   SoftmaxXentHead head_;
   Tensor dlogits_;
-  std::function<void()> before_update_, after_update_;
+  UpdateHooks hooks_;
 };
 
 }  // namespace strata

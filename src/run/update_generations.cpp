@@ -27,6 +27,7 @@ bool UpdateGenerations::start() {
   float* payload = mem_.open_slot(0, opt_.steps_taken(), &waited);
   if (!payload) return false;
   home_[0] = model_.host_values();
+  home_grads_ = model_.grads();
   std::copy_n(home_[0].data(), home_[0].size(), payload + layout_.values_at);
   int k = 0;
   for (auto& [name, t] : opt_.state()) {
@@ -40,7 +41,7 @@ bool UpdateGenerations::start() {
 
 void UpdateGenerations::before_update(double* wait_s) {
   STRATA_CHECK(live_ >= 0, "UpdateGenerations: an update before start()");
-  float* payload = mem_.open_slot(live_ ^ 1, opt_.steps_taken() + 1, wait_s);
+  float* payload = opened_ ? opened_ : mem_.open_slot(live_ ^ 1, opt_.steps_taken() + 1, wait_s);
   target_ = {};
   std::fill(std::begin(sums_), std::end(sums_), 0u);
   if (!payload) {
@@ -68,6 +69,15 @@ void UpdateGenerations::after_update() {
   rebind(target_.payload);
   live_ ^= 1;
   written_ = true;
+  ++updates_;
+  over_grads_ += opened_ ? 1 : 0;
+  grads_home();  // (the next backward must not write over the state just written)
+}
+
+void UpdateGenerations::grads_home() {
+  if (!opened_) return;
+  model_.layout().rebind_grads(home_grads_);
+  opened_ = nullptr;
 }
 
 void UpdateGenerations::save(int64_t step, const float* head, int64_t head_floats) {
@@ -82,6 +92,15 @@ void UpdateGenerations::save(int64_t step, const float* head, int64_t head_float
   written_ = false;
 }
 
+void UpdateGenerations::before_backward() {
+  if (opened_ || !mem_.slot_free(live_ ^ 1)) return;  // (not waited for: the update will)
+  double waited = 0;
+  opened_ = mem_.open_slot(live_ ^ 1, opt_.steps_taken() + 1, &waited);
+  if (opened_)
+    model_.layout().rebind_grads(Tensor::view(
+        opened_ + layout_.state_at[opt_.state_over_grad()], {home_grads_.size()}));
+}
+
 void UpdateGenerations::rebind(float* payload) {
   model_.layout().rebind_values(Tensor::view(payload + layout_.values_at, {home_[0].size()}));
   Tensor s[2];
@@ -93,6 +112,7 @@ void UpdateGenerations::rebind(float* payload) {
 void UpdateGenerations::move_home() {
   if (live_ < 0) return;
   opt_.set_target(nullptr);
+  grads_home();
   const float* payload = model_.host_values().data() - layout_.values_at;
   for (int k = 0; k < 3; ++k)
     if (home_[k].ptr)

@@ -3,6 +3,13 @@
 // files of MemoryCheckpoints (open_slot), each update reads one generation and writes the
 // other out of place (Optimizer::Target), adding the lane sums of what it stores. A save is
 // then the part's head, its header and a rename: no copy of the state is made.
+//
+// Out-of-place stores first read every line they write (for ownership), a cost in-place ones
+// do not have. So when the next target's exchange is done by the time a step's backward
+// starts, backward writes the gradients into the target's state that the update may write
+// over its gradient (Optimizer::state_over_grad): that state is then written in place, and
+// only the rest out of place (benchmarks/bench_update.cpp: "over grad"). The target is then
+// marked as being written from the backward on, not the update.
 #pragma once
 #include <cstdint>
 
@@ -32,20 +39,30 @@ class UpdateGenerations {
   // 0's file; false when that file cannot be made (warned). started(): it moved.
   bool start();
   bool started() const { return live_ >= 0; }
+  // Before a step's backward, once started: if the other generation's exchange is done, its
+  // file becomes the next update's target now (marked as being written) and the gradients go
+  // into it (above); else they stay home. Never waits.
+  void before_backward();
   // Before each update, once started: the other generation's file becomes its target
-  // (*wait_s: the wait for the file's exchange).
+  // (*wait_s: the wait for the file's exchange), unless before_backward made it so.
   void before_update(double* wait_s);
-  // After it: the parameters and the state are the target's from now on.
+  // After it: the parameters and the state are the target's from now on; the gradients are
+  // back in their own buffer (where they were in the target, they are now its state).
   void after_update();
   // A save after `step` steps: `head` (the layout's head floats) into the generation the last
   // update wrote, then its header and name (MemoryCheckpoints::publish_slot).
   void save(int64_t step, const float* head, int64_t head_floats);
   // The state back from the files into the model's and optimizer's own buffers (before the
-  // files are unmapped); no more updates are pointed at the files.
+  // files are unmapped), and the gradients into theirs; no more updates are pointed at the
+  // files.
   void move_home();
+  // Updates that wrote a generation, and how many of them over the gradients (above).
+  int64_t updates() const { return updates_; }
+  int64_t over_grads() const { return over_grads_; }
 
  private:
   void rebind(float* payload);  // the model and optimizer onto a generation's payload
+  void grads_home();
 
   MemoryCheckpoints& mem_;
   Model& model_;
@@ -56,6 +73,9 @@ class UpdateGenerations {
   uint32_t sums_[kRunningWords] = {};  // the target's payload's lane sums
   bool written_ = false;               // an update wrote a generation not saved yet
   Tensor home_[3];  // the model's values and the optimizer's state buffers, for move_home
+  Tensor home_grads_;
+  float* opened_ = nullptr;  // the next target's payload, opened by before_backward()
+  int64_t updates_ = 0, over_grads_ = 0;
 };
 
 }  // namespace strata

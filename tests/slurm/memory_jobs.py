@@ -151,7 +151,7 @@ def copies_job(ctx, name, extra, gone, other, lacking):
     exits = re.findall(r"^== launch exit (\d+)$", text, re.M)
     expect(len(exits) == 4 and exits[3] == "0", f"expected 4 launches, the last exiting 0: {exits}")
     # (lane sums: a generation the optimizer's update wrote; CRC-32C: a copy)
-    damaged = re.findall(r"memory checkpoint \S+/n2/part-00001-\d+\.own is damaged \((?:CRC-32C|lane sums)", text)
+    damaged = re.findall(r"memory checkpoint \S+/n2/part-00001-(?:\d+|gen\d)\.own is damaged \((?:CRC-32C|lane sums)", text)
     expect(len(damaged) == 2, f"expected the 2 damaged own copies of part 1 named: {damaged}")
     resumed = re.findall(r"^resumed from memory at step (\d+): (.*)$", text, re.M)
     expect(len(resumed) == 2, f"expected 2 resumes from memory: {resumed}")

@@ -45,6 +45,12 @@ struct Parts {
   int64_t same_as() const { return replicas ? 0 : -1; }
 };
 
+// The file holding `part`'s copy of `step` in `dir` (named for its step, or a generation the
+// update wrote, named for its slot), or an empty path.
+fs::path file_of(const fs::path& dir, int part, int64_t step, bool own = true) {
+  return strata::memory_copy_file(dir.string(), part, step, own);
+}
+
 size_t count(const fs::path& dir, const std::string& ending) {
   size_t n = 0;
   for (const auto& e : fs::directory_iterator(dir)) n += e.path().string().ends_with(ending);
@@ -162,6 +168,8 @@ TEST_CASE("memory checkpoints: own and partner copies, two generations, restored
   for (const char* node : {"n1", "n2"}) {
     CHECK(count(root / node, ".own") == 2);  // steps 2 and 3
     CHECK(count(root / node, ".peer") == (parts.replicas ? 0 : 2));
+    // Written in place, they keep their slots' names: no rename at each step.
+    CHECK(count(root / node, "-gen0.own") + count(root / node, "-gen1.own") == (parts.in_place ? 2 : 0));
   }
   auto r = restore(root, 0, parts);
   for (const auto& x : r) {
@@ -185,8 +193,8 @@ TEST_CASE("memory checkpoints: own and partner copies, two generations, restored
       // partner's copy of step 4 is taken instead, or (replicas: none) nothing.
       save_steps(root, 5, 0, parts, 4, /*killed_in_update=*/true);
       for (const char* node : {"n1", "n2"})
-        for (const auto& e : fs::directory_iterator(root / node))
-          if (e.path().string().find("000000000005.") != std::string::npos) fs::remove(e.path());
+        for (int part : {0, 1})
+          for (bool own : {true, false}) fs::remove(file_of(root / node, part, 5, own));
       for (const auto& x : restore(root, 0, parts)) {
         CHECK(x.step == (parts.replicas ? -1 : 4));
         CHECK(x.from_partner == (parts.replicas ? 0 : 2));  // both parts
@@ -205,7 +213,7 @@ TEST_CASE("memory checkpoints: own and partner copies, two generations, restored
     }
   }
   SECTION("a flipped byte: the copy is skipped and removed, the other node's taken") {
-    const fs::path own = root / "n2" / "part-00001-000000000003.own";
+    const fs::path own = file_of(root / "n2", 1, 3);
     REQUIRE(fs::exists(own));
     flip_byte(own);
     r = restore(root, 0, parts);
@@ -217,8 +225,8 @@ TEST_CASE("memory checkpoints: own and partner copies, two generations, restored
     }
   }
   SECTION("both copies of a part gone at the newest step: the step before") {
-    fs::remove(root / "n2" / "part-00001-000000000003.own");
-    fs::remove(root / "n1" / (parts.replicas ? "part-00000-000000000003.own" : "part-00001-000000000003.peer"));
+    REQUIRE(fs::remove(file_of(root / "n2", 1, 3)));
+    REQUIRE(fs::remove(file_of(root / "n1", parts.replicas ? 0 : 1, 3, parts.replicas)));
     r = restore(root, 0, parts);
     for (const auto& x : r) {
       CHECK(x.step == 2);
@@ -383,10 +391,9 @@ TEST_CASE("memory checkpoints: copies after the update's generations replace the
   save_steps(tmp.path, 5, 0, Parts{.in_place = true}, 1, false, /*copied_from=*/5);
   for (int rank : {0, 1}) {
     const fs::path dir = tmp.path / node_of(rank);
-    const std::string part = fmt::format("part-{:05d}-", rank);
-    CHECK(fs::exists(dir / (part + "000000000004.own")));
-    CHECK(fs::exists(dir / (part + "000000000005.own")));
-    CHECK_FALSE(fs::exists(dir / (part + "000000000003.own")));
+    CHECK(fs::exists(file_of(dir, rank, 4)));
+    CHECK(fs::exists(file_of(dir, rank, 5)));
+    CHECK(file_of(dir, rank, 3).empty());
   }
   for (const auto& x : restore(tmp.path)) CHECK((x.step == 5 && x.exact));
 }

@@ -145,7 +145,7 @@ Outcome pipeline_rank(Comm& world, const Net& net, int P, int M, const std::stri
   Model m(net.spec, net.input, net.classes, stage_chunks(ranges, P, grid.stage));
   m.init(kSeed);
   m.place(be);
-  GradientAllreducer reducer(*grid.stage_comm, m, m.grads().data(), 64.0, /*overlap=*/true);
+  GradientAllreducer reducer(*grid.stage_comm, m, m.grads(), 64.0, /*overlap=*/true);
   Tracer tracer;
   PipelineStage stage(m, *grid.pipe_comm, P, M, schedule, tracer);
   Outcome o{.stage = grid.stage, .replica = grid.replica};
