@@ -293,6 +293,56 @@ TEST_CASE("sgd_update_to and adamw_update_to: the in-place bits, and lane sums o
   }
 }
 
+// The state an update may write over its gradient (Optimizer::state_over_grad: SGD's momentum,
+// AdamW's exp_avg_sq; memory checkpoints put the gradients there, run/update_generations.h):
+// that output in the gradient's buffer gives the in-place bits and the same lane sums.
+TEST_CASE("sgd_update_to and adamw_update_to: the state written over the gradient, the in-place bits",
+          "[cpu_kernel][optim]") {
+  Rng rng(17);
+  const bool stream = GENERATE(false, true);
+  for (int n : {1, 16, 600, 10007}) {
+    const Vec g = rand_vec(rng, n), p0 = rand_vec(rng, n), s0 = rand_vec(rng, n);
+    Vec v_abs = rand_vec(rng, n);
+    for (float& x : v_abs) x = std::fabs(x);
+    auto same = [n](const Vec& want, const Tensor& got) {
+      return std::memcmp(want.data(), got.data(), sizeof(float) * size_t(n)) == 0;
+    };
+    auto gradient = [&] {  // an aligned buffer holding g, as the target's state is
+      Tensor t({n});
+      std::copy(g.begin(), g.end(), t.data());
+      return t;
+    };
+    auto sums_of = [n](const std::vector<const Tensor*>& outs) {
+      std::vector<uint32_t> r(outs.size() * kRunningWords, 0);
+      for (size_t k = 0; k < outs.size(); ++k) lane_sums_run(outs[k]->data(), n, r.data() + k * kRunningWords);
+      return r;
+    };
+    for (bool first : {true, false}) {
+      INFO("sgd n " << n << " first step " << first << " stream " << stream);
+      Vec p = p0, b = s0;
+      sgd_update(p.data(), g.data(), b.data(), n, 0.05f, 0.9f, 1e-2f, false, first);
+      Tensor po({n}), gb = gradient();
+      std::vector<uint32_t> sums(2 * kRunningWords, 0);
+      sgd_update_to(p0.data(), gb.data(), s0.data(), po.data(), gb.data(), n, 0.05f, 0.9f, 1e-2f,
+                    false, first, sums.data(), stream);
+      CHECK(same(p, po));
+      CHECK(same(b, gb));
+      CHECK(sums == sums_of({&po, &gb}));
+    }
+    INFO("adamw n " << n << " stream " << stream);
+    Vec p = p0, m = s0, v = v_abs;
+    adamw_update(p.data(), g.data(), m.data(), v.data(), n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.1f, 3);
+    Tensor po({n}), mo({n}), gv = gradient();
+    std::vector<uint32_t> sums(3 * kRunningWords, 0);
+    adamw_update_to(p0.data(), gv.data(), s0.data(), v_abs.data(), po.data(), mo.data(), gv.data(),
+                    n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.1f, 3, sums.data(), stream);
+    CHECK(same(p, po));
+    CHECK(same(m, mo));
+    CHECK(same(v, gv));
+    CHECK(sums == sums_of({&po, &mo, &gv}));
+  }
+}
+
 // The checksum's promises (lane_sums.h): a changed word or byte changes it, words swapped
 // between blocks change it, and pieces placed at their blocks add up to the whole's.
 TEST_CASE("lane sums: pieces add up, a flipped byte or swapped words change them", "[cpu_kernel][optim]") {
