@@ -141,15 +141,18 @@ int64_t step_of(const fs::path& path, const Parsed& p) {
 }
 
 // Removes the copies of `part` and kind in `dir` but the newest (an earlier launch's), so a
-// save's new file makes at most two.
-void remove_older(const std::string& dir, int part, bool own) {
+// save's new file makes at most two. Given `keep` (a copy this launch has just published):
+// every other one, an earlier launch's newer ones too (this launch resumed from an older
+// step, and its own copies replace them).
+void remove_older(const std::string& dir, int part, bool own, const std::string& keep = "") {
   std::error_code ec;
   std::vector<std::pair<int64_t, fs::path>> olds;
   for (const auto& e : fs::directory_iterator(dir, ec))
-    if (auto p = parse_name(e.path().filename().string()); p && p->part == part && p->own == own)
+    if (auto p = parse_name(e.path().filename().string());
+        p && p->part == part && p->own == own && e.path() != fs::path(keep))
       olds.emplace_back(step_of(e.path(), *p), e.path());
   std::sort(olds.begin(), olds.end());
-  for (size_t k = 0; k + 1 < olds.size(); ++k) fs::remove(olds[k].second, ec);
+  for (size_t k = 0; k + (keep.empty() ? 1 : 0) < olds.size(); ++k) fs::remove(olds[k].second, ec);
 }
 
 // Waits for a request of the exchange's communicator without the watchdog's marks (those are
@@ -767,9 +770,9 @@ void MemoryCheckpoints::publish_slot(int slot, int64_t step, const uint32_t* sum
                   .attempt = id_.attempt, .run = run_, .job = job_,
                   .payload_bytes = uint64_t(floats_) * 4, .payload_crc = sums_digest(sums)});
     // Named once, then only sealed. The first: an earlier launch's copies go now (open_slot
-    // left them), leaving two generations.
+    // left them), leaving this launch's two generations.
     if (publish(f, generation_name(comm_.rank(), slot)) && !published_) {
-      remove_older(dir_, comm_.rank(), true);
+      remove_older(dir_, comm_.rank(), true, f.path);
       published_ = true;
     }
   }

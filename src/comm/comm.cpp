@@ -14,7 +14,6 @@
 #include <list>
 #include <string>
 #include <thread>
-#include <unordered_map>
 #include <vector>
 
 #include "base/activity.h"
@@ -323,8 +322,10 @@ class MpiComm final : public Comm {
   }
   // The pairwise reduce-scatter; once its parts are in, the shard is summed and `then` may arm
   // the handle's next phase.
-  // Staging is kept per buffer (a gradient bucket's is the same every step), not per handle
-  // slot, whose buckets vary from step to step: (D - 1) / D of the gradients in all.
+  // Staging comes from a pool by size: a buffer goes back once its shard is summed, and the
+  // next sum of that size takes it, so a step's buckets reuse the last step's wherever the
+  // gradients lie (memory checkpoints move them between steps): (D - 1) / D of the gradients
+  // in all.
   int start_pairwise_sums(float* x, std::shared_ptr<Shards> s, int64_t seq, std::function<void(int)> then) {
     if (!pairwise_) {  // the first sum: collective on this communicator, as every sum is
       MPI_CHECK(MPI_Comm_dup(comm_, &pair_comm_));
@@ -333,13 +334,25 @@ class MpiComm final : public Comm {
     const int h = free_slot();
     // Tags repeat every 0x4000 calls (pairwise.cpp): more handles than that could be in flight.
     STRATA_CHECK(reqs_.size() < 0x4000, "{} communication handles in flight", reqs_.size());
-    std::vector<float>& staged = staging_[x];
-    arm(h, pairwise_->post_reduce_scatter(x, s->counts, s->displs, seq, staged),
+    Staging& staged = take_staging(size_t(s->counts[size_t(rank_)]) * size_t(size_ - 1));
+    arm(h, pairwise_->post_reduce_scatter(x, s->counts, s->displs, seq, staged.parts),
         [this, h, x, s, &staged, then = std::move(then)] {
-          pairwise_->sum_shard(x, s->counts, s->displs, staged);
+          pairwise_->sum_shard(x, s->counts, s->displs, staged.parts);
+          staged.busy = false;
           if (then) then(h);
         });
     return h;
+  }
+  struct Staging {
+    std::vector<float> parts;  // reduce-scatter parts received
+    bool busy = false;
+  };
+  Staging& take_staging(size_t floats) {
+    auto it = std::find_if(staging_.begin(), staging_.end(),
+                           [&](const Staging& s) { return !s.busy && s.parts.size() == floats; });
+    if (it == staging_.end()) it = staging_.insert(staging_.end(), Staging{std::vector<float>(floats)});
+    it->busy = true;
+    return *it;
   }
   void run_after(int h) {
     if (auto f = std::exchange(after_.at(size_t(h)), nullptr)) f();
@@ -351,8 +364,8 @@ class MpiComm final : public Comm {
   std::vector<bool> yielding_;  // point-to-point: wait() sleeps between tests
   std::vector<std::function<void()>> after_;
   std::vector<std::vector<MPI_Request>> more_;  // a handle's other requests (reduce-scatter)
-  std::unordered_map<const float*, std::vector<float>> staging_;  // reduce-scatter parts received
-  static inline std::vector<std::unordered_map<const float*, std::vector<float>>> leaked_staging_;
+  std::list<Staging> staging_;  // (a list: a taken buffer stays where it is while others are added)
+  static inline std::vector<std::list<Staging>> leaked_staging_;
   MPI_Comm pair_comm_ = MPI_COMM_NULL;           // PairwiseSums' own, made at the first sum
   std::unique_ptr<PairwiseSums> pairwise_;
   int64_t seq_ = 0;                              // pairwise calls started: their tags

@@ -67,7 +67,9 @@ class FlatLayout {
   void rebind_values(Tensor v);
   // The same for the gradients (num_params() floats on a 256-byte boundary): the next
   // generation's state the update writes over its gradient (run/update_generations.h).
-  // Whatever held them is left as it is; backward writes every gradient before it is read.
+  // Whatever held them is left as it is: backward writes every gradient before it is read, and
+  // the padding between tensors, which no kernel writes, is zero in `g` as in the buffer it
+  // replaces (a generation's state's padding stays zero: the updates keep it so).
   void rebind_grads(Tensor g);
   // host_values() <- values() (before a checkpoint or parameter file), and the reverse.
   void pull(const Backend& be);

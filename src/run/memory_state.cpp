@@ -74,9 +74,10 @@ void print_in_update(const std::vector<double>& stalls, const std::vector<double
                      const UpdateGenerations& gens, const std::string& exchange, bool remove) {
   fmt::print("memory checkpoints: {} saves in this launch, written by the optimizer's update "
              "({} of {} updates over the gradients, their target's exchange done before the "
-             "backward); stall per save: median {:.2f} ms, max {:.2f} ms (sealing and naming "
-             "it), and {:.2f} ms median before each update (its file marked as being written, "
-             "its exchange awaited); off the training thread per save: copy 0.00 ms, {}{}\n",
+             "backward); stall per save: median {:.2f} ms, max {:.2f} ms (sealing it), and "
+             "{:.2f} ms median before each update (its file marked as being written, its "
+             "exchange awaited, where not done before the backward); off the training thread "
+             "per save: copy 0.00 ms, {}{}\n",
              stalls.size(), gens.over_grads(), gens.updates(), 1e3 * median(stalls),
              1e3 * *std::max_element(stalls.begin(), stalls.end()), 1e3 * median(fences),
              exchange, remove ? "; this run's copies removed" : "");

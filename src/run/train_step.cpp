@@ -22,8 +22,8 @@ double TrainStep::compute(const Backend& be, const Loader::Batch& batch, const S
   const int64_t samples = batch.x.dim(0);  // a language model has T labels each
   if (pipe_) {
     // Every micro-batch's forward and backward, in schedule order; the data-parallel
-    // allreduce starts during the last backward.
-    call(hooks_.before_backward);
+    // allreduce starts during the last backward. (No before_backward: a stage's first backward
+    // may come before a later stage has saved the last step.)
     const double loss = pipe_->run(be, b.x, b.y, samples, si, global_batch_,
                                    [&](int64_t ready) { reducer_.on_grads_ready(ready); });
     Tracer::Scope span(tracer_, "allreduce", "gradient allreduce (stage replicas)");

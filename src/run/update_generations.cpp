@@ -63,7 +63,7 @@ void UpdateGenerations::before_update(double* wait_s) {
 void UpdateGenerations::after_update() {
   if (live_ < 0) return;
   opt_.set_target(nullptr);
-  if (target_.written == 0) return;  // no update ran
+  if (target_.written == 0) return grads_home();  // no update ran
   STRATA_CHECK(target_.written == model_.host_values().size(),
                "memory checkpoint: the update wrote part of the parameters only");
   rebind(target_.payload);

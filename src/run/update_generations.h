@@ -2,7 +2,8 @@
 // the CPU): the parameters and the optimizer's state live in the two generations' mapped
 // files of MemoryCheckpoints (open_slot), each update reads one generation and writes the
 // other out of place (Optimizer::Target), adding the lane sums of what it stores. A save is
-// then the part's head, its header and a rename: no copy of the state is made.
+// then the part's head and its header (the file named the first time): no copy of the state is
+// made.
 //
 // Out-of-place stores first read every line they write (for ownership), a cost in-place ones
 // do not have. So when the next target's exchange is done by the time a step's backward

@@ -398,6 +398,24 @@ TEST_CASE("memory checkpoints: copies after the update's generations replace the
   for (const auto& x : restore(tmp.path)) CHECK((x.step == 5 && x.exact));
 }
 
+TEST_CASE("memory checkpoints: a relaunch from an older step keeps its own generations", "[memory]") {
+  // Steps 1-5 written in place, then a relaunch that resumed from an older step (a checkpoint
+  // file's, say) writes steps 2-3: its first publish removes the earlier launch's newer copies,
+  // never its own, so both of its generations stay.
+  strata::test::TempDir tmp;
+  const Parts parts{.replicas = true, .in_place = true};
+  save_steps(tmp.path, 5, 0, parts);
+  save_steps(tmp.path, 3, 0, parts, 2);
+  for (int rank : {0, 1}) {
+    const fs::path dir = tmp.path / node_of(rank);
+    CHECK(count(dir, ".own") == 2);
+    CHECK(fs::exists(file_of(dir, rank, 2)));
+    CHECK(fs::exists(file_of(dir, rank, 3)));
+    CHECK(file_of(dir, rank, 5).empty());
+  }
+  for (const auto& x : restore(tmp.path, 0, parts)) CHECK((x.step == 3 && x.exact));
+}
+
 TEST_CASE("memory checkpoints: a fill that fails loses its save, not the run", "[memory]") {
   strata::test::TempDir tmp;
   save_steps(tmp.path, 2, /*failing=*/2);
