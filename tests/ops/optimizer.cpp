@@ -237,6 +237,21 @@ TEST_CASE("sum_squares and scale_inplace", "[cpu_kernel][optim]") {
   for (size_t i = 0; i < x.size(); ++i) CHECK(x[i] == x0[i] * 0.5f);
 }
 
+namespace {
+
+// want's bits in got's first want.size() floats.
+bool bits_equal(const Vec& want, const Tensor& got) {
+  return std::memcmp(want.data(), got.data(), sizeof(float) * want.size()) == 0;
+}
+// lane_sums_run over each output's first n floats, each output's sums after the last's.
+std::vector<uint32_t> lane_sums_of(const std::vector<const Tensor*>& outs, int64_t n) {
+  std::vector<uint32_t> r(outs.size() * kRunningWords, 0);
+  for (size_t k = 0; k < outs.size(); ++k) lane_sums_run(outs[k]->data(), n, r.data() + k * kRunningWords);
+  return r;
+}
+
+}  // namespace
+
 // Out of place, the update writes the same bits it writes in place, and its lane sums are
 // those of lane_sums_run over what it wrote (the vector body's, the tail's, AdamW's blocks'),
 // with stores through the cache or past it (into 256-byte aligned outputs, as the flat
@@ -250,14 +265,8 @@ TEST_CASE("sgd_update_to and adamw_update_to: the in-place bits, and lane sums o
               v0 = rand_vec(rng, n);
     Vec v_abs(v0);
     for (float& x : v_abs) x = std::fabs(x);
-    auto same = [n](const Vec& want, const Tensor& got) {
-      return std::memcmp(want.data(), got.data(), sizeof(float) * size_t(n)) == 0;
-    };
-    auto reference = [n](const std::vector<const Tensor*>& outs) {
-      std::vector<uint32_t> r(outs.size() * kRunningWords, 0);
-      for (size_t k = 0; k < outs.size(); ++k) lane_sums_run(outs[k]->data(), n, r.data() + k * kRunningWords);
-      return r;
-    };
+    auto same = bits_equal;
+    auto reference = [n](const std::vector<const Tensor*>& outs) { return lane_sums_of(outs, n); };
     for (bool first : {true, false}) {
       INFO("n " << n << " first step " << first << " stream " << stream);
       Vec p = p0, b = s0;
@@ -304,19 +313,13 @@ TEST_CASE("sgd_update_to and adamw_update_to: the state written over the gradien
     const Vec g = rand_vec(rng, n), p0 = rand_vec(rng, n), s0 = rand_vec(rng, n);
     Vec v_abs = rand_vec(rng, n);
     for (float& x : v_abs) x = std::fabs(x);
-    auto same = [n](const Vec& want, const Tensor& got) {
-      return std::memcmp(want.data(), got.data(), sizeof(float) * size_t(n)) == 0;
-    };
+    auto same = bits_equal;
     auto gradient = [&] {  // an aligned buffer holding g, as the target's state is
       Tensor t({n});
       std::copy(g.begin(), g.end(), t.data());
       return t;
     };
-    auto sums_of = [n](const std::vector<const Tensor*>& outs) {
-      std::vector<uint32_t> r(outs.size() * kRunningWords, 0);
-      for (size_t k = 0; k < outs.size(); ++k) lane_sums_run(outs[k]->data(), n, r.data() + k * kRunningWords);
-      return r;
-    };
+    auto sums_of = [n](const std::vector<const Tensor*>& outs) { return lane_sums_of(outs, n); };
     for (bool first : {true, false}) {
       INFO("sgd n " << n << " first step " << first << " stream " << stream);
       Vec p = p0, b = s0;
