@@ -78,7 +78,7 @@ class MemoryState {
   // Before the step's first backward (in_update()): the gradients into the next target, if
   // its exchange is done (UpdateGenerations::before_backward).
   void before_backward() {
-    if (gens_ && gens_->started()) gens_->before_backward();
+    if (gens_) gens_->before_backward();  // (nothing before its start(): the in-place phase)
   }
   bool in_update() const { return gens_ != nullptr; }
   // Whether a save follows the step that made `steps_done` (none while the budget's probe

@@ -43,10 +43,10 @@ class TrainStep {
   // The rest of step `step` (0-based), after every rank agreed the loss is finite.
   void update(const Backend& be, int64_t step);
   // Memory checkpoints' hooks: before the step's first backward writes a gradient, once every
-  // rank has finished the step before (where they may move the gradients to; not in a
-  // pipeline, whose stages start backward at different times), before the update changes parameters or optimizer state
-  // (they copy them in the background until then, or point the update at their next
-  // generation), and after it.
+  // rank has finished the step before (they may move the gradients; not in a pipeline, whose
+  // stages start backward at different times); before the update changes parameters or
+  // optimizer state (they copy them in the background until then, or point the update at
+  // their next generation); and after it.
   struct UpdateHooks {
     std::function<void()> before_backward, before_update, after_update;
   };

@@ -93,7 +93,8 @@ void UpdateGenerations::save(int64_t step, const float* head, int64_t head_float
 }
 
 void UpdateGenerations::before_backward() {
-  if (opened_ || !mem_.slot_free(live_ ^ 1)) return;  // (not waited for: the update will)
+  // (Not waited for: the update will.)
+  if (live_ < 0 || opened_ || !mem_.slot_free(live_ ^ 1)) return;
   double waited = 0;
   opened_ = mem_.open_slot(live_ ^ 1, opt_.steps_taken() + 1, &waited);
   if (opened_)

@@ -40,9 +40,9 @@ class UpdateGenerations {
   // 0's file; false when that file cannot be made (warned). started(): it moved.
   bool start();
   bool started() const { return live_ >= 0; }
-  // Before a step's backward, once started: if the other generation's exchange is done, its
-  // file becomes the next update's target now (marked as being written) and the gradients go
-  // into it (above); else they stay home. Never waits.
+  // Before a step's backward (nothing before start()): if the other generation's exchange is
+  // done, its file becomes the next update's target now (marked as being written) and the
+  // gradients go into it (above); else they stay home. Never waits.
   void before_backward();
   // Before each update, once started: the other generation's file becomes its target
   // (*wait_s: the wait for the file's exchange), unless before_backward made it so.
