@@ -8,10 +8,10 @@ published figures of comparable runs (named below with their sources). The assum
 prints come with the table.
 
     benchmarks/plan_projection.py [--strata build/strata] [--write-docs]
-        [--out benchmarks/results/DATE-plan-projection.md]
+        [--out benchmarks/results/DATE-plan-projection.md] [--check-docs]
 
 --write-docs replaces the table between the markers in docs/planning.md (the page's table is
-this script's output, never typed)."""
+this script's output, never typed); --check-docs only says whether it still is (a test)."""
 import argparse
 import datetime
 import json
@@ -109,15 +109,24 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--strata", default=os.path.join(ROOT, "build", "strata"))
     ap.add_argument("--write-docs", action="store_true")
+    ap.add_argument("--check-docs", action="store_true",
+                    help="exit 1 when docs/planning.md's table is not what this build's plan prints")
     ap.add_argument("--out", default=os.path.join(HERE, "results", f"{datetime.date.today()}-plan-projection.md"))
     a = ap.parse_args()
     text = table(os.path.abspath(a.strata))
+    page = os.path.join(ROOT, "docs", "planning.md")
+    if a.check_docs:  # the page's table, its "Generated" line aside
+        m = re.search(re.escape(BEGIN) + r"\nGenerated [^\n]*\n\n(.*?)" + re.escape(END), open(page).read(), flags=re.S)
+        if not m or m.group(1) != text:
+            sys.exit(f"{page}: the projection table is not what strata plan prints now; "
+                     "run benchmarks/plan_projection.py --write-docs\n" + text)
+        print(f"{page}: the projection table is strata plan's output")
+        return
     stamp = f"Generated {datetime.datetime.utcnow():%Y-%m-%d %H:%M} UTC by benchmarks/plan_projection.py (strata plan, {CLUSTER}).\n\n"
     print(stamp + text)
     with open(a.out, "w") as f:
         f.write(stamp + text)
     if a.write_docs:
-        page = os.path.join(ROOT, "docs", "planning.md")
         doc = open(page).read()
         if BEGIN not in doc or END not in doc:
             sys.exit(f"{page}: the projection table's markers are missing")

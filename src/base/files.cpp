@@ -105,10 +105,37 @@ void ensure_parent_dir(const std::string& file, const std::string& key) {
   const std::string parent = std::filesystem::path(file).parent_path().string();
   const std::string dir = parent.empty() ? std::string(".") : parent;
   const std::string what = key.empty() ? file : key + " " + file;
+  std::error_code ec;
+  if (std::filesystem::is_directory(file, ec)) fail_input("{}: is a directory; expected a file", what);
   if (const std::string why = make_directories(dir); !why.empty())
     fail_input("{}: cannot create directory {} ({})", what, dir, why);
   if (::access(dir.c_str(), W_OK | X_OK) != 0)
     fail_input("{}: directory {} is not writable ({})", what, dir, std::strerror(errno));
+  const std::string probe = fmt::format("{}/.strata-probe.{}", dir, ::getpid());
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0 && errno != EEXIST)
+    fail_input("{}: cannot create a file in directory {} ({})", what, dir, std::strerror(errno));
+  if (fd >= 0) {
+    ::close(fd);
+    ::unlink(probe.c_str());
+  }
+}
+
+bool same_file(const std::string& a, const std::string& b) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::exists(a, ec) && fs::exists(b, ec)) return fs::equivalent(a, b, ec) && !ec;
+  const fs::path na = fs::weakly_canonical(fs::absolute(a, ec), ec);
+  const fs::path nb = fs::weakly_canonical(fs::absolute(b, ec), ec);
+  return na == nb;
+}
+
+void refuse_writing_over(const NamedPath& out, const std::vector<NamedPath>& inputs) {
+  if (out.path.empty()) return;
+  for (const NamedPath& in : inputs)
+    if (!in.path.empty() && same_file(out.path, in.path))
+      fail_input("{} {}: is also {}, which this command reads: name another file to write", out.key,
+                 out.path, in.key);
 }
 
 std::string read_whole_file(const std::string& path) {

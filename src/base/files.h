@@ -1,6 +1,7 @@
 // Writing files so that a crash never leaves a half-written one under the final name.
 #pragma once
 #include <string>
+#include <vector>
 
 namespace strata {
 
@@ -14,9 +15,22 @@ void publish_file(const std::string& tmp, const std::string& path);
 void drop_world_write(const std::string& path);
 
 // Creates the directory `file` will be written into (never world-writable); throws UserError
-// naming the file (after `key`, the config key that named it, if given) when it cannot be
-// created or is not writable.
+// naming the file (after `key`, the config key that named it, if given) when `file` is a
+// directory, or its directory cannot be created or takes no new file (a file is made there and
+// removed: root passes access(2) on a read-only file system, sysfs or procfs).
 void ensure_parent_dir(const std::string& file, const std::string& key = "");
+
+// Whether two paths name one file: the same device and inode where both exist (links
+// included), else the same normalised absolute path.
+bool same_file(const std::string& a, const std::string& b);
+
+// A path a command reads, and the flag or key that named it.
+struct NamedPath {
+  std::string key, path;
+};
+// Throws UserError(kExitBadInput) when output file `out` is one of `inputs` (empty paths
+// skipped): a command never writes over what it reads, even when it then fails.
+void refuse_writing_over(const NamedPath& out, const std::vector<NamedPath>& inputs);
 // Replaces `path` with `text` atomically (written under "<path>.tmp.<pid>", never
 // world-writable, then renamed; no fsync): for small files rewritten often (the goodput
 // ledger, the Prometheus file, the watchdog's report). Returns "" or the first failure's

@@ -22,6 +22,7 @@
 #include "base/hdf5_util.h"
 #include "base/memory.h"
 #include "base/read_guard.h"
+#include "checkpoint/checkpoint_dir.h"
 #include "checkpoint_write.h"
 #include "data/data.h"
 #include "data/tokenizer_identity.h"
@@ -433,9 +434,14 @@ LoadedCheckpoint read_checkpoint(const std::string& path, bool tolerate_mismatch
   try {
     if (!read_str_attr(f.get(), "format", &out.format) ||
         (out.format != kCheckpointFormat && out.format != kParamsFormat &&
-         out.format != kInt8Format))
+         out.format != kInt8Format)) {
+      // Under a name strata gives its checkpoints, damaged metadata rather than another file.
+      if (is_checkpoint_name(path.substr(path.find_last_of('/') + 1)))
+        fail_checkpoint(fmt::format("{}: damaged: its root attribute 'format' is missing or "
+                                    "unknown, under a strata checkpoint's name", path));
       fail_input("{}: not a strata checkpoint or parameter file (root attribute 'format' is "
                  "missing)", path);
+    }
     read_state_attrs(f.get(), path, out);
     const std::map<std::string, Shape> want = expected_tensors(f.get(), path, out);
     const std::vector<std::string> present = list_datasets(f.get());

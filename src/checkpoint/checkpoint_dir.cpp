@@ -37,6 +37,10 @@ std::optional<int64_t> read_sequence(const std::string& path) {
 
 std::string checkpoint_name(int64_t step) { return fmt::format("ckpt-{:09d}.h5", step); }
 
+bool is_checkpoint_name(const std::string& filename) {
+  return std::regex_match(filename, kCheckpointName);
+}
+
 std::vector<CheckpointDir::Entry> CheckpointDir::list() const {
   std::vector<Entry> out;
   std::error_code ec;

@@ -13,6 +13,8 @@ namespace strata {
 
 // "ckpt-000000120.h5": a checkpoint's file name, by step.
 std::string checkpoint_name(int64_t step);
+// Whether a file name is one checkpoint_name() writes (ckpt-<digits>.h5).
+bool is_checkpoint_name(const std::string& filename);
 
 class CheckpointDir {
  public:

@@ -65,7 +65,8 @@ Checkpointer::Checkpointer(const RunConfig& cfg, Comm& comm, CheckpointWriterKin
       file_writer_(make_checkpoint_writer(writer, &comm)),
       keep_last_(cfg.checkpoint.keep_last),
       keep_every_(cfg.checkpoint.keep_every),
-      local_config_(cfg.checkpoint.local_dir) {}
+      local_config_(cfg.checkpoint.local_dir),
+      fresh_(cfg.resume == "never") {}
 
 namespace {
 // Rank 0: creates `dir` if needed (never world-writable), checks that it is writable with room
@@ -114,7 +115,12 @@ std::string cache_id(const std::string& dir) {
 
 void Checkpointer::preflight(int64_t bytes) {
   collectively(comm_, [&] {
-    if (comm_.rank() == 0) prepare_directory(dir(), bytes, "checkpoint.dir");
+    if (comm_.rank() != 0) return;
+    prepare_directory(dir(), bytes, "checkpoint.dir");
+    if (const int64_t step = shared_.newest_step(); fresh_ && step >= 0)
+      fail_input("checkpoint.dir {}: holds an earlier run's checkpoints (the newest at step {}): "
+                 "--resume auto continues that run; a new one needs another output.dir or "
+                 "checkpoint.dir (or those files moved away)", dir(), step);
   });
   if (!local_config_.empty()) prepare_local_cache(bytes);
 }

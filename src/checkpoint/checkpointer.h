@@ -47,7 +47,8 @@ class Checkpointer {
   // Collective. Creates the directory (never world-writable), checks that it is writable and
   // has room for one more checkpoint of `bytes`, and removes temporary files a crash left.
   // With checkpoint.local_dir, the same for rank 0's local cache directory. Throws UserError
-  // naming the directory.
+  // naming the directory, also when a new run (--resume never) finds an earlier run's
+  // checkpoints there: it would write over them and move `latest` back.
   void preflight(int64_t bytes);
 
   // Collective. Per cfg.resume ("never" | "auto" | a file): loads the checkpoint to continue
@@ -122,6 +123,7 @@ class Checkpointer {
   std::unique_ptr<CheckpointWriter> file_writer_;
   int64_t keep_last_, keep_every_;
   std::string local_config_;  // checkpoint.local_dir as given
+  bool fresh_;                // --resume never: a new run
   std::unique_ptr<SharedCopier> copier_;
   int64_t sequence_ = 0;
   // Background write (rank 0).

@@ -102,16 +102,22 @@ GptWeights import_gpt2(const std::string& path, const GptDims& dims) {
     fail_input("train.init_from: {}: cannot open ({})", path, std::strerror(errno));
   if (S_ISDIR(sb.st_mode) || path.ends_with(".safetensors"))
     return import_hf(path, dims);
-  char magic[4] = {};
+  char magic[8] = {};
   std::ifstream in(path, std::ios::binary);
-  in.read(magic, 4);
+  in.read(magic, 8);
   int32_t m = 0;
   std::memcpy(&m, magic, 4);
-  if (in && m == kLlmcModelMagic) return import_llmc(path, dims);
+  if (in.gcount() >= 4 && m == kLlmcModelMagic) return import_llmc(path, dims);
+  // strata's own HDF5 files, the likely mistake, are another kind of file (exit 2); other
+  // bytes are taken for a damaged llm.c file (exit 4).
+  if (in.gcount() == 8 && std::memcmp(magic, "\x89HDF\r\n\x1a\n", 8) == 0)
+    fail_input("train.init_from: {}: an HDF5 file (strata's parameter files and checkpoints are): "
+               "continue a run from it with --resume {}; init_from reads Hugging Face GPT-2 "
+               "directories and llm.c model files", path, path);
   throw UserError(kExitBadCheckpoint,
                   fmt::format("train.init_from: {}: neither a Hugging Face GPT-2 directory or "
                               ".safetensors file nor an llm.c model file (its first int32 is {}, "
-                              "not llm.c's magic {})", path, in ? m : -1, kLlmcModelMagic));
+                              "not llm.c's magic {})", path, in.gcount() >= 4 ? m : -1, kLlmcModelMagic));
 }
 
 }  // namespace strata

@@ -42,7 +42,7 @@ struct TrainFlags {
   ConfigFlags config_flags;
   CLI::Option* threads = nullptr;
   std::string progress = "auto";
-  std::string prometheus;
+  std::string prometheus, metrics;  // --prometheus, --metrics: aliases of output.* keys
 };
 void add_train_flags(CLI::App& sub, TrainFlags& f);
 void apply_train_flags(TrainFlags& f);

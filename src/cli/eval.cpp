@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "base/files.h"
 #include "base/hdf5_util.h"
 #include "data/data.h"
 #include "model/batch_on_backend.h"
@@ -103,6 +104,8 @@ int run_eval(const EvalOptions& o, Comm& comm) {
     if (o.throughput && comm.size() > 1)
       fail_input("--throughput measures one process serving batches: run strata eval on one "
                  "rank (without mpirun/srun), not {}", comm.size());
+    refuse_writing_over({"--logits", o.logits}, {{"--checkpoint", o.ckpt}, {"--data", o.data}});
+    if (!o.logits.empty()) ensure_parent_dir(o.logits, "--logits");
     im = load_for_inference(o.ckpt, o.device, o.threads);
     const LoadedParams& lp = im.params;
     // Token shards: the model's vocabulary; the ranks share the token check.

@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include "base/files.h"
 #include "checkpoint/hf_gpt2.h"
 #include "checkpoint/llmc_format.h"
 #include "run/inference.h"
@@ -39,6 +40,7 @@ int64_t shard_bytes(const std::string& text) {
 int run_export(const ExportOptions& o) {
   const int64_t max_shard = shard_bytes(o.max_shard_size);
   if (max_shard < 1) fail_input("flag --max_shard_size: must be at least 1 byte");
+  refuse_writing_over({"--out", o.out}, {{"--checkpoint", o.checkpoint}});
   InferenceModel im = load_for_inference(o.checkpoint, "cpu", 1);
   if (im.is_int8())
     fail_input("{}: an int8 file (strata quantize) cannot be exported; export the fp32 model it "

@@ -55,6 +55,15 @@ bool parse_command_line(CLI::App& app, int argc, char** argv, bool lead) {
   return true;
 }
 
+// The last of a repeated single-value flag counts, in every command, as docs/configuration.md
+// says of the config keys' flags (CLI11 would refuse it in its own words).
+void take_last_of_repeated(CLI::App& app) {
+  for (CLI::Option* o : app.get_options())
+    if (o->get_expected_max() == 1 && o->get_items_expected_max() == 1)
+      o->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) take_last_of_repeated(*sub);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -81,6 +90,7 @@ int main(int argc, char** argv) {
   commands.push_back(add_devices(app));
   for (auto& c : add_bench(app)) commands.push_back(std::move(c));
   commands.push_back(add_plan(app));
+  take_last_of_repeated(app);
 
   int code = kExitOk;
   try {

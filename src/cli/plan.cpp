@@ -17,21 +17,41 @@ struct PlanOpts {
   RunConfig cfg;
   CLI::Option* threads = nullptr;
   int nodes = 0, ranks_per_node = 0, top = 5;
-  std::string profile, comm, memory = "auto";
+  std::string profile, comm, memory = "auto", memory_key = "--memory_per_rank";
   bool json = false;
 };
+constexpr int64_t kMaxPlanRanks = int64_t(1) << 20;
 
 CommModel read_comm(const std::string& path) {
   if (path.empty()) return CommModel{};
-  return path.ends_with(".toml") ? CommModel::from_cluster(path) : CommModel::from_profile(path);
+  return is_cluster_file(path) ? CommModel::from_cluster(path) : CommModel::from_profile(path);
+}
+
+// The flags, else the config's parallel.profile, parallel.comm and parallel.memory_per_rank
+// (what --parallel.auto plans with), else none and auto.
+void take_config_keys(PlanOpts& o) {
+  const auto& p = o.cfg.parallel;
+  if (o.profile.empty()) o.profile = p.profile;
+  if (o.comm.empty()) o.comm = p.comm;
+  if (o.memory == "auto" && p.memory_per_rank > 0) {
+    o.memory = fmt::format("{:.17g}", p.memory_per_rank);
+    o.memory_key = "parallel.memory_per_rank";
+  }
 }
 
 int run_plan(PlanOpts& o) {
   apply_config(o.config_flags, o.cfg);
   o.cfg.threads = threads_from(o.threads, o.cfg.threads);
   validate(o.cfg);
+  take_config_keys(o);
+  if (const int64_t ranks = int64_t(o.nodes) * o.ranks_per_node; ranks > kMaxPlanRanks)
+    fail_input("--nodes {} x --ranks-per-node {} = {} ranks: strata plan plans at most {}", o.nodes,
+               o.ranks_per_node, ranks, kMaxPlanRanks);
   const MachineProfile profile = o.profile.empty() ? MachineProfile{} : read_machine_profile(o.profile);
   const CommModel comm = read_comm(o.comm);
+  if (is_cluster_file(o.comm) && o.ranks_per_node > comm.ranks_per_node())
+    fail_input("--ranks-per-node {}: the cluster description {} has ranks_per_node = {} (a rank "
+               "per device)", o.ranks_per_node, o.comm, comm.ranks_per_node());
   const PlanModel model = describe_plan_model(o.cfg);
   PlanRequest req;
   req.nodes = o.nodes;
@@ -42,8 +62,10 @@ int run_plan(PlanOpts& o) {
     req.memory = {comm.device().memory_GB * 1e9,
                   fmt::format("the memory of one {} ({})", comm.device().name, o.comm)};
   else
-    req.memory = rank_memory(o.memory, o.ranks_per_node, "--memory_per_rank");
+    req.memory = rank_memory(o.memory, o.ranks_per_node, o.memory_key);
   const PlanResult r = search_grids(o.cfg, model, req, profile, comm);
+  if (r.candidates.empty())  // nothing to rank: the config's checks refuse every grid
+    throw UserError(kExitBadInput, no_fit_message(r, req, o.cfg.config_path.empty() ? "the config" : o.cfg.config_path));
   const ParameterCount n = count_parameters(model.model.layers);
   const PlanHeader h{.config = o.cfg.config_path,
                      .model = fmt::format("{} parameters, {}; shape from {}", thousands(n.used),

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "base/files.h"
 #include "data/prepare.h"
 #include "strata/error.h"
 
@@ -50,6 +51,9 @@ std::vector<Subcommand> add_prepare(CLI::App& app) {
   };
   auto prepare_txt = [o](Comm& comm) {
     if (comm.rank() == 0) {
+      std::vector<NamedPath> inputs;
+      for (const std::string& in : o->text_inputs) inputs.push_back({"--input", in});
+      refuse_writing_over({"--out", o->text_out}, inputs);
       const PreparedText t =
           prepare_text(o->text_inputs, o->text_out, o->val_fraction, o->tokenizer);
       fmt::print("wrote {}: {} train tokens, {} val tokens, vocab {} ({}); unigram entropy "

@@ -19,7 +19,8 @@ void add_train_flags(CLI::App& sub, TrainFlags& f) {
   sub.add_option("--device", f.cfg.device,
                  "auto | cpu | cuda (auto: this node-local rank's GPU when one is visible)")
       ->capture_default_str();
-  sub.add_option("--metrics", f.cfg.output.metrics, "JSON-lines metrics file (default DIR/metrics.jsonl)");
+  sub.add_option("--metrics", f.metrics, "JSON-lines metrics file (default DIR/metrics.jsonl; same as "
+                 "--output.metrics)");
   sub.add_option("--progress", f.progress,
                  "auto (in place on a terminal, plain lines otherwise) | inplace | lines | off")
       ->check(CLI::IsMember({"auto", "inplace", "lines", "off"}))->capture_default_str();
@@ -36,11 +37,21 @@ void add_train_flags(CLI::App& sub, TrainFlags& f) {
                  "--output.prometheus)");
 }
 
+// A flag that is another name for a key: it beats the file, is checked as the key is, and both
+// given with different values are an error (neither silently wins).
+void apply_alias(TrainFlags& f, const std::string& value, const std::string& alias, const std::string& key) {
+  if (value.empty()) return;
+  const auto given = f.config_flags.given.find(key);
+  if (given != f.config_flags.given.end() && !given->second.empty() && given->second.back() != value)
+    fail_input("flag {} {} and --{} {} name one key: give one of them", alias, value, key, given->second.back());
+  find_config_key(config_keys(f.cfg), key)->set_text(value, "flag " + alias);
+}
+
 void apply_train_flags(TrainFlags& f) {
   apply_config(f.config_flags, f.cfg);
   f.cfg.threads = threads_from(f.threads, f.cfg.threads);
-  if (!f.prometheus.empty())  // beats the file, checked as the key is
-    find_config_key(config_keys(f.cfg), "output.prometheus")->set_text(f.prometheus, "flag --prometheus");
+  apply_alias(f, f.prometheus, "--prometheus", "output.prometheus");
+  apply_alias(f, f.metrics, "--metrics", "output.metrics");
   f.cfg.progress = f.progress;
 }
 
@@ -65,7 +76,7 @@ Subcommand add_train(CLI::App& app) {
             // The file and the flags: every rank reads them; rank 0 alone reports what is wrong.
             collectively(comm, [&] { apply_train_flags(o->flags); });
             // parallel.auto: the grid keys chosen for these ranks before the run is planned.
-            if (cfg.parallel.auto_plan && o->check_grid == 0) apply_auto_grid(cfg, comm);
+            if (cfg.parallel.auto_plan) apply_auto_grid_for(cfg, comm, int(o->check_grid));
             if (o->dry_run) {
               const RunPlan plan = plan_run(cfg, comm);
               if (comm.rank() == 0) fmt::print("{}\n", plan_line(cfg, plan));

@@ -33,8 +33,14 @@ int index_of(const std::vector<std::string>& v, const std::string& s) {
 
 }  // namespace
 
-void apply_auto_grid(RunConfig& cfg, Comm& comm) {
+void apply_auto_grid(RunConfig& cfg, Comm& comm) { apply_auto_grid_for(cfg, comm, 0); }
+
+void apply_auto_grid_for(RunConfig& cfg, Comm& comm, int ranks) {
   PlanRequest req = job_request(comm);
+  if (ranks > 0) {
+    req = PlanRequest{};
+    req.ranks_per_node = ranks;
+  }
   const std::vector<std::string> precisions = {"fp32", "bf16"};
   // P, T, ZeRO, schedule, M, v, recompute, precision
   std::array<int, 8> chosen{};
@@ -50,8 +56,8 @@ void apply_auto_grid(RunConfig& cfg, Comm& comm) {
         cfg.parallel.profile.empty() ? MachineProfile{} : read_machine_profile(cfg.parallel.profile);
     CommModel cm;
     if (!cfg.parallel.comm.empty())
-      cm = cfg.parallel.comm.ends_with(".toml") ? CommModel::from_cluster(cfg.parallel.comm)
-                                                : CommModel::from_profile(cfg.parallel.comm);
+      cm = is_cluster_file(cfg.parallel.comm) ? CommModel::from_cluster(cfg.parallel.comm)
+                                              : CommModel::from_profile(cfg.parallel.comm);
     // On GPUs: T = 1 and device memory (an --device auto run on a GPU node is planned as the
     // CPU's unless the profile or the comm model says GPU: set parallel.memory_per_rank there).
     req.gpu = cfg.device == "cuda" || profile.device == "cuda" || cm.device().present;

@@ -1,6 +1,7 @@
 #include "plan/comm_model.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <limits>
 
@@ -12,6 +13,12 @@
 #include "strata/error.h"
 
 namespace strata {
+
+bool is_cluster_file(const std::string& path) {
+  std::string lower = path;
+  std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
+  return lower.ends_with(".toml");
+}
 namespace {
 
 constexpr CommOp kOps[] = {CommOp::allreduce, CommOp::reduce_scatter, CommOp::all_gather,
@@ -62,11 +69,13 @@ struct TomlReader {
     if (!n) fail_input("{}: key \"{}\" missing", where, path);
     return *n;
   }
-  double positive(const toml::table& t, const std::string& k, const std::string& path) const {
+  // A positive number up to `most` (a figure beyond it is a typo, not hardware).
+  double positive(const toml::table& t, const std::string& k, const std::string& path,
+                  double most = 1e9) const {
     const toml::node& n = need(t, k, path);
     const auto v = n.value<double>();
-    if (!(n.is_number() && v && *v > 0 && std::isfinite(*v)))
-      fail_input("{}: key \"{}\" must be a positive number", at(n), path);
+    if (!(n.is_number() && v && *v > 0 && *v <= most))
+      fail_input("{}: key \"{}\" must be a positive number up to {:g}", at(n), path, most);
     return *v;
   }
   std::string text(const toml::table& t, const std::string& k, const std::string& path) const {
@@ -196,7 +205,7 @@ CommModel CommModel::from_cluster_text(const std::string& text, const std::strin
     dv.name = r.text(t, "name", "device.name");
     dv.peak_tflops_bf16 = r.positive(t, "peak_tflops_bf16", "device.peak_tflops_bf16");
     dv.peak_tflops_fp32 = r.positive(t, "peak_tflops_fp32", "device.peak_tflops_fp32");
-    dv.memory_GB = r.positive(t, "memory_GB", "device.memory_GB");
+    dv.memory_GB = r.positive(t, "memory_GB", "device.memory_GB", 1e6);
     if (t.get("achieved_fraction")) {
       dv.achieved_fraction = r.positive(t, "achieved_fraction", "device.achieved_fraction");
       if (dv.achieved_fraction > 1)

@@ -34,6 +34,10 @@ struct ClusterDevice {
   bool present = false;
 };
 
+// Whether `path` names a cluster description (TOML, the suffix in any case) rather than a comm
+// profile (JSON).
+bool is_cluster_file(const std::string& path);
+
 class CommModel {
  public:
   // No communication at all (one rank): every question answers 0.

@@ -31,7 +31,11 @@ const char* comm_op_name(CommOp op) {
   return "?";
 }
 
-CommOp parse_comm_op(const std::string& name, const std::string& flag) {
+CommOp parse_comm_op(const std::string& given, const std::string& flag) {
+  // One item of "a, b" or "[a, b]" (a TOML array, as --help shows the default) split at commas.
+  const size_t first = given.find_first_not_of(" \t[\"'");
+  const size_t last = given.find_last_not_of(" \t]\"'");
+  const std::string name = first == std::string::npos ? "" : given.substr(first, last - first + 1);
   for (CommOp op : kOps)
     if (name == comm_op_name(op)) return op;
   throw UserError(kExitBadInput,

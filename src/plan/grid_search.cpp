@@ -146,7 +146,6 @@ PlanResult search_grids(const RunConfig& cfg, const PlanModel& model, const Plan
       cand.timed = true;
       cand.throughput = double(cfg.train.batch_size) * r.per_sample / cand.time.total_s;
       cand.reason = cand.time.reason;
-      if (r.assumptions.empty()) r.assumptions = cand.time.assumptions;
     } else {
       cand.reason = "untimed (see the assumptions)";
     }
@@ -159,6 +158,11 @@ PlanResult search_grids(const RunConfig& cfg, const PlanModel& model, const Plan
                                         "(the first: {})", untimed, first_untimed));
   r.refused += untimed;
   rank(r);
+  // The step-time model's assumptions as they hold for the grid ranked first (its micro-batch).
+  if (r.timed && !r.candidates.empty()) {
+    const auto& first = (r.best() ? *r.best() : r.candidates.front()).time.assumptions;
+    r.assumptions.insert(r.assumptions.begin(), first.begin(), first.end());
+  }
   if (!r.timed)
     r.assumptions.push_back("compute times missing (no --profile, and the comm model names no "
                             "device): grids ranked by memory and by what costs time on any "

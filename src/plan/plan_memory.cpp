@@ -1,7 +1,9 @@
 #include "plan/plan_memory.h"
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -32,6 +34,21 @@ PlanModel describe_plan_model(const RunConfig& cfg) {
   return m;
 }
 
+namespace {
+// Bytes from "2e9", "80GB" / "512MB" (powers of 1000) or "80G" / "80GiB" (powers of 1024).
+std::optional<double> parse_bytes_with_unit(const std::string& text, std::string* why) {
+  static const std::pair<const char*, double> units[] = {
+      {"TiB", 0x1p40}, {"GiB", 0x1p30}, {"MiB", 0x1p20}, {"KiB", 0x1p10}, {"TB", 1e12}, {"GB", 1e9},
+      {"MB", 1e6},     {"KB", 1e3},     {"T", 0x1p40},   {"G", 0x1p30},   {"M", 0x1p20}, {"K", 0x1p10}};
+  for (const auto& [unit, scale] : units)
+    if (text.size() > std::strlen(unit) && text.ends_with(unit)) {
+      const auto v = parse_real(text.substr(0, text.size() - std::strlen(unit)), why);
+      return v ? std::optional<double>(*v * scale) : std::nullopt;
+    }
+  return parse_real(text, why);
+}
+}  // namespace
+
 RankMemory rank_memory(const std::string& given, int ranks_per_node, const std::string& flag) {
   if (given.empty() || given == "auto") {
     const MemoryBound node = node_memory_limit();
@@ -40,9 +57,9 @@ RankMemory rank_memory(const std::string& given, int ranks_per_node, const std::
                                 : fmt::format("{} / {} ranks per node", node.source, ranks_per_node)};
   }
   std::string why;
-  const std::optional<double> bytes = parse_real(given, &why);
-  if (!bytes || *bytes < 1)
-    fail_input("{} {}: must be a byte count (e.g. 2e9) or auto{}", flag, given,
+  const std::optional<double> bytes = parse_bytes_with_unit(given, &why);
+  if (!bytes || !(*bytes >= 1 && *bytes <= 1e18))
+    fail_input("{} {}: must be a byte count from 1 to 1e18 (2e9, 80GB, 64GiB) or auto{}", flag, given,
                why.empty() ? "" : " (" + why + ")");
   return {*bytes, fmt::format("{} {}", flag, given)};
 }

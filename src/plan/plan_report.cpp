@@ -74,11 +74,12 @@ std::string plan_text(const PlanResult& r, const PlanRequest& req, const PlanHea
   int fitting = 0;
   for (const Candidate& c : r.candidates) fitting += c.fits;
   std::string out = fmt::format(
-      "plan for {} on {} node{} x {} ranks = {} ranks, {:.2f} GB per rank ({})\n"
+      "plan for {} on {} node{} x {} rank{} = {} rank{}, {:.2f} GB per rank ({})\n"
       "model: {}\ncommunication: {}; layer profile: {}\n"
       "grids: {} checked, {} fit, {} refused by the config's checks\n\n",
       h.config.empty() ? "the config" : h.config, req.nodes, req.nodes == 1 ? "" : "s",
-      req.ranks_per_node, req.ranks(), req.memory.bytes / 1e9, req.memory.source, h.model, h.comm,
+      req.ranks_per_node, req.ranks_per_node == 1 ? "" : "s", req.ranks(), req.ranks() == 1 ? "" : "s",
+      req.memory.bytes / 1e9, req.memory.source, h.model, h.comm,
       h.profile, r.candidates.size(), fitting, r.refused);
   out += fmt::format("{:>3}  {:<66} {:>9} {:>10} {:>11}  {}\n", "#", "grid", "memory GB",
                      "step s", r.unit, "why");
@@ -127,8 +128,9 @@ std::string auto_plan_line(const PlanResult& r, const PlanRequest& req) {
   const Candidate& b = *r.best();
   int fitting = 0;
   for (const Candidate& c : r.candidates) fitting += c.fits;
-  std::string s = fmt::format("plan: parallel.auto took {} on {} ranks: {} per rank of {} ({}); {} "
-                              "of {} grids fit", describe_grid(b.grid), req.ranks(), size_text(b.memory.peak),
+  std::string s = fmt::format("plan: parallel.auto took {} on {} rank{}: {} per rank of {} ({}); {} "
+                              "of {} grids fit", describe_grid(b.grid), req.ranks(), req.ranks() == 1 ? "" : "s",
+                              size_text(b.memory.peak),
                               size_text(req.memory.bytes), req.memory.source, fitting, r.candidates.size());
   if (b.timed) s += fmt::format("; predicted step {:.4f} s, {} {}", b.time.total_s, rate(b.throughput), r.unit);
   return s + "; " + b.reason;

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "base/files.h"
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/writer.h"
 #include "data/data.h"
@@ -51,6 +52,7 @@ int run_quantize(const QuantizeOptions& o) {
     fail_input("--calibrate {} needs --data (the dataset whose train split calibrates)",
                o.calibrate);
   if (o.batch_size < 1) fail_input("--batch_size {}: must be 1 or more", o.batch_size);
+  refuse_writing_over({"--out", o.out}, {{"--checkpoint", o.checkpoint}, {"--data", o.data}});
   InferenceModel im = load_for_inference(o.checkpoint, "cpu", o.threads);
   if (im.is_int8())
     fail_input("{}: already an int8 file; quantize its parameter file or checkpoint", o.checkpoint);

@@ -111,7 +111,7 @@ RunPlan plan_run(const RunConfig& cfg, Comm& comm) {
       if (p.layers[size_t(i)].params > p.layers[size_t(largest)].params) largest = i;
     require_model_memory(p.layers, {largest, largest + 1}, cfg.train.optimizer == "adamw" ? 4 : 3,
                          p.T, cfg.train.batch_size / p.D, fmt::format("rank {}", comm.rank()));
-    if (lead && !cfg.trace.empty()) ensure_parent_dir(cfg.trace);
+    if (lead && !cfg.trace.empty()) ensure_parent_dir(cfg.trace, "--trace");
   });
   p.shared_gpus = shared_gpus(comm, gpu);
   // The partition: rank 0 measures when asked (every rank must use the same costs).

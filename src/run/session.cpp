@@ -38,6 +38,24 @@ OptimConfig optim_config(const RunConfig& cfg, int64_t total_steps) {
           .min_lr = cfg.train.min_lr, .total_steps = total_steps, .grad_clip = cfg.train.grad_clip};
 }
 
+// Rank 0, before any step: every file the run writes (some only at its end) can be written,
+// and none is a file the run reads, so neither a late failure nor a success costs an input.
+void check_outputs(const RunConfig& cfg) {
+  const bool resume_file = cfg.resume != "never" && cfg.resume != "auto";
+  const std::vector<NamedPath> inputs = {{"data.path", cfg.data.path},
+                                         {"data.val_path", cfg.data.val_path},
+                                         {"train.init_from", cfg.train.init_from},
+                                         {"--resume", resume_file ? cfg.resume : ""}};
+  for (const NamedPath& out : {NamedPath{"output.params", cfg.params_path()},
+                               NamedPath{"output.metrics", cfg.metrics_path()},
+                               NamedPath{"--trace", cfg.trace},
+                               NamedPath{"output.prometheus", cfg.output.prometheus}}) {
+    if (out.path.empty()) continue;
+    refuse_writing_over(out, inputs);
+    ensure_parent_dir(out.path, out.key);
+  }
+}
+
 }  // namespace
 
 int run_train(const RunConfig& cfg, Comm& comm) {
@@ -142,10 +160,7 @@ void TrainingSession::build_model() {
                                      plan_.info.train.sample_shape, plan_.info.classes, chunks,
                                      TensorSplit{grid_.tensor, plan_.T, grid_.tensor_comm.get()});
     model_->check_backend(be_);
-    if (lead_) {
-      ensure_parent_dir(cfg.params_path());
-      ensure_parent_dir(cfg.metrics_path());
-    }
+    if (lead_) check_outputs(cfg);
   });
   model_->init(cfg.train.seed);
   collectively(comm_, [&] {
