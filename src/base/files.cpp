@@ -111,14 +111,17 @@ void ensure_parent_dir(const std::string& file, const std::string& key) {
     fail_input("{}: cannot create directory {} ({})", what, dir, why);
   if (::access(dir.c_str(), W_OK | X_OK) != 0)
     fail_input("{}: directory {} is not writable ({})", what, dir, std::strerror(errno));
+  if (const std::string why = cannot_create_in(dir); !why.empty())
+    fail_input("{}: cannot create a file in directory {} ({})", what, dir, why);
+}
+
+std::string cannot_create_in(const std::string& dir) {
   const std::string probe = fmt::format("{}/.strata-probe.{}", dir, ::getpid());
   const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  if (fd < 0 && errno != EEXIST)
-    fail_input("{}: cannot create a file in directory {} ({})", what, dir, std::strerror(errno));
-  if (fd >= 0) {
-    ::close(fd);
-    ::unlink(probe.c_str());
-  }
+  if (fd < 0) return errno == EEXIST ? "" : std::strerror(errno);
+  ::close(fd);
+  ::unlink(probe.c_str());
+  return "";
 }
 
 bool same_file(const std::string& a, const std::string& b) {

@@ -20,6 +20,9 @@ void drop_world_write(const std::string& path);
 // removed: root passes access(2) on a read-only file system, sysfs or procfs).
 void ensure_parent_dir(const std::string& file, const std::string& key = "");
 
+// "" when a new file can be made in directory `dir` (one is made and removed), else why not.
+std::string cannot_create_in(const std::string& dir);
+
 // Whether two paths name one file: the same device and inode where both exist (links
 // included), else the same normalised absolute path.
 bool same_file(const std::string& a, const std::string& b);

@@ -80,6 +80,8 @@ void prepare_directory(const std::string& dir, int64_t bytes, const std::string&
       fail_input("{} {}: cannot create it ({})", what, dir, why);
   if (::access(dir.c_str(), W_OK | X_OK) != 0)
     fail_input("{} {}: not writable ({})", what, dir, std::strerror(errno));
+  if (const std::string why = cannot_create_in(dir); !why.empty())  // root passes access(2)
+    fail_input("{} {}: not writable ({})", what, dir, why);
   struct statvfs sv{};
   if (::statvfs(dir.c_str(), &sv) == 0) {
     const double free_b = double(sv.f_bavail) * double(sv.f_frsize);
@@ -120,7 +122,7 @@ void Checkpointer::preflight(int64_t bytes) {
     if (const int64_t step = shared_.newest_step(); fresh_ && step >= 0)
       fail_input("checkpoint.dir {}: holds an earlier run's checkpoints (the newest at step {}): "
                  "--resume auto continues that run; a new one needs another output.dir or "
-                 "checkpoint.dir (or those files moved away)", dir(), step);
+                 "checkpoint.dir (or that directory moved away)", dir(), step);
   });
   if (!local_config_.empty()) prepare_local_cache(bytes);
 }

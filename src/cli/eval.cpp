@@ -105,6 +105,7 @@ int run_eval(const EvalOptions& o, Comm& comm) {
       fail_input("--throughput measures one process serving batches: run strata eval on one "
                  "rank (without mpirun/srun), not {}", comm.size());
     refuse_writing_over({"--logits", o.logits}, {{"--checkpoint", o.ckpt}, {"--data", o.data}});
+    if (!o.logits.empty() && comm.size() > 1) fail_input("--logits: run strata eval on one rank");
     if (!o.logits.empty()) ensure_parent_dir(o.logits, "--logits");
     im = load_for_inference(o.ckpt, o.device, o.threads);
     const LoadedParams& lp = im.params;
@@ -121,7 +122,6 @@ int run_eval(const EvalOptions& o, Comm& comm) {
   Model* model = im.model.get();
   const Backend* be = im.be;
   if (!o.logits.empty()) {
-    if (comm.size() > 1) fail_input("--logits: run strata eval on one rank");
     write_first_logits(*model, *be, info, o.batch_size > 0 ? o.batch_size : 4, o.logits);
   }
   const Int8Table& int8 = *im.int8;

@@ -2,6 +2,7 @@
 // (commands.h): train, prepare, eval, quantize, generate, inspect, devices, bench.
 #include <algorithm>
 #include <cstdio>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -21,8 +22,23 @@ using namespace strata::cli;
 
 namespace {
 
-// CLI11's messages name the option; say that it is a flag.
+// CLI11's messages in strata's words: a flag is called one, and the common mistakes say what
+// to type instead.
 std::string describe_parse_error(const std::string& msg) {
+  std::smatch m;
+  static const std::regex stray("The following argument was not expected: (.*)");
+  static const std::regex missing("(--[^:]+): [0-9]+ required .* missing");
+  static const std::regex repeated("(--[^:]+): At Most 1 required but received ([0-9]+)");
+  static const std::regex range("(--[^:]+): Value (\\S+) not in range (\\S+) to (\\S+)");
+  if (std::regex_match(msg, m, stray))
+    return fmt::format("unexpected argument '{}'{}", m[1].str(),
+                       m[1].str().ends_with(".toml") ? fmt::format(" (a config file is given as --config {})", m[1].str())
+                                                     : std::string(" (strata COMMAND --help lists its flags)"));
+  if (std::regex_match(msg, m, missing)) return fmt::format("flag {}: needs a value", m[1].str());
+  if (std::regex_match(msg, m, repeated))
+    return fmt::format("flag {}: given {} times; give it once", m[1].str(), m[2].str());
+  if (std::regex_match(msg, m, range))
+    return fmt::format("flag {}: must be in [{}, {}], got {}", m[1].str(), m[3].str(), m[4].str(), m[2].str());
   return msg.rfind("--", 0) == 0 ? fmt::format("flag {}", msg) : msg;
 }
 
@@ -56,10 +72,12 @@ bool parse_command_line(CLI::App& app, int argc, char** argv, bool lead) {
 }
 
 // The last of a repeated single-value flag counts, in every command, as docs/configuration.md
-// says of the config keys' flags (CLI11 would refuse it in its own words).
+// says of the config keys' flags (CLI11 would refuse it in its own words). Not --resume:
+// slurm/train.sbatch passes `--resume auto` itself, and a second one among the user's flags
+// would silently decide every relaunch.
 void take_last_of_repeated(CLI::App& app) {
   for (CLI::Option* o : app.get_options())
-    if (o->get_expected_max() == 1 && o->get_items_expected_max() == 1)
+    if (o->get_expected_max() == 1 && o->get_items_expected_max() == 1 && !o->check_lname("resume"))
       o->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) take_last_of_repeated(*sub);
 }

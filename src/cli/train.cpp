@@ -26,6 +26,7 @@ void add_train_flags(CLI::App& sub, TrainFlags& f) {
       ->check(CLI::IsMember({"auto", "inplace", "lines", "off"}))->capture_default_str();
   sub.add_option("--resume", f.cfg.resume,
                  "never | auto (newest checkpoint that verifies, if any) | PATH.h5")
+      ->check([](const std::string& v) { return v.empty() ? std::string("empty; give never, auto or a checkpoint file") : std::string(); })
       ->capture_default_str();
   sub.add_option("--trace", f.cfg.trace,
                  "write a Chrome trace (chrome://tracing, ui.perfetto.dev) of a few steps, all ranks, to PATH.json");
@@ -58,7 +59,7 @@ void apply_train_flags(TrainFlags& f) {
 Subcommand add_train(CLI::App& app) {
   struct Opts {
     TrainFlags flags;
-    int64_t check_grid = 0;
+    int64_t check_grid = 0, check_grid_per_node = 0;
     bool dry_run = false;
   };
   auto o = std::make_shared<Opts>();
@@ -68,6 +69,10 @@ Subcommand add_train(CLI::App& app) {
                     "only check that the config's grid fits RANKS ranks (exit 0, or 2 naming the "
                     "key); trains nothing (slurm/train.sbatch asks before shrinking a job)")
       ->check(int_in(1, 1 << 24));
+  train->add_option("--check_grid_ranks_per_node", o->check_grid_per_node,
+                    "with --check_grid under parallel.auto: the ranks placed on each node (default: "
+                    "all RANKS on one), whose memory they share")
+      ->check(int_in(1, 1 << 24));
   train->add_flag("--dry_run", o->dry_run,
                   "plan the run on these ranks (config, data, grid, model) and print its `plan:` "
                   "line, the parameter count and memory per rank; allocates and trains nothing");
@@ -76,7 +81,8 @@ Subcommand add_train(CLI::App& app) {
             // The file and the flags: every rank reads them; rank 0 alone reports what is wrong.
             collectively(comm, [&] { apply_train_flags(o->flags); });
             // parallel.auto: the grid keys chosen for these ranks before the run is planned.
-            if (cfg.parallel.auto_plan) apply_auto_grid_for(cfg, comm, int(o->check_grid));
+            if (cfg.parallel.auto_plan)
+              apply_auto_grid_for(cfg, comm, int(o->check_grid), int(o->check_grid_per_node));
             if (o->dry_run) {
               const RunPlan plan = plan_run(cfg, comm);
               if (comm.rank() == 0) fmt::print("{}\n", plan_line(cfg, plan));

@@ -18,7 +18,8 @@ std::string toml_list(const std::vector<std::string>& v) {
 }  // namespace
 
 void add_config_flags(CLI::App& sub, ConfigFlags& flags) {
-  sub.add_option("--config", flags.config_path, "TOML config file; --section.key flags override it");
+  sub.add_option("--config", flags.config_path, "TOML config file; --section.key flags override it")
+      ->check([](const std::string& v) { return v.empty() ? std::string("an empty path; give a TOML file") : std::string(); });
   RunConfig defaults;
   for (const ConfigKey& k : config_keys(defaults)) {
     const bool list = std::holds_alternative<std::vector<int>*>(k.field) ||

@@ -334,7 +334,9 @@ void check_out_dir(const std::string& out_path) {
   fs::path dir = out.parent_path().empty() ? fs::path(".") : out.parent_path();
   std::error_code ec;
   if (!fs::is_directory(dir, ec))
-    fail_input("{}: output directory {} does not exist", out_path, dir.string());
+    fail_input("{}: output directory {} {}", out_path, dir.string(),
+               fs::exists(dir, ec) ? "is not a directory" : "does not exist");
+  if (fs::is_directory(out, ec)) fail_input("{}: is a directory; expected a file", out_path);
 }
 
 // ---------------------------------------------------------------- GPT-2 tokens

@@ -13,18 +13,34 @@
 namespace strata {
 namespace {
 
-// Nodes = distinct hosts; ranks per node = the most on one host (what shares its memory).
-PlanRequest job_request(Comm& comm) {
+// Nodes = distinct hosts; ranks per node = the most on one host. `*sharing`: the most ranks
+// on one host, which share its memory, also where uneven hosts plan the ranks one to a node.
+PlanRequest job_request(Comm& comm, int* sharing) {
   std::map<std::string, int> per_host;
   for (const std::string& h : comm.all_hosts()) ++per_host[h];
   PlanRequest req;
   req.nodes = int(per_host.size());
   for (const auto& [host, n] : per_host) req.ranks_per_node = std::max(req.ranks_per_node, n);
+  *sharing = req.ranks_per_node;
   if (req.nodes * req.ranks_per_node != comm.size()) {  // uneven: plan the ranks as they are
     req.nodes = comm.size();
     req.ranks_per_node = 1;
   }
   return req;
+}
+
+// The keys parallel.auto chooses (with_grid): one the file or a flag gave is replaced, said
+// once, and its value is not checked (only the grid chosen is).
+void say_replaced_keys(const RunConfig& cfg) {
+  std::string replaced;
+  for (const char* k : {"parallel.pipeline_stages", "parallel.tensor", "parallel.zero", "parallel.schedule",
+                        "parallel.virtual_stages", "parallel.microbatches", "parallel.stage_layers",
+                        "train.recompute"})  // (train.precision given is kept: the search keeps it)
+    if (auto it = cfg.given.find(k); it != cfg.given.end())
+      replaced += fmt::format("{}{} ({})", replaced.empty() ? "" : ", ", k, it->second);
+  if (!replaced.empty())
+    fmt::print(stderr, "strata: warning: parallel.auto chooses the grid; these keys given are replaced: {}\n",
+               replaced);
 }
 
 int index_of(const std::vector<std::string>& v, const std::string& s) {
@@ -33,25 +49,31 @@ int index_of(const std::vector<std::string>& v, const std::string& s) {
 
 }  // namespace
 
-void apply_auto_grid(RunConfig& cfg, Comm& comm) { apply_auto_grid_for(cfg, comm, 0); }
+void apply_auto_grid(RunConfig& cfg, Comm& comm) { apply_auto_grid_for(cfg, comm, 0, 0); }
 
-void apply_auto_grid_for(RunConfig& cfg, Comm& comm, int ranks) {
-  PlanRequest req = job_request(comm);
+void apply_auto_grid_for(RunConfig& cfg, Comm& comm, int ranks, int ranks_per_node) {
+  int sharing = 1;
+  PlanRequest req = job_request(comm, &sharing);
   if (ranks > 0) {
+    const int per_node = ranks_per_node > 0 ? ranks_per_node : ranks;
+    if (ranks % per_node != 0)
+      fail_input("--check_grid_ranks_per_node {} does not divide --check_grid {}", per_node, ranks);
     req = PlanRequest{};
-    req.ranks_per_node = ranks;
+    req.nodes = ranks / per_node;
+    req.ranks_per_node = sharing = per_node;
   }
   const std::vector<std::string> precisions = {"fp32", "bf16"};
   // P, T, ZeRO, schedule, M, v, recompute, precision
   std::array<int, 8> chosen{};
   collectively(comm, [&] {
     if (comm.rank() != 0) return;
-    validate(cfg);
+    say_replaced_keys(cfg);
+    validate(with_grid(cfg, GridChoice{}));  // every other key as given
     const PlanModel model = describe_plan_model(cfg);
     req.memory = cfg.parallel.memory_per_rank > 0
                      ? RankMemory{cfg.parallel.memory_per_rank,
                                   fmt::format("parallel.memory_per_rank = {:g}", cfg.parallel.memory_per_rank)}
-                     : rank_memory("auto", req.ranks_per_node, "parallel.memory_per_rank");
+                     : rank_memory("auto", sharing, "parallel.memory_per_rank");
     const MachineProfile profile =
         cfg.parallel.profile.empty() ? MachineProfile{} : read_machine_profile(cfg.parallel.profile);
     CommModel cm;

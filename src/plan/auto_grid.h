@@ -12,10 +12,10 @@ namespace strata {
 // throws UserError(kExitBadInput) on every rank, naming the smallest grid's shortfall.
 void apply_auto_grid(RunConfig& cfg, Comm& comm);
 
-// train --check_grid RANKS under parallel.auto: whether some grid fits RANKS ranks, planned as
-// one node's (each rank with the node's memory over RANKS: a shrunk job spread over nodes has
-// at least that); sets the grid keys in `cfg` as apply_auto_grid would, or throws its
-// UserError. Rank 0 prints the `plan:` line.
-void apply_auto_grid_for(RunConfig& cfg, Comm& comm, int ranks);
+// train --check_grid RANKS under parallel.auto: whether some grid fits RANKS ranks placed
+// `ranks_per_node` to a node (0: all on one), each with this node's memory over its node's
+// ranks; sets the grid keys in `cfg` as apply_auto_grid would, or throws its UserError. Rank 0
+// prints the `plan:` line.
+void apply_auto_grid_for(RunConfig& cfg, Comm& comm, int ranks, int ranks_per_node);
 
 }  // namespace strata

@@ -186,8 +186,18 @@ MachineProfile read_machine_profile(const std::string& path) {
   p.path = path;
   p.device = r.str(root, "device", "device");
   p.precision = r.str(root, "precision", "precision");
-  p.threads = std::max(1, int(r.num(root, "threads", "threads")));
-  p.cores = std::max(1, int(r.num(root, "cores", "cores")));
+  if (p.device != "cpu" && p.device != "cuda" && p.device != "cpu-staged")
+    fail_input("{}: key \"device\": \"{}\" is not a device strata measures (cpu, cuda, cpu-staged)",
+               path, p.device);
+  if (p.precision != "fp32" && p.precision != "bf16")
+    fail_input("{}: key \"precision\": \"{}\" is neither \"fp32\" nor \"bf16\"", path, p.precision);
+  const auto count = [&](const char* key) {  // a count a machine can have
+    const double v = r.num(root, key, key);
+    if (!(v >= 1 && v <= 1e6)) fail_input("{}: key \"{}\": {} is not a count from 1 to 1e6", path, key, v);
+    return int(v);
+  };
+  p.threads = count("threads");
+  p.cores = count("cores");
   if (const JsonValue* c = root.find("cpu"); c && c->is_object())
     p.cpu_model = r.opt_str(*c, "model"), p.cpu_family = r.opt_str(*c, "family"),
     p.cpu_model_id = r.opt_str(*c, "model_id");

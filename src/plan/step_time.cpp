@@ -277,8 +277,10 @@ std::string reason_for(const GridChoice& g, const StepTime& t, const CommModel& 
                             g.virtual_stages > 1 ? fmt::format(", v = {}", g.virtual_stages) : ""));
   if (g.tensor > 1) {
     const LinkFit f = comm.fit(CommOp::allreduce, g.tensor <= g.ranks_per_node ? CommLevel::kIntra : CommLevel::kInter);
-    r.push_back(fmt::format("T = {} pays 4 allreduces per block ({} blocks, {:.0f} % of the step) over {:.1f} GB/s",
-                            g.tensor, blocks, 100 * t.tensor_comm_s / std::max(t.total_s, 1e-12), f.busbw_Bps / 1e9));
+    // Without a comm model the allreduces cost nothing: no bandwidth to name.
+    r.push_back(fmt::format("T = {} pays 4 allreduces per block ({} blocks, {:.0f} % of the step){}", g.tensor,
+                            blocks, 100 * t.tensor_comm_s / std::max(t.total_s, 1e-12),
+                            f.busbw_Bps > 0 ? fmt::format(" over {:.1f} GB/s", f.busbw_Bps / 1e9) : ""));
   }
   if (g.data > 1)
     r.push_back(fmt::format("D = {} exposes {:.1f} ms of gradient sums{}", g.data, t.exposed_comm_s * 1e3,

@@ -374,6 +374,9 @@ def cases(fx: Fixtures):
     out["flags"].append(Case("flags: prepare text from /dev/zero",
                              [S, "prepare", "text", "--input", "/dev/zero", "--out", "{C}/x.h5"], 2,
                              r"/dev/zero: is a device or socket"))
+    out["flags"].append(Case("flags: prepare text --out under a file",
+                             [S, "prepare", "text", "--input", fx.path("text.txt"), "--out", "{C}/f/x.h5"], 2,
+                             r"f/x\.h5: output directory .*/f is not a directory", make=file_with("x", "f")))
     # GPT-2's tokenizer (issue 31): its flags, and vocabularies that are missing, malformed or
     # inconsistent; each error names the file and line.
     ptext = [S, "prepare", "text", "--input", fx.path("text.txt"), "--out", "{C}/x.h5"]
@@ -430,7 +433,8 @@ def cases(fx: Fixtures):
              r"--trace .*d\.h5: is also data\.path", copy_as(D, "d.h5")),
             # Checked before the first step, not after the last: a run's work is never lost to it.
             ("train output.params where no file can be made", train + ["--output.params", "/proc/strata-model.h5"],
-             r"output\.params /proc/strata-model\.h5: cannot create a file in directory /proc", None)]:
+             r"output\.params /proc/strata-model\.h5: (cannot create a file in directory /proc|directory /proc is not writable)",
+             None)]:
         out["flags"].append(Case(f"flags: {name}", argv, 2, pattern, make=make))
     out["flags"].append(Case("flags: eval --data given twice takes the last (must work)",
                              [S, "eval", "--checkpoint", fx.mlp_params, "--data", "{C}/none.h5", "--data", D], 0))
@@ -563,6 +567,14 @@ def cases(fx: Fixtures):
              r"no grid of 8 ranks passes the config's checks")]:
         out["flags"].append(Case(f"flags: plan {name}", plan + args, 2, pattern,
                                  make=file_with('{"strata_machine_profile": 1, "layers": [', name="p.json")))
+    for name, fields, pattern in [
+            ("a device strata does not measure", '"device": "tpu", "precision": "fp32", "threads": 1, "cores": 1',
+             r"p\.json: key \"device\": \"tpu\" is not a device strata measures"),
+            ("threads past any machine", '"device": "cpu", "precision": "fp32", "threads": 1e30, "cores": 1',
+             r"p\.json: key \"threads\": 1e\+30 is not a count from 1 to 1e6")]:
+        out["flags"].append(Case(f"flags: plan a profile with {name}",
+                                 plan + ["--nodes", "1", "--ranks_per_node", "2", "--profile", "{C}/p.json"], 2, pattern,
+                                 make=file_with('{"strata_machine_profile": 1, ' + fields + ', "layers": []}', name="p.json")))
     # The keys --parallel.auto plans with are strata plan's too, unless a flag says otherwise.
     out["flags"].append(Case("flags: plan takes parallel.memory_per_rank (must work)",
                              plan + ["--nodes", "1", "--ranks_per_node", "2", "--parallel.memory_per_rank", "3e9"], 0,
@@ -587,7 +599,20 @@ def cases(fx: Fixtures):
     out["config"].append(Case("config: bench layers on missing data", layers + ["--data.path", "{C}/none.h5"], 2,
                               r"none\.h5"))
     out["flags"].append(Case("flags: bench layers --micro_batches 0", layers + ["--micro_batches", "0"], 2,
-                             r"--micro_batches"))
+                             r"flag --micro_batches: must be in \[1, 1048576\], got 0"))
+    # CLI11's own messages, in strata's words.
+    out["flags"].append(Case("flags: a config file given without --config", train + ["{C}/c.toml"], 2,
+                             r"unexpected argument '.*c\.toml' \(a config file is given as --config .*c\.toml\)"))
+    out["flags"].append(Case("flags: --resume of an empty path", train + ["--resume", ""], 2,
+                             r"flag --resume: empty; give never, auto or a checkpoint file"))
+    out["flags"].append(Case("flags: --config of an empty path", train + ["--config", ""], 2,
+                             r"flag --config: an empty path; give a TOML file"))
+    out["flags"].append(Case("flags: --resume given twice (slurm/train.sbatch passes its own)",
+                             train + ["--resume", "auto", "--resume", "never"], 2, r"flag --resume: given 2 times; give it once"))
+    out["flags"].append(Case("flags: a checked flag without its value", [S, "plan"] + fx.mlp_args() + ["--ranks_per_node", "1", "--nodes"],
+                             2, r"flag --nodes: needs a value"))
+    out["flags"].append(Case("flags: a flag without its value", train + ["--train.nesterov"], 2,
+                             r"flag --train\.nesterov: needs a value"))
     out["flags"].append(Case("flags: bench layers --out a directory", layers[:-len(fx.mlp_args()) - 2] + ["--out", "{C}"]
                              + fx.mlp_args(), 2, r"--out .*: is a directory; expected a file"))
     predict = [S, "bench", "predict", "--profile", "{C}/m.json"] + fx.mlp_args()
@@ -934,6 +959,10 @@ def cases(fx: Fixtures):
                                   r"checkpoint\.dir .*ck: none of the 2 checkpoints verifies",
                                   make=ckdir({"ckpt-000000001.h5": "bad", "ckpt-000000002.h5": "bad", "latest": "ckpt-000000002.h5\n"}),
                                   allow_changes="damaged checkpoints are renamed *.corrupt, by design"))
+    # sysfs takes no file, even from root, whom access(2) lets through (it said "0.0 MB free").
+    out["checkpoint"].append(Case("checkpoint: checkpoint.dir where no file can be made",
+                                  train + ["--checkpoint.dir", "/sys/kernel", "--checkpoint.every_steps", "1"], 2,
+                                  r"checkpoint\.dir /sys/kernel: not writable"))
     out["checkpoint"].append(Case("checkpoint: checkpoint.dir is a file", train + ["--checkpoint.dir", "{C}/f", "--checkpoint.every_steps", "1"],
                                   2, r"checkpoint\.dir .*f: exists and is not a directory", make=file_with("x", "f")))
 
