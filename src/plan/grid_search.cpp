@@ -178,9 +178,9 @@ PlanResult search_grids(const RunConfig& cfg, const PlanModel& model, const Plan
 
 std::string no_fit_message(const PlanResult& r, const PlanRequest& req, const std::string& where) {
   if (r.candidates.empty())
-    return fmt::format("{}: no grid of {} ranks passes the config's checks ({} refused: "
-                       "parallel.* and train.batch_size leave none; try `strata train "
-                       "--check_grid {}` with a grid)", where, req.ranks(), r.refused, req.ranks());
+    return fmt::format("{}: no grid of {} rank{} passes the config's checks (parallel.* and "
+                       "train.batch_size leave none; `strata train --check_grid {}` with a grid says "
+                       "why)", where, req.ranks(), req.ranks() == 1 ? "" : "s", req.ranks());
   const Candidate* least = &r.candidates.front();
   for (const Candidate& c : r.candidates)
     if (c.memory.peak < least->memory.peak) least = &c;

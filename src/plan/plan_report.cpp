@@ -133,7 +133,9 @@ std::string auto_plan_line(const PlanResult& r, const PlanRequest& req) {
                               size_text(b.memory.peak),
                               size_text(req.memory.bytes), req.memory.source, fitting, r.candidates.size());
   if (b.timed) s += fmt::format("; predicted step {:.4f} s, {} {}", b.time.total_s, rate(b.throughput), r.unit);
-  return s + "; " + b.reason;
+  // A run prints no assumptions list for an untimed reason to point to: say it here.
+  return s + "; " + (b.timed ? b.reason : "untimed (no parallel.profile, and parallel.comm names no device): "
+                                          "ranked by memory and by what costs time on any machine");
 }
 
 }  // namespace strata
