@@ -18,7 +18,6 @@
 #include <map>
 #include <numeric>
 #include <regex>
-#include <set>
 #include <thread>
 
 #include <fmt/format.h>
@@ -468,12 +467,15 @@ void PartWriter::zeros(size_t bytes) {
 }
 
 bool parts_span_nodes(const std::vector<int64_t>& same_as, const std::vector<int>& node_of) {
-  std::map<int64_t, std::set<int>> nodes;  // by key
+  // By key (few: one per part): the first node holding it, and whether another node does too
+  // (strata plan asks this of every grid, over up to 2^20 ranks).
+  std::map<int64_t, std::pair<int, bool>> seen;
   for (size_t r = 0; r < same_as.size(); ++r) {
     if (same_as[r] < 0) return false;  // a part of its own: one node holds it
-    nodes[same_as[r]].insert(node_of[r]);
+    auto [it, first] = seen.try_emplace(same_as[r], node_of[r], false);
+    if (!first && it->second.first != node_of[r]) it->second.second = true;
   }
-  return std::all_of(nodes.begin(), nodes.end(), [](const auto& n) { return n.second.size() >= 2; });
+  return std::all_of(seen.begin(), seen.end(), [](const auto& s) { return s.second.second; });
 }
 
 MemoryPairing pair_ranks(const std::vector<std::string>& node_by_rank, int rank) {

@@ -1,7 +1,6 @@
 #include "parallel/pipeline_schedule.h"
 
 #include <algorithm>
-#include <map>
 
 #include "strata/error.h"
 
@@ -101,6 +100,31 @@ double op_cost(const PipeOp& o, const OpCosts& c, bool split) {
                                  : c.backward;
 }
 
+// Finish times by (op kind, virtual stage, micro-batch), negative until the op is done; flat,
+// as the simulations look one up per op (a std::map of them was most of strata plan's time at
+// thousands of micro-batches).
+class DoneTimes {
+ public:
+  DoneTimes(int virtual_stages, int micros)
+      : vs_(virtual_stages), m_(micros), t_(size_t(3) * size_t(vs_) * size_t(m_), -1.0) {}
+  double& at(char kind, int vs, int micro) {
+    const size_t k = kind == Op::kForward ? 0 : kind == Op::kBackward ? 1 : 2;
+    return t_[(k * size_t(vs_) + size_t(vs)) * size_t(m_) + size_t(micro)];
+  }
+
+ private:
+  int vs_, m_;
+  std::vector<double> t_;
+};
+
+// The most micro-batch index any stage's list names, plus one.
+int micro_count(const std::vector<std::vector<Op>>& ops) {
+  int n = 0;
+  for (const auto& list : ops)
+    for (const Op& o : list) n = std::max(n, o.micro + 1);
+  return n;
+}
+
 // simulate_schedule with the stages sharing `capacity` cores' worth of compute: from event to
 // event (an op's end, a dependency's arrival) every computing stage advances at
 // min(1, capacity / computing). An op starts when its stage's previous op is done and its
@@ -108,7 +132,7 @@ double op_cost(const PipeOp& o, const OpCosts& c, bool split) {
 ScheduleSim simulate_shared(const std::vector<std::vector<Op>>& ops, int P, int v, bool split,
                             const std::vector<std::vector<OpCosts>>& costs, double send_s,
                             double capacity) {
-  std::map<std::tuple<char, int, int>, double> done;
+  DoneTimes done(P * v, micro_count(ops));
   std::vector<size_t> next(size_t(P), 0);
   std::vector<double> left(size_t(P), -1), ready(size_t(P), 0);  // left < 0: no op under way
   ScheduleSim r;
@@ -123,9 +147,9 @@ ScheduleSim simulate_shared(const std::vector<std::vector<Op>>& ops, int P, int 
         const int from = dependency(o, s, P, v);
         double at = now;
         if (from >= 0) {
-          auto it = done.find({char(o.kind), from, o.micro});
-          if (it == done.end()) continue;
-          at = std::max(now, it->second + (from % P != s ? send_s : 0.0));
+          const double t = done.at(o.kind, from, o.micro);
+          if (t < 0) continue;
+          at = std::max(now, t + (from % P != s ? send_s : 0.0));
         }
         const double c = op_cost(o, costs[size_t(s)][size_t(o.chunk)], split);
         left[size_t(s)] = c, ready[size_t(s)] = at;
@@ -147,7 +171,7 @@ ScheduleSim simulate_shared(const std::vector<std::vector<Op>>& ops, int P, int 
       left[size_t(s)] -= step * rate;
       if (left[size_t(s)] > 1e-12 * (1 + r.busy[size_t(s)])) continue;
       const Op& o = ops[size_t(s)][next[size_t(s)]++];
-      done[{char(o.kind), o.chunk * P + s, o.micro}] = now;
+      done.at(o.kind, o.chunk * P + s, o.micro) = now;
       r.finish[size_t(s)] = now;
       left[size_t(s)] = -1;
     }
@@ -172,7 +196,7 @@ ScheduleSim simulate_schedule(const std::string& kind, int stages, int micros, i
   // Finish times of F and B per (virtual stage c P + s, micro-batch); each stage runs its list
   // in order. F waits for the virtual stage before's F of the same micro-batch, B for the one
   // after's B, plus the send when that one is on another stage.
-  std::map<std::tuple<char, int, int>, double> done;
+  DoneTimes done(P * v, micro_count(ops));
   std::vector<size_t> next(size_t(P), 0);
   ScheduleSim r;
   r.finish.assign(size_t(P), 0.0);
@@ -185,14 +209,14 @@ ScheduleSim simulate_schedule(const std::string& kind, int stages, int micros, i
         const int vs = o.chunk * P + s, from = dependency(o, s, P, v);
         double ready = 0;
         if (from >= 0) {
-          auto it = done.find({char(o.kind), from, o.micro});
-          if (it == done.end()) break;
-          ready = it->second + (from % P != s ? send_s : 0.0);
+          const double t = done.at(o.kind, from, o.micro);
+          if (t < 0) break;
+          ready = t + (from % P != s ? send_s : 0.0);
         }
         const double cost = op_cost(o, costs[size_t(s)][size_t(o.chunk)], split);
         r.finish[size_t(s)] = std::max(r.finish[size_t(s)], ready) + cost;
         r.busy[size_t(s)] += cost;
-        done[{char(o.kind), vs, o.micro}] = r.finish[size_t(s)];
+        done.at(o.kind, vs, o.micro) = r.finish[size_t(s)];
         moved = true;
       }
   }

@@ -137,6 +137,16 @@ void flip_byte(const fs::path& file) {
 
 }  // namespace
 
+TEST_CASE("memory checkpoints: parts span nodes only when every part is on two nodes or more", "[memory]") {
+  // Keys by rank (a part's key; -1 a part of its own), nodes by rank.
+  CHECK(strata::parts_span_nodes({7, 7, 9, 9}, {0, 1, 0, 1}));
+  CHECK_FALSE(strata::parts_span_nodes({7, 7, 9, 9}, {0, 0, 1, 1}));  // each part on one node
+  CHECK_FALSE(strata::parts_span_nodes({7, 7, 9, 9}, {0, 1, 1, 1}));  // part 9 on node 1 alone
+  CHECK(strata::parts_span_nodes({7, 7, 7, 9, 9}, {1, 1, 0, 2, 0}));   // a second node late in the list
+  CHECK_FALSE(strata::parts_span_nodes({7, -1}, {0, 1}));
+  CHECK_FALSE(strata::parts_span_nodes({7}, {0}));
+}
+
 TEST_CASE("memory checkpoints: ranks pair with the same local rank on the next node", "[memory]") {
   auto p = strata::pair_ranks({"a", "a", "b", "b"}, 1);
   CHECK(p.partner == 3);
