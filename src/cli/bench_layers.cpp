@@ -47,7 +47,11 @@ Subcommand add_bench_layers(CLI::App& bench) {
     if (!o->precision.empty())
       find_config_key(config_keys(cfg), "train.precision")->set_text(o->precision, "flag --precision");
     validate(cfg);
-    // (Every rank checks alike, before any waits for rank 0.)
+    // (Every rank checks alike, before any waits for rank 0.) A run's own flags ask for what
+    // bench layers never does: refused rather than ignored.
+    for (const auto& [flag, given] : {std::pair<const char*, bool>{"--resume", cfg.resume != "never"},
+                                      {"--trace", !cfg.trace.empty()}})
+      if (given) fail_input("bench layers: {} does not apply (it times layers; it trains no run)", flag);
     ensure_parent_dir(o->out, "--out");  // also: not a directory
     // On several ranks they are one node's: rank 0 times the layers, and the whole pass with
     // every rank at once against alone (what the node's ranks share slows each).

@@ -598,6 +598,8 @@ def cases(fx: Fixtures):
     layers = [S, "bench", "layers", "--quiet", "--checkpoint_dir", "{C}/ck", "--out", "{C}/m.json"] + fx.mlp_args()
     out["config"].append(Case("config: bench layers on missing data", layers + ["--data.path", "{C}/none.h5"], 2,
                               r"none\.h5"))
+    out["flags"].append(Case("flags: bench layers --resume", layers + ["--resume", "auto"], 2,
+                             r"bench layers: --resume does not apply"))
     out["flags"].append(Case("flags: bench layers --micro_batches 0", layers + ["--micro_batches", "0"], 2,
                              r"flag --micro_batches: must be in \[1, 1048576\], got 0"))
     # CLI11's own messages, in strata's words.
