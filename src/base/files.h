@@ -34,6 +34,7 @@ struct NamedPath {
 // Throws UserError(kExitBadInput) when output file `out` is one of `inputs` (empty paths
 // skipped): a command never writes over what it reads, even when it then fails.
 void refuse_writing_over(const NamedPath& out, const std::vector<NamedPath>& inputs);
+
 // Replaces `path` with `text` atomically (written under "<path>.tmp.<pid>", never
 // world-writable, then renamed; no fsync): for small files rewritten often (the goodput
 // ledger, the Prometheus file, the watchdog's report). Returns "" or the first failure's
