@@ -5,7 +5,6 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "base/files.h"
 #include "base/job.h"
 #include "parallel/grid.h"
 #include "parallel/pipeline.h"
@@ -111,7 +110,6 @@ RunPlan plan_run(const RunConfig& cfg, Comm& comm) {
       if (p.layers[size_t(i)].params > p.layers[size_t(largest)].params) largest = i;
     require_model_memory(p.layers, {largest, largest + 1}, cfg.train.optimizer == "adamw" ? 4 : 3,
                          p.T, cfg.train.batch_size / p.D, fmt::format("rank {}", comm.rank()));
-    if (lead && !cfg.trace.empty()) ensure_parent_dir(cfg.trace, "--trace");
   });
   p.shared_gpus = shared_gpus(comm, gpu);
   // The partition: rank 0 measures when asked (every rank must use the same costs).
