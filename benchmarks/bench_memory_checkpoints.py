@@ -4,7 +4,7 @@ off, the MLP, CNN and GPT configs on 2 ranks, in the same run.
 
   benchmarks/bench_memory_checkpoints.py [--strata build/strata] [--fmnist data/fashion-mnist.h5]
       [--fortunes data/fortunes.h5] [--repeats 3] [--models mlp,cnn,gpt] [--memory_root /dev/shm]
-      [--out FILE]
+      [--bind core|none] [--out FILE]
 
 The "on" arm starts the two ranks as two simulated nodes (SLURMD_NODENAME n1 and n2, as on
 the local Slurm cluster), so each rank's part is also sent to its partner and written there:
@@ -17,7 +17,10 @@ to back, the order rotated each repeat; the figure per arm is the median over re
 training time per step (strata's `done` event: train_time_s / steps, start-up excluded).
 strata's own line gives the training thread's stall per memory checkpoint (median and max of
 the run's saves) and the time per save off the training thread (copy, exchange). The machine's
-CPU and load average are printed with the table.
+CPU and load average are printed with the table. Each rank is bound to a core (--bind core,
+mpirun's own default for 2 ranks); --bind none lets the kernel move the ranks between cores,
+which on a 2-core machine puts both on one core at times and makes a rank refill its core's
+caches after each move.
 """
 import argparse
 import json
@@ -45,6 +48,9 @@ ap.add_argument("--arms", default="off,on",
 ap.add_argument("--budget", type=float, default=0.03, help="checkpoint.memory_budget of the budget arm")
 ap.add_argument("--scale", type=int, default=1,
                 help="multiplies every model's steps (the budget arm's first 16 saves at memory_every weigh less)")
+ap.add_argument("--bind", choices=("core", "none"), default="core",
+                help="mpirun's --bind-to: core (its own default for 2 ranks) or none (the kernel "
+                     "moves the ranks between cores)")
 ap.add_argument("--work", default="/var/tmp/strata-bench-memory")
 ap.add_argument("--memory_root", default="/dev/shm",
                 help="where the simulated nodes' memory directories go (a tmpfs; a small /dev/shm: another)")
@@ -73,7 +79,7 @@ def run(model, arm):
                  os.path.join(a.memory_root, "strata-bench-memory", "%n")]
     if arm == "budget":
         args += ["--checkpoint.memory_budget", str(a.budget)]
-    cmd = ["mpirun", "--oversubscribe", "--bind-to", "none",
+    cmd = ["mpirun", "--oversubscribe", "--bind-to", a.bind,
            "-n", "1", "-x", "SLURMD_NODENAME=n1", *args, ":",
            "-n", "1", "-x", f"SLURMD_NODENAME={'n1' if arm == 'local' else 'n2'}", *args]
     p = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=1800)
@@ -114,7 +120,7 @@ def main():
     lines = [f"# bench_memory_checkpoints.py, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
              f"# CPU: {name.group(1) if name else '?'}, {os.cpu_count()} cores; "
              f"load average before: {os.getloadavg()[0]:.2f}; strata {a.strata}",
-             f"# --device {a.device}; 2 ranks, 1 thread each; memory_every = {a.every}; arms {a.arms}; budget {a.budget} (local: one node, "
+             f"# --device {a.device}; 2 ranks, 1 thread each, --bind-to {a.bind}; memory_every = {a.every}; arms {a.arms}; budget {a.budget} (local: one node, "
              f"no partner; on: two simulated nodes); median of {a.repeats} repeats, order rotated"]
     print("\n".join(lines), flush=True)
     arms = a.arms.split(",")
