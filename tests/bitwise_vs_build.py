@@ -21,6 +21,8 @@ The matrix (small and short: each run is seconds):
   deep-pipe-interleaved  deep MLP, 2 stages x 2 chunks, interleaved 1F1B
   gpt-bf16             GPT in bf16 (where the CPU has native bf16 GEMMs; else skipped)
   gpt-staged-pipe2     GPT, 2-stage pipeline on --device cpu-staged (the tied table's sum)
+  gpt-micro4           GPT, 1 rank, 4 micro-batches
+  gpt-bf16-micro4      the same in bf16 with recomputed blocks (where the CPU has bf16 GEMMs)
 Exit 0 when every dataset of every run is identical; otherwise each difference is listed.
 """
 import argparse
@@ -46,6 +48,8 @@ def matrix(data, text):
     gpt = ["--config", f"{CONFIGS}/gpt_fortunes.toml", "--data.path", text, "--model.layers", "2",
            "--model.dim", "64", "--train.batch_size", "8", "--model.context", "32",
            "--train.log_every", "1"]
+    # Wide enough for the linear layers' forward to run on the matmul primitive.
+    gpt_wide = gpt + ["--model.dim", "128", "--model.context", "64"]
     ckpt = ["--checkpoint.every_steps", "2"]
     return {
         "mlp-1rank": [(1, img + ["--config", f"{CONFIGS}/fmnist_mlp.toml", "--train.max_steps", "6"] + ckpt)],
@@ -68,6 +72,9 @@ def matrix(data, text):
         "gpt-bf16": [(1, gpt + ["--train.max_steps", "6", "--train.precision", "bf16"] + ckpt)],
         "gpt-staged-pipe2": [(2, gpt + ["--train.max_steps", "6", "--parallel.pipeline_stages", "2",
                                         "--device", "cpu-staged"] + ckpt)],
+        "gpt-micro4": [(1, gpt_wide + ["--train.max_steps", "6", "--parallel.microbatches", "4"] + ckpt)],
+        "gpt-bf16-micro4": [(1, gpt_wide + ["--train.max_steps", "6", "--parallel.microbatches", "4",
+                                           "--train.recompute", "block", "--train.precision", "bf16"] + ckpt)],
     }
 
 
@@ -124,7 +131,7 @@ def main():
     failures = []
     flags = open("/proc/cpuinfo").read()
     for name, steps in runs.items():
-        if name == "gpt-bf16" and "avx512_bf16" not in flags and "amx_bf16" not in flags:
+        if "bf16" in name and "avx512_bf16" not in flags and "amx_bf16" not in flags:
             print(f"{name}: skipped: this CPU has no native bf16 GEMMs (avx512_bf16 or amx_bf16)")
             continue
         outs = []
