@@ -58,6 +58,11 @@ void to_bf16(bf16_t* dst, const float* src, int64_t n);
 // calling thread only (a kernel's per-head operands, inside its own parallel loop).
 void to_bf16_rows(bf16_t* dst, int64_t ldd, const float* src, int64_t lds, int rows, int cols,
                   float scale);
+// to_bf16 of src (rows, cols), and sums[c] = (accumulate ? sums[c] : 0) + src[0][c] + src[1][c]
+// + ..., the rows added in order (bitwise a row-by-row loop's sums): a linear layer's bias
+// gradient in the pass that rounds its output gradient.
+void to_bf16_col_sums(bf16_t* dst, const float* src, int rows, int cols, float* sums,
+                      bool accumulate);
 // At least n bf16 of the calling thread's buffer `slot` (< kBf16ScratchSlots), kept between
 // calls: an op's bf16 copies of its GEMM operands.
 constexpr int kBf16ScratchSlots = 3;

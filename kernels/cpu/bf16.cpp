@@ -96,6 +96,47 @@ void to_bf16_rows(bf16_t* dst, int64_t ldd, const float* src, int64_t lds, int r
 #endif
 }
 
+#if defined(__x86_64__)
+namespace {
+// Columns [c0, c1) of to_bf16_col_sums: per row, each 16 columns rounded and added to their
+// sums (kept in `sums`, in L1 beside the row), so each column adds its rows in order.
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void round_col_sums(
+    bf16_t* dst, const float* src, int rows, int cols, int c0, int c1, float* sums) {
+  for (int r = 0; r < rows; ++r) {
+    const float* x = src + int64_t(r) * cols;
+    bf16_t* y = dst + int64_t(r) * cols;
+    for (int c = c0; c < c1; c += 16) {
+      const __mmask16 m = c + 16 <= c1 ? __mmask16(0xffff) : __mmask16((1u << (c1 - c)) - 1);
+      const __m512 v = _mm512_maskz_loadu_ps(m, x + c);
+      const __m256bh h = _mm512_cvtneps_pbh(v);
+      _mm256_mask_storeu_epi16(y + c, m, reinterpret_cast<const __m256i&>(h));
+      _mm512_mask_storeu_ps(sums + c, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, sums + c), v));
+    }
+  }
+}
+}  // namespace
+#endif
+
+void to_bf16_col_sums(bf16_t* dst, const float* src, int rows, int cols, float* sums,
+                      bool accumulate) {
+  if (!accumulate) std::fill(sums, sums + cols, 0.f);
+#if defined(__x86_64__)
+  // Threads split the columns, never a column's rows: its sum keeps the rows' order.
+  constexpr int kCols = 256;
+  const int pieces = (cols + kCols - 1) / kCols;
+  if (pieces > 1 && int64_t(rows) * cols >= (int64_t(1) << 16) && omp_get_max_threads() > 1 &&
+      !omp_in_parallel()) {
+#pragma omp parallel for schedule(static)
+    for (int p = 0; p < pieces; ++p)
+      round_col_sums(dst, src, rows, cols, p * kCols, std::min(cols, (p + 1) * kCols), sums);
+    return;
+  }
+  round_col_sums(dst, src, rows, cols, 0, cols, sums);
+#else
+  (void)dst, (void)src, (void)rows;
+#endif
+}
+
 bf16_t* bf16_scratch(int slot, size_t n) {
   thread_local std::vector<bf16_t> bufs[kBf16ScratchSlots];
   std::vector<bf16_t>& b = bufs[slot];

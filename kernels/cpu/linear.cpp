@@ -68,9 +68,21 @@ void forward(float* out, const float* inp, const float* weight, const float* bia
   if (relu) relu_forward(out, out, int64_t(B) * O);
 }
 
-// The two products of backward, from the gradient at the layer's output (pre-activation).
-void backward_products(float* dinp, float* dweight, const float* dout, const float* inp,
-                       const float* weight, int B, int I, int O, bool accumulate) {
+void bias_grad(float* dbias, const float* dout, int B, int O, bool accumulate) {
+  // Row by row so the inner loop runs over contiguous memory and vectorises.
+  if (!accumulate) std::fill(dbias, dbias + O, 0.f);
+  for (int b = 0; b < B; ++b) {
+    const float* d = dout + int64_t(b) * O;
+    for (int o = 0; o < O; ++o) dbias[o] += d[o];
+  }
+}
+
+// The two products of backward, from the gradient at the layer's output (pre-activation), and
+// the bias gradient (dbias null: none).
+void backward_products(float* dinp, float* dweight, float* dbias, const float* dout,
+                       const float* inp, const float* weight, int B, int I, int O,
+                       bool accumulate) {
+  if (dbias) bias_grad(dbias, dout, B, O, accumulate);
   if (dinp) sgemm(false, false, B, I, O, 1.f, dout, O, weight, I, 0.f, dinp, I);
   if (!dweight) return;
   if (!use_matmul_weight_grad(B, I, O))
@@ -96,9 +108,15 @@ void forward_bf16(float* out, const float* inp, const float* weight, const float
               rounded(1, weight, int64_t(O) * I), I, out, O, bias, relu, false);
 }
 
-void backward_products_bf16(float* dinp, float* dweight, const float* dout, const float* inp,
-                            const float* weight, int B, int I, int O, bool accumulate) {
-  const bf16_t* d = rounded(0, dout, int64_t(B) * O);
+void backward_products_bf16(float* dinp, float* dweight, float* dbias, const float* dout,
+                            const float* inp, const float* weight, int B, int I, int O,
+                            bool accumulate) {
+  // The bias gradient in the pass that rounds dout (one read of dout, not two).
+  bf16_t* d = bf16_scratch(0, size_t(int64_t(B) * O));
+  if (dbias)
+    to_bf16_col_sums(d, dout, B, O, dbias, accumulate);
+  else
+    to_bf16(d, dout, int64_t(B) * O);
   if (dinp)
     matmul_bf16(false, false, B, I, O, d, O, rounded(1, weight, int64_t(O) * I), I, dinp, I,
                 nullptr, false, false);
@@ -107,14 +125,6 @@ void backward_products_bf16(float* dinp, float* dweight, const float* dout, cons
                 nullptr, false, accumulate);
 }
 
-void bias_grad(float* dbias, const float* dout, int B, int O, bool accumulate) {
-  // Row by row so the inner loop runs over contiguous memory and vectorises.
-  if (!accumulate) std::fill(dbias, dbias + O, 0.f);
-  for (int b = 0; b < B; ++b) {
-    const float* d = dout + int64_t(b) * O;
-    for (int o = 0; o < O; ++o) dbias[o] += d[o];
-  }
-}
 
 // The ReLU's backward and the bias gradient in one pass over dout (the same sums, in the same
 // row order, as relu_backward followed by linear_backward): dpre = dout where out > 0.
@@ -138,7 +148,8 @@ void relu_bias_grad(float* dpre, float* dbias, const float* dout, const float* o
 
 // The entry points in one precision, written once and expanded for each: FORWARD and
 // PRODUCTS are forward/backward_products (fp32: sgemm or the matmul primitive) or their _bf16
-// versions (bf16 copies of the operands); the bias and ReLU gradients are fp32 in both.
+// versions (bf16 copies of the operands, the bias gradient summed as dout is rounded); the bias
+// and ReLU gradients are fp32 in both.
 //   linear_forward:  out (B,O) = inp (B,I) @ weight (O,I)^T + bias (O)
 //   linear_backward: dout (B,O), inp (B,I), weight (O,I) -> dinp (B,I), dweight (O,I), dbias (O)
 #define STRATA_LINEAR_ENTRY_POINTS(FORWARD, PRODUCTS)                                          \
@@ -149,8 +160,7 @@ void relu_bias_grad(float* dpre, float* dbias, const float* dout, const float* o
   void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout,         \
                        const float* inp, const float* weight, int B, int I, int O,           \
                        bool accumulate) {                                                    \
-    PRODUCTS(dinp, dweight, dout, inp, weight, B, I, O, accumulate);                         \
-    if (dbias) bias_grad(dbias, dout, B, O, accumulate);                                     \
+    PRODUCTS(dinp, dweight, dbias, dout, inp, weight, B, I, O, accumulate);                  \
   }                                                                                          \
   void linear_relu_forward(float* out, const float* inp, const float* weight,                \
                            const float* bias, int B, int I, int O) {                         \
@@ -160,7 +170,7 @@ void relu_bias_grad(float* dpre, float* dbias, const float* dout, const float* o
                             const float* out, const float* inp, const float* weight, int B,  \
                             int I, int O, float* dpre, bool accumulate) {                    \
     relu_bias_grad(dpre, dbias, dout, out, B, O, accumulate);                                \
-    PRODUCTS(dinp, dweight, dpre, inp, weight, B, I, O, accumulate);                         \
+    PRODUCTS(dinp, dweight, nullptr, dpre, inp, weight, B, I, O, accumulate);                \
   }
 
 STRATA_LINEAR_ENTRY_POINTS(forward, backward_products)

@@ -2,10 +2,13 @@
 // that compute exactly the products of the rounded inputs with fp32 accumulation.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "strata/backend.h"
@@ -89,6 +92,36 @@ TEST_CASE("bf16: the linear op multiplies the rounded inputs, accumulating in fp
   // op the inputs' rounding (2^-9 relative each) shows: far more than that.
   CHECK(worst_exact < 1e-5);
   CHECK(worst_fp32 > 1e-3);
+}
+
+TEST_CASE("bf16: the bias gradient summed as dout is rounded is the row-by-row sum, bitwise",
+          "[bf16]") {
+  if (const std::string why = no_bf16(); !why.empty())
+    STRATA_SKIP("bf16 not checked on this CPU: " << why);
+  Rng rng(5);
+  // Tails of every length, a piece boundary (256 columns) crossed, rows enough to thread.
+  for (auto [rows, cols] : std::vector<std::pair<int, int>>{{3, 1}, {5, 17}, {64, 300}, {300, 529}}) {
+    for (int threads : {1, 2}) {
+      cpu::blas_init(threads);
+      for (bool accumulate : {false, true}) {
+        std::vector<float> x(size_t(rows) * size_t(cols)), sums(static_cast<size_t>(cols)),
+            want(static_cast<size_t>(cols));
+        for (auto& e : x) e = rng.uniform(-1.f, 1.f) * 1e3f;
+        x[0] = -0.f;  // 0 + -0 is +0, as the row-by-row loop gives
+        for (int c = 0; c < cols; ++c) sums[size_t(c)] = want[size_t(c)] = rng.uniform(-1.f, 1.f);
+        if (!accumulate) std::fill(want.begin(), want.end(), 0.f);
+        for (int r = 0; r < rows; ++r)
+          for (int c = 0; c < cols; ++c) want[size_t(c)] += x[size_t(r) * cols + c];
+        std::vector<cpu::bf16_t> got(x.size()), plain(x.size());
+        cpu::to_bf16_col_sums(got.data(), x.data(), rows, cols, sums.data(), accumulate);
+        cpu::to_bf16(plain.data(), x.data(), int64_t(x.size()));
+        INFO(rows << " x " << cols << ", " << threads << " threads, accumulate " << accumulate);
+        CHECK(got == plain);
+        CHECK(std::memcmp(sums.data(), want.data(), sizeof(float) * size_t(cols)) == 0);
+      }
+    }
+  }
+  cpu::blas_init(1);
 }
 
 namespace {
