@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "dispatch.h"
 #include "strata/kernels_cpu.h"
 
 namespace strata::cpu {
@@ -68,13 +69,47 @@ void forward(float* out, const float* inp, const float* weight, const float* bia
   if (relu) relu_forward(out, out, int64_t(B) * O);
 }
 
-void bias_grad(float* dbias, const float* dout, int B, int O, bool accumulate) {
-  // Row by row so the inner loop runs over contiguous memory and vectorises.
-  if (!accumulate) std::fill(dbias, dbias + O, 0.f);
-  for (int b = 0; b < B; ++b) {
-    const float* d = dout + int64_t(b) * O;
-    for (int o = 0; o < O; ++o) dbias[o] += d[o];
+// The bias gradient's rows (dbias += each row of dout, the rows in order), and the ReLU's
+// backward with it in one pass over dout (the same sums, in the same row order, as
+// relu_backward followed by the bias gradient): dpre = dout where out > 0, dbias += dpre.
+// Row by row so the inner loops run over contiguous memory and vectorise across columns (a
+// column's sum still adds its rows in order), built for each instruction set: at SSE width
+// they took 0.7 % of the MLP's step (with the ReLU) and of the fp32 GPT's (the bias alone).
+#define STRATA_BIAS_GRAD_VARIANT(suffix, attr, W)                                          \
+  attr void add_rows_##suffix(float* dbias, const float* dout, int B, int O) {           \
+    for (int b = 0; b < B; ++b) {                                                        \
+      const float* d = dout + int64_t(b) * O;                                            \
+      for (int o = 0; o < O; ++o) dbias[o] += d[o];                                      \
+    }                                                                                    \
+  }                                                                                      \
+  attr void relu_rows_##suffix(float* dpre, float* dbias, const float* dout,             \
+                               const float* out, int B, int O) {                         \
+    for (int b = 0; b < B; ++b) {                                                        \
+      const float* d = dout + int64_t(b) * O;                                            \
+      const float* y = out + int64_t(b) * O;                                             \
+      float* g = dpre + int64_t(b) * O;                                                  \
+      for (int o = 0; o < O; ++o) {                                                      \
+        const float v = d[o]; /* loaded unconditionally: see relu_backward */            \
+        g[o] = y[o] > 0.f ? v : 0.f;                                                     \
+      }                                                                                  \
+      if (dbias)                                                                         \
+        for (int o = 0; o < O; ++o) dbias[o] += g[o];                                    \
+    }                                                                                    \
   }
+STRATA_ISA_VARIANTS(STRATA_BIAS_GRAD_VARIANT, "avx2")
+#undef STRATA_BIAS_GRAD_VARIANT
+
+void bias_grad(float* dbias, const float* dout, int B, int O, bool accumulate) {
+  static const auto rows = pick_isa(add_rows_avx512, add_rows_avx2, add_rows_generic);
+  if (!accumulate) std::fill(dbias, dbias + O, 0.f);
+  rows(dbias, dout, B, O);
+}
+
+void relu_bias_grad(float* dpre, float* dbias, const float* dout, const float* out, int B, int O,
+                    bool accumulate) {
+  static const auto rows = pick_isa(relu_rows_avx512, relu_rows_avx2, relu_rows_generic);
+  if (dbias && !accumulate) std::fill(dbias, dbias + O, 0.f);
+  rows(dpre, dbias, dout, out, B, O);
 }
 
 // The two products of backward, from the gradient at the layer's output (pre-activation), and
@@ -123,25 +158,6 @@ void backward_products_bf16(float* dinp, float* dweight, float* dbias, const flo
   if (dweight)
     matmul_bf16(true, false, O, I, B, d, O, rounded(2, inp, int64_t(B) * I), I, dweight, I,
                 nullptr, false, accumulate);
-}
-
-
-// The ReLU's backward and the bias gradient in one pass over dout (the same sums, in the same
-// row order, as relu_backward followed by linear_backward): dpre = dout where out > 0.
-void relu_bias_grad(float* dpre, float* dbias, const float* dout, const float* out, int B, int O,
-                    bool accumulate) {
-  if (dbias && !accumulate) std::fill(dbias, dbias + O, 0.f);
-  for (int b = 0; b < B; ++b) {
-    const float* d = dout + int64_t(b) * O;
-    const float* y = out + int64_t(b) * O;
-    float* g = dpre + int64_t(b) * O;
-    for (int o = 0; o < O; ++o) {
-      const float v = d[o];  // loaded unconditionally: see relu_backward
-      g[o] = y[o] > 0.f ? v : 0.f;
-    }
-    if (dbias)
-      for (int o = 0; o < O; ++o) dbias[o] += g[o];
-  }
 }
 
 }  // namespace
