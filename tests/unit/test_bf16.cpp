@@ -99,7 +99,7 @@ TEST_CASE("bf16: the bias gradient summed as dout is rounded is the row-by-row s
   if (const std::string why = no_bf16(); !why.empty())
     STRATA_SKIP("bf16 not checked on this CPU: " << why);
   Rng rng(5);
-  // Tails of every length, a piece boundary (256 columns) crossed, rows enough to thread.
+  // Masked tails (1, 17, 300, 529 columns), 256-column pieces crossed, rows enough to thread.
   for (auto [rows, cols] : std::vector<std::pair<int, int>>{{3, 1}, {5, 17}, {64, 300}, {300, 529}}) {
     for (int threads : {1, 2}) {
       cpu::blas_init(threads);
