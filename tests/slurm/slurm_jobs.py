@@ -367,7 +367,10 @@ def scenario_preempt_signal(ctx):
     ref = short_reference(ctx)
     d = fresh(os.path.join(ctx.work, "preempt-signal"))
     cfg = os.path.join(d, "config.toml")
-    write_config(cfg, os.path.join(d, "out"), STEPS, ctx.data)
+    # A checkpoint every 5 steps: the first comes early and the writes stretch the run (the
+    # same results), so that the signal, which a loaded machine may take a second or more to
+    # deliver, reaches strata before its last step (a fast run once ended first in CI).
+    write_config(cfg, os.path.join(d, "out"), STEPS, ctx.data, every=5, keep_last=2)
     ckpt = os.path.join(d, "out", "checkpoints")  # no CKPT_DIR: the script reads it from the config
     job, log = submit(ctx, "preempt-signal", cfg)
     wait_first_checkpoint(ctx, job, ckpt)
