@@ -3,7 +3,6 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <climits>
@@ -78,8 +77,6 @@ void prepare_directory(const std::string& dir, int64_t bytes, const std::string&
   if (!fs::exists(dir, ec))
     if (std::string why = make_directories(dir); !why.empty())
       fail_input("{} {}: cannot create it ({})", what, dir, why);
-  if (::access(dir.c_str(), W_OK | X_OK) != 0)
-    fail_input("{} {}: not writable ({})", what, dir, std::strerror(errno));
   if (const std::string why = cannot_create_in(dir); !why.empty())  // root passes access(2)
     fail_input("{} {}: not writable ({})", what, dir, why);
   struct statvfs sv{};
