@@ -137,11 +137,27 @@ struct GeluTanhLanes : simd::Lanes<W> {
   }
 };
 
-// Elements [i0, i1) through the lane form V (GeluLanes or GeluTanhLanes): whole vectors, then
-// the last partial one through a stack buffer.
+// Elements [i0, i1) through the lane form V (GeluLanes or GeluTanhLanes): kGroup vectors at a
+// time, then single vectors, then the last partial one through a stack buffer. One vector's
+// GELU is a chain of ~40 dependent operations (the erfc polynomial, exp, a division) that the
+// core cannot overlap with the next vector's by itself: the group's independent chains,
+// interleaved by GCC's scheduling before register allocation (-fschedule-insns, set for this
+// file in CMakeLists.txt), run forward 1.40x and backward 1.43x faster on an AMD EPYC Zen 5
+// (0.53 -> 0.38 and 0.68 -> 0.48 ns an element, one thread; either change alone: 1.15x at most).
+// Every element still goes through the same operations: results are bitwise those of one
+// vector at a time.
+constexpr int kGroup = 4;
+
 template <class V, int W>
 STRATA_INLINE void forward_range(float* out, const float* inp, int64_t i0, int64_t i1) {
   int64_t i = i0;
+  for (; i + kGroup * W <= i1; i += kGroup * W) {
+    typename V::F y[kGroup];
+#pragma GCC unroll 4
+    for (int g = 0; g < kGroup; ++g) y[g] = V::forward(V::load(inp + i + g * W));
+#pragma GCC unroll 4
+    for (int g = 0; g < kGroup; ++g) V::store(out + i + g * W, y[g]);
+  }
   for (; i + W <= i1; i += W) V::store(out + i, V::forward(V::load(inp + i)));
   if (i < i1) {
     const int n = int(i1 - i);
@@ -156,6 +172,14 @@ template <class V, int W>
 STRATA_INLINE void backward_range(float* dinp, const float* dout, const float* inp, int64_t i0,
                                   int64_t i1) {
   int64_t i = i0;
+  for (; i + kGroup * W <= i1; i += kGroup * W) {
+    typename V::F d[kGroup];
+#pragma GCC unroll 4
+    for (int g = 0; g < kGroup; ++g)
+      d[g] = V::backward(V::load(dout + i + g * W), V::load(inp + i + g * W));
+#pragma GCC unroll 4
+    for (int g = 0; g < kGroup; ++g) V::store(dinp + i + g * W, d[g]);
+  }
   for (; i + W <= i1; i += W)
     V::store(dinp + i, V::backward(V::load(dout + i), V::load(inp + i)));
   if (i < i1) {

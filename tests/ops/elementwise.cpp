@@ -358,15 +358,16 @@ TEST_CASE("gelu: special values and every tail length", "[cpu_kernel][activation
   CHECK(dx[3] == 0.5f);     // Phi(0)
   CHECK(std::abs(out[5] - 0.8413447461f) <= 1e-7f);
   CHECK(std::abs(out[6] + 0.1586552539f) <= 1e-7f);
-  // Lengths 1..40 at every offset 0..3: each element as when computed in one long array
-  // (the kernels are elementwise: neither a vector's other lanes nor the tail path may matter).
+  // Lengths 1..100 at every offset 0..3: each element as when computed in one long array
+  // (the kernels are elementwise: neither a vector's other lanes, nor whether it falls in a
+  // group of 4 vectors, a single vector or the tail may matter).
   Rng rng(72);
-  const Vec big = rand_vec(rng, 64, -5.f, 5.f), dbig = rand_vec(rng, 64);
-  Vec all(64), dall(64);
-  gelu_forward(all.data(), big.data(), 64);
-  gelu_backward(dall.data(), dbig.data(), big.data(), 64);
+  const Vec big = rand_vec(rng, 160, -5.f, 5.f), dbig = rand_vec(rng, 160);
+  Vec all(160), dall(160);
+  gelu_forward(all.data(), big.data(), 160);
+  gelu_backward(dall.data(), dbig.data(), big.data(), 160);
   for (int off = 0; off < 4; ++off)
-    for (int len = 1; len <= 40; ++len) {
+    for (int len = 1; len <= 100; ++len) {
       Vec o = nan_vec(len + 1), d = nan_vec(len + 1);
       gelu_forward(o.data(), big.data() + off, len);
       gelu_backward(d.data(), dbig.data() + off, big.data() + off, len);
@@ -459,13 +460,13 @@ TEST_CASE("gelu tanh: special values and every tail length", "[cpu_kernel][activ
   CHECK(std::abs(out[4] - 0.8411919906f) <= 1e-7f);  // PyTorch's gelu(1, approximate='tanh')
   CHECK(std::abs(out[5] + 0.1588080094f) <= 1e-7f);
   CHECK(out[6] == 3e38f);
-  Rng rng(74);
-  const Vec big = rand_vec(rng, 64, -5.f, 5.f), dbig = rand_vec(rng, 64);
-  Vec all(64), dall(64);
-  gelu_tanh_forward(all.data(), big.data(), 64);
-  gelu_tanh_backward(dall.data(), dbig.data(), big.data(), 64);
+  Rng rng(74);  // as for the erf form: groups of 4 vectors, single vectors, tails
+  const Vec big = rand_vec(rng, 160, -5.f, 5.f), dbig = rand_vec(rng, 160);
+  Vec all(160), dall(160);
+  gelu_tanh_forward(all.data(), big.data(), 160);
+  gelu_tanh_backward(dall.data(), dbig.data(), big.data(), 160);
   for (int off = 0; off < 4; ++off)
-    for (int len = 1; len <= 40; ++len) {
+    for (int len = 1; len <= 100; ++len) {
       Vec o = nan_vec(len), d = nan_vec(len);
       gelu_tanh_forward(o.data(), big.data() + off, len);
       gelu_tanh_backward(d.data(), dbig.data() + off, big.data() + off, len);
