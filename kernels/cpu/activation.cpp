@@ -141,8 +141,8 @@ struct GeluTanhLanes : simd::Lanes<W> {
 // time, then single vectors, then the last partial one through a stack buffer. One vector's
 // GELU is a chain of ~40 dependent operations (the erfc polynomial, exp, a division) that the
 // core cannot overlap with the next vector's by itself: the group's independent chains,
-// interleaved by GCC's scheduling before register allocation (-fschedule-insns, set for this
-// file in CMakeLists.txt), run forward 1.40x and backward 1.43x faster on an AMD EPYC Zen 5
+// interleaved by GCC's scheduling before register allocation (-fschedule-insns, set for the
+// kernels in CMakeLists.txt), run forward 1.40x and backward 1.43x faster on an AMD EPYC Zen 5
 // (0.53 -> 0.38 and 0.68 -> 0.48 ns an element, one thread; either change alone: 1.15x at most).
 // Every element still goes through the same operations: results are bitwise those of one
 // vector at a time.
