@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "conv_few_taps.h"
+#include "conv_same3x3.h"
 #include "strata/kernels_cpu.h"
 
 namespace strata::cpu {
@@ -120,6 +121,7 @@ void col2im_plane(float* dinp, float* dcols, int kh, int kw, Range rh, Range rw,
 
 // cols (CK, nb*P) from inp (nb, C, H, W).
 void im2col(float* cols, const float* inp, int nb, const Conv2dShape& s) {
+  if (same3x3_applies(s)) return im2col_same3x3(cols, inp, nb, s);
   const int64_t P = p_of(s), ld = nb * P, plane = int64_t(s.H) * s.W;
   for (int c = 0; c < s.C; ++c)
     for (int kh = 0; kh < s.KH; ++kh) {
@@ -135,6 +137,7 @@ void im2col(float* cols, const float* inp, int nb, const Conv2dShape& s) {
 
 // dinp (nb, C, H, W) = col2im(dcols (CK, nb*P)), overwriting dinp.
 void col2im(float* dinp, float* dcols, int nb, const Conv2dShape& s) {
+  if (same3x3_applies(s)) return col2im_same3x3(dinp, dcols, nb, s);
   const int64_t P = p_of(s), ld = nb * P, plane = int64_t(s.H) * s.W;
   std::fill(dinp, dinp + nb * s.C * plane, 0.f);
   for (int c = 0; c < s.C; ++c)

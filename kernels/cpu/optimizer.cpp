@@ -266,8 +266,9 @@ __attribute__((target("avx512f"), optimize("fp-contract=off"))) void adamw_avx51
   for (; i + 16 <= n; i += 16) {
     const __m512 g = _mm512_loadu_ps(grad + i), mi = _mm512_loadu_ps(m + i);
     __m512 p = _mm512_mul_ps(_mm512_loadu_ps(param + i), decay);
-    const __m512 mb = LerpFromM ? _mm512_add_ps(mi, _mm512_mul_ps(w, _mm512_sub_ps(g, mi)))
-                                : _mm512_sub_ps(g, _mm512_mul_ps(_mm512_sub_ps(g, mi), one_minus_w));
+    const __m512 diff = _mm512_sub_ps(g, mi);
+    const __m512 mb = LerpFromM ? _mm512_add_ps(mi, _mm512_mul_ps(w, diff))
+                                : _mm512_sub_ps(g, _mm512_mul_ps(diff, one_minus_w));
     const __m512 vb = _mm512_add_ps(_mm512_mul_ps(_mm512_loadu_ps(v + i), b2),
                                     _mm512_mul_ps(_mm512_mul_ps(omb2, g), g));
     // (maskz: GCC 12's _mm512_sqrt_ps passes an undefined vector that -Wmaybe-uninitialized flags)

@@ -394,6 +394,52 @@ TEST_CASE("conv2d forward matches direct convolution, "
   for (const Conv2dShape& s : kCpuConvShapes) conv_case(s, seed++);
 }
 
+// 3x3 "same" convolutions (stride 1, pad 1) have their own im2col and col2im
+// (kernels/cpu/conv_same3x3.cpp, AVX-512). They copy and add what the general ones do, in the
+// same order, so they match the pad-0 convolution of the input zero-padded beforehand (which
+// takes the general copies) bit for bit: output, weight and bias gradients, and the inside of
+// the input gradient. Planes narrower than a vector, of two vectors, and chunks of several
+// samples (small planes).
+TEST_CASE("conv2d 3x3 same: bitwise the pad-0 convolution of the zero-padded input",
+          "[cpu_kernel][conv]") {
+  const Conv2dShape shapes[] = {{3, 4, 14, 14, 8, 3, 3, 1, 1},   // the CNN's conv2, smaller
+                                {2, 1, 28, 28, 8, 3, 3, 1, 1},   // conv1's plane: 2 vectors
+                                {5, 3, 5, 7, 4, 3, 3, 1, 1},     // 5 samples per chunk
+                                {2, 2, 17, 16, 5, 3, 3, 1, 1}};  // W = 16: padded rows of 32
+  Rng rng(31);
+  for (const Conv2dShape& s : shapes) {
+    Conv2dShape z = s;  // the same on the padded input, unpadded
+    z.H += 2, z.W += 2, z.pad = 0;
+    const Vec x = rand_vec(rng, n_in(s)), w = rand_vec(rng, n_w(s)), b = rand_vec(rng, s.OC),
+              dy = rand_vec(rng, n_out(s));
+    Vec xz(n_in(z), 0.f);
+    for (int i = 0; i < s.B * s.C; ++i)
+      for (int h = 0; h < s.H; ++h)
+        std::copy_n(x.begin() + (int64_t(i) * s.H + h) * s.W, s.W,
+                    xz.begin() + (int64_t(i) * z.H + h + 1) * z.W + 1);
+    Vec y(n_out(s)), yz(n_out(z)), dx(n_in(s)), dxz(n_in(z)), dw(n_w(s)), dwz(n_w(z)),
+        db(size_t(s.OC)), dbz(size_t(s.OC));
+    Vec scratch(size_t(cpu::conv2d_scratch_size(s)));
+    Vec scratch_z(size_t(cpu::conv2d_scratch_size(z)));
+    cpu::conv2d_forward(y.data(), x.data(), w.data(), b.data(), s, scratch.data());
+    cpu::conv2d_forward(yz.data(), xz.data(), w.data(), b.data(), z, scratch_z.data());
+    cpu::conv2d_backward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), s,
+                    scratch.data(), false);
+    cpu::conv2d_backward(dxz.data(), dwz.data(), dbz.data(), dy.data(), xz.data(), w.data(), z,
+                    scratch_z.data(), false);
+    Vec inside(n_in(s));
+    for (int i = 0; i < s.B * s.C; ++i)
+      for (int h = 0; h < s.H; ++h)
+        std::copy_n(dxz.begin() + (int64_t(i) * z.H + h + 1) * z.W + 1, s.W,
+                    inside.begin() + (int64_t(i) * s.H + h) * s.W);
+    INFO(conv_label("conv2d", s));
+    CHECK(bitwise_equal(y, yz));
+    CHECK(bitwise_equal(dw, dwz));
+    CHECK(bitwise_equal(db, dbz));
+    CHECK(bitwise_equal(dx, inside));
+  }
+}
+
 // (Backward, on these shapes: "maxpool2d_backward vs finite differences".)
 TEST_CASE("maxpool2d forward: values and argmax", "[cpu_kernel][pool]") {
   Rng rng(3);
