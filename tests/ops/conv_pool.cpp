@@ -470,35 +470,42 @@ TEST_CASE("maxpool2d forward: values and argmax", "[cpu_kernel][pool]") {
 // NaN rule (a NaN wins), on rows long enough for the vector loops and their ends (SSE2: 4
 // windows a round and a scalar tail; AVX-512: 16 a round, the end masked), an odd last column
 // outside every window on the widest.
+// Three planes: the first two take the whole-vector path (vectors that run past a row, into
+// the next plane, in pool.cpp), the last the masked one; widths of the CNN's (28, 14) and others.
 TEST_CASE("maxpool2d 2x2 matches a sequential scan with ties and NaN", "[cpu_kernel][pool]") {
   Rng rng(11);
-  const int H = 6, OH = 3;
+  const int H = 6, OH = 3, C = 3;
+  const int widths[] = {22, 40, 69, 28, 14};
   for (int trial = 0; trial < 30; ++trial) {
-    const int W = trial % 3 == 0 ? 22 : trial % 3 == 1 ? 40 : 69, OW = W / 2;
-    Vec x(H * W);
+    const int W = widths[trial % 5], OW = W / 2, n_in = H * W, n_out = OH * OW;
+    Vec x(size_t(C) * n_in);
     for (auto& v : x) {  // few distinct values: many ties; some NaN
       const uint64_t r = rng.below(10);
       v = r == 9 && trial % 2 ? NAN : float(r % 3);
     }
-    Vec out(OH * OW), dy(OH * OW), dx(H * W, NAN), want_dx(H * W, 0.f);
-    std::vector<int32_t> am(OH * OW);
-    cpu::maxpool2d_forward(out.data(), am.data(), x.data(), 1, 1, H, W, 2, 2);
-    for (int oh = 0; oh < OH; ++oh)
-      for (int ow = 0; ow < OW; ++ow) {
-        int best_i = 2 * oh * W + 2 * ow;
-        for (int o : {1, W, W + 1}) {
-          const int i = 2 * oh * W + 2 * ow + o;
-          if (x[size_t(i)] > x[size_t(best_i)] || x[size_t(i)] != x[size_t(i)]) best_i = i;
+    Vec out(size_t(C) * n_out), dy(size_t(C) * n_out), dx(size_t(C) * n_in, NAN),
+        want_dx(size_t(C) * n_in, 0.f);
+    std::vector<int32_t> am(size_t(C) * n_out);
+    cpu::maxpool2d_forward(out.data(), am.data(), x.data(), 1, C, H, W, 2, 2);
+    for (int c = 0; c < C; ++c)
+      for (int oh = 0; oh < OH; ++oh)
+        for (int ow = 0; ow < OW; ++ow) {
+          const size_t at = size_t(c * n_out + oh * OW + ow);
+          const float* xc = x.data() + c * n_in;
+          int best_i = 2 * oh * W + 2 * ow;
+          for (int o : {1, W, W + 1}) {
+            const int i = 2 * oh * W + 2 * ow + o;
+            if (xc[i] > xc[best_i] || xc[i] != xc[i]) best_i = i;
+          }
+          INFO("trial " << trial << " plane " << c << " window (" << oh << ", " << ow << ")");
+          CHECK(am[at] == best_i);
+          const float got = out[at], want = xc[best_i];
+          CHECK((got == want || (got != got && want != want)));
+          dy[at] = float(at + 1);
+          want_dx[size_t(c * n_in + best_i)] = float(at + 1);
         }
-        INFO("trial " << trial << " window (" << oh << ", " << ow << ")");
-        CHECK(am[size_t(oh * OW + ow)] == best_i);
-        const float got = out[size_t(oh * OW + ow)], want = x[size_t(best_i)];
-        CHECK((got == want || (got != got && want != want)));
-        dy[size_t(oh * OW + ow)] = float(oh * OW + ow + 1);
-        want_dx[size_t(best_i)] = float(oh * OW + ow + 1);
-      }
     // Backward writes every input element (the gradient at its window's max, else 0).
-    cpu::maxpool2d_backward(dx.data(), dy.data(), am.data(), 1, 1, H, W, 2, 2);
+    cpu::maxpool2d_backward(dx.data(), dy.data(), am.data(), 1, C, H, W, 2, 2);
     INFO("trial " << trial << " backward, W " << W);
     CHECK(dx == want_dx);
   }
