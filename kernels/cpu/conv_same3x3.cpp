@@ -109,28 +109,23 @@ __attribute__((target("avx512f"))) void col2im_avx512(float* dinp, const float* 
 bool same3x3_applies(const Conv2dShape& s) {
 #if defined(__x86_64__)
   static const bool avx512 = __builtin_cpu_supports("avx512f");
-  return avx512 && s.KH == 3 && s.KW == 3 && s.stride == 1 && s.pad == 1 &&
-         s.W >= 1;
+  return avx512 && s.KH == 3 && s.KW == 3 && s.stride == 1 && s.pad == 1;
 #else
   (void)s;
   return false;
 #endif
 }
 
+#if defined(__x86_64__)
 void im2col_same3x3(float* cols, const float* inp, int nb, const Conv2dShape& s) {
-#if defined(__x86_64__)
   im2col_avx512(cols, inp, nb, s);
-#else
-  (void)cols, (void)inp, (void)nb, (void)s;
-#endif
 }
-
 void col2im_same3x3(float* dinp, const float* dcols, int nb, const Conv2dShape& s) {
-#if defined(__x86_64__)
   col2im_avx512(dinp, dcols, nb, s);
-#else
-  (void)dinp, (void)dcols, (void)nb, (void)s;
-#endif
 }
+#else  // never called: same3x3_applies is false
+void im2col_same3x3(float*, const float*, int, const Conv2dShape&) {}
+void col2im_same3x3(float*, const float*, int, const Conv2dShape&) {}
+#endif
 
 }  // namespace strata::cpu
