@@ -115,6 +115,9 @@ class MemoryCheckpoints {
   const MemoryPairing& pairing() const { return pair_; }
   // Every part has replicas on another node: no partner copies (pairing() has none).
   bool replicated() const { return replicated_; }
+  // ... and every rank holds the same part (data parallelism alone): any replica's newest copy
+  // is a whole step of the run (run/update_generations.h writes it in place).
+  bool one_part() const { return one_part_; }
   // Collective. Creates the directory and checks that two generations of the parts each node
   // keeps fit both the file system's free space and the node's available memory, with
   // `pinned_per_rank` bytes of each rank's pinned host buffers (a GPU's copies); throws
@@ -161,10 +164,7 @@ class MemoryCheckpoints {
   // aligned); null when the file could not be made (warned).
   float* open_slot(int slot, int64_t step, double* wait_s);
   // Whether open_slot(slot) would not wait: no exchange of the slot in flight.
-  bool slot_free(int slot) {
-    std::lock_guard<std::mutex> lk(mu_);
-    return busy_[slot] == 0;
-  }
+  bool slot_free(int slot) { std::lock_guard<std::mutex> lk(mu_); return busy_[slot] == 0; }
   // The slot's payload holds `step`'s part, with lane sums `sums` (a then b, as
   // strata/lane_sums.h adds them): its header (and its name, the first time), then the
   // partner's copy (in the background where MPI allows). sums null: no part was written, only the exchange goes.
@@ -242,7 +242,7 @@ class MemoryCheckpoints {
   MemoryPairing pair_;
   std::vector<int64_t> part_floats_;  // by rank
   std::vector<int> group_;            // by rank: the lowest rank whose part has the same contents
-  bool replicated_ = false;
+  bool replicated_ = false, one_part_ = false;
   std::vector<int64_t> holder_;       // find(): who provides each part (-1: the part's rank)
   std::map<int, Copy> chosen_;        // find(): by part, the copy this rank would provide
   MappedFile own_[2], held_[2];  // by slot: saves alternate between two generations

@@ -108,8 +108,9 @@ void Optimizer::apply_to(const Backend& be, const float* p, const float* g, int6
                "starts inside a block of the lane sums");
   uint32_t run[3 * kRunningWords] = {};
   const int64_t states = c_.kind == "adamw" ? 2 : 1;
-  const bool stream = int64_t(sizeof(float)) * n_ * (1 + states) > kStreamAbove;
   float* values = t.payload + t.values_at + begin;
+  // (In place, the lines are in cache already: nothing to gain past it.)
+  const bool stream = values != p && int64_t(sizeof(float)) * n_ * (1 + states) > kStreamAbove;
   float* s0 = t.payload + t.state_at[0] + at;
   if (c_.kind == "adamw")
     be.adamw_update_to(p, g, s0_.data() + at, s1_.data() + at, values, s0,

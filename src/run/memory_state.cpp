@@ -29,9 +29,10 @@ int64_t part_floats(Model& model, Optimizer& opt, int64_t header) {
 
 // STRATA_TEST_KILL_AT_STEP=STEP:RANK (the Slurm tests): that rank kills itself with SIGKILL
 // once the memory checkpoint after STEP steps is complete (its copies written and sent), as a
-// fault right after that step would. {-1, -1}: not set.
-std::pair<int64_t, int> test_kill_at() {
-  const char* v = std::getenv("STRATA_TEST_KILL_AT_STEP");
+// fault right after that step would. STRATA_TEST_KILL_IN_UPDATE=STEP:RANK: inside the update
+// that completes STEP steps, its generation written but not sealed. {-1, -1}: not set.
+std::pair<int64_t, int> test_kill_at(const char* variable = "STRATA_TEST_KILL_AT_STEP") {
+  const char* v = std::getenv(variable);
   long long step = -1;
   int rank = -1;
   if (v && std::sscanf(v, "%lld:%d", &step, &rank) == 2) return {step, rank};
@@ -72,13 +73,18 @@ std::string exchange_words(const MemoryCheckpoints::Timings& t) {
 // The line at the end of a launch whose generations the update wrote.
 void print_in_update(const std::vector<double>& stalls, const std::vector<double>& fences,
                      const UpdateGenerations& gens, const std::string& exchange, bool remove) {
+  const std::string how =
+      gens.in_place()
+          ? fmt::format("in place in one generation, {} updates: data-parallel replicas on "
+                        "other nodes hold the same part", gens.updates())
+          : fmt::format("{} of {} updates over the gradients, their target's exchange done "
+                        "before the backward", gens.over_grads(), gens.updates());
   fmt::print("memory checkpoints: {} saves in this launch, written by the optimizer's update "
-             "({} of {} updates over the gradients, their target's exchange done before the "
-             "backward); stall per save: median {:.2f} ms, max {:.2f} ms (sealing it), and "
+             "({}); stall per save: median {:.2f} ms, max {:.2f} ms (sealing it), and "
              "{:.2f} ms median before each update (its file marked as being written, its "
              "exchange awaited, where not done before the backward); off the training thread "
              "per save: copy 0.00 ms, {}{}\n",
-             stalls.size(), gens.over_grads(), gens.updates(), 1e3 * median(stalls),
+             stalls.size(), how, 1e3 * median(stalls),
              1e3 * *std::max_element(stalls.begin(), stalls.end()), 1e3 * median(fences),
              exchange, remove ? "; this run's copies removed" : "");
 }
@@ -124,7 +130,9 @@ std::unique_ptr<MemoryState> MemoryState::make(const RunConfig& cfg, Comm& comm,
                m->mem_.replicated() ? "" : " and of their partners' copies");
     if (m->in_update())
       fmt::print("memory checkpoints: the optimizer's update writes each generation (the "
-                 "parameters and its state live in the memory directory's files): no copy{}\n",
+                 "parameters and its state live in the memory directory's files): no copy{}{}\n",
+                 m->mem_.one_part() ? "; in place in one generation, the replicas' copies "
+                                      "standing in for an update cut short" : "",
                  m->probe_.phase() == UpdateProbe::Phase::off ? ""
                  : fmt::format("; checkpoint.memory_budget: the update is timed in place for {0} "
                                "steps without saves, then writing the generations for {0}, and "
@@ -350,6 +358,11 @@ void MemoryState::decide(int64_t steps_done) {
 }
 
 void MemoryState::after_update() {
+  static const std::pair<int64_t, int> kill = test_kill_at("STRATA_TEST_KILL_IN_UPDATE");
+  if (kill.second == comm_.rank() && kill.first == opt_.steps_taken()) {
+    std::fflush(nullptr);
+    ::raise(SIGKILL);
+  }
   if (gens_) gens_->after_update();  // (nothing before its start(): the in-place phase)
   if (probe_.phase() != UpdateProbe::Phase::off) probe_.update_ends();
 }

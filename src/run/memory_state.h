@@ -50,7 +50,9 @@ class MemoryState {
   // With checkpoint.memory_every = 1 on the CPU (an unsharded optimizer whose every update
   // writes its state: Optimizer::can_update_to), the update itself writes each generation:
   // the parameters and the optimizer's state live in the two generations' mapped files, and
-  // each update reads one and writes the other (in_update()). No copy is made.
+  // each update reads one and writes the other (in_update()); with data parallelism alone
+  // and replicas on other nodes, one generation written in place (run/update_generations.h).
+  // No copy is made.
   static std::unique_ptr<MemoryState> make(const RunConfig& cfg, Comm& comm, const Backend& be,
                                            const std::string& grid, int64_t same_as, Model& model,
                                            Optimizer& opt);

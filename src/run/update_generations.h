@@ -11,6 +11,18 @@
 // over its gradient (Optimizer::state_over_grad): that state is then written in place, and
 // only the rest out of place (benchmarks/bench_update.cpp: "over grad"). The target is then
 // marked as being written from the backward on, not the update.
+//
+// Where every rank holds the same part and replicas of it live on other nodes (data
+// parallelism alone: MemoryCheckpoints::one_part(), no partner exchange), one generation is
+// written in place: marked as being written for the update, sealed after it. A rank killed
+// inside its update leaves a marked file, which a restart removes, and takes a replica's copy:
+// the replicas' updates follow the same gradient sum, and a replica the restart kills is
+// waiting in the next step's sums by then (an update takes milliseconds, a restart's kill
+// comes tenths of a second after the fault). Only a fault that kills every replica inside its
+// update sends the restart to the checkpoint files. In place, the update touches no more
+// memory than without checkpoints. Not with several parts (pipeline stages, tensor parts):
+// their updates run at different times, so one part could hold only step t + 1 while another
+// still waits in step t + 1's sums, and two generations keep a step that all of them have.
 #pragma once
 #include <cstdint>
 
@@ -60,6 +72,7 @@ class UpdateGenerations {
   // Updates that wrote a generation, and how many of them over the gradients (above).
   int64_t updates() const { return updates_; }
   int64_t over_grads() const { return over_grads_; }
+  bool in_place() const { return in_place_; }  // one generation, written in place (above)
 
  private:
   void rebind(float* payload);  // the model and optimizer onto a generation's payload
@@ -77,6 +90,7 @@ class UpdateGenerations {
   Tensor home_grads_;
   float* opened_ = nullptr;  // the next target's payload, opened by before_backward()
   int64_t updates_ = 0, over_grads_ = 0;
+  const bool in_place_;  // one part, replicas on other nodes: one generation, in place
 };
 
 }  // namespace strata

@@ -13,6 +13,12 @@ killed after step 60 of 80 (the line may be the
 killed launch's), and the relaunch resumes from memory at the newest save at or
 before it (step 16 at least), bitwise.
 
+With --in-update (on --device cpu): rank 1 is killed inside the update that completes step 26,
+its generation written in place but not sealed (STRATA_TEST_KILL_IN_UPDATE). The two ranks are
+replicas on two nodes, so each writes one generation in place (the start-up line says so); the
+relaunch removes rank 1's unsealed file and resumes at step 26 from rank 0's copy (the line
+naming a replica's copy is checked), bitwise, SGD and AdamW.
+
 With --budget B --every 1 (on --device cpu, where the update can write the generations) the
 budget judges the update's own cost: timed in place over steps 1-16 (no saves), then writing
 the generations over steps 17-32. B = 0.99 (any cost fits): the update goes on writing every
@@ -20,7 +26,8 @@ generation (the line saying so is checked) and the relaunch resumes at step 60 i
 0.000001 (no cost fits): copies from step 33 (checked), whose interval then grows (checked),
 and the relaunch resumes at the newest copy, bitwise both.
 
-    memory_device.py STRATA DATA WORKDIR [--device cpu-staged | --device cpu | --budget B [--every 1]]
+    memory_device.py STRATA DATA WORKDIR [--device cpu-staged | --device cpu [--in-update 1] |
+                                          --budget B [--every 1]]
 """
 import os
 import re
@@ -37,7 +44,8 @@ every = opt.get("--every", "2" if budget else "1")
 # The budget's probe decides whether the update goes on writing the generations.
 probe = budget is not None and every == "1"
 kept = probe and float(budget) >= 0.5
-work = fresh(os.path.join(work, f"memory-{'budget-' + budget + '-every-' + every if budget else 'device-' + device}"))
+in_update = "--in-update" in opt
+work = fresh(os.path.join(work, f"memory-{'budget-' + budget + '-every-' + every if budget else 'device-' + device}{'-in-update' if in_update else ''}"))
 STEPS, KILL = (80, 60) if budget else (40, 25)
 common = ["train", "--data.path", data, "--device", device, "--train.max_steps", str(STEPS),
           "--train.seed", "3", "--train.log_every", "10", "--progress", "off",
@@ -53,10 +61,11 @@ def launch(args, env=None, expect=0):
                        timeout=600)
     if (p.returncode == 0) != (expect == 0):
         fail(f"{' '.join(cmd)} exited {p.returncode}\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
-    return p.stdout
+    return p.stdout + p.stderr
 
 
 IN_UPDATE = "memory checkpoints: the optimizer's update writes each generation"
+IN_PLACE = "in place in one generation, the replicas' copies standing in for an update cut short"
 
 
 def fault_and_resume(common, tag):
@@ -68,11 +77,13 @@ def fault_and_resume(common, tag):
     if budget:
         memory += ["--checkpoint.memory_budget", budget]
     out_dir = os.path.join(work, tag, "faulted")
-    first = launch(common + memory + ["--output.dir", out_dir],
-                   env={"STRATA_TEST_KILL_AT_STEP": f"{KILL}:1"}, expect=1)
+    kill = {"STRATA_TEST_KILL_IN_UPDATE": f"{KILL + 1}:1"} if in_update else {"STRATA_TEST_KILL_AT_STEP": f"{KILL}:1"}
+    first = launch(common + memory + ["--output.dir", out_dir], env=kill, expect=1)
     if (IN_UPDATE in first) != (device == "cpu" and (probe or not budget)):
         fail(f"the update {'did not write' if device == 'cpu' else 'wrote'} the generations "
              f"({tag} on {device}):\n{first[-3000:]}")
+    if in_update and IN_PLACE not in first:
+        fail(f"no line says the update writes one generation in place ({tag}):\n{first[-3000:]}")
     out = launch(common + memory + ["--output.dir", out_dir, "--resume", "auto"])
     check_resumed(out, first)
     assert_bitwise(os.path.join(out_dir, "model.h5"), os.path.join(ref, "model.h5"),
@@ -82,8 +93,13 @@ def fault_and_resume(common, tag):
 def check_resumed(out, first):
     resumed = [l for l in out.splitlines() if l.startswith("resumed from memory")]
     at = int(resumed[0].split("at step ")[1].split(":")[0]) if resumed else -1
-    if not (16 <= at <= KILL if budget and not kept else at == KILL):
-        fail(f"the relaunch did not resume from memory at step {'16..' if budget and not kept else ''}{KILL}:\n{out[-3000:]}")
+    want = KILL + 1 if in_update else KILL
+    if not (16 <= at <= KILL if budget and not kept else at == want):
+        fail(f"the relaunch did not resume from memory at step {'16..' if budget and not kept else ''}{want}:\n{out[-3000:]}")
+    if in_update and "1 part(s) from a data-parallel replica's copy" not in resumed[0]:
+        fail(f"the relaunch did not take rank 1's part from its replica: {resumed[0]}")
+    if in_update and "is damaged" in out:  # the cut update's file is marked, not found damaged
+        fail(f"the relaunch found a damaged copy where the cut update's file was marked:\n{out[-3000:]}")
     print(resumed[0])
     if probe:
         said = "the update goes on writing every generation from step 32" if kept else "copies from step 33"

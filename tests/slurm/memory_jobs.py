@@ -10,8 +10,9 @@ SCENARIO:
             skipped and said so, the other copy taken); node n1's directory deleted (a lost
             node: rank 0's part from the copy on n2); every copy of rank 1's part deleted (the
             checkpoint file at step 300); bitwise at the end. Twice: data-parallel replicas
-            (each the other's copy, no partner exchange; generations the optimizer's update
-            writes, with lane sums) and ZeRO-1 (the partner's copies; copies, with CRC-32C)
+            (each the other's copy, no partner exchange; one generation the optimizer's
+            update writes in place, with lane sums) and ZeRO-1 (the partner's copies; two
+            generations of copies, with CRC-32C)
   parallel  ZeRO-2 and a 2-stage pipeline through train.sbatch, a rank killed: resumed from
             memory, bitwise equal to their uninterrupted runs
   cleanup   a job that fails and one that is cancelled leave no memory directory on any node
@@ -130,10 +131,11 @@ run -1:-1
 """
 
 
-def copies_job(ctx, name, extra, gone, other, lacking):
+def copies_job(ctx, name, extra, gone, other, lacking, own_copies):
     """COPIES_SCRIPT with `extra` config; `gone`: the files that hold part 1's copies; `other`:
     the start of the restore line's words for a part taken from another rank's copy;
-    `lacking`: why the last launch cannot resume from memory."""
+    `lacking`: why the last launch cannot resume from memory; `own_copies`: rank 1's own
+    copies on its node (generations: 1 written in place, 2 alternating), each flipped."""
     d = fresh(os.path.join(ctx.work, f"mem-{name}"))
     mem = os.path.join(d, "mem")
     cfg = config(ctx, d, extra, memory_dir=mem + "/%n")
@@ -152,7 +154,8 @@ def copies_job(ctx, name, extra, gone, other, lacking):
     expect(len(exits) == 4 and exits[3] == "0", f"expected 4 launches, the last exiting 0: {exits}")
     # (lane sums: a generation the optimizer's update wrote; CRC-32C: a copy)
     damaged = re.findall(r"memory checkpoint \S+/n2/part-00001-(?:\d+|gen\d)\.own is damaged \((?:CRC-32C|lane sums)", text)
-    expect(len(damaged) == 2, f"expected the 2 damaged own copies of part 1 named: {damaged}")
+    expect(len(damaged) == own_copies,
+           f"expected the {own_copies} damaged own copies of part 1 named: {damaged}")
     resumed = re.findall(r"^resumed from memory at step (\d+): (.*)$", text, re.M)
     expect(len(resumed) == 2, f"expected 2 resumes from memory: {resumed}")
     step, how = resumed[0]
@@ -181,18 +184,23 @@ def copies_job(ctx, name, extra, gone, other, lacking):
 def scenario_copies(ctx):
     # Data-parallel replicas (no ZeRO) hold the same part: each node's own copies are the
     # other's second copy, no partner exchange; every copy of part 1 is then every part file.
+    # The update writes their one generation in place (each replica's copy stands in for the
+    # other's update cut short).
     text = copies_job(ctx, "copies", "", "part-*", "1 part(s) from a data-parallel replica's copy",
-                      "no memory copies")
+                      "no memory copies", own_copies=1)
     expect("whose own copies are its second copy: no partner copies" in text,
            "the replicas' run did not say it keeps no partner copies")
     expect("the optimizer's update writes each generation" in text and "is damaged (lane sums" in text,
            "the replicas' run: its generations were not written by the update (lane sums)")
     files = re.findall(r"^== files after launch 1: (.*)$", text, re.M)
-    expect(len(files) == 1 and ".own" in files[0] and ".peer" not in files[0],
-           f"the replicas' run: expected own copies and no partner's (.peer) after launch 1: {files}")
+    one_each = ["n1:", "part-00000-gen0.own", "n2:", "part-00001-gen0.own"]
+    expect(len(files) == 1 and files[0].split() == one_each,
+           f"the replicas' run: expected one own generation per rank and no partner's (.peer) "
+           f"after launch 1: {files}")
+    expect("in place in one generation" in text, "the replicas' run did not say it writes in place")
     # ZeRO-1 shards the optimizer state, so each rank's part is its own: the partner's copies.
     text = copies_job(ctx, "copies-zero1", "[parallel]\nzero = 1\n", "part-00001-*",
-                      "1 part(s) from the partner's copy", "step 350 lacks part 1")
+                      "1 part(s) from the partner's copy", "step 350 lacks part 1", own_copies=2)
     files = re.findall(r"^== files after launch 1: (.*)$", text, re.M)
     expect(len(files) == 1 and ".peer" in files[0], f"the ZeRO-1 run: no partner's copy (.peer) after launch 1: {files}")
     expect("the optimizer's update writes each generation" not in text and "is damaged (CRC-32C" in text,

@@ -324,15 +324,23 @@ TEST_CASE("memory checkpoints: replicas on one node only still copy to a partner
     CHECK(m.pairing().partner == (r + 2) % 4);
   });
   for (int x : replicated) CHECK(x == 0);
-  // Replicas across the nodes (0 with 2, 1 with 3): none.
-  strata::run_ranks(4, [&](strata::Comm& c) {
-    const int r = c.rank();
-    const std::string node = r < 2 ? "n1" : "n2";
-    MemoryCheckpoints m((tmp.path / node).string(), c, 1000, identity(), node, r % 2);
-    replicated[size_t(r)] = m.replicated();
-    CHECK(m.pairing().partner == -1);
-  });
-  for (int x : replicated) CHECK(x == 1);
+  // Replicas across the nodes (0 with 2, 1 with 3): none. Two parts, so the update keeps two
+  // generations (one_part(): run/update_generations.h); one part on every rank: one.
+  std::array<int, 4> one_part{};
+  for (bool two_parts : {true, false}) {
+    strata::run_ranks(4, [&](strata::Comm& c) {
+      const int r = c.rank();
+      const std::string node = r < 2 ? "n1" : "n2";
+      MemoryCheckpoints m((tmp.path / node).string(), c, 1000, identity(), node,
+                          two_parts ? r % 2 : 0);
+      replicated[size_t(r)] = m.replicated();
+      one_part[size_t(r)] = m.one_part();
+      CHECK(m.pairing().partner == -1);
+    });
+    INFO("two parts " << two_parts);
+    for (int x : replicated) CHECK(x == 1);
+    for (int x : one_part) CHECK(x == (two_parts ? 0 : 1));
+  }
 }
 
 // CRC-32C bit by bit: the reference for the part writer's CRC (SSE4.2 and the table).
