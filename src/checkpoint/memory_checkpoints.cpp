@@ -552,7 +552,8 @@ void MemoryCheckpoints::group_parts(int64_t same_as) {
   comm_.allreduce_sum(key.data(), comm_.size());
   group_ = content_groups(key, part_floats_);
   replicated_ = parts_span_nodes(key, pair_.node_of);
-  one_part_ = replicated_ && std::all_of(key.begin(), key.end(), [&](int64_t k) { return k == key[0]; });
+  one_part_ = replicated_ &&
+              std::all_of(key.begin(), key.end(), [&](int64_t k) { return k == key[0]; });
   if (replicated_) pair_.partner = pair_.source = -1;
 }
 

@@ -16,11 +16,12 @@
 // parallelism alone: MemoryCheckpoints::one_part(), no partner exchange), one generation is
 // written in place: marked as being written for the update, sealed after it. A rank killed
 // inside its update leaves a marked file, which a restart removes, and takes a replica's copy:
-// the replicas' updates follow the same gradient sum, and a replica the restart kills is
-// waiting in the next step's sums by then (an update takes milliseconds, a restart's kill
-// comes tenths of a second after the fault). Only a fault that kills every replica inside its
-// update sends the restart to the checkpoint files. In place, the update touches no more
-// memory than without checkpoints. Not with several parts (pipeline stages, tensor parts):
+// the replicas' updates follow the same gradient sum, so a replica the restart kills has
+// finished that update and waits in the next step's sums, unless the kill reaches it within
+// an update's time of the fault (milliseconds on the benchmark models; slurm/train.sbatch
+// kills tenths of a second after it). Only a fault that kills every replica inside its update
+// sends the restart to the checkpoint files. In place, the update touches no more memory than
+// without checkpoints. Not with several parts (pipeline stages, tensor parts):
 // their updates run at different times, so one part could hold only step t + 1 while another
 // still waits in step t + 1's sums, and two generations keep a step that all of them have.
 #pragma once
