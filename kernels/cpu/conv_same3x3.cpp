@@ -26,30 +26,29 @@ struct PaddedPlane {
     std::fill(p, p + size_t(PW) * (H + 2) + 16, 0.f);
   }
   float* row(int r) const { return p + int64_t(r) * PW; }  // padded row r = input row r - 1
-  // The plane `src` (H x W) inside, as whole vectors where they stay below src_end; a vector
-  // that runs past a row writes the next row's left column and its own right column, which
-  // are zeroed again after.
-  __attribute__((target("avx512f"))) void fill(const float* src, const float* src_end) {
-    for (int r = 0; r < H; ++r) {
-      const float* in = src + int64_t(r) * W;
-      float* out = row(r + 1) + 1;
-      int k = 0;
-      for (; k < W && in + k + 16 <= src_end; k += 16)
-        _mm512_storeu_ps(out + k, _mm512_loadu_ps(in + k));
-      if (k < W) std::copy(in + k, in + W, out + k);
-    }
-    for (int r = 1; r <= H + 1; ++r) row(r)[0] = 0.f, row(r - 1)[W + 1] = 0.f;
-  }
+  // The plane `src` (H x W) inside, read as whole vectors where they stay below src_end; a
+  // vector that runs past a row writes the next row's left column and its own right column,
+  // which are zeroed again after.
+  void fill(const float* src, const float* src_end);
 };
 
-// Rows of W floats written in address order as whole vectors: each may run into the next
-// row's start (written next); only a vector that would pass `end` is cut short, by a copy.
-__attribute__((target("avx512f"))) inline void put_row(float* dst, const float* src, int W,
-                                                      const float* end) {
+// W floats from src to dst as whole vectors, each of which may run past the row's end: only
+// a vector that would take `bounded` (src or dst) past `end` is cut short, by a copy. Rows
+// written in address order overwrite what the one before ran into.
+__attribute__((target("avx512f"))) inline void copy_row(float* dst, const float* src, int W,
+                                                       const float* bounded, const float* end) {
   int k = 0;
-  for (; k < W && dst + k + 16 <= end; k += 16)
+  for (; k < W && bounded + k + 16 <= end; k += 16)
     _mm512_storeu_ps(dst + k, _mm512_loadu_ps(src + k));
   if (k < W) std::copy(src + k, src + W, dst + k);
+}
+
+__attribute__((target("avx512f"))) void PaddedPlane::fill(const float* src, const float* src_end) {
+  for (int r = 0; r < H; ++r) {
+    const float* in = src + int64_t(r) * W;
+    copy_row(row(r + 1) + 1, in, W, in, src_end);
+  }
+  for (int r = 1; r <= H + 1; ++r) row(r)[0] = 0.f, row(r - 1)[W + 1] = 0.f;
 }
 
 __attribute__((target("avx512f"))) void im2col_avx512(float* cols, const float* inp, int nb,
@@ -65,7 +64,8 @@ __attribute__((target("avx512f"))) void im2col_avx512(float* cols, const float* 
       for (int kh = 0; kh < 3; ++kh)
         for (int kw = 0; kw < 3; ++kw) {
           float* dst = cols + ((int64_t(c) * 3 + kh) * 3 + kw) * ld + b * P;
-          for (int oh = 0; oh < H; ++oh) put_row(dst + oh * W, pad.row(oh + kh) + kw, W, dst + P);
+          for (int oh = 0; oh < H; ++oh)
+            copy_row(dst + oh * W, pad.row(oh + kh) + kw, W, dst + oh * W, dst + P);
         }
     }
 }
@@ -99,7 +99,8 @@ __attribute__((target("avx512f"))) void col2im_avx512(float* dinp, const float* 
             }
         }
       float* out = dinp + (int64_t(b) * s.C + c) * P;
-      for (int ih = 0; ih < H; ++ih) put_row(out + ih * W, acc.row(ih + 1) + 1, W, out + P);
+      for (int ih = 0; ih < H; ++ih)
+        copy_row(out + ih * W, acc.row(ih + 1) + 1, W, out + ih * W, out + P);
     }
 }
 #endif

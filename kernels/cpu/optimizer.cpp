@@ -79,30 +79,6 @@ __attribute__((target("avx512f"), optimize("fp-contract=off"))) void sgd_momentu
   }
 }
 
-// x[0, n) to out (unless out is x: in place), non-temporal with `stream`, its lane sums
-// continued in `run` on the way (null: none).
-__attribute__((target("avx512f"))) void emit_avx512(const float* x, float* out, int64_t n,
-                                                   uint32_t* run, bool stream) {
-  __m512i s1 = _mm512_setzero_si512(), s2 = s1;
-  if (run) s1 = _mm512_loadu_si512(run), s2 = _mm512_loadu_si512(run + kSumLanes);
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    const __m512 v = _mm512_loadu_ps(x + i);
-    if (out != x) {
-      if (stream) _mm512_stream_ps(out + i, v);
-      else _mm512_storeu_ps(out + i, v);
-    }
-    s1 = _mm512_add_epi32(s1, _mm512_castps_si512(v));
-    s2 = _mm512_add_epi32(s2, s1);
-  }
-  if (stream) _mm_sfence();
-  if (out != x) std::copy(x + i, x + n, out + i);
-  if (!run) return;
-  _mm512_storeu_si512(run, s1);
-  _mm512_storeu_si512(run + kSumLanes, s2);
-  if (i < n) lane_sums_run(x + i, n - i, run);
-}
-
 bool have_avx512f() {
   static const bool yes = __builtin_cpu_supports("avx512f");
   return yes;
@@ -193,29 +169,20 @@ struct AdamwScalars {
 };
 
 // The update in blocks of three passes, each a plain loop the compiler vectorises (see
-// sqrt_inplace), where adamw_avx512 does not apply (and for its tail); the block's lane sums
-// while it is in cache (a whole number of the sums' blocks). Streamed, a block is computed
-// here and then stored past the cache.
+// sqrt_inplace), where adamw_avx512 does not apply, and for its tail; the block's lane sums
+// while it is in cache (a whole number of the sums' blocks).
 void adamw_blocks(const float* param, const float* grad, const float* m, const float* v,
                   float* param_out, float* m_out, float* v_out, int64_t n, const AdamwScalars& k,
-                  uint32_t* sums, bool stream) {
+                  uint32_t* sums) {
   const float decay = k.decay, w = k.w, beta2 = k.beta2, one_minus_b2 = k.one_minus_b2,
               neg_step = k.neg_step, bias_c2_sqrt = k.bias_c2_sqrt, eps = k.eps;
-#if defined(__x86_64__)
-  stream = stream && have_avx512f() && aligned64(param_out) && aligned64(m_out) && aligned64(v_out);
-  const bool emit = stream || (sums && have_avx512f());
-#else
-  stream = false;
-#endif
   constexpr int kBlock = 256;
   static_assert(kBlock % kSumLanes == 0);
-  alignas(64) float root[kBlock], local[3][kBlock];
+  alignas(64) float root[kBlock];
   for (int64_t i0 = 0; i0 < n; i0 += kBlock) {
     const int nb = int(std::min<int64_t>(kBlock, n - i0));
     const float *pi = param + i0, *mi = m + i0, *vi = v + i0, *g = grad + i0;
-    float* out[3] = {param_out + i0, m_out + i0, v_out + i0};
-    float *p = stream ? local[0] : out[0], *mb = stream ? local[1] : out[1],
-          *vb = stream ? local[2] : out[2];
+    float *p = param_out + i0, *mb = m_out + i0, *vb = v_out + i0;
     for (int i = 0; i < nb; ++i) {
       p[i] = pi[i] * decay;
       // torch.lerp's formula: exact at both ends of the weight range.
@@ -228,14 +195,6 @@ void adamw_blocks(const float* param, const float* grad, const float* m, const f
       const float denom = root[i] / bias_c2_sqrt + eps;
       p[i] += neg_step * mb[i] / denom;  // addcdiv: p + (value * m) / denom
     }
-#if defined(__x86_64__)
-    if (emit) {
-      const float* done[3] = {p, mb, vb};
-      for (int j = 0; j < 3; ++j)
-        emit_avx512(done[j], out[j], nb, sums ? sums + j * kRunningWords : nullptr, stream);
-      continue;
-    }
-#endif
     if (sums) {
       lane_sums_run(p, nb, sums);
       lane_sums_run(mb, nb, sums + kRunningWords);
@@ -292,7 +251,7 @@ __attribute__((target("avx512f"), optimize("fp-contract=off"))) void adamw_avx51
       _mm512_storeu_si512(sums + (j / 2) * kRunningWords + (j % 2) * kSumLanes, s[j]);
   if (i < n)  // the tail: the scalar form (and its lane sums)
     adamw_blocks(param + i, grad + i, m + i, v + i, param_out + i, m_out + i, v_out + i, n - i, k,
-                 sums, false);
+                 sums);
 }
 #endif
 
@@ -313,7 +272,8 @@ void adamw_update_to(const float* param, const float* grad, const float* m, cons
     return;
   }
 #endif
-  adamw_blocks(param, grad, m, v, param_out, m_out, v_out, n, k, sums, stream);
+  (void)stream;  // (past the cache only on AVX-512)
+  adamw_blocks(param, grad, m, v, param_out, m_out, v_out, n, k, sums);
 }
 
 // The pieces of x -> sum of squares in double, as if the pieces were one array y of n floats:

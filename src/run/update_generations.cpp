@@ -20,7 +20,7 @@ PartLayout part_layout(Model& model, Optimizer& opt, int64_t head) {
 
 UpdateGenerations::UpdateGenerations(MemoryCheckpoints& mem, Model& model, Optimizer& opt,
                                      const PartLayout& l)
-    : mem_(mem), model_(model), opt_(opt), layout_(l), in_place_(mem.one_part()) {}
+    : mem_(mem), model_(model), opt_(opt), layout_(l) {}
 
 bool UpdateGenerations::start() {
   double waited = 0;
@@ -41,7 +41,7 @@ bool UpdateGenerations::start() {
 
 void UpdateGenerations::before_update(double* wait_s) {
   STRATA_CHECK(live_ >= 0, "UpdateGenerations: an update before start()");
-  const int slot = in_place_ ? live_ : live_ ^ 1;
+  const int slot = mem_.one_part() ? live_ : live_ ^ 1;
   float* payload = opened_ ? opened_ : mem_.open_slot(slot, opt_.steps_taken() + 1, wait_s);
   target_ = {};
   std::fill(std::begin(sums_), std::end(sums_), 0u);
@@ -67,7 +67,7 @@ void UpdateGenerations::after_update() {
   if (target_.written == 0) return grads_home();  // no update ran
   STRATA_CHECK(target_.written == model_.host_values().size(),
                "memory checkpoint: the update wrote part of the parameters only");
-  if (!in_place_) {
+  if (!mem_.one_part()) {  // else the update wrote the live generation in place
     rebind(target_.payload);
     live_ ^= 1;
   }
@@ -97,7 +97,7 @@ void UpdateGenerations::save(int64_t step, const float* head, int64_t head_float
 
 void UpdateGenerations::before_backward() {
   // (Not waited for: the update will.)
-  if (in_place_ || live_ < 0 || opened_ || !mem_.slot_free(live_ ^ 1)) return;
+  if (mem_.one_part() || live_ < 0 || opened_ || !mem_.slot_free(live_ ^ 1)) return;
   double waited = 0;
   opened_ = mem_.open_slot(live_ ^ 1, opt_.steps_taken() + 1, &waited);
   if (opened_)

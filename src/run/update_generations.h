@@ -73,7 +73,7 @@ class UpdateGenerations {
   // Updates that wrote a generation, and how many of them over the gradients (above).
   int64_t updates() const { return updates_; }
   int64_t over_grads() const { return over_grads_; }
-  bool in_place() const { return in_place_; }  // one generation, written in place (above)
+  bool in_place() const { return mem_.one_part(); }  // one generation, written in place (above)
 
  private:
   void rebind(float* payload);  // the model and optimizer onto a generation's payload
@@ -91,7 +91,6 @@ class UpdateGenerations {
   Tensor home_grads_;
   float* opened_ = nullptr;  // the next target's payload, opened by before_backward()
   int64_t updates_ = 0, over_grads_ = 0;
-  const bool in_place_;  // one part, replicas on other nodes: one generation, in place
 };
 
 }  // namespace strata
