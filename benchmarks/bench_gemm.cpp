@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_gemm.h"
 #include "strata/kernels_cpu.h"
 
 namespace {
@@ -25,25 +26,6 @@ namespace {
 using CblasSgemm = void (*)(int, int, int, int, int, int, float, const float*, int, const float*,
                             int, float, float*, int);
 constexpr int kRowMajor = 101, kNoTrans = 111, kTrans = 112;  // cblas.h
-
-double thread_s() {
-  timespec t;
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-  return double(t.tv_sec) + 1e-9 * double(t.tv_nsec);
-}
-
-template <class F>
-double median_s(int n, F f) {
-  f();  // warm-up
-  std::vector<double> v;
-  for (int i = 0; i < n; ++i) {
-    const double t0 = thread_s();
-    f();
-    v.push_back(thread_s() - t0);
-  }
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 CblasSgemm load_openblas(const char** core) {
   __builtin_cpu_init();
@@ -341,5 +323,6 @@ int main(int argc, char** argv) {
                 share(a), b * 1e6, gf / b, share(b), b / a);
   }
   bench_forward(peak, calls);
+  if (bench_small_products(peak, calls) != 0) return 1;
   bench_bf16(shapes, int(sizeof shapes / sizeof shapes[0]), calls);
 }

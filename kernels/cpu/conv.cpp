@@ -17,6 +17,7 @@
 
 #include "conv_few_taps.h"
 #include "conv_same3x3.h"
+#include "small_gemm.h"
 #include "strata/kernels_cpu.h"
 
 namespace strata::cpu {
@@ -165,13 +166,25 @@ float sum_floats(const float* x, int64_t n) {
   return total;
 }
 
+// A chunk's scratch: cols (CK, nb*P), plus y/dy (OC, nb*P) when chunks hold more than one sample.
+int64_t chunk_scratch(const Conv2dShape& s) {
+  const int64_t nb = chunk_samples(s), n = nb * p_of(s);
+  return ck_of(s) * n + (nb > 1 ? int64_t(s.OC) * n : 0);
+}
+
 // The three GEMMs of a chunk, in fp32 or (train.precision = "bf16") on bf16 copies of their
 // inputs: the weight rounded once per call, dy once per chunk for both backward products.
+// fp32 on AVX-512 takes small_gemm.h's kernels: the forward and input-gradient products read
+// their operands where they are (a transposed weight is a stride); the weight gradient, which
+// would read cols transposed, is summed transposed instead, dweight^T (CK, OC) += cols @ dy^T,
+// from a transposed copy of dy (OC x n: a fifth of cols on the CNN) and transposed back once
+// per call (weight_grad_done). On the CNN's conv2 per sample (bench_gemm, Zen 5), oneDNN's
+// sgemm took a 256-bit kernel for the weight gradient and copies for the transposed weight.
 class ChunkGemms {
  public:
   // need_weight false: no product reads the weight (backward without dinp), none is rounded.
   ChunkGemms(bool bf16, const float* weight, int64_t weight_size, bool need_weight = true)
-      : bf16_(bf16), w_(weight) {
+      : bf16_(bf16), small_(!bf16 && small_gemm_supported()), w_(weight) {
     if (bf16_ && need_weight) {
       wb_ = bf16_scratch(1, size_t(weight_size));
       to_bf16(wb_, weight, weight_size);
@@ -182,6 +195,7 @@ class ChunkGemms {
   // y (OC, n) = weight (OC, CK) @ cols (CK, n), added to y when `add`.
   void forward(float* y, const float* cols, int OC, int64_t n, int64_t CK, bool add) const {
     if (few_taps(OC, CK)) return few_taps_forward(y, w_, cols, OC, n, CK, nullptr, add);
+    if (small_) return small_gemm(OC, int(n), int(CK), w_, CK, 1, cols, n, y, n, add);
     if (!bf16_)
       return sgemm(false, false, OC, int(n), int(CK), 1.f, w_, int(CK), cols, int(n),
                    add ? 1.f : 0.f, y, int(n));
@@ -202,18 +216,30 @@ class ChunkGemms {
     forward(y, cols, OC, n, CK, bias != nullptr);
   }
   // dweight (OC, CK) = dy @ cols^T, added to dweight when `add`; dbias (few taps only) as
-  // few_taps_weight_grad sums it.
+  // few_taps_weight_grad sums it. With the small kernels the sums go to `transposed`
+  // (CK x OC, weight_grad_scratch) and to dweight at weight_grad_done; `spare` holds dy^T.
   void weight_grad(float* dweight, const float* cols, int OC, int64_t n, int64_t CK, bool add,
-                   float* dbias = nullptr) const {
+                   float* dbias, float* transposed, float* spare) {
     if (few_taps(OC, CK)) return few_taps_weight_grad(dweight, dbias, dy_, cols, OC, n, CK, add);
+    if (small_) {
+      if (add && !transposed_) small_transpose(dweight, CK, OC, int(CK), transposed, OC);
+      transposed_ = transposed;
+      small_transpose(dy_, n, OC, int(n), spare, OC);
+      return small_gemm(int(CK), OC, int(n), cols, n, 1, spare, OC, transposed, OC, add);
+    }
     if (!bf16_)
       return sgemm(false, true, OC, int(CK), int(n), 1.f, dy_, int(n), cols, int(n),
                    add ? 1.f : 0.f, dweight, int(CK));
     matmul_bf16(false, true, OC, int(CK), int(n), dyb_, int(n), rounded(0, cols, CK * n),
                 int(n), dweight, int(CK), nullptr, false, add);
   }
+  // After the last chunk's weight_grad: dweight from its transposed sums, if they were kept so.
+  void weight_grad_done(float* dweight, int OC, int64_t CK) const {
+    if (transposed_) small_transpose(transposed_, OC, int(CK), OC, dweight, CK);
+  }
   // dcols (CK, n) = weight^T @ dy.
   void input_grad(float* dcols, int OC, int64_t n, int64_t CK) const {
+    if (small_) return small_gemm(int(CK), int(n), OC, w_, 1, CK, dy_, n, dcols, n, false);
     if (!bf16_)
       return sgemm(true, false, int(CK), int(n), OC, 1.f, w_, int(CK), dy_, int(n), 0.f, dcols,
                    int(n));
@@ -227,8 +253,9 @@ class ChunkGemms {
     to_bf16(r, x, n);
     return r;
   }
-  bool bf16_;
+  bool bf16_, small_;
   const float* w_;
+  float* transposed_ = nullptr;  // dweight^T's sums, from the first weight_grad on
   bf16_t* wb_ = nullptr;
   const float* dy_ = nullptr;
   const bf16_t* dyb_ = nullptr;
@@ -273,6 +300,7 @@ void backward(float* dinp, float* dweight, float* dbias, const float* dout, cons
   const int nb_max = chunk_samples(s);
   ChunkGemms gemms(bf16, weight, s.OC * CK, dinp != nullptr);  // dinp's product reads it
   float* cols = scratch;
+  float* wgrad = scratch + chunk_scratch(s);  // weight_grad's: dweight^T (CK, OC), then dy^T
   if (dbias && !accumulate) std::fill(dbias, dbias + s.OC, 0.f);
   if (dweight && s.B == 0 && !accumulate) std::fill(dweight, dweight + s.OC * CK, 0.f);
   for (int b0 = 0; b0 < s.B; b0 += nb_max) {
@@ -299,21 +327,24 @@ void backward(float* dinp, float* dweight, float* dbias, const float* dout, cons
     gemms.set_dy(dy, s.OC, n);
     if (dweight) {
       im2col(cols, inp + b0 * in_sample, nb, s);
-      gemms.weight_grad(dweight, cols, s.OC, n, CK, b0 > 0 || accumulate, bias_in_grad ? dbias : nullptr);
+      gemms.weight_grad(dweight, cols, s.OC, n, CK, b0 > 0 || accumulate,
+                        bias_in_grad ? dbias : nullptr, wgrad, wgrad + CK * s.OC);
     }
     if (dinp) {
       gemms.input_grad(cols, s.OC, n, CK);
       col2im(dinp + b0 * in_sample, cols, nb, s);
     }
   }
+  if (dweight) gemms.weight_grad_done(dweight, s.OC, CK);
 }
 
 }  // namespace
 
-// Scratch: cols (CK, nb*P), plus y/dy (OC, nb*P) when chunks hold more than one sample.
+// Scratch: cols (CK, nb*P), plus y/dy (OC, nb*P) when chunks hold more than one sample (the
+// chunk's); then ChunkGemms::weight_grad's dweight^T (CK, OC) and dy^T (nb*P, OC).
 int64_t conv2d_scratch_size(const Conv2dShape& s) {
-  const int64_t nb = chunk_samples(s), n = nb * p_of(s);
-  return ck_of(s) * n + (nb > 1 ? int64_t(s.OC) * n : 0);
+  const int64_t n = chunk_samples(s) * p_of(s);
+  return chunk_scratch(s) + (ck_of(s) + n) * s.OC;
 }
 
 // The entry points in one precision (BF16: false, or true for bf16 copies of the GEMM

@@ -1,23 +1,25 @@
 // Fully connected layer: each product is a single GEMM on the row-major buffers as they are,
 // with the transposes folded into the GEMM's strides (no copies of our own, but for the weight's
-// reorder in forward products of kPackedWeightMinRows rows and more). Forward products of at
-// least kMatmulMinWork multiply-adds go through a oneDNN matmul primitive made for their exact
+// reorder in forward products of kPackedWeightMinRows rows and more). Batches of up to
+// kSmallGemmMaxRows rows take small_gemm.h's kernels on AVX-512. Above that, forward products of
+// at least kMatmulMinWork multiply-adds go through a oneDNN matmul primitive made for their exact
 // shape, with bias and ReLU in its epilogue (no passes of their own), and so do the weight
 // gradients of large weights (see use_matmul_weight_grad); the rest through sgemm.
 #include <algorithm>
 #include <cstring>
 
 #include "dispatch.h"
+#include "small_gemm.h"
 #include "strata/kernels_cpu.h"
 
 namespace strata::cpu {
 
 namespace {
 
-// On the benchmark MLP (batch 64, one thread) the matmul primitive matched or beat sgemm in
-// forward from the 784x256 down to the 256x128 layer and lost on the 128x10 output layer. In
-// backward, inside a training step, sgemm was faster for both products (the weight gradient
-// by ~10%: bench_step), so the MLP's backward stays on sgemm.
+// On the benchmark MLP (batch 64, one thread; before the small-row kernels took such batches)
+// the matmul primitive matched or beat sgemm in forward from the 784x256 down to the 256x128
+// layer and lost on the 128x10 output layer. In backward, inside a training step, sgemm was
+// faster for both products (the weight gradient by ~10%: bench_step).
 constexpr int64_t kMatmulMinWork = int64_t(1) << 20;
 
 bool use_matmul(int M, int N, int K) { return int64_t(M) * N * K >= kMatmulMinWork; }
@@ -49,9 +51,22 @@ bool use_matmul_weight_grad(int B, int I, int O) {
 constexpr int kPackedWeightMinRows = 2048;
 constexpr int64_t kPackedWeightMaxElems = int64_t(1) << 22;
 
+// Batches of up to this many rows take small_gemm.h's kernels on AVX-512, for all three
+// products (bench_gemm, Zen 5, one thread: the forward 1.02-1.4x oneDNN's at 16-64 rows and
+// 0.7-0.95x from 96, as its transposed product then splits the batch into blocks of 64; the
+// backward products at parity, and 1.2-2.4x where a dimension is as small as the MLP's 10
+// classes).
+constexpr int kSmallGemmMaxRows = 64;
+
+bool use_small_gemm(int B) { return B <= kSmallGemmMaxRows && small_gemm_supported(); }
+
 // out (B,O) = inp @ weight^T [+ bias] [ReLU]
 void forward(float* out, const float* inp, const float* weight, const float* bias, int B, int I,
              int O, bool relu) {
+  if (use_small_gemm(B)) {
+    small_linear_forward(out, inp, weight, bias, B, I, O, relu);
+    return;
+  }
   if (use_matmul(B, O, I)) {
     if (B >= kPackedWeightMinRows && int64_t(O) * I <= kPackedWeightMaxElems)
       matmul_packed_b(false, true, B, O, I, inp, I, weight, I, out, O, bias, relu);
@@ -118,6 +133,11 @@ void backward_products(float* dinp, float* dweight, float* dbias, const float* d
                        const float* inp, const float* weight, int B, int I, int O,
                        bool accumulate) {
   if (dbias) bias_grad(dbias, dout, B, O, accumulate);
+  if (use_small_gemm(B)) {
+    if (dinp) small_gemm(B, I, O, dout, O, 1, weight, I, dinp, I, false);
+    if (dweight) small_gemm(O, I, B, dout, 1, O, inp, I, dweight, I, accumulate);
+    return;
+  }
   if (dinp) sgemm(false, false, B, I, O, 1.f, dout, O, weight, I, 0.f, dinp, I);
   if (!dweight) return;
   if (!use_matmul_weight_grad(B, I, O))
