@@ -94,7 +94,7 @@ void conv_products(std::vector<Product>& t, Buffers& m) {
     for (int oc = 0; oc < OC; ++oc) std::fill(y + oc * P, y + (oc + 1) * P, bias[oc]);
   };
   t.push_back({"CNN conv2 fwd/sample", fl,
-               [=] { fill(y1->data()); small_gemm(OC, P, CK, w, CK, 1, cols, P, y1->data(), P, true); },
+               [=] { small_gemm(OC, P, CK, w, CK, 1, cols, P, y1->data(), P, false, bias); },
                [=] {
                  fill(y2->data());
                  sgemm(false, false, OC, P, CK, 1.f, w, CK, cols, P, 1.f, y2->data(), P);

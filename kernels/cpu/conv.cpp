@@ -211,6 +211,9 @@ class ChunkGemms {
   void forward_biased(float* y, const float* cols, int OC, int64_t n, int64_t CK,
                       const float* bias) const {
     if (few_taps(OC, CK)) return few_taps_forward(y, w_, cols, OC, n, CK, bias, false);
+    // The bias added to the sums as they are stored: filling y with it first and accumulating
+    // cost 13 % of the CNN's conv2 forward (bench_gemm).
+    if (small_) return small_gemm(OC, int(n), int(CK), w_, CK, 1, cols, n, y, n, false, bias);
     if (bias)
       for (int oc = 0; oc < OC; ++oc) std::fill(y + oc * n, y + (oc + 1) * n, bias[oc]);
     forward(y, cols, OC, n, CK, bias != nullptr);

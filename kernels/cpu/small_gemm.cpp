@@ -56,7 +56,7 @@ inline __mmask16 first_lanes(int n) {
 template <int R, int V, bool Tail>
 STRATA_ISA_TARGET("avx512f")
 void tile(int K, const float* A, int64_t a_row, int64_t a_col, const float* B, int64_t ldb,
-          float* C, int64_t ldc, __mmask16 last, bool accumulate) {
+          float* C, int64_t ldc, __mmask16 last, bool accumulate, const float* row_bias) {
 #define STRATA_MASK(v) const __mmask16 m##v = Tail && V == v + 1 ? last : 0xffff;
   STRATA_EACH_VEC(STRATA_MASK)
 #undef STRATA_MASK
@@ -82,6 +82,7 @@ void tile(int K, const float* A, int64_t a_row, int64_t a_col, const float* B, i
     float* c = C + r * ldc + 16 * v;                                             \
     __m512 x = c##r##v;                                                          \
     if (accumulate) x = _mm512_add_ps(_mm512_maskz_loadu_ps(m##v, c), x);        \
+    if (row_bias) x = _mm512_add_ps(x, _mm512_set1_ps(row_bias[r]));            \
     if (Tail) _mm512_mask_storeu_ps(c, m##v, x);                                 \
     else _mm512_storeu_ps(c, x);                                                 \
   }
@@ -93,7 +94,7 @@ void tile(int K, const float* A, int64_t a_row, int64_t a_col, const float* B, i
 #undef STRATA_TILE_ROW
 
 using TileFn = void (*)(int, const float*, int64_t, int64_t, const float*, int64_t, float*,
-                        int64_t, __mmask16, bool);
+                        int64_t, __mmask16, bool, const float*);
 
 // tile<R, V, Tail> for R rows and V vectors, or null where R x V is not a tile (> 24).
 template <bool Tail, int R, int V>
@@ -161,7 +162,8 @@ void transpose(const float* src, int64_t lds, int rows, int cols, float* dst, in
 #pragma GCC diagnostic pop
 
 void small_gemm(int M, int N, int K, const float* A, int64_t a_row, int64_t a_col,
-                const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate) {
+                const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate,
+                const float* row_bias) {
   if (!small_gemm_supported()) throw std::logic_error("small_gemm: needs AVX-512F");
   if (M <= 0 || N <= 0) return;
   // Blocks of up to kVecs vectors of columns and tiles of up to max_rows rows, both as even
@@ -179,7 +181,8 @@ void small_gemm(int M, int N, int K, const float* A, int64_t a_row, int64_t a_co
     for (int t = 0, m = 0; t < tiles; ++t) {
       const int rows = M / tiles + (t < M % tiles ? 1 : 0);
       const TileFn f = tail ? tile_for<true>(rows, vecs) : tile_for<false>(rows, vecs);
-      f(K, A + m * a_row, a_row, a_col, B + n, ldb, C + m * ldc + n, ldc, last, accumulate);
+      f(K, A + m * a_row, a_row, a_col, B + n, ldb, C + m * ldc + n, ldc, last, accumulate,
+        row_bias ? row_bias + m : nullptr);
       m += rows;
     }
     n += nc;
@@ -203,7 +206,7 @@ void small_linear_forward(float* out, const float* inp, const float* weight, con
 
 #else
 void small_gemm(int, int, int, const float*, int64_t, int64_t, const float*, int64_t, float*,
-                int64_t, bool) {
+                int64_t, bool, const float*) {
   throw std::logic_error("small_gemm: needs AVX-512F");
 }
 void small_transpose(const float*, int64_t, int, int, float*, int64_t) {
