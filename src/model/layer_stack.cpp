@@ -97,6 +97,7 @@ LayerStack build_layers(const ModelSpec& spec, const Shape& input_shape, int cla
         b.layers.back() = std::move(fused);
         continue;
       }
+    if (!b.layers.empty() && fuse_conv_pool_relu(b.layers.back(), layer)) continue;  // same shape
     if (!b.layers.empty())
       if (auto fused = fuse_conv_pool(b.layers.back(), layer)) {
         shape = fused->output_shape(b.shapes.back());

@@ -207,5 +207,8 @@ std::unique_ptr<Layer> fuse_conv_pool(std::unique_ptr<Layer>& conv, std::unique_
 // the CPU). Same contract as fuse_conv_pool: null, leaving both untouched, if they are not a
 // Linear and a ReLU.
 std::unique_ptr<Layer> fuse_linear_relu(std::unique_ptr<Layer>& linear, std::unique_ptr<Layer>& relu);
+// A ReLU after a fused Conv2d + MaxPool2d joins it (run on each pooled chunk in cache): true,
+// and conv_pool then does both; false, leaving both untouched, if they are not that pair.
+bool fuse_conv_pool_relu(std::unique_ptr<Layer>& conv_pool, const std::unique_ptr<Layer>& relu);
 
 }  // namespace strata
