@@ -48,9 +48,12 @@ MODELS = {
     "mlp-deep": ["--data.path", data, "--model.type", "mlp", "--model.hidden"] + ["128"] * 7 +
                 ["--model.dropout", "0.1", "--train.optimizer", "adamw", "--train.lr", "0.001",
                  "--train.batch_size", "64"],
+    # 8 layers as the model summary lists them (conv + maxpool + relu and linear + relu run as
+    # one each): 8 chunks at P = 4 interleaved.
     "cnn": ["--data.path", data, "--model.type", "custom", "--model.layers", "conv 8 3 1 1",
             "maxpool 2 2", "relu", "conv 16 3 1 1", "maxpool 2 2", "relu", "flatten", "dropout 0.1",
-            "linear 32", "relu", "linear 10", "--train.lr", "0.05", "--train.batch_size", "32"],
+            "linear 32", "relu", "linear 32", "relu", "dropout 0.1", "linear 10", "--train.lr",
+            "0.05", "--train.batch_size", "32"],
     "gpt": ["--data.path", text, "--model.type", "gpt", "--model.layers", "2", "--model.heads", "4",
             "--model.dim", "32", "--model.context", "16", "--model.dropout", "0.1",
             "--train.optimizer", "adamw", "--train.lr", "0.003", "--train.grad_clip", "0.5",
