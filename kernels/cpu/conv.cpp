@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "conv_few_taps.h"
+#include "conv_implicit.h"
 #include "conv_same3x3.h"
 #include "small_gemm.h"
 #include "strata/kernels_cpu.h"
@@ -172,6 +173,13 @@ int64_t chunk_scratch(const Conv2dShape& s) {
   return ck_of(s) * n + (nb > 1 ? int64_t(s.OC) * n : 0);
 }
 
+// The parts of conv2d_scratch_size's scratch after the chunk's (see there).
+float* wgrad_scratch(float* scratch, const Conv2dShape& s) { return scratch + chunk_scratch(s); }
+float* padded_scratch(float* scratch, const Conv2dShape& s) {
+  const int64_t n = chunk_samples(s) * p_of(s);
+  return wgrad_scratch(scratch, s) + (ck_of(s) + n) * s.OC;
+}
+
 // The three GEMMs of a chunk, in fp32 or (train.precision = "bf16") on bf16 copies of their
 // inputs: the weight rounded once per call, dy once per chunk for both backward products.
 // fp32 on AVX-512 takes small_gemm.h's kernels: the forward and input-gradient products read
@@ -192,6 +200,10 @@ class ChunkGemms {
   }
   // The few-taps kernels (conv_few_taps.h) take the fp32 products of this shape.
   bool few_taps(int OC, int64_t CK) const { return !bf16_ && few_taps_applies(OC, CK); }
+  // The forward and weight gradient read the padded input in place (conv_implicit.h).
+  bool implicit(int OC, int64_t CK) const {
+    return small_ && !few_taps(OC, CK) && implicit_applies();
+  }
   // y (OC, n) = weight (OC, CK) @ cols (CK, n), added to y when `add`.
   void forward(float* y, const float* cols, int OC, int64_t n, int64_t CK, bool add) const {
     if (few_taps(OC, CK)) return few_taps_forward(y, w_, cols, OC, n, CK, nullptr, add);
@@ -221,13 +233,16 @@ class ChunkGemms {
   // dweight (OC, CK) = dy @ cols^T, added to dweight when `add`; dbias (few taps only) as
   // few_taps_weight_grad sums it. With the small kernels the sums go to `transposed`
   // (CK x OC, weight_grad_scratch) and to dweight at weight_grad_done; `spare` holds dy^T.
+  // `padded` instead of cols: the implicit path's chunk (implicit()).
   void weight_grad(float* dweight, const float* cols, int OC, int64_t n, int64_t CK, bool add,
-                   float* dbias, float* transposed, float* spare) {
+                   float* dbias, float* transposed, float* spare,
+                   const PaddedChunk* padded = nullptr) {
     if (few_taps(OC, CK)) return few_taps_weight_grad(dweight, dbias, dy_, cols, OC, n, CK, add);
     if (small_) {
       if (add && !transposed_) small_transpose(dweight, CK, OC, int(CK), transposed, OC);
       transposed_ = transposed;
       small_transpose(dy_, n, OC, int(n), spare, OC);
+      if (padded) return implicit_weight_grad_t(transposed, *padded, spare, CK, n, OC, add);
       return small_gemm(int(CK), OC, int(n), cols, n, 1, spare, OC, transposed, OC, add);
     }
     if (!bf16_)
@@ -270,11 +285,19 @@ void forward(float* out, const float* inp, const float* weight, const float* bia
   const int64_t CK = ck_of(s), P = p_of(s), in_sample = int64_t(s.C) * s.H * s.W;
   const int nb_max = chunk_samples(s);
   const ChunkGemms gemms(bf16, weight, s.OC * CK);
+  const bool implicit = gemms.implicit(s.OC, CK);
   float* cols = scratch;
+  float* w_t = wgrad_scratch(scratch, s);  // the implicit path's weight^T, then out^T
+  if (implicit) implicit_weight_t(w_t, weight, s);
   for (int b0 = 0; b0 < s.B; b0 += nb_max) {
     const int nb = std::min(nb_max, s.B - b0);
     const int64_t n = nb * P;
     float* out0 = out + int64_t(b0) * s.OC * P;
+    if (implicit) {
+      const PaddedChunk x(padded_scratch(scratch, s), inp + b0 * in_sample, nb, s);
+      implicit_forward(out0, x, w_t, bias, nb, s, w_t + CK * s.OC);
+      continue;
+    }
     im2col(cols, inp + b0 * in_sample, nb, s);
     if (nb_max == 1) {  // out_b (OC, P) is the gemm's own layout
       gemms.forward_biased(out0, cols, s.OC, n, CK, bias);
@@ -302,8 +325,9 @@ void backward(float* dinp, float* dweight, float* dbias, const float* dout, cons
   const int64_t CK = ck_of(s), P = p_of(s), in_sample = int64_t(s.C) * s.H * s.W;
   const int nb_max = chunk_samples(s);
   ChunkGemms gemms(bf16, weight, s.OC * CK, dinp != nullptr);  // dinp's product reads it
+  const bool implicit = gemms.implicit(s.OC, CK);
   float* cols = scratch;
-  float* wgrad = scratch + chunk_scratch(s);  // weight_grad's: dweight^T (CK, OC), then dy^T
+  float* wgrad = wgrad_scratch(scratch, s);  // weight_grad's: dweight^T (CK, OC), then dy^T
   if (dbias && !accumulate) std::fill(dbias, dbias + s.OC, 0.f);
   if (dweight && s.B == 0 && !accumulate) std::fill(dweight, dweight + s.OC * CK, 0.f);
   for (int b0 = 0; b0 < s.B; b0 += nb_max) {
@@ -328,7 +352,11 @@ void backward(float* dinp, float* dweight, float* dbias, const float* dout, cons
         for (int oc = 0; oc < s.OC; ++oc)
           dbias[oc] += sum_floats(dout0 + (int64_t(b) * s.OC + oc) * P, P);
     gemms.set_dy(dy, s.OC, n);
-    if (dweight) {
+    if (dweight && implicit) {
+      const PaddedChunk x(padded_scratch(scratch, s), inp + b0 * in_sample, nb, s);
+      gemms.weight_grad(dweight, nullptr, s.OC, n, CK, b0 > 0 || accumulate, nullptr, wgrad,
+                        wgrad + CK * s.OC, &x);
+    } else if (dweight) {
       im2col(cols, inp + b0 * in_sample, nb, s);
       gemms.weight_grad(dweight, cols, s.OC, n, CK, b0 > 0 || accumulate,
                         bias_in_grad ? dbias : nullptr, wgrad, wgrad + CK * s.OC);
@@ -344,10 +372,12 @@ void backward(float* dinp, float* dweight, float* dbias, const float* dout, cons
 }  // namespace
 
 // Scratch: cols (CK, nb*P), plus y/dy (OC, nb*P) when chunks hold more than one sample (the
-// chunk's); then ChunkGemms::weight_grad's dweight^T (CK, OC) and dy^T (nb*P, OC).
+// chunk's); then ChunkGemms::weight_grad's dweight^T (CK, OC) and dy^T (nb*P, OC), which
+// implicit_forward uses for the weight^T and out^T of the same sizes; then the implicit path's
+// padded chunk.
 int64_t conv2d_scratch_size(const Conv2dShape& s) {
   const int64_t n = chunk_samples(s) * p_of(s);
-  return chunk_scratch(s) + (ck_of(s) + n) * s.OC;
+  return chunk_scratch(s) + (ck_of(s) + n) * s.OC + PaddedChunk::padded_floats(s, chunk_samples(s));
 }
 
 // The entry points in one precision (BF16: false, or true for bf16 copies of the GEMM

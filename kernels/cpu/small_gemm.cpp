@@ -89,6 +89,54 @@ void tile(int K, const float* A, int64_t a_row, int64_t a_col, const float* B, i
   STRATA_TILE(STRATA_STORE)
 #undef STRATA_STORE
 }
+
+// A tile whose A is gathered: element (r, k) at A[row_off[r] + k_off[k]] (a convolution's input
+// read in place as its im2col matrix), C's column n then getting col_bias[n] when given. The
+// same sums in the same order as `tile` would make of the im2col matrix; kept apart from it so
+// the strided tile's code stays as it is (one function for both measured 7 % slower on the
+// MLP's weight gradient).
+#define STRATA_EACH_ROW(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)
+template <int R, int V, bool Tail>
+STRATA_ISA_TARGET("avx512f")
+void tile_gathered(int K, const float* A, const int64_t* row_off, const int64_t* k_off,
+                   const float* B, int64_t ldb, float* C, int64_t ldc, __mmask16 last,
+                   bool accumulate, const float* col_bias) {
+#define STRATA_MASK(v) const __mmask16 m##v = Tail && V == v + 1 ? last : 0xffff;
+  STRATA_EACH_VEC(STRATA_MASK)
+#undef STRATA_MASK
+#define STRATA_ZERO(r, v) __m512 c##r##v = _mm512_setzero_ps();
+  STRATA_TILE(STRATA_ZERO)
+#undef STRATA_ZERO
+#define STRATA_AROW(r) const float* a##r = A + (R > r ? row_off[r] : 0);
+  STRATA_EACH_ROW(STRATA_AROW)
+#undef STRATA_AROW
+  for (int k = 0; k < K; ++k) {
+    const float* b = B + k * ldb;
+    const int64_t o = k_off[k];
+#define STRATA_LOAD_B(v)                                                                  \
+  const __m512 b##v = V <= v ? _mm512_setzero_ps()                                        \
+                      : Tail ? _mm512_maskz_loadu_ps(m##v, b + 16 * v)                    \
+                             : _mm512_loadu_ps(b + 16 * v);
+    STRATA_EACH_VEC(STRATA_LOAD_B)
+#undef STRATA_LOAD_B
+#define STRATA_FMA(r, v) \
+    if constexpr (R > r && V > v) c##r##v = _mm512_fmadd_ps(_mm512_set1_ps(a##r[o]), b##v, c##r##v);
+    STRATA_TILE(STRATA_FMA)
+#undef STRATA_FMA
+  }
+#define STRATA_STORE(r, v)                                                                \
+  if constexpr (R > r && V > v) {                                                         \
+    float* c = C + r * ldc + 16 * v;                                                      \
+    __m512 x = c##r##v;                                                                   \
+    if (accumulate) x = _mm512_add_ps(_mm512_maskz_loadu_ps(m##v, c), x);                 \
+    if (col_bias) x = _mm512_add_ps(x, _mm512_maskz_loadu_ps(m##v, col_bias + 16 * v));   \
+    if (Tail) _mm512_mask_storeu_ps(c, m##v, x);                                          \
+    else _mm512_storeu_ps(c, x);                                                          \
+  }
+  STRATA_TILE(STRATA_STORE)
+#undef STRATA_STORE
+}
+#undef STRATA_EACH_ROW
 #undef STRATA_EACH_VEC
 #undef STRATA_TILE
 #undef STRATA_TILE_ROW
@@ -110,6 +158,47 @@ template <bool Tail>
 TileFn tile_for(int rows, int vecs) {
   static constexpr auto table = tile_table<Tail>(std::make_index_sequence<kMaxRows * kVecs>());
   return table[(rows - 1) * kVecs + vecs - 1];
+}
+
+using GatheredFn = void (*)(int, const float*, const int64_t*, const int64_t*, const float*,
+                            int64_t, float*, int64_t, __mmask16, bool, const float*);
+template <bool Tail, int R, int V>
+constexpr GatheredFn gathered_fn() {
+  if constexpr (R * V <= 24) return tile_gathered<R, V, Tail>;
+  else return nullptr;
+}
+template <bool Tail, size_t... I>
+constexpr std::array<GatheredFn, sizeof...(I)> gathered_table(std::index_sequence<I...>) {
+  return {gathered_fn<Tail, int(I) / kVecs + 1, int(I) % kVecs + 1>()...};
+}
+template <bool Tail>
+GatheredFn gathered_for(int rows, int vecs) {
+  static constexpr auto table =
+      gathered_table<Tail>(std::make_index_sequence<kMaxRows * kVecs>());
+  return table[(rows - 1) * kVecs + vecs - 1];
+}
+
+// Calls tile(m, rows, n, vecs, tail, last) for each tile of C (M,N): blocks of up to kVecs
+// vectors of columns and tiles of up to max_rows rows, both as even as they go (a remainder of
+// one vector, the CNN's 196 = 12 x 16 + 4 columns, or of two rows, the MLP's 128 = 21 x 6 + 2,
+// ran its tiles at a third of the others' speed). Row tiles inside: the B panel (K x 16 * vecs)
+// stays in cache across them. (Blocks of K that kept it in L1, their sums continued through C,
+// measured slower on the MLP's K = 784 and the CNN's K = 288.)
+template <class Tile>
+void for_each_tile(int M, int N, const Tile& tile) {
+  const int vectors = (N + 15) / 16, blocks = (vectors + kVecs - 1) / kVecs;
+  for (int blk = 0, n = 0; blk < blocks; ++blk) {
+    const int vecs = vectors / blocks + (blk < vectors % blocks ? 1 : 0);
+    const int nc = std::min(16 * vecs, N - n);
+    const __mmask16 last = first_lanes(nc - 16 * (vecs - 1));
+    const int tiles = (M + max_rows(vecs) - 1) / max_rows(vecs);
+    for (int t = 0, m = 0; t < tiles; ++t) {
+      const int rows = M / tiles + (t < M % tiles ? 1 : 0);
+      tile(m, rows, n, vecs, nc % 16 != 0, last);
+      m += rows;
+    }
+    n += nc;
+  }
 }
 
 // dst (cols x rows, ldd) = the transpose of src (rows x cols, lds), rows, cols <= 16, in
@@ -166,27 +255,23 @@ void small_gemm(int M, int N, int K, const float* A, int64_t a_row, int64_t a_co
                 const float* row_bias) {
   if (!small_gemm_supported()) throw std::logic_error("small_gemm: needs AVX-512F");
   if (M <= 0 || N <= 0) return;
-  // Blocks of up to kVecs vectors of columns and tiles of up to max_rows rows, both as even
-  // as they go: a remainder of one vector (the CNN's 196 = 12 x 16 + 4 columns) or of two rows
-  // (the MLP's 128 = 21 x 6 + 2) ran its tiles at a third of the others' speed.
-  const int vectors = (N + 15) / 16, blocks = (vectors + kVecs - 1) / kVecs;
-  for (int blk = 0, n = 0; blk < blocks; ++blk) {
-    const int vecs = vectors / blocks + (blk < vectors % blocks ? 1 : 0);
-    const int nc = std::min(16 * vecs, N - n);
-    const bool tail = nc % 16 != 0;
-    const __mmask16 last = first_lanes(nc - 16 * (vecs - 1));
-    const int tiles = (M + max_rows(vecs) - 1) / max_rows(vecs);
-    // The B panel (K x 16 * vecs) stays in cache across the tiles of rows. (Blocks of K that
-    // kept it in L1, their sums continued through C, measured slower on the MLP's K = 784.)
-    for (int t = 0, m = 0; t < tiles; ++t) {
-      const int rows = M / tiles + (t < M % tiles ? 1 : 0);
-      const TileFn f = tail ? tile_for<true>(rows, vecs) : tile_for<false>(rows, vecs);
-      f(K, A + m * a_row, a_row, a_col, B + n, ldb, C + m * ldc + n, ldc, last, accumulate,
-        row_bias ? row_bias + m : nullptr);
-      m += rows;
-    }
-    n += nc;
-  }
+  for_each_tile(M, N, [&](int m, int rows, int n, int vecs, bool tail, __mmask16 last) {
+    const TileFn f = tail ? tile_for<true>(rows, vecs) : tile_for<false>(rows, vecs);
+    f(K, A + m * a_row, a_row, a_col, B + n, ldb, C + m * ldc + n, ldc, last, accumulate,
+      row_bias ? row_bias + m : nullptr);
+  });
+}
+
+void small_gemm_gathered(int M, int N, int K, const float* A, const int64_t* row_off,
+                         const int64_t* k_off, const float* B, int64_t ldb, float* C, int64_t ldc,
+                         bool accumulate, const float* col_bias) {
+  if (!small_gemm_supported()) throw std::logic_error("small_gemm: needs AVX-512F");
+  if (M <= 0 || N <= 0) return;
+  for_each_tile(M, N, [&](int m, int rows, int n, int vecs, bool tail, __mmask16 last) {
+    const GatheredFn f = tail ? gathered_for<true>(rows, vecs) : gathered_for<false>(rows, vecs);
+    f(K, A, row_off + m, k_off, B + n, ldb, C + m * ldc + n, ldc, last, accumulate,
+      col_bias ? col_bias + n : nullptr);
+  });
 }
 
 void small_transpose(const float* src, int64_t lds, int rows, int cols, float* dst, int64_t ldd) {
@@ -207,6 +292,10 @@ void small_linear_forward(float* out, const float* inp, const float* weight, con
 #else
 void small_gemm(int, int, int, const float*, int64_t, int64_t, const float*, int64_t, float*,
                 int64_t, bool, const float*) {
+  throw std::logic_error("small_gemm: needs AVX-512F");
+}
+void small_gemm_gathered(int, int, int, const float*, const int64_t*, const int64_t*,
+                         const float*, int64_t, float*, int64_t, bool, const float*) {
   throw std::logic_error("small_gemm: needs AVX-512F");
 }
 void small_transpose(const float*, int64_t, int, int, float*, int64_t) {

@@ -15,6 +15,13 @@ namespace strata::cpu {
 
 // small_gemm, small_gemm_supported and small_transpose: strata/kernels_cpu.h.
 
+// small_gemm with A's element (m, k) at A[row_off[m] + k_off[k]]: a convolution's input read
+// in place as its im2col matrix (conv_implicit.h). Each sum in k order, then C's column n gets
+// col_bias[n] (col_bias may be null).
+void small_gemm_gathered(int M, int N, int K, const float* A, const int64_t* row_off,
+                         const int64_t* k_off, const float* B, int64_t ldb, float* C, int64_t ldc,
+                         bool accumulate, const float* col_bias);
+
 // out (B,O) = inp (B,I) @ weight (O,I)^T [+ bias] [ReLU], as out^T = weight @ inp^T: the batch's
 // rows are transposed into scratch (B*I floats, far fewer than the weight's O*I at these
 // shapes) and the result transposed back with the bias and ReLU applied.
