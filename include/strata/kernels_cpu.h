@@ -45,13 +45,12 @@ void matmul_accumulate(bool trans_a, bool trans_b, int M, int N, int K, const fl
 // ---- Small-row fp32 GEMMs (kernels/cpu/small_gemm.cpp: why, and where the ops use them) -----
 // Whether this CPU runs them (AVX-512F); the two below throw std::logic_error where not.
 bool small_gemm_supported();
-// C (M,N) = sum over k of a(m,k) * B(k,n) [+ C, added after the sum when accumulate]
-// [+ row_bias[m]], where a(m,k) = A[m*a_row + k*a_col] (A row-major: a_row = lda, a_col = 1;
-// transposed: a_row = 1, a_col = lda) and B, C row-major with leading dimensions ldb, ldc.
-// Each element's products are added one FMA at a time from zero, in k order.
+// C (M,N) = sum over k of a(m,k) * B(k,n) [+ C, added after the sum when accumulate], where
+// a(m,k) = A[m*a_row + k*a_col] (A row-major: a_row = lda, a_col = 1; transposed: a_row = 1,
+// a_col = lda) and B, C row-major with leading dimensions ldb, ldc. Each element's products are
+// added one FMA at a time from zero, in k order.
 void small_gemm(int M, int N, int K, const float* A, int64_t a_row, int64_t a_col,
-                const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate,
-                const float* row_bias = nullptr);
+                const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate);
 // dst (cols, rows; leading dimension ldd) = src (rows, cols; lds)^T.
 void small_transpose(const float* src, int64_t lds, int rows, int cols, float* dst, int64_t ldd);
 

@@ -18,7 +18,6 @@
 #include "conv_few_taps.h"
 #include "conv_implicit.h"
 #include "conv_same3x3.h"
-#include "small_gemm.h"
 #include "strata/kernels_cpu.h"
 
 namespace strata::cpu {
@@ -182,12 +181,13 @@ float* padded_scratch(float* scratch, const Conv2dShape& s) {
 
 // The three GEMMs of a chunk, in fp32 or (train.precision = "bf16") on bf16 copies of their
 // inputs: the weight rounded once per call, dy once per chunk for both backward products.
-// fp32 on AVX-512 takes small_gemm.h's kernels: the forward and input-gradient products read
-// their operands where they are (a transposed weight is a stride); the weight gradient, which
-// would read cols transposed, is summed transposed instead, dweight^T (CK, OC) += cols @ dy^T,
-// from a transposed copy of dy (OC x n: a fifth of cols on the CNN) and transposed back once
-// per call (weight_grad_done). On the CNN's conv2 per sample (bench_gemm, Zen 5), oneDNN's
-// sgemm took a 256-bit kernel for the weight gradient and copies for the transposed weight.
+// fp32 on AVX-512 (but for few taps) takes small_gemm.h's kernels: the forward and the weight
+// gradient read the padded input in place (implicit(), conv_implicit.h), the input gradient's
+// product its operands where they are (the transposed weight is a stride). The weight gradient
+// is summed transposed, dweight^T (CK, OC) += cols @ dy^T, from a transposed copy of dy (OC x
+// n: a fifth of cols on the CNN), and transposed back once per call (weight_grad_done). On the
+// CNN's conv2 per sample (bench_gemm, Zen 5), oneDNN's sgemm took a 256-bit kernel for the
+// weight gradient and copies for the transposed weight.
 class ChunkGemms {
  public:
   // need_weight false: no product reads the weight (backward without dinp), none is rounded.
@@ -201,13 +201,10 @@ class ChunkGemms {
   // The few-taps kernels (conv_few_taps.h) take the fp32 products of this shape.
   bool few_taps(int OC, int64_t CK) const { return !bf16_ && few_taps_applies(OC, CK); }
   // The forward and weight gradient read the padded input in place (conv_implicit.h).
-  bool implicit(int OC, int64_t CK) const {
-    return small_ && !few_taps(OC, CK) && implicit_applies();
-  }
+  bool implicit(int OC, int64_t CK) const { return small_ && !few_taps(OC, CK); }
   // y (OC, n) = weight (OC, CK) @ cols (CK, n), added to y when `add`.
   void forward(float* y, const float* cols, int OC, int64_t n, int64_t CK, bool add) const {
     if (few_taps(OC, CK)) return few_taps_forward(y, w_, cols, OC, n, CK, nullptr, add);
-    if (small_) return small_gemm(OC, int(n), int(CK), w_, CK, 1, cols, n, y, n, add);
     if (!bf16_)
       return sgemm(false, false, OC, int(n), int(CK), 1.f, w_, int(CK), cols, int(n),
                    add ? 1.f : 0.f, y, int(n));
@@ -223,33 +220,29 @@ class ChunkGemms {
   void forward_biased(float* y, const float* cols, int OC, int64_t n, int64_t CK,
                       const float* bias) const {
     if (few_taps(OC, CK)) return few_taps_forward(y, w_, cols, OC, n, CK, bias, false);
-    // The bias added to the sums as they are stored: filling y with it first and accumulating
-    // cost 13 % of the CNN's conv2 forward (bench_gemm).
-    if (small_) return small_gemm(OC, int(n), int(CK), w_, CK, 1, cols, n, y, n, false, bias);
     if (bias)
       for (int oc = 0; oc < OC; ++oc) std::fill(y + oc * n, y + (oc + 1) * n, bias[oc]);
     forward(y, cols, OC, n, CK, bias != nullptr);
   }
   // dweight (OC, CK) = dy @ cols^T, added to dweight when `add`; dbias (few taps only) as
-  // few_taps_weight_grad sums it. With the small kernels the sums go to `transposed`
-  // (CK x OC, weight_grad_scratch) and to dweight at weight_grad_done; `spare` holds dy^T.
-  // `padded` instead of cols: the implicit path's chunk (implicit()).
+  // few_taps_weight_grad sums it.
   void weight_grad(float* dweight, const float* cols, int OC, int64_t n, int64_t CK, bool add,
-                   float* dbias, float* transposed, float* spare,
-                   const PaddedChunk* padded = nullptr) {
+                   float* dbias) const {
     if (few_taps(OC, CK)) return few_taps_weight_grad(dweight, dbias, dy_, cols, OC, n, CK, add);
-    if (small_) {
-      if (add && !transposed_) small_transpose(dweight, CK, OC, int(CK), transposed, OC);
-      transposed_ = transposed;
-      small_transpose(dy_, n, OC, int(n), spare, OC);
-      if (padded) return implicit_weight_grad_t(transposed, *padded, spare, CK, n, OC, add);
-      return small_gemm(int(CK), OC, int(n), cols, n, 1, spare, OC, transposed, OC, add);
-    }
     if (!bf16_)
       return sgemm(false, true, OC, int(CK), int(n), 1.f, dy_, int(n), cols, int(n),
                    add ? 1.f : 0.f, dweight, int(CK));
     matmul_bf16(false, true, OC, int(CK), int(n), dyb_, int(n), rounded(0, cols, CK * n),
                 int(n), dweight, int(CK), nullptr, false, add);
+  }
+  // The same on the implicit path: the sums go to `transposed` (CK x OC) and to dweight at
+  // weight_grad_done; `spare` holds dy^T (n x OC).
+  void weight_grad(float* dweight, const PaddedChunk& x, int OC, int64_t n, int64_t CK, bool add,
+                   float* transposed, float* spare) {
+    if (add && !transposed_) small_transpose(dweight, CK, OC, int(CK), transposed, OC);
+    transposed_ = transposed;
+    small_transpose(dy_, n, OC, int(n), spare, OC);
+    implicit_weight_grad_t(transposed, x, spare, CK, n, OC, add);
   }
   // After the last chunk's weight_grad: dweight from its transposed sums, if they were kept so.
   void weight_grad_done(float* dweight, int OC, int64_t CK) const {
@@ -354,12 +347,11 @@ void backward(float* dinp, float* dweight, float* dbias, const float* dout, cons
     gemms.set_dy(dy, s.OC, n);
     if (dweight && implicit) {
       const PaddedChunk x(padded_scratch(scratch, s), inp + b0 * in_sample, nb, s);
-      gemms.weight_grad(dweight, nullptr, s.OC, n, CK, b0 > 0 || accumulate, nullptr, wgrad,
-                        wgrad + CK * s.OC, &x);
+      gemms.weight_grad(dweight, x, s.OC, n, CK, b0 > 0 || accumulate, wgrad, wgrad + CK * s.OC);
     } else if (dweight) {
       im2col(cols, inp + b0 * in_sample, nb, s);
       gemms.weight_grad(dweight, cols, s.OC, n, CK, b0 > 0 || accumulate,
-                        bias_in_grad ? dbias : nullptr, wgrad, wgrad + CK * s.OC);
+                        bias_in_grad ? dbias : nullptr);
     }
     if (dinp) {
       gemms.input_grad(cols, s.OC, n, CK);

@@ -38,8 +38,6 @@ PaddedChunk::PaddedChunk(float* scratch, const float* inp, int nb, const Conv2dS
   padded = scratch, ck_off = ck.data(), pos_off = pos.data();
 }
 
-bool implicit_applies() { return small_gemm_supported(); }
-
 // out^T (nb*P, OC) = cols^T @ weight^T + bias, each row a position reading its receptive field
 // in place, then each sample's (P, OC) block transposed into out.
 void implicit_weight_t(float* w_t, const float* weight, const Conv2dShape& s) {

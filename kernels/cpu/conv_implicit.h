@@ -24,9 +24,6 @@ struct PaddedChunk {
   static int64_t padded_floats(const Conv2dShape& s, int nb);
 };
 
-// Whether conv.cpp's fp32 products take this path here (AVX-512F; no dilation to handle).
-bool implicit_applies();
-
 // w_t (CK, OC) = weight (OC, CK)^T, once per call for all its chunks.
 void implicit_weight_t(float* w_t, const float* weight, const Conv2dShape& s);
 // out (nb, OC, OH, OW) = weight @ cols + bias, from w_t; out_t: nb*P*OC floats of scratch.

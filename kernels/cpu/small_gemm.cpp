@@ -56,7 +56,7 @@ inline __mmask16 first_lanes(int n) {
 template <int R, int V, bool Tail>
 STRATA_ISA_TARGET("avx512f")
 void tile(int K, const float* A, int64_t a_row, int64_t a_col, const float* B, int64_t ldb,
-          float* C, int64_t ldc, __mmask16 last, bool accumulate, const float* row_bias) {
+          float* C, int64_t ldc, __mmask16 last, bool accumulate) {
 #define STRATA_MASK(v) const __mmask16 m##v = Tail && V == v + 1 ? last : 0xffff;
   STRATA_EACH_VEC(STRATA_MASK)
 #undef STRATA_MASK
@@ -82,7 +82,6 @@ void tile(int K, const float* A, int64_t a_row, int64_t a_col, const float* B, i
     float* c = C + r * ldc + 16 * v;                                             \
     __m512 x = c##r##v;                                                          \
     if (accumulate) x = _mm512_add_ps(_mm512_maskz_loadu_ps(m##v, c), x);        \
-    if (row_bias) x = _mm512_add_ps(x, _mm512_set1_ps(row_bias[r]));            \
     if (Tail) _mm512_mask_storeu_ps(c, m##v, x);                                 \
     else _mm512_storeu_ps(c, x);                                                 \
   }
@@ -142,7 +141,7 @@ void tile_gathered(int K, const float* A, const int64_t* row_off, const int64_t*
 #undef STRATA_TILE_ROW
 
 using TileFn = void (*)(int, const float*, int64_t, int64_t, const float*, int64_t, float*,
-                        int64_t, __mmask16, bool, const float*);
+                        int64_t, __mmask16, bool);
 
 // tile<R, V, Tail> for R rows and V vectors, or null where R x V is not a tile (> 24).
 template <bool Tail, int R, int V>
@@ -251,14 +250,12 @@ void transpose(const float* src, int64_t lds, int rows, int cols, float* dst, in
 #pragma GCC diagnostic pop
 
 void small_gemm(int M, int N, int K, const float* A, int64_t a_row, int64_t a_col,
-                const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate,
-                const float* row_bias) {
+                const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate) {
   if (!small_gemm_supported()) throw std::logic_error("small_gemm: needs AVX-512F");
   if (M <= 0 || N <= 0) return;
   for_each_tile(M, N, [&](int m, int rows, int n, int vecs, bool tail, __mmask16 last) {
     const TileFn f = tail ? tile_for<true>(rows, vecs) : tile_for<false>(rows, vecs);
-    f(K, A + m * a_row, a_row, a_col, B + n, ldb, C + m * ldc + n, ldc, last, accumulate,
-      row_bias ? row_bias + m : nullptr);
+    f(K, A + m * a_row, a_row, a_col, B + n, ldb, C + m * ldc + n, ldc, last, accumulate);
   });
 }
 
@@ -291,7 +288,7 @@ void small_linear_forward(float* out, const float* inp, const float* weight, con
 
 #else
 void small_gemm(int, int, int, const float*, int64_t, int64_t, const float*, int64_t, float*,
-                int64_t, bool, const float*) {
+                int64_t, bool) {
   throw std::logic_error("small_gemm: needs AVX-512F");
 }
 void small_gemm_gathered(int, int, int, const float*, const int64_t*, const int64_t*,
