@@ -219,8 +219,11 @@ def report(a, results):
 # Ordered: a symbol goes to the first category whose pattern it matches (lower-cased name).
 CATEGORIES = (
     ("kernel, page faults", None),  # perf's [k] samples
-    ("operand copies, reorders", r"copy|reorder|transpos|trans_|im2col|col2im"),
-    ("GEMM kernels", r"brgemm_kernel|gemm.*kern|xbyak_gemm"),
+    ("operand copies, reorders", r"copy|reorder|transpos|trans_|im2col|col2im|paddedchunk"),
+    # oneDNN's JIT kernels, and strata's own small-row ones (kernels/cpu/small_gemm.cpp: tile,
+    # tile_gathered) and few-taps convolution products (conv_few_taps.cpp).
+    ("GEMM kernels", r"brgemm_kernel|gemm.*kern|xbyak_gemm|::tile(_gathered)?<|small_gemm|"
+                     r"forward_ck<|weight_grad_rows<"),
     ("bf16 rounding", r"round_span|to_bf16"),
     ("optimizer", r"adamw|adam_|sgd|momentum|optimizer"),
     ("loader", r"u8_to_unit_float|loader"),
