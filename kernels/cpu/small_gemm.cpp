@@ -143,37 +143,35 @@ void tile_gathered(int K, const float* A, const int64_t* row_off, const int64_t*
 using TileFn = void (*)(int, const float*, int64_t, int64_t, const float*, int64_t, float*,
                         int64_t, __mmask16, bool);
 
-// tile<R, V, Tail> for R rows and V vectors, or null where R x V is not a tile (> 24).
-template <bool Tail, int R, int V>
-constexpr TileFn tile_fn() {
-  if constexpr (R * V <= 24) return tile<R, V, Tail>;
-  else return nullptr;
-}
-template <bool Tail, size_t... I>
-constexpr std::array<TileFn, sizeof...(I)> tile_table(std::index_sequence<I...>) {
-  return {tile_fn<Tail, int(I) / kVecs + 1, int(I) % kVecs + 1>()...};
-}
-template <bool Tail>
-TileFn tile_for(int rows, int vecs) {
-  static constexpr auto table = tile_table<Tail>(std::make_index_sequence<kMaxRows * kVecs>());
-  return table[(rows - 1) * kVecs + vecs - 1];
-}
-
 using GatheredFn = void (*)(int, const float*, const int64_t*, const int64_t*, const float*,
                             int64_t, float*, int64_t, __mmask16, bool, const float*);
-template <bool Tail, int R, int V>
-constexpr GatheredFn gathered_fn() {
-  if constexpr (R * V <= 24) return tile_gathered<R, V, Tail>;
+
+// The two kernel families, for tile_for.
+struct Strided {
+  using Fn = TileFn;
+  template <int R, int V, bool Tail>
+  static constexpr Fn get() { return tile<R, V, Tail>; }
+};
+struct Gathered {
+  using Fn = GatheredFn;
+  template <int R, int V, bool Tail>
+  static constexpr Fn get() { return tile_gathered<R, V, Tail>; }
+};
+
+// Family's tile for R rows and V vectors, or null where R x V is not a tile (> 24).
+template <class Family, bool Tail, int R, int V>
+constexpr typename Family::Fn tile_fn() {
+  if constexpr (R * V <= 24) return Family::template get<R, V, Tail>();
   else return nullptr;
 }
-template <bool Tail, size_t... I>
-constexpr std::array<GatheredFn, sizeof...(I)> gathered_table(std::index_sequence<I...>) {
-  return {gathered_fn<Tail, int(I) / kVecs + 1, int(I) % kVecs + 1>()...};
+template <class Family, bool Tail, size_t... I>
+constexpr std::array<typename Family::Fn, sizeof...(I)> tile_table(std::index_sequence<I...>) {
+  return {tile_fn<Family, Tail, int(I) / kVecs + 1, int(I) % kVecs + 1>()...};
 }
-template <bool Tail>
-GatheredFn gathered_for(int rows, int vecs) {
+template <class Family, bool Tail>
+typename Family::Fn tile_for(int rows, int vecs) {
   static constexpr auto table =
-      gathered_table<Tail>(std::make_index_sequence<kMaxRows * kVecs>());
+      tile_table<Family, Tail>(std::make_index_sequence<kMaxRows * kVecs>());
   return table[(rows - 1) * kVecs + vecs - 1];
 }
 
@@ -254,7 +252,8 @@ void small_gemm(int M, int N, int K, const float* A, int64_t a_row, int64_t a_co
   if (!small_gemm_supported()) throw std::logic_error("small_gemm: needs AVX-512F");
   if (M <= 0 || N <= 0) return;
   for_each_tile(M, N, [&](int m, int rows, int n, int vecs, bool tail, __mmask16 last) {
-    const TileFn f = tail ? tile_for<true>(rows, vecs) : tile_for<false>(rows, vecs);
+    const TileFn f =
+        tail ? tile_for<Strided, true>(rows, vecs) : tile_for<Strided, false>(rows, vecs);
     f(K, A + m * a_row, a_row, a_col, B + n, ldb, C + m * ldc + n, ldc, last, accumulate);
   });
 }
@@ -265,7 +264,8 @@ void small_gemm_gathered(int M, int N, int K, const float* A, const int64_t* row
   if (!small_gemm_supported()) throw std::logic_error("small_gemm: needs AVX-512F");
   if (M <= 0 || N <= 0) return;
   for_each_tile(M, N, [&](int m, int rows, int n, int vecs, bool tail, __mmask16 last) {
-    const GatheredFn f = tail ? gathered_for<true>(rows, vecs) : gathered_for<false>(rows, vecs);
+    const GatheredFn f =
+        tail ? tile_for<Gathered, true>(rows, vecs) : tile_for<Gathered, false>(rows, vecs);
     f(K, A, row_off + m, k_off, B + n, ldb, C + m * ldc + n, ldc, last, accumulate,
       col_bias ? col_bias + n : nullptr);
   });
