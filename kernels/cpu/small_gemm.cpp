@@ -257,6 +257,7 @@ void small_gemm_gathered(int M, int N, int K, const float* A, const int64_t* row
 }
 
 void small_transpose(const float* src, int64_t lds, int rows, int cols, float* dst, int64_t ldd) {
+  if (!small_gemm_supported()) throw std::logic_error("small_transpose: needs AVX-512F");
   transpose(src, lds, rows, cols, dst, ldd);
 }
 
