@@ -3,7 +3,9 @@
 // im2col matrix cols (CK, nb*P) at padded[ck_off[ck] + pos_off[j]]. im2col wrote 9 floats per
 // input float for 3x3 kernels and the GEMMs read them back (8.2 % of the CNN's step on Zen 5,
 // twice per sample: forward and weight gradient); the padded copy is one. The same products
-// in the same order as the im2col GEMMs: bitwise their results (tests/ops/conv_pool.cpp).
+// in the same order as the im2col GEMMs: bitwise their results (tests/bitwise_vs_build.py
+// against the build before, identical; tests/ops/conv_pool.cpp checks strided and padded
+// shapes against direct convolution).
 #pragma once
 #include <cstdint>
 #include <vector>
