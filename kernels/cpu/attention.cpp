@@ -161,70 +161,65 @@ STRATA_INLINE void backward_head(float* dqkv, float* dp, const float* dout, cons
 
 // bf16 (train.precision = "bf16"): the same blocks with each product on bf16 copies of its
 // inputs (oneDNN's bf16 matmul, fp32 accumulation and output), as PyTorch's CPU autocast runs
-// attention's matmuls; scores, softmax, att and every gradient stay fp32. A head's q, k, v (and
-// dout) are rounded once into contiguous (T,hs) buffers; the scale is applied in the softmax
-// (forward) and when rounding dS (backward), so no product needs an alpha.
-struct HeadBf16 {
-  bf16_t *q, *k, *v, *g;  // (T,hs) each; g: the head's dout
-  bf16_t* p;              // (kBlock,T): a block of att, then of scale * dS
-};
-
-HeadBf16 round_head(const float* qkv, const float* dout, int T, int C, int hs) {
-  const size_t n = size_t(T) * size_t(hs);
-  bf16_t* b = bf16_scratch(0, 4 * n + size_t(kBlock) * size_t(T));
-  const HeadBf16 h{b, b + n, b + 2 * n, b + 3 * n, b + 4 * n};
-  to_bf16_rows(h.q, hs, qkv, 3 * C, T, hs, 1.f);
-  to_bf16_rows(h.k, hs, qkv + C, 3 * C, T, hs, 1.f);
-  to_bf16_rows(h.v, hs, qkv + 2 * C, 3 * C, T, hs, 1.f);
-  if (dout) to_bf16_rows(h.g, hs, dout, C, T, hs, 1.f);
-  return h;
-}
-
+// attention's matmuls; scores, softmax, att and every gradient stay fp32. qkv (and dout) are
+// rounded whole, once per call, before the heads start (one streaming pass: rounding each
+// head's 64-float rows one call at a time took a fifth of the bf16 attention's time), and each
+// head's products read them in place, as the fp32 ones read qkv; the scale is applied in the
+// softmax (forward) and when rounding dS (backward), so no product needs an alpha. p: the
+// thread's (kBlock,T) bf16 block of att, then of scale * dS.
 template <int W>
-STRATA_INLINE void forward_head_bf16(float* out, float* att, const float* qkv, int T, int C,
+STRATA_INLINE void forward_head_bf16(float* out, float* att, const bf16_t* qkv, int T, int C,
                                      int hs) {
-  const HeadBf16 h = round_head(qkv, nullptr, T, C, hs);
+  const int ld = 3 * C;
+  const bf16_t* q = qkv;
+  const bf16_t* k = qkv + C;
+  const bf16_t* v = qkv + 2 * C;
+  bf16_t* p = bf16_scratch(0, size_t(kBlock) * size_t(T));
   const float scale = 1.f / std::sqrt(float(hs));
   for (int i0 = 0; i0 < T; i0 += kBlock) {
     const int i1 = std::min(T, i0 + kBlock), m = i1 - i0;
     float* s = att + int64_t(i0) * T;
     // S[i0:i1, 0:i1] = Q[i0:i1] K[0:i1]^T;  P = softmax(scale * S);  out[i0:i1] = P V[0:i1]
-    matmul_bf16(false, true, m, i1, hs, h.q + int64_t(i0) * hs, hs, h.k, hs, s, T, nullptr,
-                false, false);
+    matmul_bf16(false, true, m, i1, hs, q + int64_t(i0) * ld, ld, k, ld, s, T, nullptr, false,
+                false);
     for (int t = i0; t < i1; ++t) softmax_row_forward<W>(att + int64_t(t) * T, t + 1, T, scale);
-    to_bf16_rows(h.p, T, s, T, m, i1, 1.f);
-    matmul_bf16(false, false, m, hs, i1, h.p, T, h.v, hs, out + int64_t(i0) * C, C, nullptr,
-                false, false);
+    to_bf16_rows(p, T, s, T, m, i1, 1.f);
+    matmul_bf16(false, false, m, hs, i1, p, T, v, ld, out + int64_t(i0) * C, C, nullptr, false,
+                false);
   }
 }
 
 // As backward_head: blocks last to first, the last writing dK and dV, earlier ones adding.
+// g: the head's dout rounded, row stride C.
 template <int W>
-STRATA_INLINE void backward_head_bf16(float* dqkv, float* dp, const float* dout,
-                                      const float* qkv, const float* att, int T, int C, int hs) {
+STRATA_INLINE void backward_head_bf16(float* dqkv, float* dp, const bf16_t* g, const bf16_t* qkv,
+                                      const float* att, int T, int C, int hs) {
   const int ld = 3 * C;
   float* dq = dqkv;
   float* dk = dqkv + C;
   float* dv = dqkv + 2 * C;
-  const HeadBf16 h = round_head(qkv, dout, T, C, hs);
+  const bf16_t* q = qkv;
+  const bf16_t* k = qkv + C;
+  const bf16_t* v = qkv + 2 * C;
+  bf16_t* p = bf16_scratch(0, size_t(kBlock) * size_t(T));
   const float scale = 1.f / std::sqrt(float(hs));
   const int nblocks = (T + kBlock - 1) / kBlock;
   for (int bi = nblocks - 1; bi >= 0; --bi) {
     const int i0 = bi * kBlock, i1 = std::min(T, i0 + kBlock), m = i1 - i0;
     const bool add = bi != nblocks - 1;
-    const bf16_t* g = h.g + int64_t(i0) * hs;
+    const bf16_t* gi = g + int64_t(i0) * C;
     // dP = dO[i0:i1] V[0:i1]^T;  dV[0:i1] (+)= P[i0:i1, 0:i1]^T dO[i0:i1]
-    matmul_bf16(false, true, m, i1, hs, g, hs, h.v, hs, dp, T, nullptr, false, false);
-    to_bf16_rows(h.p, T, att + int64_t(i0) * T, T, m, i1, 1.f);
-    matmul_bf16(true, false, i1, hs, m, h.p, T, g, hs, dv, ld, nullptr, false, add);
+    matmul_bf16(false, true, m, i1, hs, gi, C, v, ld, dp, T, nullptr, false, false);
+    to_bf16_rows(p, T, att + int64_t(i0) * T, T, m, i1, 1.f);
+    matmul_bf16(true, false, i1, hs, m, p, T, gi, C, dv, ld, nullptr, false, add);
     for (int t = i0; t < i1; ++t)
       softmax_row_backward<W>(dp + int64_t(t - i0) * T, att + int64_t(t) * T, t + 1, i1, T);
     // dQ[i0:i1] = (scale dS) K[0:i1];  dK[0:i1] (+)= (scale dS)^T Q[i0:i1]
-    to_bf16_rows(h.p, T, dp, T, m, i1, scale);
-    matmul_bf16(false, false, m, hs, i1, h.p, T, h.k, hs, dq + int64_t(i0) * ld, ld, nullptr,
-                false, false);
-    matmul_bf16(true, false, i1, hs, m, h.p, T, h.q + int64_t(i0) * hs, hs, dk, ld, nullptr,
-                false, add);
+    to_bf16_rows(p, T, dp, T, m, i1, scale);
+    matmul_bf16(false, false, m, hs, i1, p, T, k, ld, dq + int64_t(i0) * ld, ld, nullptr, false,
+                false);
+    matmul_bf16(true, false, i1, hs, m, p, T, q + int64_t(i0) * ld, ld, dk, ld, nullptr, false,
+                add);
   }
 }
 
@@ -246,18 +241,20 @@ STRATA_ISA_VARIANTS(STRATA_ATTENTION_VARIANT, "avx2")
 
 // bf16 runs only where the CPU has AVX512_BF16 (select_backend refuses it elsewhere).
 STRATA_ISA_TARGET("avx512f")
-void forward_head_bf16_avx512(float* out, float* att, const float* qkv, int T, int C, int hs) {
+void forward_head_bf16_avx512(float* out, float* att, const bf16_t* qkv, int T, int C, int hs) {
   forward_head_bf16<16>(out, att, qkv, T, C, hs);
 }
 STRATA_ISA_TARGET("avx512f")
-void backward_head_bf16_avx512(float* dqkv, float* dp, const float* dout, const float* qkv,
+void backward_head_bf16_avx512(float* dqkv, float* dp, const bf16_t* g, const bf16_t* qkv,
                                const float* att, int T, int C, int hs) {
-  backward_head_bf16<16>(dqkv, dp, dout, qkv, att, T, C, hs);
+  backward_head_bf16<16>(dqkv, dp, g, qkv, att, T, C, hs);
 }
 
-// qkv (B,T,3C) -> out (B,T,C), att (B,NH,T,T): one (batch, head) per loop iteration.
-void forward_heads(ForwardHead head, float* out, float* att, const float* qkv, int B, int T,
-                   int C, int NH) {
+// qkv (B,T,3C) -> out (B,T,C), att (B,NH,T,T): one (batch, head) per loop iteration. X: the
+// inputs' type (float, or bf16_t: rounded copies).
+template <class X>
+void forward_heads(void (*head)(float*, float*, const X*, int, int, int), float* out,
+                   float* att, const X* qkv, int B, int T, int C, int NH) {
   STRATA_CHECK(NH > 0 && C % NH == 0, "attention: C = {} is not a multiple of NH = {}", C, NH);
   const int hs = C / NH;
 #pragma omp parallel for schedule(static)
@@ -269,8 +266,10 @@ void forward_heads(ForwardHead head, float* out, float* att, const float* qkv, i
 }
 
 // dout (B,T,C), qkv (B,T,3C), att (B,NH,T,T) -> dqkv (B,T,3C)
-void backward_heads(BackwardHead head, float* dqkv, const float* dout, const float* qkv,
-                    const float* att, int B, int T, int C, int NH) {
+template <class X>
+void backward_heads(void (*head)(float*, float*, const X*, const X*, const float*, int, int, int),
+                    float* dqkv, const X* dout, const X* qkv, const float* att, int B, int T,
+                    int C, int NH) {
   STRATA_CHECK(NH > 0 && C % NH == 0, "attention: C = {} is not a multiple of NH = {}", C, NH);
   const int hs = C / NH;
 #pragma omp parallel for schedule(static)
@@ -288,25 +287,34 @@ void backward_heads(BackwardHead head, float* dqkv, const float* dout, const flo
 void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) {
   static const ForwardHead head =
       pick_isa(forward_head_avx512, forward_head_avx2, forward_head_generic);
-  forward_heads(head, out, att, qkv, B, T, C, NH);
+  forward_heads<float>(head, out, att, qkv, B, T, C, NH);
 }
 
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B,
                         int T, int C, int NH) {
   static const BackwardHead head =
       pick_isa(backward_head_avx512, backward_head_avx2, backward_head_generic);
-  backward_heads(head, dqkv, dout, qkv, att, B, T, C, NH);
+  backward_heads<float>(head, dqkv, dout, qkv, att, B, T, C, NH);
 }
 
 namespace bf16 {
 
+// Slots 1 and 2 of the calling thread's bf16 buffers (the heads' threads use slot 0).
 void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) {
-  forward_heads(forward_head_bf16_avx512, out, att, qkv, B, T, C, NH);
+  const int64_t n = int64_t(B) * T * 3 * C;
+  bf16_t* q16 = bf16_scratch(1, size_t(n));
+  to_bf16(q16, qkv, n);
+  forward_heads<bf16_t>(forward_head_bf16_avx512, out, att, q16, B, T, C, NH);
 }
 
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B,
                         int T, int C, int NH) {
-  backward_heads(backward_head_bf16_avx512, dqkv, dout, qkv, att, B, T, C, NH);
+  const int64_t n = int64_t(B) * T * 3 * C;
+  bf16_t* q16 = bf16_scratch(1, size_t(n));
+  bf16_t* g16 = bf16_scratch(2, size_t(n / 3));
+  to_bf16(q16, qkv, n);
+  to_bf16(g16, dout, n / 3);
+  backward_heads<bf16_t>(backward_head_bf16_avx512, dqkv, g16, q16, att, B, T, C, NH);
 }
 
 }  // namespace bf16
