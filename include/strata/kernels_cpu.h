@@ -75,15 +75,29 @@ void to_bf16_rows(bf16_t* dst, int64_t ldd, const float* src, int64_t lds, int r
 // gradient in the pass that rounds its output gradient.
 void to_bf16_col_sums(bf16_t* dst, const float* src, int rows, int cols, float* sums,
                       bool accumulate);
+// B (K, N) rounded to bf16 into the blocked layout oneDNN's bf16 brgemm kernels read B in
+// (BA16a64b2a: K padded to 32 and N to 64 with zeros; packed_b_elems(K, N) bf16s): from B
+// row-major (K, N), or with trans from B^T row-major (N, K) (a linear layer's weight as its
+// forward reads it). One pass where rounding and the matmul's own copy of B were two.
+int64_t packed_b_elems(int K, int N);
+void to_bf16_packed_b(bf16_t* dst, const float* B, int64_t ldb, bool trans, int K, int N);
 // At least n bf16 of the calling thread's buffer `slot` (< kBf16ScratchSlots), kept between
 // calls: an op's bf16 copies of its GEMM operands.
-constexpr int kBf16ScratchSlots = 3;
+constexpr int kBf16ScratchSlots = 4;  // the last: matmul_bf16_rounding_b's
 bf16_t* bf16_scratch(int slot, size_t n);
 // matmul with bf16 A and B (layouts as matmul's), fp32 accumulation, C (+ bias, ReLU) in fp32;
 // accumulate adds the product to C.
 void matmul_bf16(bool trans_a, bool trans_b, int M, int N, int K, const bf16_t* A, int lda,
                  const bf16_t* B, int ldb, float* C, int ldc, const float* bias, bool relu,
                  bool accumulate);
+// matmul_bf16 with B given in fp32 (layout as matmul's): rounded straight into the layout the
+// kernels read (to_bf16_packed_b) where that is the one oneDNN chose, else rounded as it is.
+// With dense operands (leading dimensions their rows' lengths, as the ops pass them) the same
+// results, bitwise, as rounding B and calling matmul_bf16: the same brgemm kernels (oneDNN 2.6
+// runs other kernels, summing otherwise, on strided ones).
+void matmul_bf16_rounding_b(bool trans_a, bool trans_b, int M, int N, int K, const bf16_t* A,
+                            int lda, const float* B, int ldb, float* C, int ldc, const float* bias,
+                            bool relu, bool accumulate);
 
 // ---- int8 (kernels/cpu/int8.cpp, gemm.cpp) ---------------------------------------------
 // C (M,N) int32 = A (M,K) u8 @ B^T, B (N,K) s8 row-major: oneDNN's int8 matmul (VNNI where

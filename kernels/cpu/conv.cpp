@@ -180,7 +180,8 @@ float* padded_scratch(float* scratch, const Conv2dShape& s) {
 }
 
 // The three GEMMs of a chunk, in fp32 or (train.precision = "bf16") on bf16 copies of their
-// inputs: the weight rounded once per call, dy once per chunk for both backward products.
+// inputs: the weight rounded once per call, dy once per chunk for both backward products, the
+// columns straight into the layout the matmul's kernels read (matmul_bf16_rounding_b).
 // fp32 on AVX-512 (but for few taps) takes small_gemm.h's kernels: the forward and the weight
 // gradient read the padded input in place (implicit(), conv_implicit.h), the input gradient's
 // product its operands where they are (the transposed weight is a stride). The weight gradient
@@ -208,8 +209,8 @@ class ChunkGemms {
     if (!bf16_)
       return sgemm(false, false, OC, int(n), int(CK), 1.f, w_, int(CK), cols, int(n),
                    add ? 1.f : 0.f, y, int(n));
-    matmul_bf16(false, false, OC, int(n), int(CK), wb_, int(CK), rounded(0, cols, CK * n),
-                int(n), y, int(n), nullptr, false, add);
+    matmul_bf16_rounding_b(false, false, OC, int(n), int(CK), wb_, int(CK), cols, int(n), y,
+                           int(n), nullptr, false, add);
   }
   // Backward's gradient at the chunk's output, dy (OC, n), for the next two products.
   void set_dy(const float* dy, int OC, int64_t n) {
@@ -232,8 +233,8 @@ class ChunkGemms {
     if (!bf16_)
       return sgemm(false, true, OC, int(CK), int(n), 1.f, dy_, int(n), cols, int(n),
                    add ? 1.f : 0.f, dweight, int(CK));
-    matmul_bf16(false, true, OC, int(CK), int(n), dyb_, int(n), rounded(0, cols, CK * n),
-                int(n), dweight, int(CK), nullptr, false, add);
+    matmul_bf16_rounding_b(false, true, OC, int(CK), int(n), dyb_, int(n), cols, int(n),
+                           dweight, int(CK), nullptr, false, add);
   }
   // The same on the implicit path: the sums go to `transposed` (CK x OC) and to dweight at
   // weight_grad_done; `spare` holds dy^T (n x OC).

@@ -69,15 +69,20 @@ namespace {
 struct Matmul {
   dnnl::matmul prim;
   dnnl::memory a, b, c, bias;  // descriptors bound to the caller's pointers at each call
-  dnnl::memory packed;         // with pack_b: B in the primitive's blocked layout (in the
-  dnnl::reorder pack;          // cache's scratch), and the reorder that writes it at each call
+  dnnl::memory packed;         // packed B: B in the primitive's blocked layout (in the
+  dnnl::reorder pack;          // cache's scratch), and (PackB::reorder) the reorder writing it
+  bool ours = false;           // PackB::rounded: that layout is to_bf16_packed_b's
 };
 
 // What A, B and C hold: fp32 throughout, bf16 inputs with fp32 C, or u8 (s8) A, s8 B, s32 C.
 enum class Types { f32, bf16, u8s8, s8s8 };
-// (trans_a, trans_b, M, N, K, lda, ldb, ldc, bias, relu, accumulate, types, pack_b)
+// How B reaches the kernels: as the caller has it (they copy it into their layout as they go);
+// reordered into their layout by oneDNN first (fp32); or given in fp32 and rounded to bf16
+// into their layout by to_bf16_packed_b (bf16).
+enum class PackB { none, reorder, rounded };
+// (trans_a, trans_b, M, N, K, lda, ldb, ldc, bias, relu, accumulate, types, pack)
 using MatmulKey =
-    std::tuple<bool, bool, int, int, int, int, int, int, bool, bool, bool, Types, bool>;
+    std::tuple<bool, bool, int, int, int, int, int, int, bool, bool, bool, Types, PackB>;
 
 struct MatmulCache {
   dnnl::engine eng{dnnl::engine::kind::cpu, 0};
@@ -103,7 +108,7 @@ Matmul& get_matmul(MatmulCache& mc, const MatmulKey& key) {
   auto it = mc.prims.find(key);
   if (it != mc.prims.end()) return it->second;
   if (mc.prims.size() >= 128) mc.prims.clear();  // shapes that keep changing: bound the memory
-  const auto [ta, tb, M, N, K, lda, ldb, ldc, has_bias, relu, accumulate, types, pack_b] = key;
+  const auto [ta, tb, M, N, K, lda, ldb, ldc, has_bias, relu, accumulate, types, pack] = key;
   using dt = dnnl::memory::data_type;
   using dims = dnnl::memory::dims;
   const bool int8 = types == Types::u8s8 || types == Types::s8s8;
@@ -122,9 +127,10 @@ Matmul& get_matmul(MatmulCache& mc, const MatmulKey& key) {
   if (accumulate) ops.append_sum(1.f);  // C = C + product (before any eltwise)
   if (relu) ops.append_eltwise(1.f, dnnl::algorithm::eltwise_relu, 0.f, 0.f);
   if (accumulate || relu) attr.set_post_ops(ops);
-  // pack_b: the primitive says which layout its kernels read B in (format_tag::any).
+  // Packed: the primitive says which layout its kernels read B in (format_tag::any).
   const dnnl::memory::desc b_use =
-      pack_b ? dnnl::memory::desc(dims{K, N}, b_t, dnnl::memory::format_tag::any) : b_md;
+      pack != PackB::none ? dnnl::memory::desc(dims{K, N}, b_t, dnnl::memory::format_tag::any)
+                          : b_md;
   auto desc = has_bias ? dnnl::matmul::desc(a_md, b_use, bias_md, c_md)
                        : dnnl::matmul::desc(a_md, b_use, c_md);
   dnnl::matmul::primitive_desc pd(desc, attr, mc.eng);
@@ -134,17 +140,21 @@ Matmul& get_matmul(MatmulCache& mc, const MatmulKey& key) {
   m.b = dnnl::memory(b_md, mc.eng, DNNL_MEMORY_NONE);
   m.c = dnnl::memory(c_md, mc.eng, DNNL_MEMORY_NONE);
   if (has_bias) m.bias = dnnl::memory(bias_md, mc.eng, DNNL_MEMORY_NONE);
-  if (pack_b) {
-    m.packed = dnnl::memory(pd.weights_desc(), mc.eng, DNNL_MEMORY_NONE);
-    m.pack = dnnl::reorder(m.b, m.packed);
+  if (pack != PackB::none) m.packed = dnnl::memory(pd.weights_desc(), mc.eng, DNNL_MEMORY_NONE);
+  if (pack == PackB::reorder) m.pack = dnnl::reorder(m.b, m.packed);
+  if (pack == PackB::rounded) {  // the layout to_bf16_packed_b writes, or the caller falls back
+    const dnnl::memory::desc ours(dims{K, N}, dt::bf16, dnnl::memory::format_tag::BA16a64b2a);
+    m.ours = pd.weights_desc() == ours &&
+             pd.weights_desc().get_size() == size_t(packed_b_elems(K, N)) * sizeof(bf16_t);
   }
   return mc.prims.emplace(key, std::move(m)).first->second;
 }
 
-// A, B and C hold what `types` says (C float unless u8s8, then int32).
+// A, B and C hold what `types` says (C float unless u8s8, then int32; B float with
+// PackB::rounded).
 void run_matmul(bool trans_a, bool trans_b, int M, int N, int K, const void* A, int lda,
                 const void* B, int ldb, void* Cv, int ldc, const float* bias, bool relu,
-                bool accumulate, Types types = Types::f32, bool pack_b = false) {
+                bool accumulate, Types types = Types::f32, PackB pack = PackB::none) {
   if (M <= 0 || N <= 0) return;
   if ((types == Types::u8s8 || types == Types::s8s8) && K <= 0) {
     for (int i = 0; i < M; ++i) std::fill_n(static_cast<int32_t*>(Cv) + int64_t(i) * ldc, N, 0);
@@ -163,16 +173,25 @@ void run_matmul(bool trans_a, bool trans_b, int M, int N, int K, const void* A, 
   try {
     MatmulCache& mc = matmul_cache();
     Matmul& m = get_matmul(mc, {trans_a, trans_b, M, N, K, lda, ldb, ldc, bias != nullptr, relu,
-                                accumulate, types, pack_b});
+                                accumulate, types, pack});
+    if (pack == PackB::rounded && !m.ours) {  // a layout of oneDNN's choosing: B rounded as it is
+      const int64_t n = trans_b ? int64_t(N - 1) * ldb + K : int64_t(K - 1) * ldb + N;
+      bf16_t* b16 = bf16_scratch(kBf16ScratchSlots - 1, size_t(n));
+      to_bf16(b16, static_cast<const float*>(B), n);
+      return run_matmul(trans_a, trans_b, M, N, K, A, lda, b16, ldb, Cv, ldc, bias, relu,
+                        accumulate, Types::bf16);
+    }
     m.a.set_data_handle(const_cast<void*>(A));
     m.b.set_data_handle(const_cast<void*>(B));
     m.c.set_data_handle(Cv);
-    if (pack_b) {  // B as it is now: nothing kept from the call before
+    if (pack != PackB::none)  // B as it is now: nothing kept from the call before
       m.packed.set_data_handle(mc.scratch(m.packed.get_desc().get_size()));
-      m.pack.execute(mc.stream, m.b, m.packed);
-    }
+    if (pack == PackB::reorder) m.pack.execute(mc.stream, m.b, m.packed);
+    if (pack == PackB::rounded)
+      to_bf16_packed_b(static_cast<bf16_t*>(m.packed.get_data_handle()),
+                       static_cast<const float*>(B), ldb, trans_b, K, N);
     dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, m.a.get()},
-                               {DNNL_ARG_WEIGHTS, pack_b ? m.packed.get() : m.b.get()},
+                               {DNNL_ARG_WEIGHTS, pack != PackB::none ? m.packed.get() : m.b.get()},
                                {DNNL_ARG_DST, m.c.get()},
                                {DNNL_ARG_BIAS, nullptr}};
     int nargs = 3;
@@ -203,7 +222,7 @@ void matmul(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int
 void matmul_packed_b(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda,
                      const float* B, int ldb, float* C, int ldc, const float* bias, bool relu) {
   run_matmul(trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc, bias, relu, false, Types::f32,
-             true);
+             PackB::reorder);
 }
 
 void matmul_accumulate(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda,
@@ -216,6 +235,13 @@ void matmul_bf16(bool trans_a, bool trans_b, int M, int N, int K, const bf16_t* 
                  bool accumulate) {
   run_matmul(trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc, bias, relu, accumulate,
              Types::bf16);
+}
+
+void matmul_bf16_rounding_b(bool trans_a, bool trans_b, int M, int N, int K, const bf16_t* A,
+                            int lda, const float* B, int ldb, float* C, int ldc, const float* bias,
+                            bool relu, bool accumulate) {
+  run_matmul(trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc, bias, relu, accumulate,
+             Types::bf16, PackB::rounded);
 }
 
 void matmul_u8s8(int M, int N, int K, const uint8_t* A, int lda, const int8_t* B, int ldb,

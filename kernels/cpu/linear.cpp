@@ -148,9 +148,12 @@ void backward_products(float* dinp, float* dweight, float* dbias, const float* d
     matmul(true, false, O, I, B, dout, O, inp, I, dweight, I, nullptr, false);
 }
 
-// bf16 (train.precision = "bf16"): the same products on bf16 copies of their inputs, each
-// operand rounded once per call (dout serves both backward products), all through the matmul
-// primitive: its bf16 kernels beat the fp32 ones on every shape, small ones included.
+// bf16 (train.precision = "bf16"): the same products on bf16 copies of their inputs, all
+// through the matmul primitive (its bf16 kernels beat the fp32 ones on every shape, small ones
+// included). Each A operand is rounded once per call (dout serves both backward products); each
+// B operand (the weight, and inp for the weight gradient) is rounded straight into the layout
+// the kernels read, in one pass where rounding and the kernels' own copy of it were two
+// (matmul_bf16_rounding_b).
 const bf16_t* rounded(int slot, const float* x, int64_t n) {
   bf16_t* r = bf16_scratch(slot, size_t(n));
   to_bf16(r, x, n);
@@ -159,8 +162,8 @@ const bf16_t* rounded(int slot, const float* x, int64_t n) {
 
 void forward_bf16(float* out, const float* inp, const float* weight, const float* bias, int B,
                   int I, int O, bool relu) {
-  matmul_bf16(false, true, B, O, I, rounded(0, inp, int64_t(B) * I), I,
-              rounded(1, weight, int64_t(O) * I), I, out, O, bias, relu, false);
+  matmul_bf16_rounding_b(false, true, B, O, I, rounded(0, inp, int64_t(B) * I), I, weight, I,
+                         out, O, bias, relu, false);
 }
 
 void backward_products_bf16(float* dinp, float* dweight, float* dbias, const float* dout,
@@ -173,11 +176,11 @@ void backward_products_bf16(float* dinp, float* dweight, float* dbias, const flo
   else
     to_bf16(d, dout, int64_t(B) * O);
   if (dinp)
-    matmul_bf16(false, false, B, I, O, d, O, rounded(1, weight, int64_t(O) * I), I, dinp, I,
-                nullptr, false, false);
+    matmul_bf16_rounding_b(false, false, B, I, O, d, O, weight, I, dinp, I, nullptr, false,
+                           false);
   if (dweight)
-    matmul_bf16(true, false, O, I, B, d, O, rounded(2, inp, int64_t(B) * I), I, dweight, I,
-                nullptr, false, accumulate);
+    matmul_bf16_rounding_b(true, false, O, I, B, d, O, inp, I, dweight, I, nullptr, false,
+                           accumulate);
 }
 
 }  // namespace
