@@ -219,12 +219,14 @@ def report(a, results):
 # Ordered: a symbol goes to the first category whose pattern it matches (lower-cased name).
 CATEGORIES = (
     ("kernel, page faults", None),  # perf's [k] samples
+    # bf16 operands rounded (round_col_sums: with the bias gradient's sums), or rounded into
+    # the blocked layout the kernels read (pack_block*: rounding and copy in one pass).
+    ("bf16 rounding, packing", r"round_span|round_col_sums|to_bf16|pack_block"),
     ("operand copies, reorders", r"copy|reorder|transpos|trans_|im2col|col2im|paddedchunk"),
     # oneDNN's JIT kernels, and strata's own small-row ones (kernels/cpu/small_gemm.cpp: tile,
     # tile_gathered) and few-taps convolution products (conv_few_taps.cpp).
     ("GEMM kernels", r"brgemm_kernel|gemm.*kern|xbyak_gemm|::tile(_gathered)?<|small_gemm|"
                      r"forward_ck<|weight_grad_rows<"),
-    ("bf16 rounding", r"round_span|to_bf16"),
     ("optimizer", r"adamw|adam_|sgd|momentum|optimizer"),
     ("loader", r"u8_to_unit_float|loader"),
     # gelu, relu, layernorm (forward_rows, backward_rows), softmax, residual, attention's own
