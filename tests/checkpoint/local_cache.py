@@ -86,7 +86,12 @@ elif case == "newer":
     args = common + ["--output.dir", out, "--resume", "auto", "--checkpoint.local_dir", local]
     run(strata, 2, args + ["--train.max_steps", "200"])
     shared, cache = os.path.join(out, "checkpoints"), cache_dir(local)
-    if steps_of(shared) != list(range(50, 201, 50)) or steps_of(cache) != steps_of(shared):
+    # Every checkpoint is written locally; the shared copy of one may be superseded by a newer
+    # one while the copier is still busy (SharedCopier keeps only the newest waiting), so on a
+    # loaded machine the shared directory can skip an intermediate step, never the last.
+    every = list(range(50, 201, 50))
+    if steps_of(cache) != every or 200 not in steps_of(shared) or \
+            not set(steps_of(shared)) <= set(every):
         fail(f"after 200 steps: shared {steps_of(shared)}, local {steps_of(cache)}")
     # The copy of step 200 never reached the shared directory.
     os.remove(os.path.join(shared, "ckpt-000000200.h5"))
@@ -101,10 +106,12 @@ elif case == "newer":
     a, b = os.path.join(cache, "ckpt-000000200.h5"), os.path.join(shared, "ckpt-000000200.h5")
     if not os.path.exists(b) or not filecmp.cmp(a, b, shallow=False):
         fail(f"the shared directory did not catch up with a copy of {a}")
-    if latest(shared) != "ckpt-000000400.h5" or steps_of(shared) != list(range(50, 401, 50)):
-        fail(f"shared directory at the end: {steps_of(shared)}, latest {latest(shared)}")
+    at_end = steps_of(shared)
+    if latest(shared) != "ckpt-000000400.h5" or 400 not in at_end or \
+            not set(at_end) <= set(range(50, 401, 50)):
+        fail(f"shared directory at the end: {at_end}, latest {latest(shared)}")
     print(f"resumed from the local copy at step 200; the shared directory caught up ({b} "
-          "byte-identical) and holds every checkpoint to 400")
+          f"byte-identical) and ends at 400 ({len(at_end)} of 8 checkpoints copied)")
     assert_bitwise(ref, os.path.join(out, "model.h5"), "resumed from a local copy newer than the shared one")
 
 elif case == "reader":
