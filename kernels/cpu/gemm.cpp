@@ -12,6 +12,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <stdexcept>
@@ -98,6 +99,13 @@ struct MatmulCache {
   }
 };
 
+// STRATA_TEST_BF16_PLAIN_B=1 (a test hook, read as each primitive is made): matmul_bf16_rounding_b
+// takes its other route, as on a CPU whose kernels read B in another layout (AMX's, say).
+bool plain_b_for_tests() {
+  const char* v = std::getenv("STRATA_TEST_BF16_PLAIN_B");
+  return v && std::string(v) == "1";
+}
+
 // Per thread (a stream belongs to one thread); a training run uses a handful of shapes.
 MatmulCache& matmul_cache() {
   thread_local MatmulCache cache;
@@ -145,7 +153,8 @@ Matmul& get_matmul(MatmulCache& mc, const MatmulKey& key) {
   if (pack == PackB::rounded) {  // the layout to_bf16_packed_b writes, or the caller falls back
     const dnnl::memory::desc ours(dims{K, N}, dt::bf16, dnnl::memory::format_tag::BA16a64b2a);
     m.ours = pd.weights_desc() == ours &&
-             pd.weights_desc().get_size() == size_t(packed_b_elems(K, N)) * sizeof(bf16_t);
+             pd.weights_desc().get_size() == size_t(packed_b_elems(K, N)) * sizeof(bf16_t) &&
+             !plain_b_for_tests();
   }
   return mc.prims.emplace(key, std::move(m)).first->second;
 }
