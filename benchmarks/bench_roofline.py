@@ -369,6 +369,9 @@ def main():
     if a.check_flops:
         return check_flops(a)
     a.bench_gemm = a.bench_gemm or os.path.join(os.path.dirname(a.strata), "benchmarks", "bench_gemm")
+    if not a.profile_only and not os.access(a.bench_gemm, os.X_OK):
+        die(f"no bench_gemm at {a.bench_gemm} (it measures the peak; build it beside --strata, "
+            "or pass --bench-gemm)")
     names = parse_models(a.models)
     a.gpt = bb.gpt_settings(a)
     if any(n.startswith("gpt") for n in names):
