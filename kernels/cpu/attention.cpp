@@ -165,9 +165,9 @@ STRATA_INLINE void backward_head(float* dqkv, float* dp, const float* dout, cons
 // rounded whole, once per call, before the heads start (one streaming pass; rounding each
 // head's 64-float rows one call at a time, the rounding's share of the bf16 attention's time
 // was 22 % in perf, now 15 %, the rest rounding P and dS), and each head's products read them
-// in place, as the fp32 ones read qkv; the scale is applied in the
-// softmax (forward) and when rounding dS (backward), so no product needs an alpha. p: the
-// thread's (kBlock,T) bf16 block of att, then of scale * dS.
+// in place, as the fp32 ones read qkv. The scale is applied in the softmax (forward) and when
+// rounding dS (backward), so no product needs an alpha. p: the thread's (kBlock,T) bf16 block
+// of att, then of scale * dS.
 template <int W>
 STRATA_INLINE void forward_head_bf16(float* out, float* att, const bf16_t* qkv, int T, int C,
                                      int hs) {

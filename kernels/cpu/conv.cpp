@@ -23,9 +23,6 @@
 namespace strata::cpu {
 namespace {
 
-int64_t ck_of(const Conv2dShape& s) { return int64_t(s.C) * s.KH * s.KW; }
-int64_t p_of(const Conv2dShape& s) { return int64_t(s.OH()) * s.OW(); }
-
 // Samples per chunk: enough for ~200 gemm columns (nb*P). Per-sample gemms on large images
 // keep cols in L2 and need no layout transposition; small late-layer images batch a few
 // samples so the gemm is not tiny. Measured at batch 64 (one thread, OpenBLAS SkylakeX, before the switch to oneDNN's sgemm):

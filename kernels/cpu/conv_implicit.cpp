@@ -7,11 +7,6 @@
 
 namespace strata::cpu {
 
-namespace {
-int64_t ck_of(const Conv2dShape& s) { return int64_t(s.C) * s.KH * s.KW; }
-int64_t p_of(const Conv2dShape& s) { return int64_t(s.OH()) * s.OW(); }
-}  // namespace
-
 int64_t PaddedChunk::padded_floats(const Conv2dShape& s, int nb) {
   return int64_t(nb) * s.C * (s.H + 2 * s.pad) * (s.W + 2 * s.pad);
 }
@@ -38,12 +33,12 @@ PaddedChunk::PaddedChunk(float* scratch, const float* inp, int nb, const Conv2dS
   padded = scratch, ck_off = ck.data(), pos_off = pos.data();
 }
 
-// out^T (nb*P, OC) = cols^T @ weight^T + bias, each row a position reading its receptive field
-// in place, then each sample's (P, OC) block transposed into out.
 void implicit_weight_t(float* w_t, const float* weight, const Conv2dShape& s) {
   small_transpose(weight, ck_of(s), s.OC, int(ck_of(s)), w_t, s.OC);
 }
 
+// out^T (nb*P, OC) = cols^T @ weight^T + bias, each row a position reading its receptive field
+// in place, then each sample's (P, OC) block transposed into out.
 void implicit_forward(float* out, const PaddedChunk& x, const float* w_t, const float* bias,
                       int nb, const Conv2dShape& s, float* out_t) {
   const int64_t CK = ck_of(s), P = p_of(s), n = nb * P;

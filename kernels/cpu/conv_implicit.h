@@ -14,6 +14,10 @@
 
 namespace strata::cpu {
 
+// A convolution's im2col dimensions: rows C*KH*KW, columns per sample OH*OW.
+inline int64_t ck_of(const Conv2dShape& s) { return int64_t(s.C) * s.KH * s.KW; }
+inline int64_t p_of(const Conv2dShape& s) { return int64_t(s.OH()) * s.OW(); }
+
 // A chunk's input (nb samples), zero-padded by s.pad on every side, and the offsets that read
 // it as cols (CK, nb*P).
 struct PaddedChunk {

@@ -37,6 +37,24 @@ std::vector<float> rounded(const std::vector<float>& x) {
   return out;
 }
 
+// matmul_bf16_rounding_b on B (fp32, dense: row stride N, or K with trans) against
+// matmul_bf16 on B's rounded copy, both from C = 1 (so accumulate shows): bitwise the same?
+bool rounding_b_matches(int M, int N, int K, bool trans, const std::vector<float>& B, Rng& rng,
+                        bool accumulate) {
+  std::vector<float> A(size_t(M) * K);
+  for (auto& e : A) e = rng.uniform(-2.f, 2.f);
+  std::vector<cpu::bf16_t> Ab(A.size()), Bb(B.size());
+  cpu::to_bf16(Ab.data(), A.data(), int64_t(A.size()));
+  cpu::to_bf16(Bb.data(), B.data(), int64_t(B.size()));
+  const int ld = trans ? K : N;
+  std::vector<float> got(size_t(M) * N, 1.f), want(got);
+  cpu::matmul_bf16_rounding_b(false, trans, M, N, K, Ab.data(), K, B.data(), ld, got.data(), N,
+                              nullptr, false, accumulate);
+  cpu::matmul_bf16(false, trans, M, N, K, Ab.data(), K, Bb.data(), ld, want.data(), N, nullptr,
+                   false, accumulate);
+  return std::memcmp(got.data(), want.data(), sizeof(float) * got.size()) == 0;
+}
+
 }  // namespace
 
 TEST_CASE("bf16: rounding to nearest even, NaN kept, every length", "[bf16]") {
@@ -164,23 +182,11 @@ TEST_CASE("bf16: B rounded into the kernels' blocked layout: each element where 
       CHECK(placed);
       // The product through the packed path against the plain path on rounded copies, with B
       // dense as the ops pass it (on strided operands oneDNN runs other kernels, other sums).
-      const int ld = trans ? K : N;
       std::vector<float> dense(size_t(K) * N);
       for (int k = 0; k < K; ++k)
         for (int n = 0; n < N; ++n) dense[trans ? size_t(n) * K + k : size_t(k) * N + n] = at(k, n);
-      std::vector<float> A(size_t(M) * K);
-      for (auto& e : A) e = rng.uniform(-2.f, 2.f);
-      std::vector<cpu::bf16_t> Ab(A.size()), Bb(dense.size());
-      cpu::to_bf16(Ab.data(), A.data(), int64_t(A.size()));
-      cpu::to_bf16(Bb.data(), dense.data(), int64_t(dense.size()));
-      for (bool accumulate : {false, true}) {
-        std::vector<float> got(size_t(M) * N, 1.f), want(got);
-        cpu::matmul_bf16_rounding_b(false, trans, M, N, K, Ab.data(), K, dense.data(), ld,
-                                    got.data(), N, nullptr, false, accumulate);
-        cpu::matmul_bf16(false, trans, M, N, K, Ab.data(), K, Bb.data(), ld, want.data(), N,
-                         nullptr, false, accumulate);
-        CHECK(std::memcmp(got.data(), want.data(), sizeof(float) * got.size()) == 0);
-      }
+      for (bool accumulate : {false, true})
+        CHECK(rounding_b_matches(M, N, K, trans, dense, rng, accumulate));
     }
   }
 }
@@ -193,22 +199,14 @@ TEST_CASE("bf16: where the kernels read B in another layout, B is rounded as it 
   Rng rng(10);
   // Shapes no other test makes (primitives are made once per shape, when the hook is read).
   for (bool trans : {false, true}) {
-    const int M = 29, K = 131, N = 75, ld = trans ? K : N;
-    std::vector<float> A(size_t(M) * K), B(size_t(K) * N);
-    for (auto& e : A) e = rng.uniform(-2.f, 2.f);
+    const int M = 29, K = 131, N = 75;
+    std::vector<float> B(size_t(K) * N);
     for (auto& e : B) e = rng.uniform(-2.f, 2.f);
-    std::vector<cpu::bf16_t> Ab(A.size()), Bb(B.size());
-    cpu::to_bf16(Ab.data(), A.data(), int64_t(A.size()));
-    cpu::to_bf16(Bb.data(), B.data(), int64_t(B.size()));
-    std::vector<float> got(size_t(M) * N), want(got);
     ::setenv("STRATA_TEST_BF16_PLAIN_B", "1", 1);
-    cpu::matmul_bf16_rounding_b(false, trans, M, N, K, Ab.data(), K, B.data(), ld, got.data(), N,
-                                nullptr, false, false);
+    const bool same = rounding_b_matches(M, N, K, trans, B, rng, false);
     ::unsetenv("STRATA_TEST_BF16_PLAIN_B");
-    cpu::matmul_bf16(false, trans, M, N, K, Ab.data(), K, Bb.data(), ld, want.data(), N, nullptr,
-                     false, false);
     INFO((trans ? "B^T" : "B"));
-    CHECK(std::memcmp(got.data(), want.data(), sizeof(float) * got.size()) == 0);
+    CHECK(same);
   }
 }
 
