@@ -159,7 +159,10 @@ __attribute__((target("avx512f"))) inline __mmask16 first(int n) {
   return n >= 16 ? __mmask16(0xffff) : n <= 0 ? __mmask16(0) : __mmask16((1u << n) - 1);
 }
 
-// One 32 x 64 block from B row-major (K, N): rows k0.. and columns n0.. of it.
+// One 32 x 64 block from B row-major (K, N): rows k0.. and columns n0.. of it. A strip's 32
+// rows are read 256 bytes at a time, block after block: 32 streams, too many for the
+// hardware's prefetchers (on an AMD EPYC Zen 5 a cold 2048 x 1536 B packed in 1240 us, 785 with
+// each row's next 256 bytes prefetched a block ahead: 1.6x; 2048 x 384: 1.85x).
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void pack_block(
     bf16_t* blk, const float* B, int64_t ldb, int K, int N, int k0, int n0) {
   for (int kk = 0; kk < kPackK / 2; ++kk) {
@@ -167,6 +170,10 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void pack_block(
     for (int c = 0; c < kPackN / 16; ++c) {
       const int n = n0 + 16 * c;
       const __mmask16 m = first(N - n);
+      if (k + 1 < K) {  // the next panel's same lines (prefetches never fault past the end)
+        _mm_prefetch(reinterpret_cast<const char*>(B + k * ldb + n + kPackN), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(B + (k + 1) * ldb + n + kPackN), _MM_HINT_T0);
+      }
       const __m512 a = k < K ? _mm512_maskz_loadu_ps(m, B + k * ldb + n) : _mm512_setzero_ps();
       const __m512 b =
           k + 1 < K ? _mm512_maskz_loadu_ps(m, B + (k + 1) * ldb + n) : _mm512_setzero_ps();
@@ -207,7 +214,9 @@ __attribute__((target("avx512f"))) inline void transpose_16x16_u32(__m512i* u) {
   for (int i = 0; i < 16; ++i) u[i] = t[i];
 }
 
-// One 32 x 64 block from B^T: W row-major (N, K) holds element (k, n) at W[n * ldw + k].
+// One 32 x 64 block from B^T: W row-major (N, K) holds element (k, n) at W[n * ldw + k]. 64
+// streams of 128 bytes a block: the next block's lines prefetched as pack_block's (Zen 5, a
+// cold 384 x 1152 weight: 268 -> 116 us; 1536 x 384: 373 -> 216 us; 384 x 1536: 362 -> 290 us).
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void pack_block_transposed(
     bf16_t* blk, const float* W, int64_t ldw, int K, int N, int k0, int n0) {
   const __mmask16 lo = first(K - k0), hi = first(K - k0 - 16);
@@ -220,6 +229,8 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void pack_block_
         continue;
       }
       const float* row = W + n * ldw + k0;
+      _mm_prefetch(reinterpret_cast<const char*>(row + kPackK), _MM_HINT_T0);  // the next block's
+      _mm_prefetch(reinterpret_cast<const char*>(row + kPackK + 16), _MM_HINT_T0);
       const __m512bh v = _mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(hi, row + 16),
                                              _mm512_maskz_loadu_ps(lo, row));
       u[r] = reinterpret_cast<const __m512i&>(v);  // 32-bit unit kk: the pair (k0+2kk, +1)
