@@ -179,7 +179,8 @@ class LmHead final : public SplitLayer {
   Param* wte_ = nullptr;
 };
 
-// What a block's backward needs from its forward, and the block's workspaces.
+// What a block's backward needs from its forward, and the block's workspaces. fc: c_fc's output,
+// or, where the backend keeps it, GELU's derivative there (Block::gelu_forward).
 struct BlockActs {
   Tensor ln1, st1, qkv, att, y, res1, ln2, st2, fc, fcg;
 };
@@ -337,7 +338,7 @@ class Block final : public Layer {
       d = gm;
     }
     be.linear_backward(g4, pg(kMlpProjW), pg(kMlpProjB), d, a.fcg.data(), value(kMlpProjW), N, Hl, C, accumulate);
-    (gelu_tanh_ ? be.gelu_tanh_backward : be.gelu_backward)(g4b, g4, a.fc.data(), int64_t(N) * Hl);
+    gelu_backward(be, g4b, g4, a.fc.data(), int64_t(N) * Hl);
     be.linear_backward(gc2, pg(kFcW), pg(kFcB), g4b, a.ln2.data(), value(kFcW), N, C, Hl, accumulate);
     tensor_sum(gc2, n);
     be.layernorm_backward(gr, pg(kLn2W), pg(kLn2B), gc2, a.res1.data(), value(kLn2W), a.st2.data(),
@@ -421,6 +422,27 @@ class Block final : public Layer {
     Tensor m1, m2;  // dropout masks of the two residual branches
   };
 
+  // The MLP's GELU, fc (n) -> fcg (n). Where the backend keeps the derivative (the CPU's
+  // gelu_forward_grad), it overwrites fc, which backward reads only for it: backward then
+  // multiplies where it would evaluate erf and exp again. Bitwise the same results.
+  bool keeps_gelu_grad(const Backend& be) const {
+    return gelu_tanh_ ? be.gelu_tanh_forward_grad != nullptr : be.gelu_forward_grad != nullptr;
+  }
+  void gelu_forward(const Backend& be, float* fcg, float* fc, int64_t n) const {
+    if (keeps_gelu_grad(be))
+      (gelu_tanh_ ? be.gelu_tanh_forward_grad : be.gelu_forward_grad)(fcg, fc, fc, n);
+    else
+      (gelu_tanh_ ? be.gelu_tanh_forward : be.gelu_forward)(fcg, fc, n);
+  }
+  // fc: what gelu_forward left there (the derivative, or the pre-activation).
+  void gelu_backward(const Backend& be, float* dfc, const float* dfcg, const float* fc,
+                     int64_t n) const {
+    if (keeps_gelu_grad(be))
+      be.gelu_backward_kept(dfc, dfcg, fc, n);
+    else
+      (gelu_tanh_ ? be.gelu_tanh_backward : be.gelu_backward)(dfc, dfcg, fc, n);
+  }
+
   // The sum over the tensor group, in place (host memory: the transformer runs on the CPU).
   void tensor_sum(float* x, int64_t n) const {
     if (tp_.size > 1) tp_.comm->allreduce_sum(x, n);
@@ -453,7 +475,7 @@ class Block final : public Layer {
     be.residual_forward(a.res1.data(), x.data(), tmp, n);
     be.layernorm_forward(a.ln2.data(), a.st2.data(), a.st2.data() + N, a.res1.data(), value(kLn2W), value(kLn2B), N, C);
     linear(be, kFcW, a.fc.data(), a.ln2.data(), value(kFcB), N, C, Hl);
-    (gelu_tanh_ ? be.gelu_tanh_forward : be.gelu_forward)(a.fcg.data(), a.fc.data(), int64_t(N) * Hl);
+    gelu_forward(be, a.fcg.data(), a.fc.data(), int64_t(N) * Hl);
     linear(be, kMlpProjW, tmp, a.fcg.data(), bias(kMlpProjB), N, Hl, C);
     tensor_sum(tmp, n);
     drop(mk.m2, 1);

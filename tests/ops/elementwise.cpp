@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <cstring>
 
 #include "cpu_kernel.h"
 #include "finite_diff.h"
@@ -110,6 +111,35 @@ void check_gelu_tanh_backward() {
               inp = c.in(activation_inputs(41, n, false));
     const F32 dinp = c.out("dinp", size_t(n), kGeluTol);
     c.run([&](const Backend& be, const Ptrs& p) { be.gelu_tanh_backward(p[dinp], p[dout], p[inp], n); });
+  }
+}
+
+// GELU with its derivative kept (CPU only: "cpu:gelu_forward_grad", ...), against the
+// reference; the derivative written in place over the input, as the transformer block does.
+// (Bitwise against gelu_forward and gelu_backward: "gelu forward with its derivative kept".)
+namespace {
+void check_forward_grad(bool tanh) {
+  const char* op = tanh ? "gelu_tanh_forward_grad" : "gelu_forward_grad";
+  for (int64_t n : kSizes) {
+    OpCase c(fmt::format("{} n{}", op, n));
+    const F32 out = c.out("out", size_t(n), kGeluTol);
+    const F32 grad = c.inout("inp, then grad", activation_inputs(41, n, false), kGeluTol);
+    c.run([&](const Backend& be, const Ptrs& p) {
+      (tanh ? be.gelu_tanh_forward_grad : be.gelu_forward_grad)(p[out], p[grad], p[grad], n);
+    });
+  }
+}
+}  // namespace
+
+void check_gelu_forward_grad() { check_forward_grad(false); }
+void check_gelu_tanh_forward_grad() { check_forward_grad(true); }
+
+void check_gelu_backward_kept() {
+  for (int64_t n : kSizes) {
+    OpCase c(fmt::format("gelu_backward_kept n{}", n));
+    const F32 dout = c.in(random_vector(42, size_t(n))), grad = c.in(random_vector(43, size_t(n)));
+    const F32 dinp = c.out("dinp", size_t(n), Tol::exact());
+    c.run([&](const Backend& be, const Ptrs& p) { be.gelu_backward_kept(p[dinp], p[dout], p[grad], n); });
   }
 }
 
@@ -235,6 +265,32 @@ TEST_CASE("gelu forward", "[cpu_kernel][activation]") {
   std::vector<double> want(n);
   for (int i = 0; i < n; ++i) want[i] = x[i] * 0.5 * (1.0 + std::erf(x[i] / std::sqrt(2.0)));
   check_close("gelu out", out, want, 4e-6);  // a few ulp of |out| <= 4 (erff is ~1 ulp)
+}
+
+// The forward that keeps the derivative, and the backward that multiplies by it: bitwise
+// gelu_forward's and gelu_backward's, in place or not, on every length through the vector
+// tails (both GELUs, over [-12, 12] with 0, -0 and NaN among them).
+TEST_CASE("gelu forward with its derivative kept: bitwise gelu_forward and gelu_backward",
+          "[cpu_kernel][activation]") {
+  for (bool tanh : {false, true})
+    for (int64_t n : {int64_t(1), int64_t(15), int64_t(17), int64_t(64), int64_t(100003)}) {
+      INFO((tanh ? "tanh" : "erf") << ", n " << n);
+      Vec x = random_vector(7, size_t(n), -12.f, 12.f);
+      if (n > 3) x[0] = 0.f, x[1] = -0.f, x[2] = NAN;
+      const Vec dy = random_vector(8, size_t(n));
+      Vec out = nan_vec(n), want = nan_vec(n), grad = nan_vec(n), dx = nan_vec(n),
+          dx_want = nan_vec(n);
+      (tanh ? gelu_tanh_forward : gelu_forward)(want.data(), x.data(), n);
+      (tanh ? gelu_tanh_backward : gelu_backward)(dx_want.data(), dy.data(), x.data(), n);
+      (tanh ? gelu_tanh_forward_grad : gelu_forward_grad)(out.data(), grad.data(), x.data(), n);
+      gelu_backward_kept(dx.data(), dy.data(), grad.data(), n);
+      CHECK(std::memcmp(out.data(), want.data(), sizeof(float) * size_t(n)) == 0);
+      CHECK(std::memcmp(dx.data(), dx_want.data(), sizeof(float) * size_t(n)) == 0);
+      Vec in_place = x;  // grad over the input
+      (tanh ? gelu_tanh_forward_grad : gelu_forward_grad)(out.data(), in_place.data(),
+                                                           in_place.data(), n);
+      CHECK(std::memcmp(in_place.data(), grad.data(), sizeof(float) * size_t(n)) == 0);
+    }
 }
 
 TEST_CASE("add_bias_rows", "[cpu_kernel][activation]") {
