@@ -72,9 +72,11 @@ void to_bf16_rows(bf16_t* dst, int64_t ldd, const float* src, int64_t lds, int r
                   float scale);
 // to_bf16 of src (rows, cols), and sums[c] = (accumulate ? sums[c] : 0) + src[0][c] + src[1][c]
 // + ..., the rows added in order (bitwise a row-by-row loop's sums): a linear layer's bias
-// gradient in the pass that rounds its output gradient.
+// gradient in the pass that rounds its output gradient (sums null: none). With `scale`, src
+// times scale element by element in src's place, stored to `prod` where that is not null (a
+// GELU's backward, dout times its kept derivative, in the same pass).
 void to_bf16_col_sums(bf16_t* dst, const float* src, int rows, int cols, float* sums,
-                      bool accumulate);
+                      bool accumulate, const float* scale = nullptr, float* prod = nullptr);
 // B (K, N) rounded to bf16 into the blocked layout oneDNN's bf16 brgemm kernels read B in
 // (BA16a64b2a: K padded to 32 and N to 64 with zeros; packed_b_elems(K, N) bf16s): from B
 // row-major (K, N), or with trans from B^T row-major (N, K) (a linear layer's weight as its
@@ -115,11 +117,13 @@ void quantize_scaled(int8_t* dst, const float* x, const float* inv_scale, int64_
 // (1 for a zero row), col_sum[r] = sum of row r of q.
 void quantize_rows(int8_t* q, float* scale, int32_t* col_sum, const float* w, int rows, int cols);
 
-// The CPU's bf16 versions of the precision ops (ops.h's STRATA_PRECISION_OPS), with the fp32
-// ops' signatures: cpu_backend(Precision::bf16) holds them.
+// The CPU's bf16 versions of the precision ops (ops.h's STRATA_PRECISION_OPS and
+// STRATA_CPU_PRECISION_OPS), with the fp32 ops' signatures: cpu_backend(Precision::bf16) holds
+// them.
 namespace bf16 {
 #define STRATA_DECLARE_BF16(name) decltype(strata::cpu::name) name;
 STRATA_PRECISION_OPS(STRATA_DECLARE_BF16)
+STRATA_CPU_PRECISION_OPS(STRATA_DECLARE_BF16)
 #undef STRATA_DECLARE_BF16
 }  // namespace bf16
 
@@ -129,6 +133,8 @@ STRATA_PRECISION_OPS(STRATA_DECLARE_BF16)
 // one libm call per element, which are the tests' reference (activation.cpp says why and how).
 void gelu_forward_reference(float* out, const float* inp, int64_t n);
 void gelu_backward_reference(float* dinp, const float* dout, const float* inp, int64_t n);
+// dinp = dout * grad, grad as gelu_forward_grad wrote it: gelu_backward's result, bitwise.
+void gelu_backward_kept(float* dinp, const float* dout, const float* grad, int64_t n);
 // out += bias over rows: x (rows, cols), bias (cols).
 void add_bias_rows(float* x, const float* bias, int rows, int cols);
 

@@ -50,5 +50,7 @@ const char* op_name(Op op);
 #define STRATA_PRECISION_OPS(X)                                                              \
   X(linear_forward) X(linear_backward) X(linear_relu_forward) X(linear_relu_backward)        \
   X(conv2d_forward) X(conv2d_backward) X(attention_forward) X(attention_backward)
+// ... and, of the CPU-only ops, the linear layer's backward through a kept GELU derivative.
+#define STRATA_CPU_PRECISION_OPS(X) X(linear_gelu_backward)
 
 }  // namespace strata

@@ -18,6 +18,8 @@
 
 #include "strata/kernels_cpu.h"
 
+
+
 namespace strata::cpu {
 namespace {
 
@@ -98,19 +100,33 @@ void to_bf16_rows(bf16_t* dst, int64_t ldd, const float* src, int64_t lds, int r
 
 #if defined(__x86_64__)
 namespace {
-// Columns [c0, c1) of to_bf16_col_sums: per row, each 16 columns rounded and added to their
-// sums (kept in `sums`, in L1 beside the row), so each column adds its rows in order.
+// Columns [c0, c1) of to_bf16_col_sums: per row, each 16 columns (times `scale`'s, which then
+// are also stored to `prod`) rounded and added to their sums (kept in `sums`, in L1 beside the
+// row), so each column adds its rows in order. With two streams read the hardware's prefetch
+// fell behind: on an AMD EPYC Zen 5, 2048 x 1536 from memory took 1930 us, 890 with both
+// prefetched 1 KB ahead (the separate multiply and rounding passes: 1440). One stream it keeps
+// up with (570 us; 690 with the prefetches).
+template <bool Scaled>
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void round_col_sums(
-    bf16_t* dst, const float* src, int rows, int cols, int c0, int c1, float* sums) {
+    bf16_t* dst, const float* src, const float* scale, float* prod, int rows, int cols, int c0,
+    int c1, float* sums) {
   for (int r = 0; r < rows; ++r) {
-    const float* x = src + int64_t(r) * cols;
-    bf16_t* y = dst + int64_t(r) * cols;
+    const int64_t row = int64_t(r) * cols;
     for (int c = c0; c < c1; c += 16) {
       const __mmask16 m = c + 16 <= c1 ? __mmask16(0xffff) : __mmask16((1u << (c1 - c)) - 1);
-      const __m512 v = _mm512_maskz_loadu_ps(m, x + c);
+      if constexpr (Scaled) {  // 1 KB ahead in both streams (prefetches never fault)
+        _mm_prefetch(reinterpret_cast<const char*>(src + row + c + 256), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(scale + row + c + 256), _MM_HINT_T0);
+      }
+      __m512 v = _mm512_maskz_loadu_ps(m, src + row + c);
+      if constexpr (Scaled) {
+        v = _mm512_mul_ps(v, _mm512_maskz_loadu_ps(m, scale + row + c));
+        if (prod) _mm512_mask_storeu_ps(prod + row + c, m, v);
+      }
       const __m256bh h = _mm512_cvtneps_pbh(v);
-      _mm256_mask_storeu_epi16(y + c, m, reinterpret_cast<const __m256i&>(h));
-      _mm512_mask_storeu_ps(sums + c, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, sums + c), v));
+      _mm256_mask_storeu_epi16(dst + row + c, m, reinterpret_cast<const __m256i&>(h));
+      if (sums)
+        _mm512_mask_storeu_ps(sums + c, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, sums + c), v));
     }
   }
 }
@@ -118,22 +134,27 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void round_col_s
 #endif
 
 void to_bf16_col_sums(bf16_t* dst, const float* src, int rows, int cols, float* sums,
-                      bool accumulate) {
-  if (!accumulate) std::fill(sums, sums + cols, 0.f);
+                      bool accumulate, const float* scale, float* prod) {
+  if (sums && !accumulate) std::fill(sums, sums + cols, 0.f);
 #if defined(__x86_64__)
+  const auto piece = [&](int c0, int c1) {
+    if (scale)
+      round_col_sums<true>(dst, src, scale, prod, rows, cols, c0, c1, sums);
+    else
+      round_col_sums<false>(dst, src, nullptr, nullptr, rows, cols, c0, c1, sums);
+  };
   // Threads split the columns, never a column's rows: its sum keeps the rows' order.
   constexpr int kCols = 256;
   const int pieces = (cols + kCols - 1) / kCols;
   if (pieces > 1 && int64_t(rows) * cols >= (int64_t(1) << 16) && omp_get_max_threads() > 1 &&
       !omp_in_parallel()) {
 #pragma omp parallel for schedule(static)
-    for (int p = 0; p < pieces; ++p)
-      round_col_sums(dst, src, rows, cols, p * kCols, std::min(cols, (p + 1) * kCols), sums);
+    for (int p = 0; p < pieces; ++p) piece(p * kCols, std::min(cols, (p + 1) * kCols));
     return;
   }
-  round_col_sums(dst, src, rows, cols, 0, cols, sums);
+  piece(0, cols);
 #else
-  (void)dst, (void)src, (void)rows;
+  (void)dst, (void)src, (void)rows, (void)scale, (void)prod;
 #endif
 }
 

@@ -7,6 +7,7 @@
 // gradients of large weights (see use_matmul_weight_grad); the rest through sgemm.
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "dispatch.h"
 #include "small_gemm.h"
@@ -166,6 +167,17 @@ void forward_bf16(float* out, const float* inp, const float* weight, const float
                          out, O, bias, relu, false);
 }
 
+// The two products from d, dout rounded.
+void products_bf16(float* dinp, float* dweight, const bf16_t* d, const float* inp,
+                   const float* weight, int B, int I, int O, bool accumulate) {
+  if (dinp)
+    matmul_bf16_rounding_b(false, false, B, I, O, d, O, weight, I, dinp, I, nullptr, false,
+                           false);
+  if (dweight)
+    matmul_bf16_rounding_b(true, false, O, I, B, d, O, inp, I, dweight, I, nullptr, false,
+                           accumulate);
+}
+
 void backward_products_bf16(float* dinp, float* dweight, float* dbias, const float* dout,
                             const float* inp, const float* weight, int B, int I, int O,
                             bool accumulate) {
@@ -175,23 +187,43 @@ void backward_products_bf16(float* dinp, float* dweight, float* dbias, const flo
     to_bf16_col_sums(d, dout, B, O, dbias, accumulate);
   else
     to_bf16(d, dout, int64_t(B) * O);
-  if (dinp)
-    matmul_bf16_rounding_b(false, false, B, I, O, d, O, weight, I, dinp, I, nullptr, false,
-                           false);
-  if (dweight)
-    matmul_bf16_rounding_b(true, false, O, I, B, d, O, inp, I, dweight, I, nullptr, false,
-                           accumulate);
+  products_bf16(dinp, dweight, d, inp, weight, B, I, O, accumulate);
+}
+
+// Backward through a GELU whose derivative forward kept (grad), then the linear layer before
+// it: dpre = dout * grad formed, rounded and summed into the bias gradient in one pass, not
+// written back in fp32 unless asked (dpre not null) and read again.
+void gelu_products_bf16(float* dinp, float* dweight, float* dbias, const float* dout,
+                        const float* grad, const float* inp, const float* weight, int B, int I,
+                        int O, float* dpre, bool accumulate) {
+  bf16_t* d = bf16_scratch(0, size_t(int64_t(B) * O));
+  to_bf16_col_sums(d, dout, B, O, dbias, accumulate, grad, dpre);
+  products_bf16(dinp, dweight, d, inp, weight, B, I, O, accumulate);
+}
+
+// fp32: dpre formed (in the thread's scratch where the caller does not want it), then the
+// products read it as linear_backward does.
+void gelu_products(float* dinp, float* dweight, float* dbias, const float* dout,
+                   const float* grad, const float* inp, const float* weight, int B, int I, int O,
+                   float* dpre, bool accumulate) {
+  thread_local std::vector<float> scratch;
+  if (!dpre) {
+    scratch.resize(size_t(int64_t(B) * O));
+    dpre = scratch.data();
+  }
+  gelu_backward_kept(dpre, dout, grad, int64_t(B) * O);
+  backward_products(dinp, dweight, dbias, dpre, inp, weight, B, I, O, accumulate);
 }
 
 }  // namespace
 
-// The entry points in one precision, written once and expanded for each: FORWARD and
-// PRODUCTS are forward/backward_products (fp32: sgemm or the matmul primitive) or their _bf16
-// versions (bf16 copies of the operands, the bias gradient summed as dout is rounded); the bias
-// and ReLU gradients are fp32 in both.
+// The entry points in one precision, written once and expanded for each: FORWARD, PRODUCTS and
+// GELU_PRODUCTS are forward/backward_products/gelu_products (fp32: sgemm or the matmul
+// primitive) or their _bf16 versions (bf16 copies of the operands, the bias gradient summed as
+// dout is rounded); the bias and ReLU gradients are fp32 in both.
 //   linear_forward:  out (B,O) = inp (B,I) @ weight (O,I)^T + bias (O)
 //   linear_backward: dout (B,O), inp (B,I), weight (O,I) -> dinp (B,I), dweight (O,I), dbias (O)
-#define STRATA_LINEAR_ENTRY_POINTS(FORWARD, PRODUCTS)                                          \
+#define STRATA_LINEAR_ENTRY_POINTS(FORWARD, PRODUCTS, GELU_PRODUCTS)                           \
   void linear_forward(float* out, const float* inp, const float* weight, const float* bias,  \
                       int B, int I, int O) {                                                 \
     FORWARD(out, inp, weight, bias, B, I, O, false);                                         \
@@ -210,12 +242,17 @@ void backward_products_bf16(float* dinp, float* dweight, float* dbias, const flo
                             int I, int O, float* dpre, bool accumulate) {                    \
     relu_bias_grad(dpre, dbias, dout, out, B, O, accumulate);                                \
     PRODUCTS(dinp, dweight, nullptr, dpre, inp, weight, B, I, O, accumulate);                \
+  }                                                                                          \
+  void linear_gelu_backward(float* dinp, float* dweight, float* dbias, const float* dout,    \
+                            const float* grad, const float* inp, const float* weight, int B, \
+                            int I, int O, float* dpre, bool accumulate) {                    \
+    GELU_PRODUCTS(dinp, dweight, dbias, dout, grad, inp, weight, B, I, O, dpre, accumulate); \
   }
 
-STRATA_LINEAR_ENTRY_POINTS(forward, backward_products)
+STRATA_LINEAR_ENTRY_POINTS(forward, backward_products, gelu_products)
 
 namespace bf16 {
-STRATA_LINEAR_ENTRY_POINTS(forward_bf16, backward_products_bf16)
+STRATA_LINEAR_ENTRY_POINTS(forward_bf16, backward_products_bf16, gelu_products_bf16)
 }  // namespace bf16
 
 #undef STRATA_LINEAR_ENTRY_POINTS

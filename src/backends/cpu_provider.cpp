@@ -46,6 +46,7 @@ const Backend& cpu_backend(Precision precision) {
     t.precision = Precision::bf16;
 #define STRATA_BF16_OP(name) t.name = cpu::bf16::name;
     STRATA_PRECISION_OPS(STRATA_BF16_OP)
+    STRATA_CPU_PRECISION_OPS(STRATA_BF16_OP)
 #undef STRATA_BF16_OP
     return t;
   }();

@@ -338,8 +338,7 @@ class Block final : public Layer {
       d = gm;
     }
     be.linear_backward(g4, pg(kMlpProjW), pg(kMlpProjB), d, a.fcg.data(), value(kMlpProjW), N, Hl, C, accumulate);
-    gelu_backward(be, g4b, g4, a.fc.data(), int64_t(N) * Hl);
-    be.linear_backward(gc2, pg(kFcW), pg(kFcB), g4b, a.ln2.data(), value(kFcW), N, C, Hl, accumulate);
+    fc_backward(be, gc2, g4b, keep != nullptr, g4, a, pg(kFcW), pg(kFcB), N, C, Hl, accumulate);
     tensor_sum(gc2, n);
     be.layernorm_backward(gr, pg(kLn2W), pg(kLn2B), gc2, a.res1.data(), value(kLn2W), a.st2.data(),
                           a.st2.data() + N, N, C, accumulate);
@@ -426,7 +425,8 @@ class Block final : public Layer {
   // gelu_forward_grad), it overwrites fc, which backward reads only for it: backward then
   // multiplies where it would evaluate erf and exp again. Bitwise the same results.
   bool keeps_gelu_grad(const Backend& be) const {
-    return gelu_tanh_ ? be.gelu_tanh_forward_grad != nullptr : be.gelu_forward_grad != nullptr;
+    return (gelu_tanh_ ? be.gelu_tanh_forward_grad : be.gelu_forward_grad) &&
+           be.linear_gelu_backward;
   }
   void gelu_forward(const Backend& be, float* fcg, float* fc, int64_t n) const {
     if (keeps_gelu_grad(be))
@@ -434,13 +434,22 @@ class Block final : public Layer {
     else
       (gelu_tanh_ ? be.gelu_tanh_forward : be.gelu_forward)(fcg, fc, n);
   }
-  // fc: what gelu_forward left there (the derivative, or the pre-activation).
-  void gelu_backward(const Backend& be, float* dfc, const float* dfcg, const float* fc,
-                     int64_t n) const {
-    if (keeps_gelu_grad(be))
-      be.gelu_backward_kept(dfc, dfcg, fc, n);
-    else
-      (gelu_tanh_ ? be.gelu_tanh_backward : be.gelu_backward)(dfc, dfcg, fc, n);
+  // Backward through the GELU and c_fc, from dfcg at the GELU's output to dln2 at c_fc's
+  // input and c_fc's parameter gradients; dfc (N,Hl) receives the gradient at c_fc's output.
+  // With the derivative kept, one op (linear_gelu_backward) forms, rounds and sums it in one
+  // pass, and writes dfc only where it is wanted (B keeps it for W).
+  void fc_backward(const Backend& be, float* dln2, float* dfc, bool want_dfc, const float* dfcg,
+                   const BlockActs& a, float* dweight, float* dbias, int N, int C, int Hl,
+                   bool accumulate) const {
+    if (keeps_gelu_grad(be)) {
+      be.linear_gelu_backward(dln2, dweight, dbias, dfcg, a.fc.data(), a.ln2.data(),
+                              value(kFcW), N, C, Hl, want_dfc ? dfc : nullptr, accumulate);
+      return;
+    }
+    (gelu_tanh_ ? be.gelu_tanh_backward : be.gelu_backward)(dfc, dfcg, a.fc.data(),
+                                                             int64_t(N) * Hl);
+    be.linear_backward(dln2, dweight, dbias, dfc, a.ln2.data(), value(kFcW), N, C, Hl,
+                       accumulate);
   }
 
   // The sum over the tensor group, in place (host memory: the transformer runs on the CPU).

@@ -116,7 +116,8 @@ void check_gelu_tanh_backward() {
 
 // GELU with its derivative kept (CPU only: "cpu:gelu_forward_grad", ...), against the
 // reference; the derivative written in place over the input, as the transformer block does.
-// (Bitwise against gelu_forward and gelu_backward: "gelu forward with its derivative kept".)
+// (Bitwise against gelu_forward and gelu_backward: "gelu forward with its derivative kept";
+// the backward through it is linear_gelu_backward's, tests/ops/linear.cpp.)
 namespace {
 void check_forward_grad(bool tanh) {
   const char* op = tanh ? "gelu_tanh_forward_grad" : "gelu_forward_grad";
@@ -133,15 +134,6 @@ void check_forward_grad(bool tanh) {
 
 void check_gelu_forward_grad() { check_forward_grad(false); }
 void check_gelu_tanh_forward_grad() { check_forward_grad(true); }
-
-void check_gelu_backward_kept() {
-  for (int64_t n : kSizes) {
-    OpCase c(fmt::format("gelu_backward_kept n{}", n));
-    const F32 dout = c.in(random_vector(42, size_t(n))), grad = c.in(random_vector(43, size_t(n)));
-    const F32 dinp = c.out("dinp", size_t(n), Tol::exact());
-    c.run([&](const Backend& be, const Ptrs& p) { be.gelu_backward_kept(p[dinp], p[dout], p[grad], n); });
-  }
-}
 
 // SiLU: the CPU's std::exp against CUDA's expf (2 ulp), through a division: a few ulp.
 void check_silu_forward() {

@@ -22,6 +22,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "cpu_kernel.h"
 #include "finite_diff.h"
@@ -168,6 +169,31 @@ void check_linear_relu_backward() {
   check_empty_batch(true);
 }
 
+// CPU only ("cpu:linear_gelu_backward"): with the GELU's derivative given (any factor: the op
+// multiplies by it), dpre written or not.
+void check_linear_gelu_backward() {
+  for (const LinearShape& s : kShapes) {
+    const LinearData d(s);
+    const auto grad = random_vector(7, size_t(s.B) * s.O, 0.f, 1.2f);
+    for (Precision prec : precisions(true))
+      for (int mode : {0, 1, 2}) {
+        const bool accumulate = mode == 1, want_dpre = mode < 2;
+        OpCase c(fmt::format("linear_gelu_backward B{} I{} O{}{}", s.B, s.I, s.O,
+                             mode == 1 ? " accumulate" : mode == 2 ? " no dpre" : ""),
+                 prec);
+        const F32 dy = c.in(d.dy), g = c.in(grad), x = c.in(d.x), w = c.in(d.w);
+        const F32 dx = c.out("dinp", size_t(s.B) * s.I, gemm_tol(prec));
+        const F32 dw = c.inout("dweight", d.dw_prior, gemm_tol(prec));
+        const F32 db = c.inout("dbias", d.db_prior, kBiasTol);
+        const F32 dpre = want_dpre ? c.out("dpre", size_t(s.B) * s.O, Tol::exact()) : F32{};
+        c.run([&](const Backend& be, const Ptrs& p) {
+          be.linear_gelu_backward(p[dx], p[dw], p[db], p[dy], p[g], p[x], p[w], s.B, s.I, s.O,
+                                  p[dpre], accumulate);
+        });
+      }
+  }
+}
+
 // ---- Finite differences of the reference ---------------------------------------------------
 
 namespace {
@@ -233,6 +259,29 @@ void fd_linear(bool relu) {
 
 void fd_linear_backward() { fd_linear(false); }
 void fd_linear_relu_backward() { fd_linear(true); }
+
+// L = sum(gelu(linear(x, w, bias)) * r), the GELU's derivative from gelu_forward_grad.
+void fd_linear_gelu_backward() {
+  const Backend& cpu = reference();
+  const int B = kCpuB, I = kCpuI, O = kCpuO;
+  FdInputs d = fd_inputs(false, true);
+  auto loss = [&] {
+    std::vector<float> pre(size_t(B) * O), y(pre.size());
+    cpu.linear_forward(pre.data(), d.x.data(), d.w.data(), d.bias.data(), B, I, O);
+    cpu.gelu_forward(y.data(), pre.data(), int64_t(y.size()));
+    return dot(y, d.r);
+  };
+  std::vector<float> pre(size_t(B) * O), y(pre.size());
+  cpu.linear_forward(pre.data(), d.x.data(), d.w.data(), d.bias.data(), B, I, O);
+  cpu.gelu_forward_grad(y.data(), pre.data(), pre.data(), int64_t(pre.size()));  // in place
+  auto dx = nan_vector(size_t(B) * I), dw = nan_vector(size_t(O) * I), db = nan_vector(size_t(O));
+  cpu.linear_gelu_backward(dx.data(), dw.data(), db.data(), d.r.data(), pre.data(), d.x.data(),
+                           d.w.data(), B, I, O, nullptr, false);
+  Rng rng(7);
+  check_grad("fd linear_gelu_backward B3 I5 O4: dinp", d.x, dx, loss, rng);
+  check_grad("fd linear_gelu_backward B3 I5 O4: dweight", d.w, dw, loss, rng);
+  check_grad("fd linear_gelu_backward B3 I5 O4: dbias", d.bias, db, loss, rng);
+}
 
 // ---- The CPU kernels ([cpu_kernel]) --------------------------------------------------------
 
@@ -461,6 +510,45 @@ TEST_CASE("linear at up to 64 rows: each sum in k order, bitwise", "[cpu_kernel]
       CHECK(bitwise_equal(dw, want_dw));
     }
   }
+}
+
+// The backward through a kept GELU derivative, in each precision the CPU runs: bitwise
+// gelu_backward followed by linear_backward (bf16: its pass that forms dpre also rounds and
+// sums it), dpre written or not, overwriting and accumulating; shapes past 64 rows and with
+// column tails (the bf16 pass goes 16 columns at a time).
+TEST_CASE("linear_gelu_backward: bitwise gelu_backward then linear_backward",
+          "[cpu_kernel][linear]") {
+  struct Shape { int B, I, O; };
+  std::vector<Precision> precs = {Precision::fp32};
+  if (bf16_supported(nullptr)) precs.push_back(Precision::bf16);
+  for (Precision prec : precs)
+    for (auto [B, I, O] : {Shape{3, 5, 7}, Shape{64, 40, 100}, Shape{300, 33, 70}}) {
+      INFO(precision_name(prec) << " B" << B << " I" << I << " O" << O);
+      const Backend& be = cpu_backend(prec);
+      const Vec x = random_vector(1, size_t(B) * I), w = random_vector(2, size_t(O) * I),
+                dy = random_vector(3, size_t(B) * O), pre = random_vector(4, size_t(B) * O, -4.f, 4.f);
+      Vec grad(pre.size()), y(pre.size()), want_pre(pre.size());
+      gelu_forward_grad(y.data(), grad.data(), pre.data(), int64_t(pre.size()));
+      gelu_backward(want_pre.data(), dy.data(), pre.data(), int64_t(pre.size()));
+      for (int mode : {0, 1, 2}) {
+        const bool accumulate = mode == 1, want_dpre = mode != 2;
+        INFO("mode " << mode);
+        Vec dx = nan_vec(int64_t(B) * I), dw = random_vector(5, size_t(O) * I),
+            db = random_vector(6, size_t(O)), dpre = nan_vec(int64_t(B) * O);
+        Vec dx2 = dx, dw2 = dw, db2 = db;
+        be.linear_gelu_backward(dx.data(), dw.data(), db.data(), dy.data(), grad.data(), x.data(),
+                                w.data(), B, I, O, want_dpre ? dpre.data() : nullptr, accumulate);
+        be.linear_backward(dx2.data(), dw2.data(), db2.data(), want_pre.data(), x.data(),
+                           w.data(), B, I, O, accumulate);
+        auto same = [](const Vec& a, const Vec& b) {
+          return std::memcmp(a.data(), b.data(), sizeof(float) * a.size()) == 0;
+        };
+        CHECK(same(dx, dx2));
+        CHECK(same(dw, dw2));
+        CHECK(same(db, db2));
+        if (want_dpre) CHECK(same(dpre, want_pre));
+      }
+    }
 }
 
 }  // namespace strata::optest

@@ -13,7 +13,7 @@ namespace strata::optest {
 // The backward ops, each with its finite-difference check (in the op's family file).
 // clang-format off
 #define STRATA_FD_OPS(X)                                                                     \
-  X(relu_backward) X(gelu_backward) X(gelu_tanh_backward) X(silu_backward) X(linear_backward) X(linear_relu_backward)              \
+  X(relu_backward) X(gelu_backward) X(gelu_tanh_backward) X(silu_backward) X(linear_backward) X(linear_relu_backward) X(linear_gelu_backward)              \
   X(conv2d_backward) X(maxpool2d_backward) X(dropout_backward) X(softmax_xent_backward)     \
   X(embedding_backward) X(layernorm_backward) X(attention_backward)
 // clang-format on
