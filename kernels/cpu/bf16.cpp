@@ -18,8 +18,6 @@
 
 #include "strata/kernels_cpu.h"
 
-
-
 namespace strata::cpu {
 namespace {
 

@@ -180,9 +180,10 @@ class LmHead final : public SplitLayer {
 };
 
 // What a block's backward needs from its forward, and the block's workspaces. fc: c_fc's output,
-// or, where the backend keeps it, GELU's derivative there (Block::gelu_forward).
+// or, where fc_grad says so, GELU's derivative there (Block::gelu_forward).
 struct BlockActs {
   Tensor ln1, st1, qkv, att, y, res1, ln2, st2, fc, fcg;
+  bool fc_grad = false;
 };
 struct BlockWorkspace {
   BlockActs recomputed;  // recompute: refilled by each block's backward in turn
@@ -421,29 +422,29 @@ class Block final : public Layer {
     Tensor m1, m2;  // dropout masks of the two residual branches
   };
 
-  // The MLP's GELU, fc (n) -> fcg (n). Where the backend keeps the derivative (the CPU's
-  // gelu_forward_grad), it overwrites fc, which backward reads only for it: backward then
-  // multiplies where it would evaluate erf and exp again. Bitwise the same results.
-  bool keeps_gelu_grad(const Backend& be) const {
-    return (gelu_tanh_ ? be.gelu_tanh_forward_grad : be.gelu_forward_grad) &&
-           be.linear_gelu_backward;
-  }
-  void gelu_forward(const Backend& be, float* fcg, float* fc, int64_t n) const {
-    if (keeps_gelu_grad(be))
-      (gelu_tanh_ ? be.gelu_tanh_forward_grad : be.gelu_forward_grad)(fcg, fc, fc, n);
+  // The MLP's GELU, a.fc (n) -> a.fcg (n). In training, where the backend keeps the derivative
+  // (the CPU's gelu_forward_grad), it overwrites fc, which backward reads only for it: backward
+  // then multiplies where it would evaluate erf and exp again. Bitwise the same results.
+  void gelu_forward(const Backend& be, BlockActs& a, int64_t n, bool training) const {
+    const auto keep = gelu_tanh_ ? be.gelu_tanh_forward_grad : be.gelu_forward_grad;
+    a.fc_grad = training && keep && be.linear_gelu_backward;
+    if (a.fc_grad)
+      keep(a.fcg.data(), a.fc.data(), a.fc.data(), n);
     else
-      (gelu_tanh_ ? be.gelu_tanh_forward : be.gelu_forward)(fcg, fc, n);
+      (gelu_tanh_ ? be.gelu_tanh_forward : be.gelu_forward)(a.fcg.data(), a.fc.data(), n);
   }
   // Backward through the GELU and c_fc, from dfcg at the GELU's output to dln2 at c_fc's
   // input and c_fc's parameter gradients; dfc (N,Hl) receives the gradient at c_fc's output.
   // With the derivative kept, one op (linear_gelu_backward) forms, rounds and sums it in one
-  // pass, and writes dfc only where it is wanted (B keeps it for W).
+  // pass, and in bf16 writes dfc only where it is wanted (B keeps it for W); fp32's products
+  // read it from memory either way.
   void fc_backward(const Backend& be, float* dln2, float* dfc, bool want_dfc, const float* dfcg,
                    const BlockActs& a, float* dweight, float* dbias, int N, int C, int Hl,
                    bool accumulate) const {
-    if (keeps_gelu_grad(be)) {
+    if (a.fc_grad) {
+      const bool write = want_dfc || be.precision == Precision::fp32;
       be.linear_gelu_backward(dln2, dweight, dbias, dfcg, a.fc.data(), a.ln2.data(),
-                              value(kFcW), N, C, Hl, want_dfc ? dfc : nullptr, accumulate);
+                              value(kFcW), N, C, Hl, write ? dfc : nullptr, accumulate);
       return;
     }
     (gelu_tanh_ ? be.gelu_tanh_backward : be.gelu_backward)(dfc, dfcg, a.fc.data(),
@@ -484,7 +485,7 @@ class Block final : public Layer {
     be.residual_forward(a.res1.data(), x.data(), tmp, n);
     be.layernorm_forward(a.ln2.data(), a.st2.data(), a.st2.data() + N, a.res1.data(), value(kLn2W), value(kLn2B), N, C);
     linear(be, kFcW, a.fc.data(), a.ln2.data(), value(kFcB), N, C, Hl);
-    gelu_forward(be, a.fcg.data(), a.fc.data(), int64_t(N) * Hl);
+    gelu_forward(be, a, int64_t(N) * Hl, s.training);
     linear(be, kMlpProjW, tmp, a.fcg.data(), bias(kMlpProjB), N, Hl, C);
     tensor_sum(tmp, n);
     drop(mk.m2, 1);
