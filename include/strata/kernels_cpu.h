@@ -87,6 +87,8 @@ void to_bf16_packed_b(bf16_t* dst, const float* B, int64_t ldb, bool trans, int 
 // calls: an op's bf16 copies of its GEMM operands.
 constexpr int kBf16ScratchSlots = 4;  // the last: matmul_bf16_rounding_b's
 bf16_t* bf16_scratch(int slot, size_t n);
+// x (n) rounded into the calling thread's buffer `slot` (bf16_scratch), which it returns.
+const bf16_t* to_bf16_scratch(int slot, const float* x, int64_t n);
 // matmul with bf16 A and B (layouts as matmul's), fp32 accumulation, C (+ bias, ReLU) in fp32;
 // accumulate adds the product to C.
 void matmul_bf16(bool trans_a, bool trans_b, int M, int N, int K, const bf16_t* A, int lda,

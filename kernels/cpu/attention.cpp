@@ -303,18 +303,15 @@ namespace bf16 {
 // Slots 1 and 2 of the calling thread's bf16 buffers (the heads' threads use slot 0).
 void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) {
   const int64_t n = int64_t(B) * T * 3 * C;
-  bf16_t* q16 = bf16_scratch(1, size_t(n));
-  to_bf16(q16, qkv, n);
+  const bf16_t* q16 = to_bf16_scratch(1, qkv, n);
   forward_heads<bf16_t>(forward_head_bf16_avx512, out, att, q16, B, T, C, NH);
 }
 
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B,
                         int T, int C, int NH) {
   const int64_t n = int64_t(B) * T * 3 * C;
-  bf16_t* q16 = bf16_scratch(1, size_t(n));
-  bf16_t* g16 = bf16_scratch(2, size_t(n / 3));
-  to_bf16(q16, qkv, n);
-  to_bf16(g16, dout, n / 3);
+  const bf16_t* q16 = to_bf16_scratch(1, qkv, n);
+  const bf16_t* g16 = to_bf16_scratch(2, dout, n / 3);
   backward_heads<bf16_t>(backward_head_bf16_avx512, dqkv, g16, q16, att, B, T, C, NH);
 }
 

@@ -301,6 +301,12 @@ bf16_t* bf16_scratch(int slot, size_t n) {
   return b.data();
 }
 
+const bf16_t* to_bf16_scratch(int slot, const float* x, int64_t n) {
+  bf16_t* r = bf16_scratch(slot, size_t(n));
+  to_bf16(r, x, n);
+  return r;
+}
+
 bool bf16_supported(std::string* why) {
   // Asked once per backend selection (the op table: once per case): decided once.
   static const std::string missing = [] {

@@ -212,7 +212,7 @@ class ChunkGemms {
   // Backward's gradient at the chunk's output, dy (OC, n), for the next two products.
   void set_dy(const float* dy, int OC, int64_t n) {
     dy_ = dy;
-    if (bf16_) dyb_ = rounded(2, dy, OC * n);
+    if (bf16_) dyb_ = to_bf16_scratch(2, dy, OC * n);
   }
   // y (OC, n) = bias + weight @ cols (no bias: 0).
   void forward_biased(float* y, const float* cols, int OC, int64_t n, int64_t CK,
@@ -257,11 +257,6 @@ class ChunkGemms {
   }
 
  private:
-  static const bf16_t* rounded(int slot, const float* x, int64_t n) {
-    bf16_t* r = bf16_scratch(slot, size_t(n));
-    to_bf16(r, x, n);
-    return r;
-  }
   bool bf16_, small_;
   const float* w_;
   float* transposed_ = nullptr;  // dweight^T's sums, from the first weight_grad on

@@ -155,16 +155,10 @@ void backward_products(float* dinp, float* dweight, float* dbias, const float* d
 // B operand (the weight, and inp for the weight gradient) is rounded straight into the layout
 // the kernels read, in one pass where rounding and the kernels' own copy of it were two
 // (matmul_bf16_rounding_b).
-const bf16_t* rounded(int slot, const float* x, int64_t n) {
-  bf16_t* r = bf16_scratch(slot, size_t(n));
-  to_bf16(r, x, n);
-  return r;
-}
-
 void forward_bf16(float* out, const float* inp, const float* weight, const float* bias, int B,
                   int I, int O, bool relu) {
-  matmul_bf16_rounding_b(false, true, B, O, I, rounded(0, inp, int64_t(B) * I), I, weight, I,
-                         out, O, bias, relu, false);
+  const bf16_t* a = to_bf16_scratch(0, inp, int64_t(B) * I);
+  matmul_bf16_rounding_b(false, true, B, O, I, a, I, weight, I, out, O, bias, relu, false);
 }
 
 // The two products from d, dout rounded.
